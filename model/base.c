@@ -1,0 +1,175 @@
+// base: error sentences, clocks, half-precision conversion, logging, whole-file reads.
+#include "model/base.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+
+int ms_log_level = MS_LOG_INFO;
+
+const char *ms_status_name(int status)
+{
+    switch (status) {
+    case MS_OK: return "ok";
+    case MS_EINVAL: return "invalid argument";
+    case MS_ENOMEM: return "out of memory";
+    case MS_EIO: return "I/O error";
+    case MS_EFORMAT: return "malformed input";
+    case MS_ETOOLONG: return "too long";
+    case MS_EBUSY: return "busy";
+    case MS_ENOTFOUND: return "not found";
+    case MS_EUNSUPPORTED: return "unsupported";
+    case MS_ECANCELLED: return "cancelled";
+    case MS_ENOFIT: return "does not fit";
+    case MS_EINTERNAL: return "internal error";
+    default: return "unknown error";
+    }
+}
+
+int ms_err(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+double ms_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int64_t ms_unix_time(void)
+{
+    return (int64_t)time(NULL);
+}
+
+float ms_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { // subnormal: renormalise
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400u)) {
+                man <<= 1;
+                exp--;
+            }
+            man &= 0x3ffu;
+            u = sign | (exp << 23) | (man << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp - 15 + 127) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+uint16_t ms_f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    int32_t exp = (int32_t)((u >> 23) & 0xffu) - 127 + 15;
+    uint32_t man = u & 0x7fffffu;
+    if (((u >> 23) & 0xffu) == 0xffu) // inf or NaN
+        return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0));
+    if (exp >= 31) return (uint16_t)(sign | 0x7c00u);
+    if (exp <= 0) {
+        if (exp < -10) return (uint16_t)sign;
+        man |= 0x800000u;
+        uint32_t shift = (uint32_t)(14 - exp);
+        uint32_t half = man >> shift;
+        uint32_t rem = man & ((1u << shift) - 1);
+        uint32_t mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = sign | ((uint32_t)exp << 10) | (man >> 13);
+    uint32_t rem = man & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (half & 1))) half++;
+    return (uint16_t)half;
+}
+
+void ms_log(int level, const char *fmt, ...)
+{
+    if (level > ms_log_level) return;
+    static const char *names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char line[2048];
+    int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s ",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+                     tm.tm_sec, ts.tv_nsec / 1000000L, names[level < 0 ? 0 : level > 3 ? 3 : level]);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n > 0 && (size_t)n < sizeof line) vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    va_end(ap);
+    // One fputs per line so that lines from several threads do not interleave.
+    size_t len = strlen(line);
+    if (len + 1 < sizeof line) {
+        line[len] = '\n';
+        line[len + 1] = 0;
+    }
+    fputs(line, stderr);
+}
+
+int ms_read_file(const char *path, size_t max_bytes, char **out, size_t *len,
+                 char *err, size_t errlen)
+{
+    *out = NULL;
+    if (len) *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return ms_err(err, errlen, errno == ENOENT ? MS_ENOTFOUND : MS_EIO,
+                          "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return ms_err(err, errlen, MS_EIO, "%s is not a regular file", path);
+    }
+    if ((uint64_t)st.st_size > max_bytes) {
+        fclose(f);
+        return ms_err(err, errlen, MS_EFORMAT, "%s is %lld bytes, more than the %zu allowed",
+                      path, (long long)st.st_size, max_bytes);
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        fclose(f);
+        return ms_err(err, errlen, MS_ENOMEM, "out of memory reading %s (%zu bytes)", path, n);
+    }
+    size_t got = fread(buf, 1, n, f);
+    int rerr = ferror(f);
+    fclose(f);
+    if (got != n || rerr) {
+        free(buf);
+        return ms_err(err, errlen, MS_EIO, "short read on %s: %zu of %zu bytes", path, got, n);
+    }
+    buf[n] = 0;
+    *out = buf;
+    if (len) *len = n;
+    return 0;
+}
+
+int ms_path_join(char *out, size_t outlen, const char *dir, const char *name)
+{
+    int n = snprintf(out, outlen, "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= outlen) return MS_EINVAL;
+    return 0;
+}

@@ -1,0 +1,58 @@
+// tokenizer: Hugging Face tokenizer.json (byte-level BPE) and
+// tokenizer_config.json — encoding, decoding, and the streaming decoder.
+// Immutable after tok_load, so any number of threads may share one.
+#ifndef MOESERVE_MODEL_TOKENIZER_H
+#define MOESERVE_MODEL_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct tokenizer;
+
+// Reads DIR/tokenizer.json and DIR/tokenizer_config.json. A component we do
+// not implement is refused with its name.
+int tok_load(const char *dir, struct tokenizer **out, char *err, size_t errlen);
+void tok_destroy(struct tokenizer *t);
+
+// Encodes UTF-8 text as Hugging Face's tokenizer(text) does (special tokens
+// in the text are matched; no BOS added unless the post-processor says so).
+// *ids is malloc'd. Invalid UTF-8 is refused with MS_EFORMAT.
+int tok_encode(const struct tokenizer *t, const char *text, size_t len,
+               int32_t **ids, size_t *n_ids, char *err, size_t errlen);
+
+// Decodes ids to UTF-8 text (*text malloc'd, NUL-terminated); byte
+// sequences that are not valid UTF-8 become U+FFFD as in Hugging Face's
+// decode. Ids out of range are refused with MS_EINVAL.
+int tok_decode(const struct tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
+               char **text, size_t *len, char *err, size_t errlen);
+
+int tok_vocab_size(const struct tokenizer *t);  // including added tokens
+bool tok_is_special(const struct tokenizer *t, int32_t id);
+// The raw bytes a token stands for (after byte-level decoding); NULL when out of range.
+const uint8_t *tok_token_bytes(const struct tokenizer *t, int32_t id, size_t *len);
+// The id of an added or vocabulary token with exactly this content, or -1.
+int32_t tok_find_token(const struct tokenizer *t, const char *content);
+
+// From tokenizer_config.json (NULL when absent).
+const char *tok_chat_template(const struct tokenizer *t);
+const char *tok_bos_token(const struct tokenizer *t);
+const char *tok_eos_token(const struct tokenizer *t);
+
+// Streaming decoder: never emits part of a UTF-8 sequence, emits each
+// character as soon as its last byte arrives, and the concatenation of its
+// output equals tok_decode of all ids fed.
+struct tok_stream {
+    const struct tokenizer *tok;
+    bool skip_special;
+    uint8_t pending[4];  // bytes of an incomplete UTF-8 sequence
+    int n_pending;
+};
+void tok_stream_init(struct tok_stream *s, const struct tokenizer *t, bool skip_special);
+// Appends to out (capacity cap, at least 64 bytes) the text completed by id;
+// *n_out receives the bytes written. Returns 0 or a negative status.
+int tok_stream_feed(struct tok_stream *s, int32_t id, char *out, size_t cap, size_t *n_out);
+// At end of stream: emits U+FFFD for a trailing incomplete sequence, as a full decode would.
+int tok_stream_finish(struct tok_stream *s, char *out, size_t cap, size_t *n_out);
+
+#endif

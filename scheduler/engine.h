@@ -1,0 +1,163 @@
+// engine: the continuous-batching engine. One engine thread owns every
+// sequence, the KV block managers of all ranks and the step loop; other
+// threads use only the functions below, which are thread-safe.
+#ifndef MOESERVE_SCHEDULER_ENGINE_H
+#define MOESERVE_SCHEDULER_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/config.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+
+#define ENGINE_MAX_LOGPROBS 20
+
+struct engine_opts {
+    int data_parallel_size;      // ranks (1)
+    bool enable_expert_parallel; // shard experts over the ranks (required when ranks > 1)
+    int n_threads;               // total compute threads, split between ranks (0: all cores)
+    size_t kv_cache_bytes;       // total KV budget, split between ranks (0: a share of RAM)
+    enum dtype kv_dtype;         // DTYPE_BF16 or DTYPE_F32
+    int max_num_seqs;            // running sequences (256)
+    int max_num_batched_tokens;  // tokens per step (2048)
+    int max_model_len;           // 0: the config's max_position_embeddings
+    bool enable_prefix_caching;  // true
+    bool enable_chunked_prefill; // true
+    int max_waiting_requests;    // submit fails with MS_EBUSY beyond this (0: unbounded)
+};
+void engine_opts_default(struct engine_opts *o);
+
+struct engine_logit_bias {
+    int32_t id;
+    float bias;
+};
+
+struct engine_sampling {
+    float temperature;           // 0: greedy
+    float top_p;                 // 1: off
+    int top_k;                   // <= 0: off
+    float min_p;                 // 0: off
+    float presence_penalty;      // 0: off
+    float frequency_penalty;     // 0: off
+    float repetition_penalty;    // 1: off
+    bool has_seed;
+    uint64_t seed;               // makes sampling reproducible whatever else is batched
+    const struct engine_logit_bias *logit_bias;
+    int n_logit_bias;
+    int logprobs;                // -1: none; k >= 0: the sampled token's logprob and k alternatives
+    int prompt_logprobs;         // -1: none; k >= 0: the same for every prompt token after the first
+};
+
+struct engine_stop {
+    int max_tokens;              // generated tokens at most (> 0)
+    bool ignore_eos;
+    const int32_t *stop_ids;     // extra stop token ids
+    int n_stop_ids;
+    const char *const *stop_strs; // matched on the detokenized text; never appear in output
+    int n_stop_strs;
+    bool skip_special_tokens;    // in the detokenized text (true by default)
+};
+
+struct engine_request {
+    const int32_t *prompt;       // (n_prompt) token ids; copied by engine_submit
+    int n_prompt;
+    struct engine_sampling sampling;
+    struct engine_stop stop;     // strings and arrays copied by engine_submit
+};
+void engine_request_default(struct engine_request *r);
+
+enum engine_finish {
+    FINISH_NONE = 0,             // more deltas follow
+    FINISH_STOP,                 // eos, a stop id or a stop string
+    FINISH_LENGTH,               // max_tokens or max_model_len
+    FINISH_ABORT,                // cancelled, drained, or an internal error
+    FINISH_COUNT_,
+};
+const char *engine_finish_name(enum engine_finish f); // "stop", "length", "abort"
+
+struct engine_logprob {
+    int32_t id;
+    float logprob;
+};
+
+struct engine_token {
+    int32_t id;
+    float logprob;                      // when logprobs >= 0
+    int n_top;                          // alternatives in top, best first
+    struct engine_logprob top[ENGINE_MAX_LOGPROBS];
+};
+
+// One batch of output for a request. Pointers are valid only during the call.
+struct engine_delta {
+    uint64_t request_id;
+    const struct engine_token *prompt_tokens_lp; // prompt logprobs, once, before any token (or NULL)
+    int n_prompt_tokens_lp;
+    const struct engine_token *tokens;  // new tokens (usually one)
+    int n_tokens;
+    const char *text;                   // text released by this delta (held-back stop-string tails excluded)
+    size_t text_len;
+    enum engine_finish finish;          // not FINISH_NONE on the last delta, and only there
+    const char *stop_str;               // the matched stop string, or NULL
+    int32_t stop_id;                    // the matched stop token, or -1
+    int prompt_tokens;                  // usage, valid on every delta
+    int completion_tokens;
+    int cached_tokens;                  // prompt tokens served from the prefix cache
+    const char *error;                  // on FINISH_ABORT after an internal error, its sentence
+};
+
+// Called on the engine thread: copy what you need and return quickly; never
+// call engine functions from it. After the delta with finish set, never again.
+struct engine_sink {
+    void (*on_delta)(void *ctx, const struct engine_delta *d);
+    void *ctx;
+};
+
+struct engine;
+
+// Creates the ranks (KV pools, thread shares, expert shards) and the engine
+// thread. tok may be NULL (no text, no stop strings).
+int engine_create(const struct model *m, const struct tokenizer *tok, const struct engine_opts *o,
+                  struct engine **out, char *err, size_t errlen);
+// Returns MS_ETOOLONG (prompt + max_tokens beyond max_model_len, both
+// numbers in err), MS_ENOFIT (cannot fit one rank's KV pool), MS_EBUSY
+// (queue full or draining), MS_EINVAL (bad parameters).
+int engine_submit(struct engine *e, const struct engine_request *r, const struct engine_sink *sink,
+                  uint64_t *id_out, char *err, size_t errlen);
+// Frees the request's blocks at the next step; its sink receives a final
+// FINISH_ABORT delta. Unknown or finished ids are ignored.
+void engine_cancel(struct engine *e, uint64_t id);
+// Stops admitting (submit returns MS_EBUSY), lets running requests finish for
+// up to timeout_s, aborts the rest. Returns once nothing is in flight.
+void engine_drain(struct engine *e, double timeout_s);
+void engine_destroy(struct engine *e);
+
+int engine_max_model_len(const struct engine *e);
+
+#define ENGINE_MAX_RANKS 64
+
+struct engine_rank_stats {
+    int kv_blocks_total;
+    int kv_blocks_used;          // referenced by running sequences
+    int kv_blocks_cached;        // unreferenced, held by the prefix cache
+    int num_running;
+};
+
+struct engine_stats {
+    int num_running, num_waiting;
+    int n_ranks;
+    struct engine_rank_stats rank[ENGINE_MAX_RANKS];
+    uint64_t prefix_cache_queries;   // prompt tokens looked up
+    uint64_t prefix_cache_hits;      // prompt tokens found
+    uint64_t num_preemptions;
+    uint64_t prompt_tokens_total;
+    uint64_t generation_tokens_total;
+    uint64_t request_success[FINISH_COUNT_];
+    uint64_t steps;
+    double last_step_end;            // ms_now() at the end of the last step (liveness)
+    bool draining;
+};
+void engine_get_stats(struct engine *e, struct engine_stats *out);
+
+#endif

@@ -1,0 +1,8 @@
+// commands: the moeserve subcommands. Each lives in server/cmd_<name>.c and
+// returns a process exit status (0 ok, 1 runtime error, 2 usage error).
+#ifndef MOESERVE_SERVER_COMMANDS_H
+#define MOESERVE_SERVER_COMMANDS_H
+
+int cmd_version(int argc, char **argv);
+
+#endif

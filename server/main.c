@@ -1,0 +1,44 @@
+// main: dispatches `moeserve <command>` to the subcommands in commands.h.
+#include <stdio.h>
+#include <string.h>
+
+#include "moeserve_build.h"
+#include "server/commands.h"
+
+struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+};
+
+// Keep sorted by name; `moeserve help` prints them in this order.
+static const struct command commands[] = {
+    {"version", cmd_version, "print the version and the backends this build has"},
+};
+
+static void print_usage(FILE *f)
+{
+    fprintf(f, "usage: moeserve <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-16s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n`moeserve <command> --help` describes a command's options.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        print_usage(stderr);
+        return 2;
+    }
+    const char *name = argv[1];
+    if (!strcmp(name, "help") || !strcmp(name, "--help") || !strcmp(name, "-h")) {
+        print_usage(stdout);
+        return 0;
+    }
+    if (!strcmp(name, "--version")) name = "version";
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(commands[i].name, name)) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "moeserve: unknown command '%s'\n\n", name);
+    print_usage(stderr);
+    return 2;
+}
