@@ -28,12 +28,11 @@ int oa_http_status(int ms_status)
     }
 }
 
+// OpenAI's own types: every client error is an invalid_request_error (the
+// code says which), every server error a server_error.
 static const char *type_for_http(int http)
 {
-    if (http == 401) return "authentication_error";
-    if (http == 404) return "not_found_error";
-    if (http >= 500) return "server_error";
-    return "invalid_request_error";
+    return http >= 500 ? "server_error" : "invalid_request_error";
 }
 
 static void error_fill(struct oa_error *e, int http, const char *code, const char *param,

@@ -535,7 +535,8 @@ static void error_envelope_has_openai_shape(void **state)
     j = oa_error_json(&e);
     in = json_object_get(j, "error");
     assert_true(json_is_null(json_object_get(in, "param")));
-    assert_string_equal(json_string_value(json_object_get(in, "type")), "authentication_error");
+    assert_string_equal(json_string_value(json_object_get(in, "type")), "invalid_request_error");
+    assert_string_equal(json_string_value(json_object_get(in, "code")), "invalid_api_key");
     json_decref(j);
     assert_int_equal(oa_http_status(MS_ENOTFOUND), 404);
     assert_int_equal(oa_http_status(MS_EBUSY), 503);
