@@ -138,8 +138,8 @@ static int get_eos(const json_t *o, const char *file, int *ids, int *n, bool *pr
             if (!json_is_integer(e) || json_integer_value(e) < 0 ||
                 json_integer_value(e) > CONFIG_MAX_VOCAB)
                 return ms_err(err, errlen, MS_EFORMAT,
-                              "%s field eos_token_id[%zu] must be a token id, not %s", file, i,
-                              json_kind(e));
+                              "%s field eos_token_id[%zu] must be a non-negative token id",
+                              file, i);
             ids[count++] = (int)json_integer_value(e);
         }
     } else {
@@ -478,38 +478,42 @@ static int parse_generation(json_t *root, struct model_config *cfg, char *err, s
         return rc;
     if (bos >= 0 && bos < cfg->vocab_size) cfg->bos_token_id = bos;
 
+    // Each field present here overrides; absent ones keep what cfg had.
     struct gen_defaults *g = &cfg->gen;
     double x = 0;
-    if ((rc = get_num(root, F, "temperature", &g->has_temperature, &x, err, errlen))) return rc;
-    if (g->has_temperature) {
+    bool has = false;
+    if ((rc = get_num(root, F, "temperature", &has, &x, err, errlen))) return rc;
+    if (has) {
         if (x < 0)
             return ms_err(err, errlen, MS_EFORMAT,
                           "generation_config.json field temperature is %g; it must be >= 0", x);
         g->temperature = (float)x;
+        g->has_temperature = true;
     }
-    if ((rc = get_num(root, F, "top_p", &g->has_top_p, &x, err, errlen))) return rc;
-    if (g->has_top_p) {
+    if ((rc = get_num(root, F, "top_p", &has, &x, err, errlen))) return rc;
+    if (has) {
         if (!(x > 0 && x <= 1))
             return ms_err(err, errlen, MS_EFORMAT,
                           "generation_config.json field top_p is %g; it must lie in (0, 1]", x);
         g->top_p = (float)x;
+        g->has_top_p = true;
     }
-    if ((rc = get_num(root, F, "min_p", &g->has_min_p, &x, err, errlen))) return rc;
-    if (g->has_min_p) {
+    if ((rc = get_num(root, F, "min_p", &has, &x, err, errlen))) return rc;
+    if (has) {
         if (!(x >= 0 && x <= 1))
             return ms_err(err, errlen, MS_EFORMAT,
                           "generation_config.json field min_p is %g; it must lie in [0, 1]", x);
         g->min_p = (float)x;
+        g->has_min_p = true;
     }
-    if ((rc = get_num(root, F, "repetition_penalty", &g->has_repetition_penalty, &x, err,
-                      errlen)))
-        return rc;
-    if (g->has_repetition_penalty) {
+    if ((rc = get_num(root, F, "repetition_penalty", &has, &x, err, errlen))) return rc;
+    if (has) {
         if (!(x > 0))
             return ms_err(err, errlen, MS_EFORMAT,
                           "generation_config.json field repetition_penalty is %g; it must be > 0",
                           x);
         g->repetition_penalty = (float)x;
+        g->has_repetition_penalty = true;
     }
     json_t *tk = json_object_get(root, "top_k");
     if (tk && !json_is_null(tk)) {
