@@ -200,8 +200,10 @@ static void on_delta(void *ctx, const struct engine_delta *d)
         j->n_finished++;
     }
     struct http_async *a = j->async;
+    // A whole-body response only cares when a choice ends; a stream, always.
+    bool wake = a && (j->stream || finished);
     pthread_mutex_unlock(&j->mu);
-    if (a) http_async_wake(a);
+    if (wake) http_async_wake(a);
     if (finished) job_unref(j); // the engine request's reference, dropped after the wake
 }
 
