@@ -671,6 +671,7 @@ static void keepalive_scan(struct http_server *s)
 static void *watcher_main(void *arg)
 {
     struct http_server *s = arg;
+    pthread_setname_np(pthread_self(), "http-watcher");
     struct epoll_event ev[64];
     double last_scan = ms_now();
     int tick_ms = 1000;
