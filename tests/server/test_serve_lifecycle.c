@@ -157,6 +157,40 @@ static void sigint_lets_running_requests_finish(void **state)
     assert_int_equal(srv_stop(&s, 0, 60), 0);
 }
 
+static void a_full_waiting_queue_gets_503_with_retry_after(void **state)
+{
+    (void)state;
+    struct srv s;
+    const char *extra[] = {"--max-num-seqs", "1", "--max-waiting-requests", "1",
+                           "--shutdown-timeout", "0", NULL};
+    assert_int_equal(srv_start(&s, extra), 0);
+    const char *long_body = "{\"prompt\": \"on and on\", \"max_tokens\": 2000, \"temperature\": 0, "
+                            "\"ignore_eos\": true, \"stream\": true}";
+    struct bg a = {&s, long_body, {0}}, b = {&s, long_body, {0}};
+    pthread_t ta, tb;
+    pthread_create(&ta, NULL, bg_stream, &a);
+    wait_running(&s);
+    pthread_create(&tb, NULL, bg_stream, &b);
+    for (int i = 0; i < 1000 && srv_health_field(&s, "num_waiting") < 1; i++) usleep(5000);
+    assert_int_equal(srv_health_field(&s, "num_waiting"), 1);
+    const char *body = "{\"prompt\": \"hi\", \"max_tokens\": 2}";
+    struct resp r = srv_request(&s, "POST", "/v1/completions", body, strlen(body), NULL);
+    assert_int_equal(r.status, 503);
+    assert_string_equal(r.retry_after, "1");
+    json_t *j = json_loads(r.body, 0, NULL);
+    assert_non_null(strstr(json_string_value(json_object_get(json_object_get(j, "error"), "message")),
+                           "--max-waiting-requests"));
+    json_decref(j);
+    resp_free(&r);
+    // Shutting down with a zero timeout aborts both at once.
+    assert_int_equal(srv_stop(&s, SIGTERM, 30), 0);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    assert_string_equal(last_finish(&a.out), "abort");
+    sse_free(&a.out);
+    sse_free(&b.out);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -177,6 +211,7 @@ int main(void)
         cmocka_unit_test(api_key_guards_everything_but_health),
         cmocka_unit_test(sigterm_aborts_what_outlives_the_timeout_and_exits_zero),
         cmocka_unit_test(sigint_lets_running_requests_finish),
+        cmocka_unit_test(a_full_waiting_queue_gets_503_with_retry_after),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
