@@ -594,10 +594,11 @@ static int load_model(struct tokenizer *t, json_t *model, json_t *added_tokens, 
 }
 
 static int load_added(struct tokenizer *t, json_t *added_tokens, const bool *in_vocab,
-                      const int16_t cp_to_byte[324], char *err, size_t errlen)
+                      size_t n_vocab, const int16_t cp_to_byte[324], char *err, size_t errlen)
 {
     size_t n = json_array_size(added_tokens);
     if (n == 0) return 0;
+    int32_t next_id = (int32_t)n_vocab, *next_new = &next_id;
     t->added = calloc(n, sizeof *t->added);
     if (!t->added) FAIL(MS_ENOMEM, "out of memory for added tokens");
     for (size_t i = 0; i < n; i++) {
@@ -620,6 +621,17 @@ static int load_added(struct tokenizer *t, json_t *added_tokens, const bool *in_
         if ((rc = get_bool(a, "single_word", false, &ad->single_word, path, err, errlen))) return rc;
         if ((rc = get_bool(a, "normalized", true, &ad->normalized, path, err, errlen))) return rc;
         int32_t id = ad->id;
+        // Hugging Face ignores the ids written here and assigns its own: a
+        // content it already knows keeps that id, a new one takes the next
+        // id after the vocabulary (or after the largest added id). A file
+        // whose ids differ would encode differently there, so it is refused.
+        int32_t known = tok_str_lookup(t, s, sl);
+        int32_t expect = known >= 0 ? known : *next_new;
+        if (id != expect)
+            FAIL(MS_EFORMAT, "tokenizer.json: %s \"%.64s\" has id %d, but Hugging Face would give it "
+                             "id %d (%s)", path, s, (int)id, (int)expect,
+                 known >= 0 ? "the id its content already has" : "the next free id");
+        if (known < 0) *next_new = id + 1;
         if (t->has_token[id]) {
             if (!in_vocab[id] || t->added_index[id] >= 0)
                 FAIL(MS_EFORMAT, "tokenizer.json: %s.id %d is already the added token \"%.64s\"",
@@ -628,10 +640,6 @@ static int load_added(struct tokenizer *t, json_t *added_tokens, const bool *in_
                 FAIL(MS_EFORMAT, "tokenizer.json: %s gives id %d to \"%.64s\" but model.vocab gives "
                                  "it to \"%.64s\"", path, (int)id, s, t->content[id]);
         } else {
-            int32_t other = tok_str_lookup(t, s, sl);
-            if (other >= 0 && t->added_index[other] >= 0)
-                FAIL(MS_EFORMAT, "tokenizer.json: %s \"%.64s\" is also added_tokens with id %d", path,
-                     s, (int)other);
             if ((rc = set_content(t, id, s, sl))) FAIL(rc, "out of memory for added tokens");
             size_t bl;
             if ((rc = token_bytes(s, sl, cp_to_byte, &t->bytes[id], &bl, NULL)))
@@ -773,7 +781,9 @@ int tok_load_json(struct tokenizer *t, const char *tok_json, size_t tok_len,
     if ((rc = load_model(t, json_object_get(root, "model"), added_tokens, &in_vocab, cp_to_byte,
                          byte_to_cp, err, errlen)))
         goto out;
-    if ((rc = load_added(t, added_tokens, in_vocab, cp_to_byte, err, errlen))) goto out;
+    json_t *vocab = json_object_get(json_object_get(root, "model"), "vocab");
+    if ((rc = load_added(t, added_tokens, in_vocab, json_object_size(vocab), cp_to_byte, err, errlen)))
+        goto out;
     if ((rc = load_normalizer(t, json_object_get(root, "normalizer"), "normalizer", 0, err, errlen)))
         goto out;
     if ((rc = load_pre_tokenizer(t, json_object_get(root, "pre_tokenizer"), err, errlen))) goto out;
