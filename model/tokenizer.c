@@ -60,6 +60,14 @@ void tok_destroy(struct tokenizer *t)
 
 void tok_set_cache(struct tokenizer *t, bool enabled)
 {
+    // Emptied either way, so that a benchmark starts from a cold cache.
+    for (int i = 0; i < TOK_CACHE_SHARDS; i++) {
+        struct tok_cache_shard *sh = &t->cache.shards[i];
+        if (!sh->entries) continue;
+        pthread_mutex_lock(&sh->lock);
+        memset(sh->entries, 0, TOK_CACHE_SLOTS * sizeof *sh->entries);
+        pthread_mutex_unlock(&sh->lock);
+    }
     t->cache.enabled = enabled && t->cache.shards[0].entries;
 }
 

@@ -34,8 +34,9 @@ const uint8_t *tok_token_bytes(const struct tokenizer *t, int32_t id, size_t *le
 // The id of an added or vocabulary token with exactly this content, or -1.
 int32_t tok_find_token(const struct tokenizer *t, const char *content);
 
-// The cache of recent pre-tokens is on after tok_load; turning it off (for
-// benchmarks) must happen before the tokenizer is shared between threads.
+// The cache of recent pre-tokens is on after tok_load. This empties it and
+// turns it on or off (for benchmarks); call it before the tokenizer is shared
+// between threads.
 void tok_set_cache(struct tokenizer *t, bool enabled);
 
 // From tokenizer_config.json (NULL when absent).

@@ -7,54 +7,76 @@
 #include "model/base.h"
 #include "model/tokenizer_internal.h"
 
-// ---- the merge table: (left id, right id) -> (rank, merged id) ----
+// ---- the merge table ----
 
-static inline size_t merge_hash(uint64_t key, size_t mask)
+static inline size_t merge_hash(uint64_t key40, size_t mask)
 {
-    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 29) & mask;
+    return (size_t)((key40 * 0x9E3779B97F4A7C15ull) >> 24) & mask;
 }
 
 int tok_merges_init(struct tok_merges *m, size_t n_merges)
 {
+    memset(m, 0, sizeof *m);
     size_t cap = 16;
-    while (cap < n_merges * 2 + 16) {
+    // A load factor up to 0.6: linear probing stays short and the table small.
+    while (cap * 3 < n_merges * 5 + 16) {
         if (ms_mul_overflow(cap, 2, &cap)) return MS_ENOMEM;
     }
     m->slots = malloc(cap * sizeof *m->slots);
-    if (!m->slots) return MS_ENOMEM;
-    for (size_t i = 0; i < cap; i++) m->slots[i].key = UINT64_MAX;
+    m->merged = malloc((n_merges ? n_merges : 1) * sizeof *m->merged);
+    if (!m->slots || !m->merged) {
+        free(m->slots);
+        free(m->merged);
+        m->slots = NULL;
+        m->merged = NULL;
+        return MS_ENOMEM;
+    }
+    memset(m->slots, 0xff, cap * sizeof *m->slots);
     m->mask = cap - 1;
-    m->count = 0;
+    for (size_t i = 0; i < 256 * 256; i++) m->byte_pair[i] = TOK_NO_MERGE;
     return 0;
 }
 
 void tok_merges_free(struct tok_merges *m)
 {
     free(m->slots);
-    memset(m, 0, sizeof *m);
+    free(m->merged);
+    m->slots = NULL;
+    m->merged = NULL;
 }
 
 void tok_merges_put(struct tok_merges *m, int32_t left, int32_t right, uint32_t rank,
                     int32_t merged)
 {
-    uint64_t key = ((uint64_t)(uint32_t)left << 32) | (uint32_t)right;
+    uint64_t key = ((uint64_t)(uint32_t)left << TOK_MERGE_BITS) | (uint32_t)right;
     size_t i = merge_hash(key, m->mask);
-    while (m->slots[i].key != UINT64_MAX && m->slots[i].key != key) i = (i + 1) & m->mask;
-    if (m->slots[i].key == UINT64_MAX) m->count++;
-    m->slots[i] = (struct tok_merge_slot){key, rank, merged};
+    while (m->slots[i] != UINT64_MAX && (m->slots[i] >> TOK_MERGE_BITS) != key) i = (i + 1) & m->mask;
+    m->slots[i] = (key << TOK_MERGE_BITS) | rank;
+    m->merged[rank] = merged;
+    if (rank + 1 > m->n_ranks) m->n_ranks = rank + 1;
 }
 
-const struct tok_merge_slot *tok_merges_get(const struct tok_merges *m, int32_t left,
-                                            int32_t right)
+uint32_t tok_merges_rank(const struct tok_merges *m, int32_t left, int32_t right)
 {
-    uint64_t key = ((uint64_t)(uint32_t)left << 32) | (uint32_t)right;
+    uint64_t key = ((uint64_t)(uint32_t)left << TOK_MERGE_BITS) | (uint32_t)right;
     size_t i = merge_hash(key, m->mask);
     for (;;) {
-        const struct tok_merge_slot *s = &m->slots[i];
-        if (s->key == key) return s;
-        if (s->key == UINT64_MAX) return NULL;
+        uint64_t s = m->slots[i];
+        if ((s >> TOK_MERGE_BITS) == key) return (uint32_t)(s & (TOK_MERGE_MAX - 1));
+        if (s == UINT64_MAX) return TOK_NO_MERGE;
         i = (i + 1) & m->mask;
     }
+}
+
+void tok_merges_index_bytes(struct tok_merges *m, const int32_t byte_id[256])
+{
+    m->offset = m->n_ranks ? m->merged[0] : 0;
+    m->affine = true;
+    for (uint32_t r = 0; r < m->n_ranks && m->affine; r++)
+        if (m->merged[r] != (int32_t)r + m->offset) m->affine = false;
+    for (int a = 0; a < 256; a++)
+        for (int b = 0; b < 256; b++)
+            m->byte_pair[a * 256 + b] = tok_merges_rank(m, byte_id[a], byte_id[b]);
 }
 
 // ---- the cache ----
@@ -150,6 +172,7 @@ void tok_bpe_scratch_free(struct tok_bpe_scratch *s)
     free(s->ids);
     free(s->prev);
     free(s->next);
+    free(s->ranks);
     free(s->heap);
     memset(s, 0, sizeof *s);
 }
@@ -170,9 +193,11 @@ static int scratch_reserve(struct tok_bpe_scratch *s, size_t n)
     if (prev) s->prev = prev;
     int32_t *next = realloc(s->next, cap * sizeof *next);
     if (next) s->next = next;
+    uint32_t *ranks = realloc(s->ranks, cap * sizeof *ranks);
+    if (ranks) s->ranks = ranks;
     uint64_t *heap = realloc(s->heap, bytes);
     if (heap) s->heap = heap;
-    if (!ids || !prev || !next || !heap) return MS_ENOMEM;
+    if (!ids || !prev || !next || !ranks || !heap) return MS_ENOMEM;
     s->cap = cap;
     s->heap_cap = heap_cap;
     return 0;
@@ -207,6 +232,82 @@ static inline uint64_t heap_pop(uint64_t *h, size_t *n)
     return top;
 }
 
+// Words up to this many bytes merge by scanning an array of pair ranks: for
+// short words that beats a heap. Longer ones take the heap (O(n log n)).
+#define SHORT_WORD 48
+
+// Both orders merge the pair of lowest rank, leftmost among equals: Hugging
+// Face's order (its heap compares rank, then position).
+static size_t merge_short(const struct tok_merges *mg, const uint8_t *w, size_t n, int32_t *ids,
+                          uint32_t *ranks, const int32_t *byte_id)
+{
+    for (size_t i = 0; i < n; i++) ids[i] = byte_id[w[i]];
+    for (size_t i = 0; i + 1 < n; i++) ranks[i] = mg->byte_pair[w[i] * 256 + w[i + 1]];
+    for (;;) {
+        uint32_t best = TOK_NO_MERGE;
+        size_t at = 0;
+        for (size_t i = 0; i + 1 < n; i++)
+            if (ranks[i] < best) {
+                best = ranks[i];
+                at = i;
+            }
+        if (best == TOK_NO_MERGE) return n;
+        ids[at] = tok_merged_id(mg, best);
+        for (size_t i = at + 1; i + 1 < n; i++) {
+            ids[i] = ids[i + 1];
+            ranks[i] = ranks[i + 1];
+        }
+        n--;
+        if (at > 0) ranks[at - 1] = tok_merges_rank(mg, ids[at - 1], ids[at]);
+        if (at + 1 < n) ranks[at] = tok_merges_rank(mg, ids[at], ids[at + 1]);
+    }
+}
+
+// Each heap entry is (rank, left position). An entry is stale when its pair
+// has changed since it was pushed; ranks are unique per pair, so re-reading
+// the pair's rank detects that.
+static int merge_long(const struct tok_merges *mg, struct tok_bpe_scratch *s, const uint8_t *w,
+                      size_t n, const int32_t *byte_id, struct tok_ids *out)
+{
+    int32_t *ids = s->ids, *prev = s->prev, *next = s->next;
+    uint64_t *heap = s->heap;
+    size_t nh = 0;
+    for (size_t i = 0; i < n; i++) {
+        ids[i] = byte_id[w[i]];
+        prev[i] = (int32_t)i - 1;
+        next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+    }
+    for (size_t i = 0; i + 1 < n; i++) {
+        uint32_t r = mg->byte_pair[w[i] * 256 + w[i + 1]];
+        if (r != TOK_NO_MERGE) heap_push(heap, &nh, ((uint64_t)r << 32) | i);
+    }
+    while (nh) {
+        uint64_t top = heap_pop(heap, &nh);
+        uint32_t rank = (uint32_t)(top >> 32);
+        int32_t pos = (int32_t)(uint32_t)top;
+        if (ids[pos] < 0) continue;
+        int32_t nx = next[pos];
+        if (nx < 0 || tok_merges_rank(mg, ids[pos], ids[nx]) != rank) continue;
+        ids[pos] = tok_merged_id(mg, rank);
+        ids[nx] = -1;
+        next[pos] = next[nx];
+        if (next[nx] >= 0) prev[next[nx]] = pos;
+        if (prev[pos] >= 0) {
+            uint32_t r = tok_merges_rank(mg, ids[prev[pos]], ids[pos]);
+            if (r != TOK_NO_MERGE) heap_push(heap, &nh, ((uint64_t)r << 32) | (uint32_t)prev[pos]);
+        }
+        if (next[pos] >= 0) {
+            uint32_t r = tok_merges_rank(mg, ids[pos], ids[next[pos]]);
+            if (r != TOK_NO_MERGE) heap_push(heap, &nh, ((uint64_t)r << 32) | (uint32_t)pos);
+        }
+    }
+    for (int32_t i = 0; i >= 0; i = next[i]) {
+        int rc = tok_ids_push(out, ids[i]);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 int tok_bpe_word(const struct tokenizer *t, struct tok_bpe_scratch *s, const uint8_t *w,
                  size_t n, struct tok_ids *out)
 {
@@ -217,54 +318,20 @@ int tok_bpe_word(const struct tokenizer *t, struct tok_bpe_scratch *s, const uin
     struct tok_cache *cache = (struct tok_cache *)&t->cache;
     bool cacheable = cache->enabled && n <= TOK_CACHE_KEY_MAX;
     uint64_t h = 0;
+    int rc = 0;
     if (cacheable) {
         h = bytes_hash(w, n);
-        int rc = 0;
         if (cache_get(cache, h, w, n, out, &rc)) return rc;
     }
-
-    int rc = scratch_reserve(s, n);
-    if (rc) return rc;
-    int32_t *ids = s->ids, *prev = s->prev, *next = s->next;
-    uint64_t *heap = s->heap;
-    size_t nh = 0;
-    for (size_t i = 0; i < n; i++) {
-        ids[i] = t->byte_id[w[i]];
-        prev[i] = (int32_t)i - 1;
-        next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
-    }
-    for (size_t i = 0; i + 1 < n; i++) {
-        const struct tok_merge_slot *m = tok_merges_get(&t->merges, ids[i], ids[i + 1]);
-        if (m) heap_push(heap, &nh, ((uint64_t)m->rank << 32) | i);
-    }
-    // Lowest rank first, leftmost among equals: Hugging Face's order. An
-    // entry is stale when its pair has changed since it was pushed; ranks are
-    // unique per pair, so re-reading the pair's rank detects that.
-    while (nh) {
-        uint64_t top = heap_pop(heap, &nh);
-        uint32_t rank = (uint32_t)(top >> 32);
-        int32_t pos = (int32_t)(uint32_t)top;
-        if (ids[pos] < 0) continue;
-        int32_t nx = next[pos];
-        if (nx < 0) continue;
-        const struct tok_merge_slot *m = tok_merges_get(&t->merges, ids[pos], ids[nx]);
-        if (!m || m->rank != rank) continue;
-        ids[pos] = m->merged;
-        ids[nx] = -1;
-        next[pos] = next[nx];
-        if (next[nx] >= 0) prev[next[nx]] = pos;
-        if (prev[pos] >= 0) {
-            const struct tok_merge_slot *ml = tok_merges_get(&t->merges, ids[prev[pos]], ids[pos]);
-            if (ml) heap_push(heap, &nh, ((uint64_t)ml->rank << 32) | (uint32_t)prev[pos]);
-        }
-        if (next[pos] >= 0) {
-            const struct tok_merge_slot *mr = tok_merges_get(&t->merges, ids[pos], ids[next[pos]]);
-            if (mr) heap_push(heap, &nh, ((uint64_t)mr->rank << 32) | (uint32_t)pos);
-        }
-    }
+    if ((rc = scratch_reserve(s, n))) return rc;
     size_t first = out->len;
-    for (int32_t i = 0; i >= 0; i = next[i])
-        if ((rc = tok_ids_push(out, ids[i]))) return rc;
+    if (n <= SHORT_WORD) {
+        size_t m = merge_short(t->merges, w, n, s->ids, s->ranks, t->byte_id);
+        for (size_t i = 0; i < m; i++)
+            if ((rc = tok_ids_push(out, s->ids[i]))) return rc;
+    } else if ((rc = merge_long(t->merges, s, w, n, t->byte_id, out))) {
+        return rc;
+    }
     size_t produced = out->len - first;
     if (cacheable && produced <= TOK_CACHE_IDS_MAX) cache_put(cache, h, w, n, out->p + first, produced);
     return 0;

@@ -129,23 +129,36 @@ int tok_added_split(const struct tok_trie *trie, const struct tok_added *added,
                     const uint8_t *s, size_t n, struct tok_pieces *out);
 
 // ---- BPE (tokenizer_bpe.c) ----
-struct tok_merge_slot {
-    uint64_t key; // (left id << 32) | right id; UINT64_MAX when empty
-    uint32_t rank;
-    int32_t merged;
-};
+// The merge table: (left id, right id) -> rank, packed into 8-byte slots
+// (20 bits each) so that Qwen3's 151k merges fit a 2 MiB table; the merged
+// id is merged[rank]. Pairs of single bytes, which start every word, have a
+// direct table.
+#define TOK_MERGE_BITS 20
+#define TOK_MERGE_MAX (1u << TOK_MERGE_BITS) // ids and ranks stay below this
+#define TOK_NO_MERGE UINT32_MAX
 struct tok_merges {
-    struct tok_merge_slot *slots;
-    size_t mask; // capacity - 1
-    size_t count;
+    uint64_t *slots; // UINT64_MAX when empty
+    size_t mask;     // capacity - 1
+    int32_t *merged; // (n_ranks)
+    uint32_t n_ranks;
+    // When merged[r] == r + offset for every rank (vocabularies built as the
+    // bytes, then one token per merge, in order), that sum replaces the load.
+    bool affine;
+    int32_t offset;
+    uint32_t byte_pair[256 * 256]; // rank of (byte_id[a], byte_id[b]), or TOK_NO_MERGE
 };
 int tok_merges_init(struct tok_merges *m, size_t n_merges);
 void tok_merges_free(struct tok_merges *m);
 // Later duplicates replace earlier ones, as Hugging Face's HashMap collect does.
 void tok_merges_put(struct tok_merges *m, int32_t left, int32_t right, uint32_t rank,
                     int32_t merged);
-const struct tok_merge_slot *tok_merges_get(const struct tok_merges *m, int32_t left,
-                                            int32_t right);
+uint32_t tok_merges_rank(const struct tok_merges *m, int32_t left, int32_t right);
+static inline int32_t tok_merged_id(const struct tok_merges *m, uint32_t rank)
+{
+    return m->affine ? (int32_t)rank + m->offset : m->merged[rank];
+}
+// Fills byte_pair and affine once the merges and byte ids are known.
+void tok_merges_index_bytes(struct tok_merges *m, const int32_t byte_id[256]);
 
 // The cache of recent pre-tokens: sharded, each shard a small direct-mapped
 // table under its own mutex, so HTTP threads rarely meet on a lock.
@@ -175,6 +188,7 @@ void tok_cache_free(struct tok_cache *c);
 struct tok_bpe_scratch {
     int32_t *ids;
     int32_t *prev, *next;
+    uint32_t *ranks;
     uint64_t *heap; // (rank << 32) | position
     size_t cap;     // symbols
     size_t heap_cap;
@@ -209,7 +223,7 @@ struct tokenizer {
     size_t str_mask;
 
     int32_t byte_id[256]; // the vocabulary id of each single byte
-    struct tok_merges merges;
+    struct tok_merges *merges;
 
     enum tok_norm norm[TOK_MAX_NORMALIZERS];
     int n_norm;

@@ -401,8 +401,10 @@ static int load_merges(struct tokenizer *t, json_t *merges, const bool *in_vocab
                        size_t errlen)
 {
     size_t nm = json_array_size(merges);
-    if (nm > UINT32_MAX - 1) FAIL(MS_EFORMAT, "tokenizer.json: model.merges is too long");
-    if (tok_merges_init(&t->merges, nm)) FAIL(MS_ENOMEM, "out of memory for %zu merges", nm);
+    if (nm >= TOK_MERGE_MAX)
+        FAIL(MS_EUNSUPPORTED, "tokenizer.json: model.merges has %zu merges; moeserve supports up "
+                              "to %u", nm, TOK_MERGE_MAX - 1);
+    if (tok_merges_init(t->merges, nm)) FAIL(MS_ENOMEM, "out of memory for %zu merges", nm);
     char *cat = NULL;
     size_t cat_cap = 0;
     int rc = 0;
@@ -461,7 +463,7 @@ static int load_merges(struct tokenizer *t, json_t *merges, const bool *in_vocab
                         (int)(la + lb > 64 ? 64 : la + lb), cat);
             break;
         }
-        tok_merges_put(&t->merges, ia, ib, (uint32_t)r, ic);
+        tok_merges_put(t->merges, ia, ib, (uint32_t)r, ic);
     }
     free(cat);
     return rc;
@@ -548,6 +550,9 @@ static int load_model(struct tokenizer *t, json_t *model, json_t *added_tokens, 
         if (id > max_id) max_id = id;
     }
     t->n_ids = max_id + 1;
+    if ((uint32_t)t->n_ids > TOK_MERGE_MAX)
+        FAIL(MS_EUNSUPPORTED, "tokenizer.json: ids go up to %d; moeserve supports up to %u tokens",
+             (int)max_id, TOK_MERGE_MAX);
     size_t nids = (size_t)t->n_ids;
     t->has_token = calloc(nids, sizeof *t->has_token);
     t->special = calloc(nids, sizeof *t->special);
@@ -588,8 +593,13 @@ static int load_model(struct tokenizer *t, json_t *model, json_t *added_tokens, 
                              "byte-level BPE needs all 256", b, l, (const char *)u);
         t->byte_id[b] = id;
     }
+    t->merges = malloc(sizeof *t->merges);
+    if (!t->merges) FAIL(MS_ENOMEM, "out of memory for the merges");
+    t->merges->slots = NULL;
+    t->merges->merged = NULL;
     if (merges && (rc = load_merges(t, merges, in_vocab, err, errlen))) return rc;
-    if (!merges && tok_merges_init(&t->merges, 0)) FAIL(MS_ENOMEM, "out of memory");
+    if (!merges && tok_merges_init(t->merges, 0)) FAIL(MS_ENOMEM, "out of memory");
+    tok_merges_index_bytes(t->merges, t->byte_id);
     return 0;
 }
 
@@ -838,7 +848,8 @@ void tok_free_fields(struct tokenizer *t)
     free(t->special);
     free(t->added_index);
     free(t->str_slots);
-    tok_merges_free(&t->merges);
+    if (t->merges) tok_merges_free(t->merges);
+    free(t->merges);
     for (int i = 0; i < t->n_splits; i++) tok_regex_free(&t->splits[i].re);
     tok_regex_free(&t->bl_regex);
     for (size_t i = 0; i < t->n_added; i++) free(t->added[i].pattern);
