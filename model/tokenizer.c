@@ -171,6 +171,10 @@ static int encode_piece(struct enc *e, const uint8_t *s, size_t n)
                                    : ms_err(e->err, e->errlen, rc, "the text cannot be normalized");
         ns = e->norm.p;
         nn = e->norm.len;
+        // Spans are 32-bit; normalization can make a text longer (NFD, NFKC).
+        if (nn > UINT32_MAX - 8)
+            return ms_err(e->err, e->errlen, MS_EINVAL, "the text is %zu bytes once normalized; at "
+                                                        "most 4 GiB can be encoded", nn);
     }
     if (!t->have_norm_added) return encode_text(e, ns, nn);
     e->pieces_norm.len = 0;

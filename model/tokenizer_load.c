@@ -718,6 +718,33 @@ static int load_config(struct tokenizer *t, json_t *cfg, bool *split_special, ch
     if ((rc = get_bool(cfg, "split_special_tokens", false, split_special, "tokenizer_config", err,
                        errlen)))
         return rc;
+    // transformers treats every token tokenizer_config.json names as special
+    // (skip_special_tokens drops it). One that tokenizer.json's added_tokens
+    // lacks, transformers would add with a new id; we refuse instead.
+    static const char *named[] = {"bos_token", "eos_token", "unk_token", "pad_token", "sep_token",
+                                  "cls_token", "mask_token"};
+    for (size_t i = 0; i <= sizeof named / sizeof named[0]; i++) {
+        json_t *list = i < sizeof named / sizeof named[0] ? NULL : json_object_get(cfg, "additional_special_tokens");
+        if (list && json_is_null(list)) list = NULL;
+        if (list && !json_is_array(list))
+            FAIL(MS_EFORMAT, "tokenizer_config.json: additional_special_tokens must be a list");
+        size_t n = list ? json_array_size(list) : 1;
+        for (size_t k = 0; k < n; k++) {
+            json_t *v = list ? json_array_get(list, k) : json_object_get(cfg, named[i]);
+            const char *key = list ? "additional_special_tokens" : named[i];
+            if (!v || json_is_null(v)) continue;
+            if (json_is_object(v)) v = json_object_get(v, "content");
+            if (!json_is_string(v))
+                FAIL(MS_EFORMAT, "tokenizer_config.json: %s must be a string, an AddedToken object or null", key);
+            int32_t id = tok_str_lookup(t, json_string_value(v), json_string_length(v));
+            if (id < 0 || t->added_index[id] < 0)
+                FAIL(MS_EUNSUPPORTED, "tokenizer_config.json: %s \"%.64s\" is not one of tokenizer.json's "
+                                      "added_tokens (transformers would add it with an id of its own)",
+                     key, json_string_value(v));
+            t->special[id] = true;
+            t->added[t->added_index[id]].special = true;
+        }
+    }
     // added_tokens_decoder repeats tokenizer.json's added tokens; a
     // disagreement means the two files are from different tokenizers.
     json_t *atd = json_object_get(cfg, "added_tokens_decoder");

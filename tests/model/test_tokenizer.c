@@ -569,6 +569,18 @@ static void tiny_tokenizer_loads_and_encodes(void **state)
     assert_memory_equal(ids, expect, sizeof expect);
     free(ids);
     tok_destroy(t);
+    // A token tokenizer_config.json names is special, whatever tokenizer.json says.
+    const char *named = "{\"additional_special_tokens\": [{\"content\": \"<tool>\"}]}";
+    write_file("tokenizer_config.json", named, strlen(named));
+    assert_int_equal(tok_load(tmpdir, &t, err, sizeof err), 0);
+    assert_true(tok_is_special(t, 262));
+    int32_t two[] = {259, 262};
+    char *text;
+    size_t tl;
+    assert_int_equal(tok_decode(t, two, 2, true, &text, &tl, err, sizeof err), 0);
+    assert_string_equal(text, "hello");
+    free(text);
+    tok_destroy(t);
     const char *cfg = "{\"split_special_tokens\": true}";
     write_file("tokenizer_config.json", cfg, strlen(cfg));
     assert_int_equal(tok_load(tmpdir, &t, err, sizeof err), 0);
@@ -717,6 +729,9 @@ static void malformed_files_are_refused_with_a_reason(void **state)
     EXPECT_REFUSED(t, NULL, "{\"added_tokens_decoder\": {\"261\": {\"content\": \"<|other|>\"}}}", MS_EFORMAT,
                    "added_tokens_decoder");
     EXPECT_REFUSED(t, NULL, "{\"clean_up_tokenization_spaces\": true}", MS_EUNSUPPORTED, "clean_up");
+    EXPECT_REFUSED(t, NULL, "{\"pad_token\": \"<pad>\"}", MS_EUNSUPPORTED, "pad_token \"<pad>\"");
+    EXPECT_REFUSED(t, NULL, "{\"additional_special_tokens\": [\"<|end|>\", \"hello\"]}", MS_EUNSUPPORTED,
+                   "additional_special_tokens \"hello\"");
     char err[1024];
     assert_int_equal(load_case(t, NULL, "{\"chat_template\": [{\"name\": \"default\", \"template\": \"x\"}],"
                                         " \"eos_token\": {\"__type\": \"AddedToken\", \"content\": \"<|end|>\"}}",
