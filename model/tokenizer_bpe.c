@@ -253,10 +253,8 @@ static size_t merge_short(const struct tok_merges *mg, const uint8_t *w, size_t 
             }
         if (best == TOK_NO_MERGE) return n;
         ids[at] = tok_merged_id(mg, best);
-        for (size_t i = at + 1; i + 1 < n; i++) {
-            ids[i] = ids[i + 1];
-            ranks[i] = ranks[i + 1];
-        }
+        for (size_t i = at + 1; i + 1 < n; i++) ids[i] = ids[i + 1];
+        for (size_t i = at + 1; i + 2 < n; i++) ranks[i] = ranks[i + 1];
         n--;
         if (at > 0) ranks[at - 1] = tok_merges_rank(mg, ids[at - 1], ids[at]);
         if (at + 1 < n) ranks[at] = tok_merges_rank(mg, ids[at], ids[at + 1]);
