@@ -56,9 +56,10 @@ struct tok_stream {
 void tok_stream_init(struct tok_stream *s, const struct tokenizer *t, bool skip_special);
 // Writes to out (capacity cap) the text completed by id; *n_out receives the
 // bytes written (not NUL-terminated). Returns 0, or MS_EINVAL for an id out of
-// range or when cap is too small — the stream is then unchanged. A cap of
-// tok_stream_max_output(t) always suffices; 64 suffices for any token whose
-// output is at most 64 bytes.
+// range or when cap is too small for this id's text — the stream is then
+// unchanged. tok_stream_max_output(t) always suffices; the longest token's
+// byte count (tok_token_bytes) plus 3 suffices whenever the bytes fed form
+// valid UTF-8 (each broken byte becomes a 3-byte U+FFFD).
 int tok_stream_feed(struct tok_stream *s, int32_t id, char *out, size_t cap, size_t *n_out);
 size_t tok_stream_max_output(const struct tokenizer *t);
 // At end of stream: emits U+FFFD for a trailing incomplete sequence, as a full decode would.

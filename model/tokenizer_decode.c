@@ -35,9 +35,11 @@ static bool valid_next(const uint8_t *pending, int n_pending, uint8_t b)
 }
 
 // Feeds bytes through the repair state; out must hold 3 * (n + 3) bytes.
+// With out NULL it only counts what it would write (the state still moves).
 static size_t repair_feed(uint8_t *pending, int *n_pending, const uint8_t *src, size_t n,
                           uint8_t *out)
 {
+#define EMIT(p, len) do { if (out) memcpy(out + o, (p), (len)); o += (len); } while (0)
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
         uint8_t b = src[i];
@@ -45,28 +47,26 @@ static size_t repair_feed(uint8_t *pending, int *n_pending, const uint8_t *src, 
             if (valid_next(pending, *n_pending, b)) {
                 pending[(*n_pending)++] = b;
                 if (*n_pending == lead_len(pending[0])) {
-                    memcpy(out + o, pending, (size_t)*n_pending);
-                    o += (size_t)*n_pending;
+                    EMIT(pending, (size_t)*n_pending);
                     *n_pending = 0;
                 }
                 continue;
             }
-            memcpy(out + o, REPLACEMENT, 3);
-            o += 3;
+            EMIT(REPLACEMENT, 3);
             *n_pending = 0; // and b starts afresh
         }
         int l = lead_len(b);
         if (l == 1) {
-            out[o++] = b;
+            EMIT(&b, 1);
         } else if (l == 0) {
-            memcpy(out + o, REPLACEMENT, 3);
-            o += 3;
+            EMIT(REPLACEMENT, 3);
         } else {
             pending[0] = b;
             *n_pending = 1;
         }
     }
     return o;
+#undef EMIT
 }
 
 static int check_id(const struct tokenizer *t, int32_t id)
@@ -133,20 +133,12 @@ int tok_stream_feed(struct tok_stream *s, int32_t id, char *out, size_t cap, siz
     if (s->skip_special && t->special[id]) return 0;
     size_t n = t->bytes_len[id];
     if (cap < 3 * (n + 3)) {
-        // Only a token whose bytes are all invalid could need that much; try
-        // the exact size before refusing.
+        // Valid UTF-8 needs about n bytes; only broken bytes triple. Count
+        // exactly before refusing, on a copy of the state.
         uint8_t pend[4];
         memcpy(pend, s->pending, sizeof pend);
         int np = s->n_pending;
-        uint8_t tmp[3 * (64 + 3)];
-        if (n > 64) return MS_EINVAL;
-        size_t need = repair_feed(pend, &np, t->bytes[id], n, tmp);
-        if (need > cap) return MS_EINVAL;
-        memcpy(out, tmp, need);
-        memcpy(s->pending, pend, sizeof pend);
-        s->n_pending = np;
-        *n_out = need;
-        return 0;
+        if (repair_feed(pend, &np, t->bytes[id], n, NULL) > cap) return MS_EINVAL;
     }
     *n_out = repair_feed(s->pending, &s->n_pending, t->bytes[id], n, (uint8_t *)out);
     return 0;

@@ -186,8 +186,23 @@ static void stream_refuses_small_buffers_and_bad_ids_without_changing_state(void
     assert_int_equal(tok_stream_feed(&s, a0, out, 3, &w), 0);
     assert_int_equal(w, 3);
     assert_memory_equal(out, "\xe4\xbd\xa0", 3);
-    // A token longer than 64 bytes needs tok_stream_max_output when cap is small.
     assert_true(tok_stream_max_output(qwen) >= 3 * (qwen->max_token_bytes + 3));
+    // The longest token (128 bytes of valid text) fits in its length + 3,
+    // the size the engine gives; broken bytes need room for U+FFFD each.
+    int32_t longest = -1;
+    for (int32_t id = 0; id < tok_vocab_size(qwen); id++)
+        if (qwen->bytes_len[id] == qwen->max_token_bytes) longest = id;
+    assert_true(longest >= 0);
+    char big[512];
+    size_t cap = qwen->max_token_bytes + 3;
+    tok_stream_init(&s, qwen, false);
+    assert_int_equal(tok_stream_feed(&s, longest, big, cap, &w), 0);
+    assert_int_equal(w, qwen->max_token_bytes);
+    int32_t ff = qwen->byte_id[0xff]; // never valid: 3 bytes out for 1 in
+    assert_int_equal(tok_stream_feed(&s, ff, big, 2, &w), MS_EINVAL);
+    assert_int_equal(tok_stream_feed(&s, ff, big, 3, &w), 0);
+    assert_int_equal(w, 3);
+    assert_memory_equal(big, "\xef\xbf\xbd", 3);
 }
 
 static void decode_refuses_ids_outside_the_vocabulary(void **state)
