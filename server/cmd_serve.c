@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,6 +174,40 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
     return 0;
 }
 
+// Signals go to one thread: before the model is loaded one ends the process
+// at once (nothing is running); after, the first starts the drain (main
+// waits for it on a pipe) and a second quits without waiting.
+struct sigctx {
+    sigset_t set;
+    atomic_bool loaded;
+    int pipe_w;
+    atomic_int which;
+};
+
+static void *signal_main(void *arg)
+{
+    struct sigctx *c = arg;
+    int n = 0;
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&c->set, &sig)) continue;
+        const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+        if (!atomic_load(&c->loaded)) {
+            ms_log(MS_LOG_INFO, "%s while loading: exiting", name);
+            _exit(0);
+        }
+        if (n++ > 0) {
+            ms_log(MS_LOG_WARN, "%s again: quitting without waiting for running requests", name);
+            _exit(1);
+        }
+        atomic_store(&c->which, sig);
+        char b = 1;
+        ssize_t w = write(c->pipe_w, &b, 1);
+        (void)w;
+    }
+    return NULL;
+}
+
 // Many open streams need many descriptors.
 static void raise_fd_limit(void)
 {
@@ -192,14 +227,21 @@ int cmd_serve(int argc, char **argv)
         return 2;
     }
     raise_fd_limit();
-    // Signals are taken by sigwait below; every thread created from here on
-    // inherits the mask, so none of them is interrupted.
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    // Every thread created from here on inherits the mask, so only the
+    // signal thread ever sees SIGINT and SIGTERM.
+    static struct sigctx sc;
+    sigemptyset(&sc.set);
+    sigaddset(&sc.set, SIGINT);
+    sigaddset(&sc.set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sc.set, NULL);
     signal(SIGPIPE, SIG_IGN);
+    int sp[2];
+    pthread_t sig_th;
+    if (pipe(sp) || (sc.pipe_w = sp[1], pthread_create(&sig_th, NULL, signal_main, &sc))) {
+        fprintf(stderr, "moeserve serve: cannot start the signal thread\n");
+        return 1;
+    }
+    pthread_detach(sig_th);
 
     struct app *app;
     if (app_create(&app, err, sizeof err)) {
@@ -253,16 +295,12 @@ int cmd_serve(int argc, char **argv)
            o.n_served ? o.served[0] : o.model_dir, hostbuf, http_port(srv), ms_now() - t0,
            o.api_key ? ", API key required" : "");
 
-    int sig = 0;
-    while (sigwait(&sigs, &sig) != 0) {
+    atomic_store(&sc.loaded, true);
+    char b;
+    while (read(sp[0], &b, 1) != 1) {
     }
     ms_log(MS_LOG_INFO, "%s: draining (running requests get %.0fs; a second signal quits at once)",
-           sig == SIGINT ? "SIGINT" : "SIGTERM", o.shutdown_timeout);
-    // A second signal takes the default action: the operator insists.
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
-
+           atomic_load(&sc.which) == SIGINT ? "SIGINT" : "SIGTERM", o.shutdown_timeout);
     app_drain(app, o.shutdown_timeout);
     // The engine is done; let the last chunks and bodies reach their clients.
     double end = ms_now() + 10;
