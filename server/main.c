@@ -13,6 +13,7 @@ struct command {
 
 // Keep sorted by name; `moeserve help` prints them in this order.
 static const struct command commands[] = {
+    {"chat-template", cmd_chat_template, "render a model's chat template for JSON request lines"},
     {"version", cmd_version, "print the version and the backends this build has"},
 };
 
