@@ -161,6 +161,14 @@ static int change_case(struct jrender *r, struct jstr s, int mode, struct jv *ou
         uint32_t cp;
         size_t k = ju_decode(s.p + i, s.n - i, &cp);
         uint32_t o = cp;
+        if (cp == 0xdf && mode == CASE_UPPER) {
+            // Python's full mapping; other special cases keep their simple mapping.
+            int rc = jsb_put(r, &b, "SS", 2);
+            if (rc) return rc;
+            i += k;
+            first = false;
+            continue;
+        }
         switch (mode) {
         case CASE_UPPER: o = (uint32_t)utf8proc_toupper((utf8proc_int32_t)cp); break;
         case CASE_LOWER: o = (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp); break;
@@ -291,14 +299,13 @@ static int split_str(struct jrender *r, struct jstr s, const struct jstr *sep, i
         size_t keep = (size_t)maxsplit;
         if (!from_right) {
             for (size_t w = 0; w < keep && !rc; w++) rc = list_append(r, l, &cap, words->v[w]);
+            // Python keeps the remainder as it is, trailing whitespace included.
             const char *rest = words->v[keep].s.p;
-            struct jstr tail = strip((struct jstr){rest, (size_t)(s.p + s.n - rest)}, NULL, false, true);
-            if (!rc) rc = list_append(r, l, &cap, jv_str(tail.p, tail.n));
+            if (!rc) rc = list_append(r, l, &cap, jv_str(rest, (size_t)(s.p + s.n - rest)));
         } else {
             size_t first_kept = words->n - keep;
             const char *end = words->v[first_kept - 1].s.p + words->v[first_kept - 1].s.n;
-            struct jstr head = strip((struct jstr){s.p, (size_t)(end - s.p)}, NULL, true, false);
-            rc = list_append(r, l, &cap, jv_str(head.p, head.n));
+            rc = list_append(r, l, &cap, jv_str(s.p, (size_t)(end - s.p)));
             for (size_t w = first_kept; w < words->n && !rc; w++) rc = list_append(r, l, &cap, words->v[w]);
         }
         if (rc) return rc;
@@ -763,7 +770,7 @@ static int m_str(struct jrender *r, const struct jfunc *f, struct jcallargs *a, 
                     break;
                 }
         if (!hit) {
-            if (name[0] == 'i' || name[1] == 'i') return jr_fail(r, "substring not found");
+            if (!strcmp(name, "index") || !strcmp(name, "rindex")) return jr_fail(r, "substring not found");
             *out = jv_int(-1);
             return 0;
         }
@@ -1014,6 +1021,9 @@ static int g_range(struct jrender *r, const struct jfunc *f, struct jcallargs *a
         return jr_fail(r, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (%d).",
                        JINJA_MAX_RANGE);
     size_t n = (size_t)cnt;
+    // Building the list is work too: nested ranges hit the step limit before the memory limit.
+    int rc = jr_step(r, n);
+    if (rc) return rc;
     struct jlist *l = jv_list_new(r, n);
     if (!l) return MS_EINVAL;
     for (size_t i = 0; i < n; i++) l->v[i] = jv_int(start + (int64_t)i * step);
@@ -1562,6 +1572,10 @@ int jb_filter(struct jrender *r, struct jstr name, struct jv v, struct jcallargs
         if (!jv_is_number(v)) return jr_fail(r, "filter 'round' needs a number, not %s", jv_type_name(v.t));
         double x = jv_num(v), res;
         if (prec < -300 || prec > 300) return jr_fail(r, "round precision out of range");
+        if (jstr_eq(method, "common") && v.t != JV_FLOAT && prec >= 0) {
+            *out = jv_int(v.t == JV_BOOL ? v.b : v.i); // round(int, n) stays an int
+            return 0;
+        }
         if (jstr_eq(method, "common")) {
             char buf[400];
             if (prec >= 0) {

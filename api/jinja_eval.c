@@ -16,7 +16,7 @@ int jb_percent_format(struct jrender *r, struct jstr fmt, struct jv args, struct
 void jinja_limits_default(struct jinja_limits *lim)
 {
     lim->max_output_bytes = (size_t)64 << 20;
-    lim->max_memory_bytes = (size_t)512 << 20;
+    lim->max_memory_bytes = (size_t)256 << 20;
     lim->max_steps = 10000000;
     lim->max_call_depth = 64;
 }
@@ -29,6 +29,7 @@ static struct jframe *frame_new(struct jrender *r, struct jframe *parent)
     f->parent = parent;
     f->n = f->cap = 0;
     f->vars = NULL;
+    f->captured = false;
     return f;
 }
 
@@ -839,10 +840,11 @@ static int exec_for(struct jrender *r, struct jframe *f, const struct jnode *n)
         struct jlist *kept = jv_list_new(r, items->n);
         if (!kept) return MS_EINVAL;
         kept->n = 0;
+        struct jframe *tf = frame_new(r, f);
+        if (!tf) return MS_EINVAL;
         for (size_t i = 0; i < items->n; i++) {
             if ((rc = jr_step(r, 1))) return rc;
-            struct jframe *tf = frame_new(r, f);
-            if (!tf) return MS_EINVAL;
+            tf->n = 0;
             if ((rc = bind_target(r, tf, n->target, items->v[i]))) return rc;
             struct jv c;
             if ((rc = eval(r, tf, n->b, &c))) return rc;
@@ -858,11 +860,17 @@ static int exec_for(struct jrender *r, struct jframe *f, const struct jnode *n)
     struct jv lv = jv_undef();
     lv.t = JV_LOOP;
     lv.loop = loop;
+    struct jframe *it_frame = NULL;
     for (size_t i = 0; i < items->n; i++) {
         if ((rc = jr_step(r, 1))) return rc;
         loop->index0 = i;
-        struct jframe *it_frame = frame_new(r, f);
-        if (!it_frame) return MS_EINVAL;
+        // Each iteration starts with a fresh scope; reuse the last one unless captured.
+        if (it_frame && !it_frame->captured) {
+            it_frame->n = 0;
+        } else {
+            it_frame = frame_new(r, f);
+            if (!it_frame) return MS_EINVAL;
+        }
         if ((rc = frame_set(r, it_frame, (struct jstr){"loop", 4}, lv))) return rc;
         r->line = n->line;
         if ((rc = bind_target(r, it_frame, n->target, items->v[i]))) return rc;
@@ -928,6 +936,7 @@ static int exec_stmt(struct jrender *r, struct jframe *f, const struct jnode *n)
         if (!m) return MS_EINVAL;
         m->def = n;
         m->closure = f;
+        f->captured = true;
         m->caller = jv_undef_name((struct jstr){"caller", 6});
         v = jv_undef();
         v.t = JV_MACRO;
@@ -949,6 +958,7 @@ static int exec_stmt(struct jrender *r, struct jframe *f, const struct jnode *n)
         if (!caller || !m) return MS_EINVAL;
         caller->def = n;
         caller->closure = f;
+        f->captured = true;
         caller->caller = jv_undef_name((struct jstr){"caller", 6});
         *m = *callee.m;
         m->caller = jv_undef();

@@ -271,6 +271,7 @@ struct jframe {
     struct jframe *parent;
     size_t n, cap;
     struct jvar *vars;
+    bool captured; // a macro or caller closes over it: it must outlive its iteration
 };
 
 struct jrender {
