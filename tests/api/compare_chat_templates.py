@@ -4,6 +4,8 @@ with two references nobody here wrote, and requires byte-identical text.
 
   * constructs.jsonl (one small template per line): moeserve's interpreter
     (jinja_lines) against Python Jinja2 configured as transformers configures it.
+  * style_cases.jsonl: requests for the Gemma-3, Llama-3.1 and Mistral style
+    templates in tests/data/templates, compared the same way.
   * cases.jsonl (chat requests) with the Qwen3 template (read by
     `moeserve chat-template MODEL_DIR` from the real tokenizer_config.json) and the
     Qwen2.5-Instruct template (`--template FILE`): moeserve against Python Jinja2
@@ -102,11 +104,19 @@ def main():
         "qwen2.5": ([a.moeserve, "chat-template", "--template", qwen25_file] + eos, qwen25_file),
     }
     lines = [l for l in open(os.path.join(ddir, "cases.jsonl"), encoding="utf-8").read().split("\n") if l.strip()]
-    cases = [json.loads(l) for l in lines]
-    for name, (ours_cmd, tfile) in setups.items():
+    corpora = [(name, ours_cmd, tfile, eos, lines, 200) for name, (ours_cmd, tfile) in setups.items()]
+    # Other families' constructs: the *-style templates with their own requests.
+    style = [l for l in open(os.path.join(ddir, "style_cases.jsonl"), encoding="utf-8").read().split("\n") if l.strip()]
+    toks = ["--bos-token", "<s>", "--eos-token", "</s>"]
+    for name in sorted({json.loads(l)["template"] for l in style}):
+        tfile = os.path.join(a.data, "templates", name + ".jinja")
+        mine = [l for l in style if json.loads(l)["template"] == name]
+        corpora.append((name, [a.moeserve, "chat-template", "--template", tfile] + toks, tfile, toks, mine, 1))
+    for name, ours_cmd, tfile, flags, lines, minimum in corpora:
+        cases = [json.loads(l) for l in lines]
         ours = run(ours_cmd, lines)
-        tf = run(ref_py + ["--template", tfile] + eos, lines)
-        js = run(ref_js + ["--template", tfile] + eos, lines, env=node_env)
+        tf = run(ref_py + ["--template", tfile] + flags, lines)
+        js = run(ref_js + ["--template", tfile] + flags, lines, env=node_env)
         agree = errors = differs = 0
         for c, o, t, j in zip(cases, ours, tf, js):
             where = f"{name} {c['name']}"
@@ -137,8 +147,8 @@ def main():
             passed += 1
         print(f"{name}: {agree} requests byte-identical to both references, {differs} identical to "
               f"transformers where @huggingface/jinja is known to differ, {errors} rejected by all")
-        if agree < 200:
-            failures.append(f"{name}: only {agree} requests where all three agree; the corpus needs at least 200")
+        if agree < minimum:
+            failures.append(f"{name}: only {agree} requests where all three agree; the corpus needs at least {minimum}")
     shutil.rmtree(tmp)
     for f in failures:
         print("FAIL " + f)

@@ -11,6 +11,7 @@ and the test checks the difference is still real. Known reasons:
                  ('\\n'), stripping all whitespace; Python strips only newlines.
   undefined_attr - @huggingface/jinja makes an attribute of an undefined value
                  undefined (messages[0].role with no messages); Jinja raises.
+  no_reject_filter - @huggingface/jinja has no `reject` filter (Llama 3.1 uses it).
   float_json   - tojson of an integral float (1.0) or one Python writes with an
                  exponent (1e-07): json.dumps writes 1.0 / 1e-07, JSON.stringify 1 / 1e-7.
 """
@@ -230,3 +231,67 @@ with open("cases.jsonl", "w", encoding="utf-8") as f:
     for c in cases:
         f.write(json.dumps(c) + "\n")
 print(f"wrote {len(cases)} cases to cases.jsonl")
+
+# ---- style_cases.jsonl: requests for the *-style templates (other families' constructs) ----
+style = []
+
+
+def sadd(template, name, messages, tools=None, kwargs=None, differs=None):
+    for agp in (True, False):
+        c = {"template": template, "name": f"{template}/{name}/agp={int(agp)}", "messages": messages,
+             "add_generation_prompt": agp}
+        if differs:
+            c["differs"] = {template: differs}
+        if tools is not None:
+            c["tools"] = tools
+        if kwargs:
+            c["kwargs"] = kwargs
+        style.append(c)
+
+
+def alternating(n, system=None, parts=False):
+    msgs = [{"role": "system", "content": system}] if system is not None else []
+    for i in range(n):
+        if parts and i % 2 == 0:
+            msgs.append({"role": "user", "content": [{"type": "text", "text": "  look:  "},
+                                                     {"type": "image", "url": "x.png"},
+                                                     {"type": "text", "text": text() + "\n"}]})
+        else:
+            msgs.append({"role": "user" if i % 2 == 0 else "assistant", "content": "  " + text() + "  \n"})
+    return msgs
+
+
+for i in range(6):
+    sadd("gemma3-style", f"chat{i}", alternating(1 + 2 * (i % 3), system="Be brief." if i % 2 else None, parts=i >= 3))
+sadd("gemma3-style", "system_parts", [{"role": "system", "content": [{"type": "text", "text": "sys as parts"}]},
+                                      {"role": "user", "content": "hi"}])
+sadd("gemma3-style", "err_not_alternating", [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+sadd("gemma3-style", "err_bad_content", [{"role": "user", "content": 5}])
+
+for i in range(4):
+    sadd("mistral-style", f"chat{i}", alternating(1 + 2 * i, system="System prompt." if i % 2 else None))
+sadd("mistral-style", "system_then_assistant", [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}])
+sadd("mistral-style", "err_tool_role", [{"role": "user", "content": "u"}, {"role": "tool", "content": "t"}])
+
+LT = [TOOLS[0], TOOLS[2]]
+llama_tool_chat = [{"role": "system", "content": "You are a bot."}, {"role": "user", "content": "weather?"},
+                   {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+                   {"role": "tool", "content": {"temp": 3, "sky": ["snow", "wind"]}},
+                   {"role": "tool", "content": "plain text result"},
+                   {"role": "assistant", "content": "It snows."}, {"role": "user", "content": "thanks"}]
+sadd("llama3.1-style", "plain", alternating(3, system="Sys"))
+sadd("llama3.1-style", "tools_in_user", llama_tool_chat, tools=LT)
+sadd("llama3.1-style", "tools_in_system", llama_tool_chat, tools=LT, kwargs={"tools_in_user_message": False})
+sadd("llama3.1-style", "builtin", [{"role": "user", "content": "search"},
+                                   {"role": "assistant", "tool_calls": [{"function": {"name": "brave_search", "arguments": {"query": "jinja", "lang": "en"}}}]},
+                                   {"role": "ipython", "content": "results"}],
+     kwargs={"builtin_tools": ["brave_search", "code_interpreter"], "date_string": "03 Jun 2024"},
+     differs="no_reject_filter")
+sadd("llama3.1-style", "err_two_tool_calls", [{"role": "user", "content": "x"},
+                                              {"role": "assistant", "tool_calls": [{"function": {"name": "a", "arguments": {}}}, {"function": {"name": "b", "arguments": {}}}]}])
+sadd("llama3.1-style", "err_tools_without_user", [{"role": "system", "content": "s"}], tools=LT)
+
+with open("style_cases.jsonl", "w", encoding="utf-8") as f:
+    for c in style:
+        f.write(json.dumps(c) + "\n")
+print(f"wrote {len(style)} cases to style_cases.jsonl")
