@@ -49,13 +49,18 @@ static struct jv str_value(struct jsbuf *b)
 }
 
 // Binds positional and keyword arguments to parameter names, Python style.
-static int bind(struct jrender *r, const char *what, struct jcallargs *a, const char *const *names,
-                size_t n, struct jv *vals, bool *given)
+// what_fmt (e.g. "filter '%.*s'") describes the callee in errors; it is only
+// formatted when there is an error to report.
+static int bind(struct jrender *r, const char *what_fmt, struct jstr who, struct jcallargs *a,
+                const char *const *names, size_t n, struct jv *vals, bool *given)
 {
+    char what[96];
     for (size_t i = 0; i < n; i++) given[i] = false;
-    if (a->npos > n)
+    if (a->npos > n) {
+        snprintf(what, sizeof what, what_fmt, (int)(who.n > 40 ? 40 : who.n), who.p);
         return jr_fail(r, "%s takes at most %zu argument%s (%zu given)", what, n, n == 1 ? "" : "s",
                        a->npos);
+    }
     for (size_t i = 0; i < a->npos; i++) {
         vals[i] = a->pos[i];
         given[i] = true;
@@ -63,11 +68,13 @@ static int bind(struct jrender *r, const char *what, struct jcallargs *a, const 
     for (size_t k = 0; k < a->nkw; k++) {
         size_t i = 0;
         while (i < n && !jstr_eq(a->kwn[k], names[i])) i++;
-        if (i == n)
-            return jr_fail(r, "%s got an unexpected keyword argument '%.*s'", what,
-                           (int)a->kwn[k].n, a->kwn[k].p);
-        if (given[i])
+        if (i == n || given[i]) {
+            snprintf(what, sizeof what, what_fmt, (int)(who.n > 40 ? 40 : who.n), who.p);
+            if (i == n)
+                return jr_fail(r, "%s got an unexpected keyword argument '%.*s'", what,
+                               (int)a->kwn[k].n, a->kwn[k].p);
             return jr_fail(r, "%s got multiple values for argument '%s'", what, names[i]);
+        }
         vals[i] = a->kwv[k];
         given[i] = true;
     }
@@ -442,7 +449,7 @@ static int f_tojson(struct jrender *r, struct jv v, struct jcallargs *a, struct 
     static const char *const names[] = {"ensure_ascii", "indent", "separators", "sort_keys"};
     struct jv vals[4];
     bool given[4];
-    int rc = bind(r, "filter 'tojson'", a, names, 4, vals, given);
+    int rc = bind(r, "filter '%.*s'", (struct jstr){"tojson", 6}, a, names, 4, vals, given);
     if (rc) return rc;
     struct jjson_opts o = {0};
     o.ensure_ascii = given[0] && jv_truthy(vals[0]);
@@ -648,8 +655,9 @@ static int m_str(struct jrender *r, const struct jfunc *f, struct jcallargs *a, 
     struct jstr s = f->self.s;
     const char *name = f->name;
     int rc;
-    char what[64];
+    char what[32]; // for want_str/want_int errors
     snprintf(what, sizeof what, "str.%s()", name);
+    struct jstr who = {name, strlen(name)};
     if (!strcmp(name, "format")) return str_format(r, s, a, out);
     if (!strcmp(name, "join")) {
         if (a->npos != 1 || a->nkw) return jr_fail(r, "str.join() takes exactly one argument");
@@ -673,7 +681,7 @@ static int m_str(struct jrender *r, const struct jfunc *f, struct jcallargs *a, 
     struct jv vals[3];
     bool given[3];
     if (!strcmp(name, "strip") || !strcmp(name, "lstrip") || !strcmp(name, "rstrip")) {
-        if ((rc = bind(r, what, a, n1, 1, vals, given))) return rc;
+        if ((rc = bind(r, "str.%.*s()", who, a, n1, 1, vals, given))) return rc;
         struct jstr chars, *cp = NULL;
         if (given[0] && vals[0].t != JV_NONE) {
             if ((rc = want_str(r, what, vals[0], &chars))) return rc;
@@ -684,7 +692,7 @@ static int m_str(struct jrender *r, const struct jfunc *f, struct jcallargs *a, 
         return 0;
     }
     if (!strcmp(name, "split") || !strcmp(name, "rsplit")) {
-        if ((rc = bind(r, what, a, nsplit, 2, vals, given))) return rc;
+        if ((rc = bind(r, "str.%.*s()", who, a, nsplit, 2, vals, given))) return rc;
         struct jstr sep, *sp = NULL;
         int64_t maxsplit = -1;
         if (given[0] && vals[0].t != JV_NONE) {
@@ -732,7 +740,7 @@ static int m_str(struct jrender *r, const struct jfunc *f, struct jcallargs *a, 
         return 0;
     }
     if (!strcmp(name, "replace")) {
-        if ((rc = bind(r, what, a, nrep, 3, vals, given))) return rc;
+        if ((rc = bind(r, "str.%.*s()", who, a, nrep, 3, vals, given))) return rc;
         if (!given[0] || !given[1]) return jr_fail(r, "%s takes at least 2 arguments", what);
         struct jstr old, new_;
         int64_t count = -1;
@@ -742,7 +750,7 @@ static int m_str(struct jrender *r, const struct jfunc *f, struct jcallargs *a, 
     }
     if (!strcmp(name, "find") || !strcmp(name, "rfind") || !strcmp(name, "index") ||
         !strcmp(name, "rindex") || !strcmp(name, "count")) {
-        if ((rc = bind(r, what, a, nfind, 3, vals, given))) return rc;
+        if ((rc = bind(r, "str.%.*s()", who, a, nfind, 3, vals, given))) return rc;
         struct jstr sub = {"", 0};
         if (!given[0]) return jr_fail(r, "%s takes at least 1 argument", what);
         if ((rc = want_str(r, what, vals[0], &sub))) return rc;
@@ -780,7 +788,7 @@ static int m_str(struct jrender *r, const struct jfunc *f, struct jcallargs *a, 
     if (a->npos || a->nkw) {
         if (!strcmp(name, "splitlines")) {
             static const char *const nk[] = {"keepends"};
-            if ((rc = bind(r, what, a, nk, 1, vals, given))) return rc;
+            if ((rc = bind(r, "str.%.*s()", who, a, nk, 1, vals, given))) return rc;
             struct jlist *l;
             if ((rc = splitlines(r, s, given[0] && jv_truthy(vals[0]), &l))) return rc;
             *out = list_value(l, JV_LIST);
@@ -1169,12 +1177,10 @@ static int sort_items(struct jrender *r, struct sort_item *v, size_t n, bool cs,
 }
 
 // ---- filters --------------------------------------------------------------------------------------
-static int want_args(struct jrender *r, const char *filter, struct jcallargs *a,
+static int want_args(struct jrender *r, struct jstr filter, struct jcallargs *a,
                      const char *const *names, size_t n, struct jv *vals, bool *given)
 {
-    char what[64];
-    snprintf(what, sizeof what, "filter '%s'", filter);
-    return bind(r, what, a, names, n, vals, given);
+    return bind(r, "filter '%.*s'", filter, a, names, n, vals, given);
 }
 
 static int to_sort_items(struct jrender *r, struct jv seq, struct jv attr, bool has_attr,
@@ -1366,17 +1372,18 @@ int jb_filter(struct jrender *r, struct jstr name, struct jv v, struct jcallargs
     struct jv vals[4];
     bool given[4];
     int rc;
-    char fname[48];
-    snprintf(fname, sizeof fname, "%.*s", (int)(name.n > 40 ? 40 : name.n), name.p);
-#define ARGS(...)                                                                        \
-    do {                                                                                 \
-        static const char *const names_[] = {__VA_ARGS__};                               \
-        rc = want_args(r, fname, a, names_, sizeof names_ / sizeof names_[0], vals, given); \
-        if (rc) return rc;                                                               \
+    int fnlen = (int)(name.n > 40 ? 40 : name.n);
+    const char *fname = name.p; // printed as %.*s with fnlen
+#define ARGS(...)                                                                          \
+    do {                                                                                   \
+        static const char *const names_[] = {__VA_ARGS__};                                 \
+        rc = want_args(r, name, a, names_, sizeof names_ / sizeof names_[0], vals, given); \
+        if (rc) return rc;                                                                 \
     } while (0)
 #define NOARGS()                                                                           \
     do {                                                                                   \
-        if (a->npos || a->nkw) return jr_fail(r, "filter '%s' takes no arguments", fname); \
+        if (a->npos || a->nkw)                                                             \
+            return jr_fail(r, "filter '%.*s' takes no arguments", fnlen, fname);           \
     } while (0)
 
     if (jstr_eq(name, "tojson")) return f_tojson(r, v, a, out);
@@ -1851,7 +1858,7 @@ int jb_filter(struct jrender *r, struct jstr name, struct jv v, struct jcallargs
         *out = list_value(l, JV_LIST);
         return 0;
     }
-    return jr_fail(r, "no filter named '%s'", fname);
+    return jr_fail(r, "no filter named '%.*s'", fnlen, fname);
 #undef ARGS
 #undef NOARGS
 }
@@ -1873,8 +1880,8 @@ bool jb_has_test(struct jstr name)
 int jb_test(struct jrender *r, struct jstr name, struct jv v, struct jcallargs *a, bool *out)
 {
     int rc = 0;
-    char tname[48];
-    snprintf(tname, sizeof tname, "%.*s", (int)(name.n > 40 ? 40 : name.n), name.p);
+    int tnlen = (int)(name.n > 40 ? 40 : name.n);
+    const char *tname = name.p; // printed as %.*s with tnlen
     bool one = a->npos == 1 && !a->nkw;
     if (!a->npos && !a->nkw) {
         if (jstr_eq(name, "defined")) { *out = v.t != JV_UNDEF; return 0; }
@@ -1904,7 +1911,7 @@ int jb_test(struct jrender *r, struct jstr name, struct jv v, struct jcallargs *
         }
         if (jstr_eq(name, "odd") || jstr_eq(name, "even")) {
             if (v.t == JV_UNDEF) return jv_undef_fail(r, v);
-            if (v.t != JV_INT && v.t != JV_BOOL) return jr_fail(r, "test '%s' needs an integer, not %s", tname, jv_type_name(v.t));
+            if (v.t != JV_INT && v.t != JV_BOOL) return jr_fail(r, "test '%.*s' needs an integer, not %s", tnlen, tname, jv_type_name(v.t));
             int64_t i = v.t == JV_BOOL ? v.b : v.i;
             *out = (i % 2 != 0) == (name.p[0] == 'o');
             return 0;
@@ -1974,6 +1981,6 @@ int jb_test(struct jrender *r, struct jstr name, struct jv v, struct jcallargs *
             }
         }
     }
-    if (jb_has_test(name)) return jr_fail(r, "test '%s' got the wrong number of arguments", tname);
-    return jr_fail(r, "no test named '%s'", tname);
+    if (jb_has_test(name)) return jr_fail(r, "test '%.*s' got the wrong number of arguments", tnlen, tname);
+    return jr_fail(r, "no test named '%.*s'", tnlen, tname);
 }

@@ -385,8 +385,10 @@ int jinja_call_value(struct jrender *r, struct jv fn, struct jcallargs *a, struc
 
 static inline bool jstr_eq(struct jstr a, const char *b)
 {
-    size_t n = strlen(b);
-    return a.n == n && memcmp(a.p, b, n) == 0;
+    // Without strlen: a mismatch (or b's NUL) stops the walk at once.
+    for (size_t i = 0; i < a.n; i++)
+        if (a.p[i] != b[i]) return false;
+    return b[a.n] == 0;
 }
 
 #endif
