@@ -1226,9 +1226,44 @@ static int subparse(struct parser *P, const char *const *end_tags, struct jnode 
     return 0;
 }
 
+// Jinja resolves filters and tests when it compiles a template: an unknown name
+// is an error then, unless it sits in an if statement or an inline if, where
+// the error waits until the code runs.
+static int check_names(struct parser *P, const struct jnode *n, bool soft, int depth);
+
+static int check_list(struct parser *P, struct jnode *const *v, size_t n, bool soft, int depth)
+{
+    for (size_t i = 0; i < n; i++) TRY(check_names(P, v[i], soft, depth));
+    return 0;
+}
+
+static int check_names(struct parser *P, const struct jnode *n, bool soft, int depth)
+{
+    if (!n || depth > JINJA_MAX_PARSE_DEPTH * 4) return 0;
+    if (n->kind == JN_IF || n->kind == JN_E_COND) soft = true;
+    if (!soft && n->kind == JN_E_FILTER && !jb_has_filter(n->s))
+        return pfail(P, n->line, "no filter named '%.*s'", (int)(n->s.n > 40 ? 40 : n->s.n), n->s.p);
+    if (!soft && n->kind == JN_E_TEST && !jb_has_test(n->s))
+        return pfail(P, n->line, "no test named '%.*s'", (int)(n->s.n > 40 ? 40 : n->s.n), n->s.p);
+    TRY(check_names(P, n->a, soft, depth + 1));
+    TRY(check_names(P, n->b, soft, depth + 1));
+    TRY(check_names(P, n->c, soft, depth + 1));
+    TRY(check_names(P, n->target, soft, depth + 1));
+    TRY(check_list(P, n->items, n->items ? n->nitems : 0, soft, depth + 1));
+    TRY(check_list(P, n->items2, n->items2 ? n->nitems : 0, soft, depth + 1));
+    TRY(check_list(P, n->args.pos, n->args.npos, soft, depth + 1));
+    TRY(check_list(P, n->args.kwv, n->args.nkw, soft, depth + 1));
+    TRY(check_names(P, n->args.dyn_args, soft, depth + 1));
+    TRY(check_names(P, n->args.dyn_kwargs, soft, depth + 1));
+    for (size_t i = 0; i < n->params.n; i++) TRY(check_names(P, n->params.defaults[i], soft, depth + 1));
+    TRY(check_list(P, n->body, n->nbody, soft, depth + 1));
+    return check_list(P, n->else_body, n->nelse, soft, depth + 1);
+}
+
 int jinja_parse_tokens(struct arena *a, const struct jtoken *toks, size_t ntoks,
                        struct jnode ***body, size_t *nbody, char *err, size_t errlen)
 {
     struct parser P = {.a = a, .t = toks, .n = ntoks, .err = err, .errlen = errlen};
-    return subparse(&P, NULL, body, nbody);
+    TRY(subparse(&P, NULL, body, nbody));
+    return check_list(&P, *body, *nbody, false, 0);
 }

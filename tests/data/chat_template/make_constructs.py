@@ -112,6 +112,11 @@ c("{{ 3 is odd }} {{ 4 is even }} {{ 9 is divisibleby 3 }} {{ 9 is divisibleby(4
 c("{{ 'abc' is lower }} {{ 'ABC' is upper }} {{ 'Abc' is lower }} {{ 'upper' is filter }} {{ 'nofilter' is filter }} {{ 'odd' is test }} {{ range is callable }} {{ 1 is callable }}")
 c("{{ false is sameas false }} {{ none is sameas none }} {{ 1 is sameas true }}")
 c("{{ 1 is nosuchtest }}")
+c("{% if false %}{{ x|nosuch }}{% endif %}unknown filter in an if is fine until it runs")
+c("{{ x|nosuch if false else 1 }}")
+c("{% if false %}{{ x is nosuch }}{% endif %}ok")
+c("{% for m in [] %}{{ m|nosuch }}{% endfor %}unknown filter in a loop fails at parse time")
+c("{% macro m() %}{{ 1 is nosuch }}{% endmacro %}never called")
 # filters
 c("{{ x|tojson }}", x=D)
 c("{{ x|tojson(indent=2) }}|{{ x|tojson(indent=0) }}", x={"a": [1, {"b": []}], "c": {}})
@@ -164,6 +169,26 @@ c("{{ nothing.x }}")
 c("{{ nothing < 1 }}")
 c("{{ nothing == nothing2 }} {{ nothing == none }} {{ nothing != 1 }}")
 c("{% if d.x.y %}yes{% endif %}", d={})
+
+# constructs from other families' templates (Mistral tekken, DeepSeek, Granite, Hermes, Phi)
+T = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}]
+M2 = [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image"}, {"type": "text", "text": "b"}]},
+      {"role": "assistant", "content": None, "tool_calls": [{"id": "abcdefghi", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+      {"role": "tool", "content": "r"}, {"role": "assistant", "content": "done"}]
+c("{% for m in messages | rejectattr('role', 'equalto', 'tool') | selectattr('tool_calls', 'undefined') %}{{ m.role }}{% endfor %}", messages=M2)
+c("{% set ns = namespace(index=0) %}{% for m in messages %}{% if m.role == 'user' or (m.role == 'assistant' and m.tool_calls is not defined) %}{% if loop.index0 % 2 == ns.index % 2 %}{% endif %}{% set ns.index = ns.index + 1 %}{% endif %}{% endfor %}{{ ns.index }}", messages=M2)
+c("{% for m in messages %}{% if m.tool_calls %}{% for tc in m.tool_calls %}{% if tc.id is not string or tc.id|length != 9 %}{{ raise_exception('bad id') }}{% endif %}{{ tc.function.name }}{{ tc.function.arguments }}{% endfor %}{% endif %}{% endfor %}", messages=M2)
+c("{{ (messages | length - 2) < 5 }} {{ messages | selectattr('role', 'equalto', 'system') | list | length }}", messages=M2)
+c("{% for m in messages %}{% if m.content is string %}{{ m.content | trim }}{% elif m.content is iterable %}{{ m.content | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('\\n') }}{% endif %}|{% endfor %}", messages=M2)
+c("{{ tools | map('tojson') | join('\\n') }}|{{ tools | tojson(indent=2) }}|{{ tools[0].function.parameters is defined }}", tools=T)
+c("{% set content = (messages[2].content or '') %}[{{ content }}]{{ messages[2].get('content') is none }}{{ messages[0].get('missing', 'dflt') }}", messages=M2)
+c("{% set x = [] %}{% for m in messages %}{% set x = x + [m.role] %}{% endfor %}{{ x }}", messages=M2)
+c("{{ bos_token }}{% for message in messages %}{{ '<|' + message['role'] + '|>' + '\\n' + (message['content'] if message['content'] is string else '') + '<|end|>\\n' }}{% endfor %}", messages=M2, bos_token="<s>")
+c("{%- set date = '03 June 2024' %}{{- 'Today is ' + date + '.' }}{{ messages | tojson }}", messages=M2[:2])
+c("{{ '\\n'.join(['a', 'b']) }}{{ 'x' ~ loop_var|default('') }}{{ '<｜tool▁calls▁begin｜>' }}")
+c("{% for m in messages %}{% if not loop.first and m.role == messages[loop.index0 - 1].role %}dup{% endif %}{{ loop.index0 }}{% endfor %}", messages=M2)
+c("{% if messages[-1]['role'] == 'assistant' %}{% set final = messages[-1]['content'] %}{% endif %}{{ final }}", messages=M2)
+
 # parse errors (both must fail)
 c("{% if true %}unclosed")
 c("{% for x in y %}{% endif %}")
