@@ -165,7 +165,9 @@ void http_async_set_log_tokens(struct http_async *a, int prompt, int completion)
 static void async_notify_gone(struct http_async *a)
 {
     pthread_mutex_lock(&a->mu);
-    if (a->gone_sent || a->closed) {
+    // A response already complete has nothing left to cancel: the client
+    // just closed after reading it.
+    if (a->gone_sent || a->closed || a->complete) {
         pthread_mutex_unlock(&a->mu);
         return;
     }
@@ -442,7 +444,12 @@ static enum MHD_Result wait_deferred(struct http_request *r)
             a->pending = false;
             pthread_mutex_unlock(&a->mu);
             a->ops->ready(a->ctx, r);
-            if (r->responded) return MHD_YES;
+            if (r->responded) {
+                pthread_mutex_lock(&a->mu);
+                a->complete = true;
+                pthread_mutex_unlock(&a->mu);
+                return MHD_YES;
+            }
             continue;
         }
         if (atomic_load(&r->s->stopping)) {
@@ -591,14 +598,18 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
         async_unlist(s, a);
         pthread_mutex_lock(&a->mu);
         a->closed = true;
-        bool need_gone = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !a->gone_sent;
+        bool need_gone = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !a->gone_sent && !a->complete;
         a->gone_sent = true;
         while (a->in_gone) pthread_cond_wait(&a->cv, &a->mu);
         gone_seen = a->gone_seen;
         pthread_mutex_unlock(&a->mu);
         if (need_gone) a->ops->gone(a->ctx);
-        r->prompt_tokens = atomic_load(&a->log_prompt);
-        r->completion_tokens = atomic_load(&a->log_completion);
+        // Streams report their counts through the async; deferred ones may
+        // have set them on the request already.
+        if (atomic_load(&a->log_prompt) || atomic_load(&a->log_completion)) {
+            r->prompt_tokens = atomic_load(&a->log_prompt);
+            r->completion_tokens = atomic_load(&a->log_completion);
+        }
         a->ops->release(a->ctx);
         http_async_unref(a);
     }

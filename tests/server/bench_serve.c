@@ -27,7 +27,7 @@ static void thread_cpu(pid_t pid, double *http, double *other)
     struct dirent *e;
     while ((e = readdir(d))) {
         if (e->d_name[0] == '.') continue;
-        char path[128], buf[1024];
+        char path[400], buf[1024];
         snprintf(path, sizeof path, "%s/%s/stat", dir, e->d_name);
         FILE *f = fopen(path, "r");
         if (!f) continue;
