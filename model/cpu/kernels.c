@@ -1,0 +1,126 @@
+// kernels.c: the portable scalar tables (the numerical reference every SIMD
+// kernel is tested against) and the run-time choice of a table.
+#include "model/cpu/kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+// Defined in kernels_avx2.c / kernels_avx512.c, compiled with their own flags.
+const struct cpu_kernels *cpu_kernels_avx2_table(void);
+const struct cpu_kernels *cpu_kernels_avx512_table(void);
+#endif
+
+static void scalar_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
+{
+    const int in = m->w.in;
+    for (int o = o0; o < o1; o++) {
+        // Convert the weight row once, use it for every row of x.
+        for (int k = 0; k < in; k++)
+            scratch[k] = cpu_load_weight(m->w.data, m->w.dtype, (size_t)o * in + k);
+        for (int r = 0; r < m->rows; r++) {
+            const float *x = m->x + (size_t)(m->x_rows ? m->x_rows[r] : r) * m->ldx;
+            float *y = m->y + (size_t)(m->y_rows ? m->y_rows[r] : r) * m->ldy;
+            float s = 0.0f;
+            for (int k = 0; k < in; k++) s += x[k] * scratch[k];
+            y[o] = m->accumulate ? y[o] + s : s;
+        }
+    }
+}
+
+static const void *kv_row(const struct cpu_attn *a, const void *base, int pos)
+{
+    size_t blk = (size_t)a->blocks[pos / 16];
+    size_t idx = ((blk * (size_t)a->n_kv_heads + (size_t)a->kv_head) * 16 + (size_t)(pos % 16)) *
+                 (size_t)a->head_dim;
+    return (const char *)base + idx * dtype_size(a->kv_dtype);
+}
+
+// Two passes in double (the maximum, then the normalised sum): obviously
+// right rather than fast.
+static void scalar_attend(const struct cpu_attn *a, float *scratch)
+{
+    (void)scratch;
+    const int D = a->head_dim;
+    for (int h = 0; h < a->n_q; h++) {
+        const float *q = a->q + (size_t)h * D;
+        double mx = -INFINITY;
+        for (int p = 0; p < a->n_ctx; p++) {
+            const void *kr = kv_row(a, a->k, p);
+            double s = 0;
+            for (int d = 0; d < D; d++) s += (double)q[d] * cpu_load_weight(kr, a->kv_dtype, d);
+            s *= a->scale;
+            if (s > mx) mx = s;
+        }
+        double sum = 0, acc[4096];
+        double *ac = D <= 4096 ? acc : NULL;
+        if (!ac) return; // config_parse bounds head_dim by 4096
+        for (int d = 0; d < D; d++) ac[d] = 0;
+        for (int p = 0; p < a->n_ctx; p++) {
+            const void *kr = kv_row(a, a->k, p), *vr = kv_row(a, a->v, p);
+            double s = 0;
+            for (int d = 0; d < D; d++) s += (double)q[d] * cpu_load_weight(kr, a->kv_dtype, d);
+            double w = exp(s * a->scale - mx);
+            sum += w;
+            for (int d = 0; d < D; d++) ac[d] += w * cpu_load_weight(vr, a->kv_dtype, d);
+        }
+        for (int d = 0; d < D; d++) a->out[(size_t)h * D + d] = (float)(ac[d] / sum);
+    }
+}
+
+static void scalar_silu_mul(float *g, const float *u, int n)
+{
+    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static const struct cpu_kernels scalar_table = {
+    .name = "scalar",
+    .lanes = 1,
+    .unit = 16,
+    .matmul = scalar_matmul,
+    .attend = scalar_attend,
+    .silu_mul = scalar_silu_mul,
+};
+
+const struct cpu_kernels *cpu_kernels_scalar(void) { return &scalar_table; }
+
+#if defined(__x86_64__)
+const struct cpu_kernels *cpu_kernels_avx2(void)
+{
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return NULL;
+    return cpu_kernels_avx2_table(); // also needs F16C, which every AVX2 CPU has
+}
+
+const struct cpu_kernels *cpu_kernels_avx512(void)
+{
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq"))
+        return NULL;
+    return cpu_kernels_avx512_table();
+}
+#else
+const struct cpu_kernels *cpu_kernels_avx2(void) { return NULL; }
+const struct cpu_kernels *cpu_kernels_avx512(void) { return NULL; }
+#endif
+
+const struct cpu_kernels *cpu_kernels_best(void)
+{
+    const char *want = getenv("MOESERVE_CPU_KERNELS");
+    if (want && !strcmp(want, "scalar")) return cpu_kernels_scalar();
+    const struct cpu_kernels *k = NULL;
+    if (want && !strcmp(want, "avx2")) k = cpu_kernels_avx2();
+    if (!k) k = cpu_kernels_avx512();
+    if (!k) k = cpu_kernels_avx2();
+    return k ? k : cpu_kernels_scalar();
+}
+
+size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
+{
+    size_t kp = ((size_t)(max_in > 0 ? max_in : 1) + 15) / 16 * 16;
+    size_t mm = 16 * kp + kp;                                  // a weight panel, a converted row
+    size_t at = (size_t)max_q * ((size_t)head_dim + 16 + 4) + 64; // accumulators, scores, m, l
+    return (mm > at ? mm : at) + 16;
+}
