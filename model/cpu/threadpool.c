@@ -4,7 +4,6 @@
 #include "model/cpu/threadpool.h"
 
 #include <errno.h>
-#include <immintrin.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
@@ -49,7 +48,14 @@ static void futex_wake(_Atomic uint32_t *addr, int n)
     syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
 }
 
-static inline void cpu_relax(void) { _mm_pause(); }
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    __asm__ __volatile__("" ::: "memory");
+#endif
+}
 
 static void *worker_main(void *arg)
 {
