@@ -104,6 +104,8 @@ struct rank {
     void *ws;
     size_t ws_bytes;
     int32_t *tok_id, *tok_pos, *tok_seq; // (T)
+    int32_t *tiles;             // (T, 2) attention tiles: first token, tokens
+    int n_tiles;
     float *x, *xn;              // (T, hidden) residual stream, normed input
     float *q, *kn, *vn;         // (T, n_heads * head_dim), (T, n_kv * head_dim) x 2
     float *att;                 // (T, n_heads * head_dim)
@@ -171,6 +173,7 @@ static void carve_all(struct rank *r, struct carver *c)
     r->tok_id = carve(c, T, sizeof(int32_t));
     r->tok_pos = carve(c, T, sizeof(int32_t));
     r->tok_seq = carve(c, T, sizeof(int32_t));
+    r->tiles = carve(c, 2 * T, sizeof(int32_t));
     r->x = carve(c, T * hd, sizeof(float));
     r->xn = carve(c, T * hd, sizeof(float));
     r->q = carve(c, T * qd, sizeof(float));
@@ -515,13 +518,16 @@ static void qk_rope_store(struct rank *r, int b, int e, int tid)
     }
 }
 
-// Items are (token, KV head): the query heads of one group share each K/V row.
+// Items are (tile, KV head): up to CPU_ATTN_TILE consecutive tokens of one
+// sequence with the query heads of one group share each converted K/V block.
 static void attend_items(struct rank *r, int b, int e, int tid)
 {
     const struct model_config *cfg = r->cfg;
     const int D = cfg->head_dim, H = cfg->n_heads, KVH = cfg->n_kv_heads, G = H / KVH;
     const size_t esz = dtype_size(r->kv->dtype);
     struct cpu_attn a = {
+        .q_stride = (size_t)H * D,
+        .out_stride = (size_t)H * D,
         .n_q = G,
         .head_dim = D,
         .scale = 1.0f / sqrtf((float)D),
@@ -532,11 +538,12 @@ static void attend_items(struct rank *r, int b, int e, int tid)
     };
     float *scratch = cpu_exec_scratch(&r->ex, tid);
     for (int i = b; i < e; i++) {
-        int t = i / KVH, h = i % KVH;
-        a.q = r->q + ((size_t)t * H + (size_t)h * G) * D;
-        a.out = r->att + ((size_t)t * H + (size_t)h * G) * D;
-        a.n_ctx = r->tok_pos[t] + 1;
-        a.blocks = r->batch->seqs[r->tok_seq[t]].blocks;
+        const int tile = i / KVH, h = i % KVH, t0 = r->tiles[2 * tile], n = r->tiles[2 * tile + 1];
+        a.q = r->q + ((size_t)t0 * H + (size_t)h * G) * D;
+        a.out = r->att + ((size_t)t0 * H + (size_t)h * G) * D;
+        a.n_tok = n;
+        a.first_pos = r->tok_pos[t0];
+        a.blocks = r->batch->seqs[r->tok_seq[t0]].blocks;
         a.kv_head = h;
         r->ex.k->attend(&a, scratch);
     }
@@ -556,7 +563,7 @@ static void attention_block(struct rank *r, int T)
     };
     cpu_matmul(&r->ex, qkv, 3);
     par_for(r, T, qk_rope_store);
-    par_for_dynamic(r, T * cfg->n_kv_heads, 1, attend_items);
+    par_for_dynamic(r, r->n_tiles * cfg->n_kv_heads, 1, attend_items);
     struct cpu_mm o = {.w = wmat(&L->wo), .x = r->att, .ldx = qd, .y = r->x, .ldy = hd, .rows = T,
                        .accumulate = true};
     cpu_matmul(&r->ex, &o, 1);
@@ -775,12 +782,19 @@ int rank_forward(struct rank *r, const struct fwd_batch *b, float *logits, char 
     if (rc) {
         // Run the step as an empty batch: peers still meet us in every exchange.
         T = n_logits = 0;
+        r->n_tiles = 0;
         r->batch = NULL;
     } else {
         r->batch = b;
         int t = 0, nl = 0;
+        r->n_tiles = 0;
         for (int s = 0; s < b->n_seqs; s++) {
             const struct fwd_seq *q = &b->seqs[s];
+            for (int i = 0; i < q->n_new; i += CPU_ATTN_TILE) {
+                r->tiles[2 * r->n_tiles] = t + i;
+                r->tiles[2 * r->n_tiles + 1] = q->n_new - i < CPU_ATTN_TILE ? q->n_new - i : CPU_ATTN_TILE;
+                r->n_tiles++;
+            }
             for (int i = 0; i < q->n_new; i++, t++) {
                 r->tok_id[t] = q->tokens[i];
                 r->tok_pos[t] = q->n_past + i;

@@ -37,41 +37,66 @@ static const void *kv_row(const struct cpu_attn *a, const void *base, int pos)
     return (const char *)base + idx * dtype_size(a->kv_dtype);
 }
 
-// Two passes in double (the maximum, then the normalised sum): obviously
-// right rather than fast.
+// Two passes in double per row (the maximum, then the normalised sum):
+// obviously right rather than fast.
 static void scalar_attend(const struct cpu_attn *a, float *scratch)
 {
     (void)scratch;
     const int D = a->head_dim;
-    for (int h = 0; h < a->n_q; h++) {
-        const float *q = a->q + (size_t)h * D;
-        double mx = -INFINITY;
-        for (int p = 0; p < a->n_ctx; p++) {
-            const void *kr = kv_row(a, a->k, p);
-            double s = 0;
-            for (int d = 0; d < D; d++) s += (double)q[d] * cpu_load_weight(kr, a->kv_dtype, d);
-            s *= a->scale;
-            if (s > mx) mx = s;
+    double acc[4096];
+    if (D > 4096) return; // config_parse bounds head_dim by 4096
+    for (int i = 0; i < a->n_tok; i++)
+        for (int h = 0; h < a->n_q; h++) {
+            const float *q = a->q + (size_t)i * a->q_stride + (size_t)h * D;
+            const int n_ctx = a->first_pos + i + 1;
+            double mx = -INFINITY;
+            for (int p = 0; p < n_ctx; p++) {
+                const void *kr = kv_row(a, a->k, p);
+                double s = 0;
+                for (int d = 0; d < D; d++) s += (double)q[d] * cpu_load_weight(kr, a->kv_dtype, d);
+                s *= a->scale;
+                if (s > mx) mx = s;
+            }
+            double sum = 0;
+            for (int d = 0; d < D; d++) acc[d] = 0;
+            for (int p = 0; p < n_ctx; p++) {
+                const void *kr = kv_row(a, a->k, p), *vr = kv_row(a, a->v, p);
+                double s = 0;
+                for (int d = 0; d < D; d++) s += (double)q[d] * cpu_load_weight(kr, a->kv_dtype, d);
+                double w = exp(s * a->scale - mx);
+                sum += w;
+                for (int d = 0; d < D; d++) acc[d] += w * cpu_load_weight(vr, a->kv_dtype, d);
+            }
+            float *o = a->out + (size_t)i * a->out_stride + (size_t)h * D;
+            for (int d = 0; d < D; d++) o[d] = (float)(acc[d] / sum);
         }
-        double sum = 0, acc[4096];
-        double *ac = D <= 4096 ? acc : NULL;
-        if (!ac) return; // config_parse bounds head_dim by 4096
-        for (int d = 0; d < D; d++) ac[d] = 0;
-        for (int p = 0; p < a->n_ctx; p++) {
-            const void *kr = kv_row(a, a->k, p), *vr = kv_row(a, a->v, p);
-            double s = 0;
-            for (int d = 0; d < D; d++) s += (double)q[d] * cpu_load_weight(kr, a->kv_dtype, d);
-            double w = exp(s * a->scale - mx);
-            sum += w;
-            for (int d = 0; d < D; d++) ac[d] += w * cpu_load_weight(vr, a->kv_dtype, d);
-        }
-        for (int d = 0; d < D; d++) a->out[(size_t)h * D + d] = (float)(ac[d] / sum);
-    }
 }
 
 static void scalar_silu_mul(float *g, const float *u, int n)
 {
     for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static float scalar_stream_sum(const float *p, size_t n)
+{
+    float s[4] = {0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++) s[j] += p[i + j];
+    for (; i < n; i++) s[0] += p[i];
+    return s[0] + s[1] + s[2] + s[3];
+}
+
+static float scalar_fma_burn(long iters, float seed)
+{
+    float a[CPU_FMA_CHAINS];
+    for (int j = 0; j < CPU_FMA_CHAINS; j++) a[j] = seed + (float)j;
+    const float m = 0.999999f, c = 1e-7f;
+    for (long i = 0; i < iters; i++)
+        for (int j = 0; j < CPU_FMA_CHAINS; j++) a[j] = fmaf(a[j], m, c);
+    float s = 0;
+    for (int j = 0; j < CPU_FMA_CHAINS; j++) s += a[j];
+    return s;
 }
 
 static const struct cpu_kernels scalar_table = {
@@ -81,6 +106,8 @@ static const struct cpu_kernels scalar_table = {
     .matmul = scalar_matmul,
     .attend = scalar_attend,
     .silu_mul = scalar_silu_mul,
+    .stream_sum = scalar_stream_sum,
+    .fma_burn = scalar_fma_burn,
 };
 
 const struct cpu_kernels *cpu_kernels_scalar(void) { return &scalar_table; }
@@ -121,6 +148,8 @@ size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
 {
     size_t kp = ((size_t)(max_in > 0 ? max_in : 1) + 15) / 16 * 16;
     size_t mm = 16 * kp + kp;                                  // a weight panel, a converted row
-    size_t at = (size_t)max_q * ((size_t)head_dim + 16 + 4) + 64; // accumulators, scores, m, l
+    // K transposed and V of one block, then per row: accumulator, scores, max, sum.
+    size_t rows = (size_t)max_q * CPU_ATTN_TILE;
+    size_t at = 2 * 16 * (size_t)head_dim + rows * ((size_t)head_dim + 16 + 2) + 64;
     return (mm > at ? mm : at) + 16;
 }

@@ -33,16 +33,23 @@ struct cpu_mm {
     bool accumulate;       // y += x . w^T (a residual add) instead of y = x . w^T
 };
 
-// Attention of the query heads that share one KV head, for one query token,
-// over positions [0, n_ctx) of a paged KV cache (causality is the caller's n_ctx).
+// Attention for a tile of consecutive new tokens of one sequence and the
+// query heads that share one KV head, over a paged KV cache. Token i of the
+// tile sits at position first_pos + i and attends positions 0..first_pos + i
+// (causal). Each (token, head) row's result depends only on that row and the
+// cache, not on the tile around it.
+#define CPU_ATTN_TILE 8
 struct cpu_attn {
-    const float *q;        // (n_q, head_dim)
-    float *out;            // (n_q, head_dim)
+    const float *q;        // token i, head g at q + i * q_stride + g * head_dim
+    size_t q_stride;
+    float *out;            // token i, head g at out + i * out_stride + g * head_dim
+    size_t out_stride;
+    int n_tok;             // 1..CPU_ATTN_TILE
+    int first_pos;
     int n_q;               // query heads per KV head (GQA group)
     int head_dim;
     float scale;           // 1 / sqrt(head_dim)
-    int n_ctx;
-    const int32_t *blocks; // (ceil(n_ctx / 16)) block ids
+    const int32_t *blocks; // the sequence's block table
     const void *k, *v;     // one layer of the pool: (n_blocks, n_kv_heads, 16, head_dim)
     enum dtype kv_dtype;   // DTYPE_BF16, DTYPE_F16 or DTYPE_F32
     int n_kv_heads, kv_head;
@@ -60,7 +67,15 @@ struct cpu_kernels {
     void (*attend)(const struct cpu_attn *a, float *scratch);
     // g[i] = silu(g[i]) * u[i]
     void (*silu_mul)(float *g, const float *u, int n);
+    // For the benchmarks: the sum of n floats read once, and iters rounds of
+    // FMAs on CPU_FMA_CHAINS independent vectors (iters * CPU_FMA_CHAINS *
+    // lanes * 2 FLOPs); both return a value so that nothing is optimised away.
+    float (*stream_sum)(const float *p, size_t n);
+    float (*fma_burn)(long iters, float seed);
 };
+
+// Enough independent chains to cover the FMA latency on every port.
+#define CPU_FMA_CHAINS 12
 
 const struct cpu_kernels *cpu_kernels_scalar(void);
 // NULL when this CPU (or this build) lacks the instructions.
@@ -71,7 +86,7 @@ const struct cpu_kernels *cpu_kernels_avx512(void);
 const struct cpu_kernels *cpu_kernels_best(void);
 
 // Per-thread scratch any table needs for matmuls with in <= max_in and
-// attention with n_q <= max_q heads of head_dim.
+// attention with n_q <= max_q heads of head_dim (tiles of CPU_ATTN_TILE).
 size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim);
 
 // Element i of a bf16, f16 or f32 array, as fp32.

@@ -76,6 +76,8 @@ static const struct cpu_kernels avx2_table = {
     .matmul = simd_matmul,
     .attend = simd_attend,
     .silu_mul = simd_silu_mul,
+    .stream_sum = simd_stream_sum,
+    .fma_burn = simd_fma_burn,
 };
 
 const struct cpu_kernels *cpu_kernels_avx2_table(void);

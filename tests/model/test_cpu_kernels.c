@@ -169,40 +169,62 @@ static void simd_attention_matches_scalar(void **state)
 {
     (void)state;
     const enum dtype dts[] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
-    const int groups[] = {1, 2, 4}, dims[] = {16, 32, 36, 64, 130}, ctxs[] = {1, 15, 16, 17, 100, 300};
+    const int groups[] = {1, 2, 4}, dims[] = {16, 32, 36, 64, 130};
+    // (first position, tokens in the tile): decode rows, tiles that start or
+    // end inside a block, tiles spanning a block edge, a long context.
+    const int tiles[][2] = {{0, 1}, {14, 1}, {15, 1}, {16, 1}, {0, 8}, {3, 7}, {10, 8}, {99, 2}, {290, 8}};
     const int n_blocks = 24, n_kv = 2;
     for (int t = 0; t < n_simd; t++)
         for (int d = 0; d < 3; d++)
             for (int gi = 0; gi < 3; gi++)
                 for (int di = 0; di < 5; di++)
-                    for (int ci = 0; ci < 6; ci++) {
-                        int G = groups[gi], D = dims[di], n_ctx = ctxs[ci];
+                    for (int ci = 0; ci < 9; ci++) {
+                        int G = groups[gi], D = dims[di], first = tiles[ci][0], nq = tiles[ci][1];
                         size_t n = (size_t)n_blocks * n_kv * 16 * D;
                         void *k = xmalloc(n * dtype_size(dts[d])), *v = xmalloc(n * dtype_size(dts[d]));
                         fill_kv(k, dts[d], n);
                         fill_kv(v, dts[d], n);
                         int32_t blocks[24];
                         for (int b = 0; b < n_blocks; b++) blocks[b] = (b * 7 + 3) % n_blocks; // scattered
-                        float *q = random_floats((size_t)G * D);
-                        float *ref = xmalloc((size_t)G * D * 4), *got = xmalloc((size_t)G * D * 4);
+                        // Queries of 3 heads per token in the buffer, so strides are not G * D.
+                        const size_t stride = (size_t)(G + 3) * D;
+                        float *q = random_floats(nq * stride);
+                        float *ref = xmalloc(nq * stride * 4), *got = xmalloc(nq * stride * 4);
+                        float *one = xmalloc(stride * 4);
                         float *scratch = xmalloc(cpu_kernels_scratch_floats(1, G, D) * 4);
-                        struct cpu_attn a = {.q = q, .n_q = G, .head_dim = D, .scale = 1.0f / sqrtf((float)D),
-                                             .n_ctx = n_ctx, .blocks = blocks, .k = k, .v = v,
-                                             .kv_dtype = dts[d], .n_kv_heads = n_kv, .kv_head = 1};
+                        struct cpu_attn a = {.q = q, .q_stride = stride, .out_stride = stride,
+                                             .n_tok = nq, .first_pos = first, .n_q = G,
+                                             .head_dim = D, .scale = 1.0f / sqrtf((float)D),
+                                             .blocks = blocks, .k = k, .v = v, .kv_dtype = dts[d],
+                                             .n_kv_heads = n_kv, .kv_head = 1};
                         a.out = ref;
                         cpu_kernels_scalar()->attend(&a, scratch);
                         a.out = got;
                         simd_tables[t]->attend(&a, scratch);
-                        for (int i = 0; i < G * D; i++)
-                            if (fabs(ref[i] - got[i]) > 2e-5 * (1 + fabs(ref[i])))
-                                fail_msg("%s attention %s G %d D %d ctx %d: [%d] %g vs scalar %g",
-                                         simd_tables[t]->name, dtype_name(dts[d]), G, D, n_ctx, i,
-                                         got[i], ref[i]);
+                        for (int i = 0; i < nq; i++)
+                            for (int e = 0; e < G * D; e++) {
+                                float x = ref[i * stride + e], y = got[i * stride + e];
+                                if (fabs(x - y) > 2e-5 * (1 + fabs(x)))
+                                    fail_msg("%s attention %s G %d D %d tile at %d of %d: token %d "
+                                             "[%d] %g vs scalar %g", simd_tables[t]->name,
+                                             dtype_name(dts[d]), G, D, first, nq, i, e, y, x);
+                            }
+                        // Each row alone (a decode row at its position) gives the same bits.
+                        for (int i = 0; i < nq; i++) {
+                            struct cpu_attn b1 = a;
+                            b1.q = q + i * stride;
+                            b1.out = one;
+                            b1.n_tok = 1;
+                            b1.first_pos = first + i;
+                            simd_tables[t]->attend(&b1, scratch);
+                            assert_memory_equal(one, got + i * stride, (size_t)G * D * 4);
+                        }
                         free(k);
                         free(v);
                         free(q);
                         free(ref);
                         free(got);
+                        free(one);
                         free(scratch);
                     }
 }
