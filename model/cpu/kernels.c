@@ -150,6 +150,6 @@ size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
     size_t mm = 16 * kp + kp;                                  // a weight panel, a converted row
     // K transposed and V of one block, then per row: accumulator, scores, max, sum.
     size_t rows = (size_t)max_q * CPU_ATTN_TILE;
-    size_t at = 2 * 16 * (size_t)head_dim + rows * ((size_t)head_dim + 16 + 2) + 64;
+    size_t at = 2 * 16 * (size_t)head_dim + rows * ((size_t)head_dim + 2) + (size_t)head_dim + 16 * 16 + 64;
     return (mm > at ? mm : at) + 16;
 }

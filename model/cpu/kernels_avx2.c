@@ -2,6 +2,7 @@
 // -mavx2 -mfma -mf16c; reached only after cpu_kernels_avx2() checked the CPU.
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "model/cpu/kernels.h"
 
@@ -17,6 +18,9 @@
 #define VDIV(a, b) _mm256_div_ps(a, b)
 #define VMAX(a, b) _mm256_max_ps(a, b)
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+// Lanes whose idx is below n keep v, the others take other.
+#define VSEL_LT(v, idx, n, other) \
+    _mm256_blendv_ps((other), (v), _mm256_cmp_ps((idx), _mm256_set1_ps((float)(n)), _CMP_LT_OQ))
 #define VLOAD_BF16(p) \
     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define VLOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
@@ -24,9 +28,13 @@
 // Tile shapes: 4x3 accumulators + 3 weight vectors + 1 row vector = 16 registers.
 #define MM_MR 4
 #define MM_NR 3
+// Outputs whose fp32 weight rows are packed at once (kept in L1 with the x rows).
+#define MM_PANEL 12
 #define MM_UNIT 12
 #define GV_MR 2
 #define GV_NR 4
+// Attention rows per group: their score accumulators fill the registers.
+#define ATT_RB 6
 #define GEMM_MIN_ROWS 4
 
 // The canonical lane-sum tree: adjacent pairs, then pairs of pairs, then the
@@ -43,6 +51,14 @@ static inline void reduce4(__m256 a, __m256 b, __m256 c, __m256 d, float out[4])
 {
     __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+}
+
+static inline float hmax1(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
 }
 
 // exp to about 1 ulp: x = n ln2 + r, |r| <= ln2 / 2, a degree-7 Taylor

@@ -3,6 +3,7 @@
 // after cpu_kernels_avx512() checked the CPU.
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "model/cpu/kernels.h"
 
@@ -18,6 +19,9 @@
 #define VDIV(a, b) _mm512_div_ps(a, b)
 #define VMAX(a, b) _mm512_max_ps(a, b)
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+// Lanes whose idx is below n keep v, the others take other.
+#define VSEL_LT(v, idx, n, other) \
+    _mm512_mask_blend_ps(_mm512_cmp_ps_mask((idx), _mm512_set1_ps((float)(n)), _CMP_LT_OQ), (other), (v))
 #define VLOAD_BF16(p) \
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define VLOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
@@ -25,9 +29,13 @@
 // Tile shapes: 6x4 accumulators + 4 weight vectors + 1 row vector = 29 of 32 registers.
 #define MM_MR 6
 #define MM_NR 4
+// Outputs whose fp32 weight rows are packed at once (kept in L1 with the x rows).
+#define MM_PANEL 8
 #define MM_UNIT 16
 #define GV_MR 4
 #define GV_NR 4
+// Attention rows per group: their score accumulators fill the registers.
+#define ATT_RB 8
 #define GEMM_MIN_ROWS 6
 
 // The canonical tree: lane i + lane i+8, then the AVX2 tree on the 8 sums.
@@ -52,6 +60,8 @@ static inline void reduce4(__m512 a, __m512 b, __m512 c, __m512 d, float out[4])
                               _mm256_hadd_ps(fold512(c), fold512(d)));
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
 }
+
+static inline float hmax1(__m512 v) { return _mm512_reduce_max_ps(v); }
 
 // exp as in kernels_avx2.c, with scalef for the 2^n.
 static inline __m512 vexp(__m512 x)
