@@ -453,8 +453,8 @@ static void norm_rows(struct rank *r, int b, int e, const struct tensor *w, floa
 {
     const int hd = r->cfg->hidden_size;
     for (int t = b; t < e; t++)
-        cpu_rmsnorm(r->x + (size_t)t * hd, w->data, w->dtype, hd, r->cfg->rms_norm_eps,
-                    out + (size_t)t * hd);
+        r->ex.k->rmsnorm(r->x + (size_t)t * hd, w->data, w->dtype, hd, r->cfg->rms_norm_eps,
+                         out + (size_t)t * hd);
 }
 
 static void attn_norm_rows(struct rank *r, int b, int e, int tid)
@@ -500,7 +500,7 @@ static void qk_rope_store(struct rank *r, int b, int e, int tid)
         const float *v = r->vn + (size_t)t * KVH * D;
         for (int h = 0; h < H; h++) {
             float *qh = q + (size_t)h * D;
-            cpu_rmsnorm(qh, L->q_norm.data, L->q_norm.dtype, D, cfg->rms_norm_eps, tmp);
+            r->ex.k->rmsnorm(qh, L->q_norm.data, L->q_norm.dtype, D, cfg->rms_norm_eps, tmp);
             memcpy(qh, tmp, (size_t)D * sizeof(float));
             cpu_rope_apply(qh, half, cs, sn);
         }
@@ -508,7 +508,7 @@ static void qk_rope_store(struct rank *r, int b, int e, int tid)
         const size_t blk = (size_t)sq->blocks[pos / KV_BLOCK_TOKENS], slot = (size_t)(pos % KV_BLOCK_TOKENS);
         for (int h = 0; h < KVH; h++) {
             float *kh = k + (size_t)h * D;
-            cpu_rmsnorm(kh, L->k_norm.data, L->k_norm.dtype, D, cfg->rms_norm_eps, tmp);
+            r->ex.k->rmsnorm(kh, L->k_norm.data, L->k_norm.dtype, D, cfg->rms_norm_eps, tmp);
             memcpy(kh, tmp, (size_t)D * sizeof(float));
             cpu_rope_apply(kh, half, cs, sn);
             size_t at = ((blk * KVH + (size_t)h) * KV_BLOCK_TOKENS + slot) * D * esz;
@@ -616,16 +616,11 @@ static void combine_rows(struct rank *r, int b, int e, int tid)
     const int hd = r->cfg->hidden_size, k = r->topk;
     float *acc = cpu_exec_scratch(&r->ex, tid);
     for (int t = b; t < e; t++) {
-        for (int j = 0; j < k; j++) {
-            const float w = r->top_w[(size_t)t * k + j];
-            const float *y = r->ret + (size_t)r->pair_slot[(size_t)t * k + j] * hd;
-            if (j == 0)
-                for (int d = 0; d < hd; d++) acc[d] = w * y[d];
-            else
-                for (int d = 0; d < hd; d++) acc[d] += w * y[d];
-        }
-        float *x = r->x + (size_t)t * hd;
-        for (int d = 0; d < hd; d++) x[d] += acc[d];
+        memset(acc, 0, (size_t)hd * sizeof(float));
+        for (int j = 0; j < k; j++)
+            r->ex.k->axpy(acc, r->top_w[(size_t)t * k + j],
+                          r->ret + (size_t)r->pair_slot[(size_t)t * k + j] * hd, hd);
+        r->ex.k->axpy(r->x + (size_t)t * hd, 1.0f, acc, hd);
     }
 }
 
@@ -769,8 +764,8 @@ static void final_norm_rows(struct rank *r, int b, int e, int tid)
     const struct tensor *w = &r->m->final_norm;
     const int hd = r->cfg->hidden_size;
     for (int i = b; i < e; i++)
-        cpu_rmsnorm(r->x + (size_t)r->logit_rows[i] * hd, w->data, w->dtype, hd, r->cfg->rms_norm_eps,
-                    r->xl + (size_t)i * hd);
+        r->ex.k->rmsnorm(r->x + (size_t)r->logit_rows[i] * hd, w->data, w->dtype, hd,
+                         r->cfg->rms_norm_eps, r->xl + (size_t)i * hd);
 }
 
 int rank_forward(struct rank *r, const struct fwd_batch *b, float *logits, char *err, size_t errlen)

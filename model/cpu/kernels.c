@@ -77,6 +77,19 @@ static void scalar_silu_mul(float *g, const float *u, int n)
     for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+static void scalar_rmsnorm(const float *x, const void *w, enum dtype wt, int n, float eps, float *out)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * cpu_load_weight(w, wt, (size_t)i);
+}
+
+static void scalar_axpy(float *y, float a, const float *x, int n)
+{
+    for (int i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+
 static float scalar_stream_sum(const float *p, size_t n)
 {
     float s[4] = {0, 0, 0, 0};
@@ -106,6 +119,8 @@ static const struct cpu_kernels scalar_table = {
     .matmul = scalar_matmul,
     .attend = scalar_attend,
     .silu_mul = scalar_silu_mul,
+    .rmsnorm = scalar_rmsnorm,
+    .axpy = scalar_axpy,
     .stream_sum = scalar_stream_sum,
     .fma_burn = scalar_fma_burn,
 };
@@ -147,7 +162,9 @@ const struct cpu_kernels *cpu_kernels_best(void)
 size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
 {
     size_t kp = ((size_t)(max_in > 0 ? max_in : 1) + 15) / 16 * 16;
-    size_t mm = 16 * kp + kp;                                  // a weight panel, a converted row
+    // A packed chunk of weight rows (65536 floats or 4 rows), 4 rows of
+    // slack, and a packed block of up to 16 x rows.
+    size_t mm = (65536 > 4 * kp ? 65536 : 4 * kp) + 4 * kp + 16 * kp;
     // K transposed and V of one block, then per row: accumulator, scores, max, sum.
     size_t rows = (size_t)max_q * CPU_ATTN_TILE;
     size_t at = 2 * 16 * (size_t)head_dim + rows * ((size_t)head_dim + 2) + (size_t)head_dim + 16 * 16 + 64;

@@ -38,7 +38,7 @@ struct cpu_mm {
 // tile sits at position first_pos + i and attends positions 0..first_pos + i
 // (causal). Each (token, head) row's result depends only on that row and the
 // cache, not on the tile around it.
-#define CPU_ATTN_TILE 8
+#define CPU_ATTN_TILE 16
 struct cpu_attn {
     const float *q;        // token i, head g at q + i * q_stride + g * head_dim
     size_t q_stride;
@@ -67,6 +67,10 @@ struct cpu_kernels {
     void (*attend)(const struct cpu_attn *a, float *scratch);
     // g[i] = silu(g[i]) * u[i]
     void (*silu_mul)(float *g, const float *u, int n);
+    // out = x / sqrt(mean(x^2) + eps) * w (w as stored)
+    void (*rmsnorm)(const float *x, const void *w, enum dtype wt, int n, float eps, float *out);
+    // y[i] = a * x[i] + y[i], one rounding (FMA)
+    void (*axpy)(float *y, float a, const float *x, int n);
     // For the benchmarks: the sum of n floats read once, and iters rounds of
     // FMAs on CPU_FMA_CHAINS independent vectors (iters * CPU_FMA_CHAINS *
     // lanes * 2 FLOPs); both return a value so that nothing is optimised away.

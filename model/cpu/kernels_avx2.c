@@ -25,11 +25,11 @@
     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define VLOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 
-// Tile shapes: 4x3 accumulators + 3 weight vectors + 1 row vector = 16 registers.
-#define MM_MR 4
-#define MM_NR 3
-// Outputs whose fp32 weight rows are packed at once (kept in L1 with the x rows).
-#define MM_PANEL 12
+// Packed tiles: MM_MR rows x MM_NR outputs of accumulators, the x rows in L1
+// across a whole packed chunk of MM_PACK_FLOATS weights (in L2).
+#define MM_MR 6
+#define MM_NR 2
+#define MM_PACK_FLOATS 65536
 #define MM_UNIT 12
 #define GV_MR 2
 #define GV_NR 4
@@ -92,6 +92,8 @@ static const struct cpu_kernels avx2_table = {
     .matmul = simd_matmul,
     .attend = simd_attend,
     .silu_mul = simd_silu_mul,
+    .rmsnorm = simd_rmsnorm,
+    .axpy = simd_axpy,
     .stream_sum = simd_stream_sum,
     .fma_burn = simd_fma_burn,
 };

@@ -26,11 +26,11 @@
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define VLOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 
-// Tile shapes: 6x4 accumulators + 4 weight vectors + 1 row vector = 29 of 32 registers.
-#define MM_MR 6
-#define MM_NR 4
-// Outputs whose fp32 weight rows are packed at once (kept in L1 with the x rows).
-#define MM_PANEL 8
+// Packed tiles: MM_MR rows x MM_NR outputs of accumulators, the x rows in L1
+// across a whole packed chunk of MM_PACK_FLOATS weights (in L2).
+#define MM_MR 12
+#define MM_NR 2
+#define MM_PACK_FLOATS 65536
 #define MM_UNIT 16
 #define GV_MR 4
 #define GV_NR 4
@@ -91,6 +91,8 @@ static const struct cpu_kernels avx512_table = {
     .matmul = simd_matmul,
     .attend = simd_attend,
     .silu_mul = simd_silu_mul,
+    .rmsnorm = simd_rmsnorm,
+    .axpy = simd_axpy,
     .stream_sum = simd_stream_sum,
     .fma_burn = simd_fma_burn,
 };

@@ -259,6 +259,37 @@ static void simd_silu_mul_matches_scalar_and_ignores_where_n_ends(void **state)
         }
 }
 
+static void simd_rmsnorm_and_axpy_match_scalar(void **state)
+{
+    (void)state;
+    const int ns[] = {1, 7, 16, 33, 96, 130, 2048};
+    const enum dtype dts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+    for (int t = 0; t < n_simd; t++)
+        for (int i = 0; i < 7; i++)
+            for (int d = 0; d < 3; d++) {
+                int n = ns[i];
+                float *x = random_floats((size_t)n), *ref = xmalloc((size_t)n * 4), *got = xmalloc((size_t)n * 4);
+                void *w = random_weights(dts[d], (size_t)n);
+                cpu_kernels_scalar()->rmsnorm(x, w, dts[d], n, 1e-6f, ref);
+                simd_tables[t]->rmsnorm(x, w, dts[d], n, 1e-6f, got);
+                for (int j = 0; j < n; j++)
+                    if (fabs(ref[j] - got[j]) > 1e-5 * (1 + fabs(ref[j])))
+                        fail_msg("%s rmsnorm %s n %d [%d]: %g vs scalar %g", simd_tables[t]->name,
+                                 dtype_name(dts[d]), n, j, got[j], ref[j]);
+                float *y1 = random_floats((size_t)n), *y2 = xmalloc((size_t)n * 4);
+                memcpy(y2, y1, (size_t)n * 4);
+                cpu_kernels_scalar()->axpy(y1, 0.37f, x, n);
+                simd_tables[t]->axpy(y2, 0.37f, x, n);
+                assert_memory_equal(y1, y2, (size_t)n * 4); // one FMA per element: exact
+                free(x);
+                free(ref);
+                free(got);
+                free(w);
+                free(y1);
+                free(y2);
+            }
+}
+
 struct pool_ctx {
     _Atomic long sum;
     int n;
@@ -398,6 +429,7 @@ int main(void)
         cmocka_unit_test(matmul_outputs_do_not_depend_on_batch_or_split),
         cmocka_unit_test(simd_attention_matches_scalar),
         cmocka_unit_test(simd_silu_mul_matches_scalar_and_ignores_where_n_ends),
+        cmocka_unit_test(simd_rmsnorm_and_axpy_match_scalar),
         cmocka_unit_test(threadpool_runs_every_range_exactly_once),
         cmocka_unit_test(threaded_matmul_matches_single_thread),
         cmocka_unit_test(rmsnorm_scales_by_root_mean_square),
