@@ -360,6 +360,11 @@ static void par_static(void *arg, int tid, int n_threads)
 static void par_for(struct rank *r, int n, range_fn fn)
 {
     if (n <= 0) return;
+    // One row (a decode step) is not worth waking the other threads for.
+    if (n == 1) {
+        fn(r, 0, 1, 0);
+        return;
+    }
     struct par_ctx c = {.r = r, .fn = fn, .n = n};
     threadpool_run(r->pool, par_static, &c);
 }

@@ -55,6 +55,12 @@ void cpu_matmul(const struct cpu_exec *e, const struct cpu_mm *jobs, int n_jobs)
         if (jobs[j].rows > 0 && jobs[j].w.out > 0)
             c.total += (uint64_t)n_units(&jobs[j], e->k->unit) * unit_cost(&jobs[j], e->k->unit);
     if (c.total == 0) return;
+    // Below this (a router at batch 1, say) waking the threads costs more
+    // than the work; the split does not change any result.
+    if (c.total < (1u << 17)) {
+        mm_worker(&c, 0, 1);
+        return;
+    }
     threadpool_run(e->pool, mm_worker, &c);
 }
 
