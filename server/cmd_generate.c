@@ -494,6 +494,7 @@ static int run_generate(const struct gen_opts *o, struct model *m)
                 fwrite(text, 1, nt, stdout);
         }
         printf("\n");
+        fflush(stdout);
         fprintf(stderr, "%d prompt tokens in %.3f s (%.1f tokens/s), %d generated in %.3f s "
                 "(%.1f tokens/s after the first), finish: %s\n", n_prompt, t_prefill, prefill_tps,
                 n_out, t_decode, decode_tps, finish);
