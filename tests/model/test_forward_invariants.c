@@ -122,6 +122,7 @@ struct rank_run {
     int stop_after;    // the last step this rank runs (-1: until the plan ends)
     int rc;
     int steps;
+    uint64_t expert_rows;  // rows this rank's experts processed, all layers
 };
 
 // Which sequences take how many tokens at each step: the same schedule on
@@ -204,6 +205,14 @@ static void *rank_main(void *arg)
         if (step == rr->stop_after) break;
     }
     free(logits);
+    struct rank_stats st;
+    rank_get_stats(r, &st);
+    int eb, ee;
+    rank_expert_range(r, &eb, &ee);
+    for (int e = 0; e < rr->m->cfg.n_experts; e++) {
+        if (e >= eb && e < ee) rr->expert_rows += st.expert_tokens[e];
+        else if (st.expert_tokens[e]) rr->rc = -101; // only local experts run here
+    }
     rank_destroy(r);
     kv_pool_destroy(kv);
     return NULL;
@@ -222,9 +231,12 @@ static void result_free(const struct plan *p, struct result *res)
     for (int s = 0; s < p->n_seqs; s++) free(res->logits[s]);
 }
 
+static uint64_t last_expert_rows; // summed over the ranks of the last run_plan
+
 static void run_plan(const struct model *m, const struct plan *p, int n_ranks, int threads,
                      enum dtype kv_dtype, struct result *res)
 {
+    last_expert_rows = 0;
     result_alloc(m, p, res);
     struct comm *comms[4] = {0};
     char err[256];
@@ -240,6 +252,7 @@ static void run_plan(const struct model *m, const struct plan *p, int n_ranks, i
     for (int i = 0; i < n_ranks; i++) {
         pthread_join(th[i], NULL);
         assert_int_equal(rr[i].rc, 0);
+        last_expert_rows += rr[i].expert_rows;
     }
     for (int i = 0; i < n_ranks; i++)
         if (comms[i]) comms[i]->ops->destroy(comms[i]);
@@ -294,8 +307,11 @@ static void check_plan_against_reference(const struct model *m, const char *name
     reference_plan(name, &ref);
     make(name, &p);
     run_plan(m, &ref, 1, 1, kv, &a);
+    uint64_t ref_rows = last_expert_rows;
     run_plan(m, &p, n_ranks, threads, kv, &b);
     assert_same_logits(m, &ref, &a, &b, what);
+    // Every token met its top-k experts once per MoE layer, whichever rank ran them.
+    assert_int_equal(last_expert_rows, ref_rows);
     result_free(&ref, &a);
     result_free(&p, &b);
 }
