@@ -10,6 +10,7 @@
 #include <jansson.h>
 
 #include "fwd_harness.h"
+#include "model/cpu/kernels.h"
 
 static const char *data_dir;
 
@@ -153,6 +154,22 @@ static void moe_stays_close_with_bf16_kv(void **state)
     assert_true(st.token_mismatches <= st.tokens / 20);
 }
 
+// The portable fallback and the AVX2 table meet the reference too (the
+// rank picks its table at creation from MOESERVE_CPU_KERNELS).
+static void every_kernel_table_matches_reference(void **state)
+{
+    (void)state;
+    const char *tables[] = {"scalar", "avx2"};
+    for (int i = 0; i < 2; i++) {
+        if (i == 1 && !cpu_kernels_avx2()) continue;
+        setenv("MOESERVE_CPU_KERNELS", tables[i], 1);
+        struct golden_stats st;
+        check_golden("qwen3moe-v2048", DTYPE_F32, 64, 1.0, true, &st);
+        check_golden("qwen3-dense-v2048", DTYPE_F32, 64, 1.0, true, &st);
+        unsetenv("MOESERVE_CPU_KERNELS");
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -160,6 +177,7 @@ int main(void)
         cmocka_unit_test(dense_matches_reference_with_fp32_kv),
         cmocka_unit_test(moe_matches_reference_in_chunks_of_7),
         cmocka_unit_test(moe_stays_close_with_bf16_kv),
+        cmocka_unit_test(every_kernel_table_matches_reference),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
