@@ -40,7 +40,8 @@ static void usage(FILE *f)
             "  --top-logprobs K       alternatives per token in --json output (0..%d, default 0)\n"
             "  --ignore-eos           keep going past end-of-sequence tokens\n"
             "  --json                 one JSON object: prompt_tokens, tokens (id, logprob,\n"
-            "                         top_logprobs), finish_reason, timings\n"
+            "                         top_logprobs), text (with a tokenizer), finish_reason,\n"
+            "                         timings\n"
             "  --threads N            compute threads (default: all cores)\n"
             "  --kv-cache-dtype D     auto (the checkpoint's dtype), bfloat16, float16, float32\n"
             "  --bench                decode tokens/s at batch 1 and prefill tokens/s for a\n"
@@ -478,6 +479,13 @@ static int run_generate(const struct gen_opts *o, struct model *m)
             json_array_append_new(arr, e);
         }
         json_object_set_new(root, "tokens", arr);
+        if (tok) { // the generated text too, when the checkpoint has a tokenizer
+            char *t = NULL;
+            size_t tl = 0;
+            if (tok_decode(tok, out, (size_t)n_out, true, &t, &tl, err, sizeof err) == 0)
+                json_object_set_new(root, "text", json_stringn(t, tl));
+            free(t);
+        }
         json_object_set_new(root, "finish_reason", json_string(finish));
         json_object_set_new(root, "timings",
                             json_pack("{s:f, s:f, s:f, s:f}", "prefill_seconds", t_prefill,

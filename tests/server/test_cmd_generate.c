@@ -176,6 +176,7 @@ static void text_prompts_use_the_checkpoint_tokenizer(void **state)
     assert_non_null(j);
     assert_int_equal(json_integer_value(json_object_get(j, "prompt_tokens")), 3); // "Hello" "," " world"
     assert_true(json_array_size(json_object_get(j, "tokens")) >= 1);
+    assert_true(json_is_string(json_object_get(j, "text")));
     json_decref(j);
     free(out);
 }
