@@ -186,7 +186,9 @@ int stop_feed_text(struct stop_state *s, const char *text, size_t len, int *matc
     }
     // Valid text and stop strings make this a character boundary already;
     // never cut a character even if the text was not.
-    while (hold < s->len && ((unsigned char)s->buf[s->len - hold] & 0xc0) == 0x80) hold++;
+    while (hold > 0 && hold < s->len &&
+           ((unsigned char)s->buf[s->len - hold] & 0xc0) == 0x80)
+        hold++;
     *out_len = s->len - hold;
     s->held_off = s->len - hold;
     return 0;
