@@ -1,0 +1,1185 @@
+// engine: the continuous-batching engine thread — admission, step planning
+// (decodes first, then chunked prefills under the token budget), preemption,
+// the lockstep step over all DP ranks, sampling, stops and output deltas.
+#include "scheduler/engine.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "model/base.h"
+#include "model/forward.h"
+#include "scheduler/comm_inproc.h"
+#include "scheduler/kv_blocks.h"
+#include "scheduler/sampler.h"
+#include "scheduler/stop.h"
+
+// Logits rows beyond one per sequence, for prompt-logprob chunks.
+#define EXTRA_LOGIT_ROWS 64
+
+enum seq_state { SEQ_WAITING, SEQ_RUNNING };
+
+struct seq {
+    uint64_t id;
+    struct engine_sink sink;
+    struct engine_sampling sampling;   // logit_bias points at bias
+    struct engine_logit_bias *bias;    // (n_logit_bias)
+    int32_t *tokens;                   // (cap) the prompt, then the generated tokens
+    int n_prompt, n_tokens, cap;
+    struct stop_state stop;
+    bool skip_special;
+    struct tok_stream ts;
+    struct sampler_rng rng;
+    struct engine_token *prompt_lp;    // (n_prompt - 1) when prompt_logprobs >= 0
+    bool prompt_lp_sent;
+
+    enum seq_state state;
+    struct seq *prev, *next;           // in the waiting queue or the running list
+    int rank;                          // -1 unless running
+    struct kvb_table table;
+    int n_computed;                    // tokens whose KV is in the rank's pool
+    int n_cached;                      // prompt tokens the first admission found cached
+    bool admitted_once;
+
+    // This step (written by the planner, read by the rank thread).
+    int sched_new;                     // tokens fed, from n_computed
+    int sched_rows;                    // logits rows, for the last sched_new positions
+    bool sched_sample;                 // the last of them samples the next token
+    int row;                           // first row in the rank's logits buffer
+    struct engine_token sampled;       // written by the rank thread
+    int sample_rc;
+};
+
+struct seq_list {
+    struct seq *head, *tail;
+    int n;
+};
+
+struct rank_slot {
+    int index;
+    struct engine *e;
+    struct kv_pool *kv;
+    struct rank *rank;
+    struct kv_blocks *blocks;
+    struct sampler_scratch *scratch;
+    float *logits;                     // (max_rows, vocab)
+    int max_rows;
+    struct fwd_seq *fseqs;             // (max_num_seqs)
+    struct seq **bseqs;                // (max_num_seqs) this step's batch
+    int n_batch;
+    int rows_used;
+    int n_running;
+    int rc;                            // of the last step
+    char err[256];
+    pthread_t thread;
+    bool thread_started;
+};
+
+struct inbox_cancel {
+    uint64_t id;
+    struct inbox_cancel *next;
+};
+
+struct engine {
+    const struct model *m;
+    const struct tokenizer *tok;
+    struct engine_opts o;
+    int vocab;
+    int max_model_len;
+    int n_ranks;
+    struct rank_slot *ranks;           // (n_ranks)
+    struct comm **comms;               // (n_ranks) or NULL
+    int blocks_per_rank;
+
+    // Shared with other threads, under mu.
+    pthread_mutex_t mu;
+    pthread_cond_t wake;               // the engine thread waits here when idle
+    pthread_cond_t idle;               // engine_drain waits here
+    struct seq_list inbox;
+    struct inbox_cancel *cancels;
+    int n_inbox;
+    uint64_t next_id;
+    int in_flight;                     // submitted and not yet finished
+    int n_waiting_shared;              // waiting queue length as of the last step
+    bool draining;
+    double drain_deadline;
+    bool quit;
+    struct engine_stats stats;
+    uint64_t rng_state;
+
+    // Rank worker threads (ranks 1..n-1; the engine thread runs rank 0).
+    pthread_mutex_t step_mu;
+    pthread_cond_t step_go, step_done;
+    uint64_t step_gen;
+    int step_pending;
+    bool step_quit;
+
+    // Engine thread only.
+    pthread_t thread;
+    bool thread_started;
+    struct seq_list waiting;           // FIFO; preempted sequences go to the front
+    struct seq_list running;           // by admission, oldest first
+    char *text;                        // a delta's text
+    size_t text_cap, text_len;
+    char *tsbuf;                       // one token's decoded text
+    size_t tsbuf_cap;
+    bool check_blocks;                 // MOESERVE_CHECK_BLOCKS=1: verify accounting each step
+    struct engine_stats local;         // counters, published into stats
+};
+
+// ---- lists ----------------------------------------------------------------
+
+static void list_remove(struct seq_list *l, struct seq *s)
+{
+    if (s->prev) s->prev->next = s->next;
+    else l->head = s->next;
+    if (s->next) s->next->prev = s->prev;
+    else l->tail = s->prev;
+    s->prev = s->next = NULL;
+    l->n--;
+}
+
+static void list_push_tail(struct seq_list *l, struct seq *s)
+{
+    s->next = NULL;
+    s->prev = l->tail;
+    if (l->tail) l->tail->next = s;
+    else l->head = s;
+    l->tail = s;
+    l->n++;
+}
+
+static void list_push_head(struct seq_list *l, struct seq *s)
+{
+    s->prev = NULL;
+    s->next = l->head;
+    if (l->head) l->head->prev = s;
+    else l->tail = s;
+    l->head = s;
+    l->n++;
+}
+
+// ---- sequences --------------------------------------------------------------
+
+static void seq_free(struct seq *s)
+{
+    if (!s) return;
+    free(s->bias);
+    free(s->tokens);
+    free(s->prompt_lp);
+    stop_free(&s->stop);
+    kvb_table_free(&s->table);
+    free(s);
+}
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int check_sampling(const struct engine *e, const struct engine_sampling *p, char *err,
+                          size_t errlen)
+{
+    if (!isfinite(p->temperature) || p->temperature < 0)
+        return ms_err(err, errlen, MS_EINVAL, "temperature must be 0 or more, not %g",
+                      (double)p->temperature);
+    if (!isfinite(p->top_p) || p->top_p <= 0 || p->top_p > 1)
+        return ms_err(err, errlen, MS_EINVAL, "top_p must be in (0, 1], not %g", (double)p->top_p);
+    if (!isfinite(p->min_p) || p->min_p < 0 || p->min_p > 1)
+        return ms_err(err, errlen, MS_EINVAL, "min_p must be in [0, 1], not %g", (double)p->min_p);
+    if (!isfinite(p->presence_penalty) || fabsf(p->presence_penalty) > 2)
+        return ms_err(err, errlen, MS_EINVAL, "presence_penalty must be in [-2, 2], not %g",
+                      (double)p->presence_penalty);
+    if (!isfinite(p->frequency_penalty) || fabsf(p->frequency_penalty) > 2)
+        return ms_err(err, errlen, MS_EINVAL, "frequency_penalty must be in [-2, 2], not %g",
+                      (double)p->frequency_penalty);
+    if (!isfinite(p->repetition_penalty) || p->repetition_penalty <= 0)
+        return ms_err(err, errlen, MS_EINVAL, "repetition_penalty must be above 0, not %g",
+                      (double)p->repetition_penalty);
+    if (p->logprobs < -1 || p->logprobs > ENGINE_MAX_LOGPROBS)
+        return ms_err(err, errlen, MS_EINVAL, "logprobs must be from 0 to %d, not %d",
+                      ENGINE_MAX_LOGPROBS, p->logprobs);
+    if (p->prompt_logprobs < -1 || p->prompt_logprobs > ENGINE_MAX_LOGPROBS)
+        return ms_err(err, errlen, MS_EINVAL, "prompt_logprobs must be from 0 to %d, not %d",
+                      ENGINE_MAX_LOGPROBS, p->prompt_logprobs);
+    if (p->n_logit_bias < 0 || (p->n_logit_bias > 0 && !p->logit_bias) ||
+        p->n_logit_bias > e->vocab)
+        return ms_err(err, errlen, MS_EINVAL, "logit_bias has %d entries; at most %d (the vocabulary)",
+                      p->n_logit_bias, e->vocab);
+    for (int i = 0; i < p->n_logit_bias; i++) {
+        if (p->logit_bias[i].id < 0 || p->logit_bias[i].id >= e->vocab)
+            return ms_err(err, errlen, MS_EINVAL,
+                          "logit_bias names token id %d; ids run from 0 to %d",
+                          (int)p->logit_bias[i].id, e->vocab - 1);
+        if (!isfinite(p->logit_bias[i].bias) || fabsf(p->logit_bias[i].bias) > 100)
+            return ms_err(err, errlen, MS_EINVAL,
+                          "logit_bias for token %d is %g; it must be in [-100, 100]",
+                          (int)p->logit_bias[i].id, (double)p->logit_bias[i].bias);
+    }
+    return 0;
+}
+
+// Validates and copies a request into a new sequence (on the caller's thread).
+static int seq_create(struct engine *e, const struct engine_request *r,
+                      const struct engine_sink *sink, struct seq **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!sink || !sink->on_delta)
+        return ms_err(err, errlen, MS_EINVAL, "a request needs a sink for its output");
+    if (!r->prompt || r->n_prompt < 1)
+        return ms_err(err, errlen, MS_EINVAL, "the prompt is empty; it needs at least one token");
+    for (int i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= e->vocab)
+            return ms_err(err, errlen, MS_EINVAL,
+                          "prompt token %d is id %d; ids run from 0 to %d", i, (int)r->prompt[i],
+                          e->vocab - 1);
+    if (r->stop.max_tokens < 1)
+        return ms_err(err, errlen, MS_EINVAL, "max_tokens must be at least 1, not %d",
+                      r->stop.max_tokens);
+    int64_t total = (int64_t)r->n_prompt + r->stop.max_tokens;
+    if (total > e->max_model_len)
+        return ms_err(err, errlen, MS_ETOOLONG,
+                      "This model's maximum context length is %d tokens. However, you requested "
+                      "%lld tokens (%d in the prompt, %d for the completion). Please reduce the "
+                      "prompt or max_tokens.",
+                      e->max_model_len, (long long)total, r->n_prompt, r->stop.max_tokens);
+    int64_t need_blocks = (total + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+    if (need_blocks > e->blocks_per_rank)
+        return ms_err(err, errlen, MS_ENOFIT,
+                      "the request needs KV cache for %lld tokens (%d prompt + %d max_tokens) but "
+                      "one rank's KV pool holds %lld tokens (%d blocks of %d; %d ranks hold %lld "
+                      "together, and a sequence must fit on one rank): lower max_tokens or raise "
+                      "--kv-cache-memory",
+                      (long long)total, r->n_prompt, r->stop.max_tokens,
+                      (long long)e->blocks_per_rank * KV_BLOCK_TOKENS, e->blocks_per_rank,
+                      KV_BLOCK_TOKENS, e->n_ranks,
+                      (long long)e->blocks_per_rank * KV_BLOCK_TOKENS * e->n_ranks);
+    int rc = check_sampling(e, &r->sampling, err, errlen);
+    if (rc) return rc;
+    if (r->stop.n_stop_strs > 0 && !e->tok)
+        return ms_err(err, errlen, MS_EINVAL,
+                      "stop strings need a tokenizer, and this engine runs without one");
+    for (int i = 0; i < r->stop.n_stop_ids; i++)
+        if (r->stop.stop_ids && (r->stop.stop_ids[i] < 0 || r->stop.stop_ids[i] >= e->vocab))
+            return ms_err(err, errlen, MS_EINVAL,
+                          "stop_token_ids names id %d; ids run from 0 to %d",
+                          (int)r->stop.stop_ids[i], e->vocab - 1);
+
+    struct seq *s = calloc(1, sizeof *s);
+    if (!s) return ms_err(err, errlen, MS_ENOMEM, "out of memory for a request");
+    rc = stop_init(&s->stop, &r->stop, e->m->cfg.eos_ids, e->m->cfg.n_eos, err, errlen);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    s->cap = (int)total;
+    s->tokens = malloc((size_t)s->cap * sizeof *s->tokens);
+    if (!s->tokens || kvb_table_init(&s->table, s->cap)) goto oom;
+    memcpy(s->tokens, r->prompt, (size_t)r->n_prompt * sizeof *s->tokens);
+    s->n_prompt = s->n_tokens = r->n_prompt;
+    s->sampling = r->sampling;
+    if (r->sampling.n_logit_bias > 0) {
+        s->bias = malloc((size_t)r->sampling.n_logit_bias * sizeof *s->bias);
+        if (!s->bias) goto oom;
+        memcpy(s->bias, r->sampling.logit_bias, (size_t)r->sampling.n_logit_bias * sizeof *s->bias);
+    }
+    s->sampling.logit_bias = s->bias;
+    if (r->sampling.prompt_logprobs >= 0 && r->n_prompt > 1) {
+        s->prompt_lp = calloc((size_t)r->n_prompt - 1, sizeof *s->prompt_lp);
+        if (!s->prompt_lp) goto oom;
+    }
+    s->skip_special = r->stop.skip_special_tokens;
+    if (e->tok) tok_stream_init(&s->ts, e->tok, s->skip_special);
+    s->sink = *sink;
+    s->rank = -1;
+    *out = s;
+    return 0;
+oom:
+    seq_free(s);
+    return ms_err(err, errlen, MS_ENOMEM, "out of memory for a request of %lld tokens",
+                  (long long)total);
+}
+
+// ---- output -----------------------------------------------------------------
+
+static int text_append(struct engine *e, const char *p, size_t n)
+{
+    if (n > e->text_cap - e->text_len) {
+        size_t cap = e->text_len + n + 1024;
+        char *nb = realloc(e->text, cap);
+        if (!nb) return MS_ENOMEM;
+        e->text = nb;
+        e->text_cap = cap;
+    }
+    memcpy(e->text + e->text_len, p, n);
+    e->text_len += n;
+    return 0;
+}
+
+static void seq_emit(struct engine *e, struct seq *s, const struct engine_token *tok, int n_tok,
+                     enum engine_finish fin, const char *stop_str, int32_t stop_id,
+                     const char *error)
+{
+    struct engine_delta d;
+    memset(&d, 0, sizeof d);
+    d.request_id = s->id;
+    if (n_tok > 0 && s->prompt_lp && !s->prompt_lp_sent) {
+        d.prompt_tokens_lp = s->prompt_lp;
+        d.n_prompt_tokens_lp = s->n_prompt - 1;
+        s->prompt_lp_sent = true;
+    }
+    d.tokens = tok;
+    d.n_tokens = n_tok;
+    d.text = e->text_len ? e->text : "";
+    d.text_len = e->text_len;
+    d.finish = fin;
+    d.stop_str = stop_str;
+    d.stop_id = stop_id;
+    d.prompt_tokens = s->n_prompt;
+    d.completion_tokens = s->n_tokens - s->n_prompt;
+    d.cached_tokens = s->n_cached;
+    d.error = error;
+    s->sink.on_delta(s->sink.ctx, &d);
+}
+
+static void rank_release(struct engine *e, struct seq *s)
+{
+    if (s->rank < 0) return;
+    kvb_release_all(e->ranks[s->rank].blocks, &s->table);
+    e->ranks[s->rank].n_running--;
+    s->rank = -1;
+}
+
+// Sends the final delta and frees the sequence, wherever it is.
+static void seq_finish(struct engine *e, struct seq *s, const struct engine_token *tok, int n_tok,
+                       enum engine_finish fin, const char *stop_str, int32_t stop_id,
+                       const char *error)
+{
+    if (s->state == SEQ_RUNNING) list_remove(&e->running, s);
+    else list_remove(&e->waiting, s);
+    rank_release(e, s);
+    seq_emit(e, s, tok, n_tok, fin, stop_str, stop_id, error);
+    e->local.request_success[fin]++;
+    seq_free(s);
+    pthread_mutex_lock(&e->mu);
+    if (--e->in_flight == 0) pthread_cond_broadcast(&e->idle);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void seq_abort(struct engine *e, struct seq *s, const char *error)
+{
+    e->text_len = 0;
+    seq_finish(e, s, NULL, 0, FINISH_ABORT, NULL, -1, error);
+}
+
+static void abort_all(struct engine *e, const char *error)
+{
+    while (e->running.head) seq_abort(e, e->running.head, error);
+    while (e->waiting.head) seq_abort(e, e->waiting.head, error);
+}
+
+// Decodes a just-sampled token, applies the stop rules and emits its delta.
+static void seq_accept_token(struct engine *e, struct seq *s)
+{
+    int32_t id = s->sampled.id;
+    s->tokens[s->n_tokens++] = id;
+    int n_out = s->n_tokens - s->n_prompt;
+    e->local.generation_tokens_total++;
+    int32_t stop_id;
+    enum engine_finish fin = stop_check_token(&s->stop, id, n_out, s->n_tokens,
+                                              e->max_model_len, &stop_id);
+    e->text_len = 0;
+    const char *stop_str = NULL;
+    int matched = -1;
+    if (e->tok) {
+        const char *out;
+        size_t n_out_text, n_dec = 0;
+        int rc = 0;
+        // Ids past the tokenizer's vocabulary (the model's may be padded)
+        // have no text.
+        if (stop_id < 0 && id < tok_vocab_size(e->tok)) {
+            rc = tok_stream_feed(&s->ts, id, e->tsbuf, e->tsbuf_cap, &n_dec);
+            if (!rc) rc = stop_feed_text(&s->stop, e->tsbuf, n_dec, &matched, &out, &n_out_text);
+            if (!rc) rc = text_append(e, out, n_out_text);
+        }
+        if (!rc && matched < 0 && fin != FINISH_NONE) {
+            // The end: an incomplete character becomes U+FFFD (as a full
+            // decode would), then whatever the stop strings held back.
+            rc = tok_stream_finish(&s->ts, e->tsbuf, e->tsbuf_cap, &n_dec);
+            if (!rc) rc = stop_feed_text(&s->stop, e->tsbuf, n_dec, &matched, &out, &n_out_text);
+            if (!rc) rc = text_append(e, out, n_out_text);
+            if (!rc && matched < 0) {
+                stop_flush(&s->stop, &out, &n_out_text);
+                rc = text_append(e, out, n_out_text);
+            }
+        }
+        if (rc) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "detokenizing token %d failed (%s)", (int)id,
+                     ms_status_name(rc));
+            seq_finish(e, s, &s->sampled, 1, FINISH_ABORT, NULL, -1, msg);
+            return;
+        }
+        if (matched >= 0) {
+            fin = FINISH_STOP;
+            stop_id = -1;
+            stop_str = s->stop.strs[matched];
+        }
+    }
+    if (fin == FINISH_NONE) {
+        seq_emit(e, s, &s->sampled, 1, FINISH_NONE, NULL, -1, NULL);
+        return;
+    }
+    // stop_str points into the sequence, which outlives the delta.
+    seq_finish(e, s, &s->sampled, 1, fin, stop_str, stop_id, NULL);
+}
+
+// ---- planning -----------------------------------------------------------------
+
+static void preempt(struct engine *e, struct seq *s)
+{
+    list_remove(&e->running, s);
+    rank_release(e, s);
+    s->n_computed = 0;
+    s->state = SEQ_WAITING;
+    list_push_head(&e->waiting, s);
+    e->local.num_preemptions++;
+}
+
+static void batch_add(struct rank_slot *r, struct seq *s, int n_new, int rows, bool sample)
+{
+    s->sched_new = n_new;
+    s->sched_rows = rows;
+    s->sched_sample = sample;
+    s->row = r->rows_used;
+    r->rows_used += rows;
+    struct fwd_seq *f = &r->fseqs[r->n_batch];
+    f->tokens = s->tokens + s->n_computed;
+    f->n_new = n_new;
+    f->n_past = s->n_computed;
+    f->blocks = s->table.ids;
+    f->n_logits = rows;
+    r->bseqs[r->n_batch++] = s;
+}
+
+static bool wants_prompt_lp(const struct seq *s)
+{
+    return s->prompt_lp && !s->prompt_lp_sent;
+}
+
+// How many tokens of s fit this step on rank r: the budget, the logits rows
+// (a prompt-logprob chunk takes one row per token), its KV blocks. Reserves
+// the blocks. Returns 0 when nothing fits for want of rows or budget, and
+// -1 when blocks are what is missing (preempting someone may help).
+static int fit_chunk(struct engine *e, struct rank_slot *r, struct seq *s, int budget)
+{
+    int remaining = s->n_tokens - s->n_computed;
+    int chunk = remaining < budget ? remaining : budget;
+    if (wants_prompt_lp(s) && chunk > r->max_rows - r->rows_used)
+        chunk = r->max_rows - r->rows_used;
+    else if (r->rows_used >= r->max_rows && s->n_computed + chunk == s->n_tokens)
+        chunk = remaining - 1; // no row left to sample with: stop short of the last token
+    if (chunk <= 0) return 0;
+    if (!e->o.enable_chunked_prefill && chunk < remaining) return 0;
+    int reach = kvb_reachable_tokens(r->blocks, &s->table) - s->n_computed;
+    if (chunk > reach) {
+        if (!e->o.enable_chunked_prefill || reach <= 0) return -1;
+        chunk = reach;
+    }
+    if (kvb_reserve(r->blocks, &s->table, s->n_computed + chunk)) return -1;
+    return chunk;
+}
+
+static void schedule_chunk(struct rank_slot *r, struct seq *s, int chunk)
+{
+    bool sample = s->n_computed + chunk == s->n_tokens;
+    int rows = wants_prompt_lp(s) ? chunk : sample ? 1 : 0;
+    batch_add(r, s, chunk, rows, sample);
+}
+
+static int pick_rank(struct engine *e)
+{
+    int best = 0;
+    for (int i = 1; i < e->n_ranks; i++) {
+        int fi = kvb_num_free(e->ranks[i].blocks), fb = kvb_num_free(e->ranks[best].blocks);
+        if (fi > fb || (fi == fb && e->ranks[i].n_running < e->ranks[best].n_running)) best = i;
+    }
+    return best;
+}
+
+// Plans one step; returns the number of sequences scheduled.
+static int plan_step(struct engine *e)
+{
+    int budget = e->o.max_num_batched_tokens;
+    int n_sched = 0;
+    for (int i = 0; i < e->n_ranks; i++) {
+        e->ranks[i].n_batch = 0;
+        e->ranks[i].rows_used = 0;
+    }
+    for (struct seq *s = e->running.head; s; s = s->next) s->sched_new = 0;
+
+    // 1. One decode token for every running sequence that has finished its
+    // prefill, oldest first; when blocks run out, the most recently admitted
+    // sequence is preempted (possibly this one).
+    for (struct seq *s = e->running.head, *next; s && budget > 0; s = next) {
+        next = s->next;
+        if (s->n_tokens - s->n_computed != 1) continue;
+        struct rank_slot *r = &e->ranks[s->rank];
+        bool preempted_self = false;
+        while (kvb_reserve(r->blocks, &s->table, s->n_computed + 1)) {
+            struct seq *victim = e->running.tail;
+            if (victim == next) next = NULL; // the loop must not visit it
+            preempt(e, victim);
+            if (victim == s) {
+                preempted_self = true;
+                break;
+            }
+        }
+        if (preempted_self) break; // s was the youngest: nothing after it runs
+        batch_add(r, s, 1, 1, true);
+        budget--;
+        n_sched++;
+    }
+
+    // 2. Chunks of running sequences still in their prefill, oldest first.
+    // One that finds no block may preempt younger ones not yet scheduled.
+    for (struct seq *s = e->running.head, *next; s && budget > 0; s = next) {
+        next = s->next;
+        if (s->sched_new || s->n_tokens - s->n_computed <= 1) continue;
+        struct rank_slot *r = &e->ranks[s->rank];
+        int chunk;
+        while ((chunk = fit_chunk(e, r, s, budget)) < 0) {
+            struct seq *victim = e->running.tail;
+            if (victim == s || victim->sched_new) break;
+            if (victim == next) next = NULL;
+            preempt(e, victim);
+        }
+        if (chunk <= 0) continue;
+        schedule_chunk(r, s, chunk);
+        budget -= chunk;
+        n_sched++;
+    }
+
+    // 3. Admit waiting sequences in order while the budget, the sequence
+    // limit and the blocks allow; a new sequence never preempts.
+    while (e->waiting.head && budget > 0 && e->running.n < e->o.max_num_seqs) {
+        struct seq *s = e->waiting.head;
+        int ri = pick_rank(e);
+        struct rank_slot *r = &e->ranks[ri];
+        int hit = 0;
+        if (kvb_prefix_caching(r->blocks) && !wants_prompt_lp(s)) {
+            // Never all of it: the last token must run to give logits.
+            hit = kvb_match_prefix(r->blocks, &s->table, s->tokens, s->n_tokens - 1);
+            e->local.prefix_cache_queries += (uint64_t)s->n_tokens;
+            e->local.prefix_cache_hits += (uint64_t)hit;
+        }
+        s->n_computed = hit;
+        int chunk = fit_chunk(e, r, s, budget);
+        if (chunk <= 0) {
+            kvb_release_all(r->blocks, &s->table);
+            s->n_computed = 0;
+            break;
+        }
+        if (!s->admitted_once) {
+            s->n_cached = hit < s->n_prompt ? hit : s->n_prompt;
+            s->admitted_once = true;
+            e->local.prompt_tokens_total += (uint64_t)s->n_prompt;
+        }
+        list_remove(&e->waiting, s);
+        s->state = SEQ_RUNNING;
+        s->rank = ri;
+        r->n_running++;
+        list_push_tail(&e->running, s);
+        schedule_chunk(r, s, chunk);
+        budget -= chunk;
+        n_sched++;
+    }
+    return n_sched;
+}
+
+// ---- the step -------------------------------------------------------------------
+
+// Runs a rank's forward pass and samples its sequences (on its own thread).
+static void rank_run_step(struct rank_slot *r)
+{
+    struct engine *e = r->e;
+    struct fwd_batch b = {.n_seqs = r->n_batch, .seqs = r->fseqs};
+    r->err[0] = 0;
+    r->rc = rank_forward(r->rank, &b, r->logits, r->err, sizeof r->err);
+    if (r->rc) return;
+    size_t V = (size_t)e->vocab;
+    for (int i = 0; i < r->n_batch; i++) {
+        struct seq *s = r->bseqs[i];
+        if (s->sched_rows == 0) continue;
+        float *rows = r->logits + (size_t)s->row * V;
+        int first_pos = s->n_computed + s->sched_new - s->sched_rows;
+        if (wants_prompt_lp(s)) {
+            for (int j = 0; j < s->sched_rows; j++) {
+                int pos = first_pos + j; // row j predicts token pos + 1
+                if (pos + 1 < s->n_prompt)
+                    sampler_logprobs(rows + (size_t)j * V, e->vocab, s->tokens[pos + 1],
+                                     s->sampling.prompt_logprobs, r->scratch, &s->prompt_lp[pos]);
+            }
+        }
+        if (s->sched_sample) {
+            float *last = rows + (size_t)(s->sched_rows - 1) * V;
+            s->sample_rc = sampler_sample(&s->sampling, last, e->vocab, s->tokens, s->n_prompt,
+                                          s->tokens + s->n_prompt, s->n_tokens - s->n_prompt,
+                                          &s->rng, r->scratch, &s->sampled);
+        }
+    }
+}
+
+static void *rank_worker(void *arg)
+{
+    struct rank_slot *r = arg;
+    struct engine *e = r->e;
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&e->step_mu);
+        while (e->step_gen == seen && !e->step_quit) pthread_cond_wait(&e->step_go, &e->step_mu);
+        if (e->step_quit) {
+            pthread_mutex_unlock(&e->step_mu);
+            return NULL;
+        }
+        seen = e->step_gen;
+        pthread_mutex_unlock(&e->step_mu);
+        rank_run_step(r);
+        pthread_mutex_lock(&e->step_mu);
+        if (--e->step_pending == 0) pthread_cond_signal(&e->step_done);
+        pthread_mutex_unlock(&e->step_mu);
+    }
+}
+
+// Every rank runs the step, in lockstep, even with an empty batch.
+static void run_ranks(struct engine *e)
+{
+    if (e->n_ranks > 1) {
+        pthread_mutex_lock(&e->step_mu);
+        e->step_pending = e->n_ranks - 1;
+        e->step_gen++;
+        pthread_cond_broadcast(&e->step_go);
+        pthread_mutex_unlock(&e->step_mu);
+    }
+    rank_run_step(&e->ranks[0]);
+    if (e->n_ranks > 1) {
+        pthread_mutex_lock(&e->step_mu);
+        while (e->step_pending > 0) pthread_cond_wait(&e->step_done, &e->step_mu);
+        pthread_mutex_unlock(&e->step_mu);
+    }
+}
+
+static void check_block_accounting(struct engine *e)
+{
+    for (int ri = 0; ri < e->n_ranks; ri++) {
+        struct rank_slot *r = &e->ranks[ri];
+        const struct kvb_table **tabs = malloc(((size_t)e->running.n + 1) * sizeof *tabs);
+        if (!tabs) return;
+        int n = 0;
+        for (struct seq *s = e->running.head; s; s = s->next)
+            if (s->rank == ri) tabs[n++] = &s->table;
+        for (struct seq *s = e->waiting.head; s; s = s->next)
+            if (s->table.n) {
+                n = -1; // a waiting sequence holding blocks is a leak
+                break;
+            }
+        char err[256] = "a waiting sequence holds KV blocks";
+        int rc = n < 0 ? MS_EINTERNAL : kvb_check(r->blocks, tabs, n, err, sizeof err);
+        free(tabs);
+        if (rc) {
+            char msg[320];
+            snprintf(msg, sizeof msg, "KV block accounting on rank %d: %s", ri, err);
+            ms_log(MS_LOG_ERROR, "%s", msg);
+            abort_all(e, msg);
+            return;
+        }
+    }
+}
+
+static void step(struct engine *e)
+{
+    if (plan_step(e) == 0) return;
+    run_ranks(e);
+    for (int ri = 0; ri < e->n_ranks; ri++) {
+        struct rank_slot *r = &e->ranks[ri];
+        if (r->rc) {
+            // A failed forward pass leaves its sequences' KV undefined.
+            char msg[400];
+            snprintf(msg, sizeof msg, "the forward pass failed on rank %d: %s", ri, r->err);
+            ms_log(MS_LOG_ERROR, "%s", msg);
+            for (int i = 0; i < r->n_batch; i++) seq_abort(e, r->bseqs[i], msg);
+            r->n_batch = 0;
+        }
+    }
+    for (int ri = 0; ri < e->n_ranks; ri++) {
+        struct rank_slot *r = &e->ranks[ri];
+        for (int i = 0; i < r->n_batch; i++) {
+            struct seq *s = r->bseqs[i];
+            s->n_computed += s->sched_new;
+            kvb_commit(r->blocks, &s->table, s->tokens, s->n_computed);
+            if (!s->sched_sample) continue;
+            if (s->sample_rc) {
+                char msg[160];
+                snprintf(msg, sizeof msg, "sampling failed (%s)", ms_status_name(s->sample_rc));
+                seq_abort(e, s, msg);
+                continue;
+            }
+            seq_accept_token(e, s);
+        }
+    }
+    e->local.steps++;
+    if (e->check_blocks) check_block_accounting(e);
+}
+
+// ---- the engine thread ----------------------------------------------------------
+
+static void publish_stats(struct engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    struct engine_stats *st = &e->stats;
+    uint64_t succ[FINISH_COUNT_];
+    memcpy(succ, e->local.request_success, sizeof succ);
+    st->num_running = e->running.n;
+    st->num_waiting = e->waiting.n + e->n_inbox;
+    e->n_waiting_shared = e->waiting.n;
+    st->n_ranks = e->n_ranks;
+    for (int i = 0; i < e->n_ranks && i < ENGINE_MAX_RANKS; i++) {
+        st->rank[i].kv_blocks_total = kvb_total(e->ranks[i].blocks);
+        st->rank[i].kv_blocks_used = kvb_num_used(e->ranks[i].blocks);
+        st->rank[i].kv_blocks_cached = kvb_num_cached(e->ranks[i].blocks);
+        st->rank[i].num_running = e->ranks[i].n_running;
+    }
+    st->prefix_cache_queries = e->local.prefix_cache_queries;
+    st->prefix_cache_hits = e->local.prefix_cache_hits;
+    st->num_preemptions = e->local.num_preemptions;
+    st->prompt_tokens_total = e->local.prompt_tokens_total;
+    st->generation_tokens_total = e->local.generation_tokens_total;
+    memcpy(st->request_success, succ, sizeof succ);
+    st->steps = e->local.steps;
+    st->last_step_end = ms_now();
+    st->draining = e->draining;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static struct seq *find_seq(struct seq_list *l, uint64_t id)
+{
+    for (struct seq *s = l->head; s; s = s->next)
+        if (s->id == id) return s;
+    return NULL;
+}
+
+static void *engine_main(void *arg)
+{
+    struct engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        for (;;) {
+            bool work = e->running.n > 0 || e->waiting.n > 0;
+            if (e->quit || e->inbox.head || e->cancels || work) break;
+            pthread_cond_wait(&e->wake, &e->mu);
+        }
+        struct seq *in = e->inbox.head;
+        e->inbox.head = e->inbox.tail = NULL;
+        e->inbox.n = 0;
+        e->n_inbox = 0;
+        struct inbox_cancel *cancels = e->cancels;
+        e->cancels = NULL;
+        bool quit = e->quit;
+        bool expired = e->draining && ms_now() >= e->drain_deadline;
+        pthread_mutex_unlock(&e->mu);
+
+        while (in) {
+            struct seq *next = in->next;
+            in->state = SEQ_WAITING;
+            list_push_tail(&e->waiting, in);
+            in = next;
+        }
+        while (cancels) {
+            struct inbox_cancel *next = cancels->next;
+            struct seq *s = find_seq(&e->running, cancels->id);
+            if (!s) s = find_seq(&e->waiting, cancels->id);
+            if (s) seq_abort(e, s, NULL);
+            free(cancels);
+            cancels = next;
+        }
+        if (quit) {
+            abort_all(e, "the engine is shutting down");
+            publish_stats(e);
+            return NULL;
+        }
+        if (expired) abort_all(e, NULL); // drain timeout: finish_reason abort
+        if (e->running.n > 0 || e->waiting.n > 0) step(e);
+        publish_stats(e);
+    }
+}
+
+// ---- creation -----------------------------------------------------------------
+
+static size_t default_kv_bytes(void)
+{
+    // A quarter of the memory available now, at most 4 GiB (vLLM's CPU default).
+    size_t avail = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        unsigned long long kb;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+                avail = (size_t)kb * 1024;
+                break;
+            }
+        fclose(f);
+    }
+    if (!avail) {
+        long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        if (pages > 0 && page > 0) avail = (size_t)pages * (size_t)page;
+    }
+    size_t cap = (size_t)4 << 30;
+    size_t b = avail / 4;
+    if (!b || b > cap) b = cap;
+    return b;
+}
+
+static int max_token_bytes(const struct tokenizer *t)
+{
+    int n = tok_vocab_size(t), best = 0;
+    for (int i = 0; i < n; i++) {
+        size_t len = 0;
+        if (tok_token_bytes(t, i, &len) && (int)len > best) best = (int)len;
+    }
+    return best;
+}
+
+int engine_create(const struct model *m, const struct tokenizer *tok, const struct engine_opts *o,
+                  struct engine **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    const struct model_config *cfg = &m->cfg;
+    int n_ranks = o->data_parallel_size;
+    if (n_ranks < 1 || n_ranks > ENGINE_MAX_RANKS)
+        return ms_err(err, errlen, MS_EINVAL, "--data-parallel-size must be from 1 to %d, not %d",
+                      ENGINE_MAX_RANKS, n_ranks);
+    if (n_ranks > 1 && !o->enable_expert_parallel)
+        return ms_err(err, errlen, MS_EINVAL,
+                      "--data-parallel-size %d needs --enable-expert-parallel: ranks share the "
+                      "MoE layers by splitting the experts between them", n_ranks);
+    if (o->kv_dtype != DTYPE_BF16 && o->kv_dtype != DTYPE_F32)
+        return ms_err(err, errlen, MS_EINVAL, "the KV cache dtype must be bfloat16 or float32, not %s",
+                      dtype_name(o->kv_dtype));
+    if (o->max_num_seqs < 1)
+        return ms_err(err, errlen, MS_EINVAL, "--max-num-seqs must be at least 1, not %d",
+                      o->max_num_seqs);
+    if (o->max_num_batched_tokens < o->max_num_seqs)
+        return ms_err(err, errlen, MS_EINVAL,
+                      "--max-num-batched-tokens (%d) must be at least --max-num-seqs (%d), so "
+                      "that every running sequence can decode in one step",
+                      o->max_num_batched_tokens, o->max_num_seqs);
+    int max_len = o->max_model_len > 0 ? o->max_model_len : cfg->max_position_embeddings;
+    if (max_len > cfg->max_position_embeddings)
+        return ms_err(err, errlen, MS_EINVAL,
+                      "--max-model-len %d is beyond the model's max_position_embeddings (%d)",
+                      max_len, cfg->max_position_embeddings);
+    if (max_len < 1)
+        return ms_err(err, errlen, MS_EINVAL, "the maximum model length must be at least 1");
+    if (!o->enable_chunked_prefill && o->max_num_batched_tokens < max_len)
+        return ms_err(err, errlen, MS_EINVAL,
+                      "without chunked prefill a whole prompt must fit one step: "
+                      "--max-num-batched-tokens (%d) must be at least --max-model-len (%d)",
+                      o->max_num_batched_tokens, max_len);
+    if (o->max_waiting_requests < 0)
+        return ms_err(err, errlen, MS_EINVAL, "--max-waiting-requests must be 0 or more, not %d",
+                      o->max_waiting_requests);
+
+    struct engine *e = calloc(1, sizeof *e);
+    if (!e) return ms_err(err, errlen, MS_ENOMEM, "out of memory for the engine");
+    e->m = m;
+    e->tok = tok;
+    e->o = *o;
+    e->vocab = cfg->vocab_size;
+    e->max_model_len = max_len;
+    e->n_ranks = n_ranks;
+    e->next_id = 1;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->wake, NULL);
+    pthread_cond_init(&e->idle, NULL);
+    pthread_mutex_init(&e->step_mu, NULL);
+    pthread_cond_init(&e->step_go, NULL);
+    pthread_cond_init(&e->step_done, NULL);
+    if (getrandom(&e->rng_state, sizeof e->rng_state, 0) != (ssize_t)sizeof e->rng_state)
+        e->rng_state = (uint64_t)(ms_now() * 1e9) ^ (uint64_t)getpid();
+    const char *chk = getenv("MOESERVE_CHECK_BLOCKS");
+    e->check_blocks = chk && *chk && strcmp(chk, "0") != 0;
+    int rc = 0;
+
+    // Threads: the total split between ranks, the first ranks taking the remainder.
+    int n_threads = o->n_threads;
+    if (n_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = n > 0 ? (int)n : 1;
+    }
+    size_t kv_bytes = o->kv_cache_bytes ? o->kv_cache_bytes : default_kv_bytes();
+    size_t block_bytes = kv_block_bytes(cfg, o->kv_dtype);
+    size_t per_rank = kv_bytes / (size_t)n_ranks;
+    size_t n_blocks = block_bytes ? per_rank / block_bytes : 0;
+    if (!o->kv_cache_bytes) {
+        // The default never takes more than every sequence at full length needs.
+        size_t most = (size_t)o->max_num_seqs * (((size_t)max_len + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+        if (n_blocks > most) n_blocks = most;
+    }
+    if (n_blocks < 1) {
+        rc = ms_err(err, errlen, MS_ENOFIT,
+                    "the KV cache budget (%zu bytes, %zu per rank over %d ranks) holds no block "
+                    "of %zu bytes (%d tokens): raise --kv-cache-memory",
+                    kv_bytes, per_rank, n_ranks, block_bytes, KV_BLOCK_TOKENS);
+        goto fail;
+    }
+    if (n_blocks > (1u << 28)) n_blocks = 1u << 28;
+    e->blocks_per_rank = (int)n_blocks;
+
+    if (n_ranks > 1) {
+        e->comms = calloc((size_t)n_ranks, sizeof *e->comms);
+        if (!e->comms) {
+            rc = ms_err(err, errlen, MS_ENOMEM, "out of memory for the communicators");
+            goto fail;
+        }
+        rc = comm_inproc_create(n_ranks, e->comms, err, errlen);
+        if (rc) goto fail;
+    }
+    e->ranks = calloc((size_t)n_ranks, sizeof *e->ranks);
+    if (!e->ranks) {
+        rc = ms_err(err, errlen, MS_ENOMEM, "out of memory for the ranks");
+        goto fail;
+    }
+    int max_rows = o->max_num_seqs + EXTRA_LOGIT_ROWS;
+    if (max_rows > o->max_num_batched_tokens) max_rows = o->max_num_batched_tokens;
+    for (int i = 0; i < n_ranks; i++) {
+        struct rank_slot *r = &e->ranks[i];
+        r->index = i;
+        r->e = e;
+        r->max_rows = max_rows;
+        rc = kv_pool_create(cfg, o->kv_dtype, (int)n_blocks, &r->kv, err, errlen);
+        if (rc) goto fail;
+        rc = kvb_create((int)n_blocks, o->enable_prefix_caching, &r->blocks, err, errlen);
+        if (rc) goto fail;
+        struct rank_opts ro = {
+            .rank = i,
+            .n_ranks = n_ranks,
+            .n_threads = n_threads / n_ranks + (i < n_threads % n_ranks ? 1 : 0),
+            .comm = n_ranks > 1 ? e->comms[i] : NULL,
+            .max_batch_tokens = o->max_num_batched_tokens,
+            .max_batch_seqs = o->max_num_seqs,
+        };
+        if (ro.n_threads < 1) ro.n_threads = 1;
+        rc = rank_create(m, r->kv, &ro, &r->rank, err, errlen);
+        if (rc) goto fail;
+        r->scratch = sampler_scratch_create(e->vocab);
+        r->logits = malloc((size_t)max_rows * (size_t)e->vocab * sizeof *r->logits);
+        r->fseqs = calloc((size_t)o->max_num_seqs, sizeof *r->fseqs);
+        r->bseqs = calloc((size_t)o->max_num_seqs, sizeof *r->bseqs);
+        if (!r->scratch || !r->logits || !r->fseqs || !r->bseqs) {
+            rc = ms_err(err, errlen, MS_ENOMEM,
+                        "out of memory for rank %d's logits (%d rows of %d)", i, max_rows,
+                        e->vocab);
+            goto fail;
+        }
+    }
+    if (tok) {
+        e->tsbuf_cap = (size_t)max_token_bytes(tok) + 64;
+        e->tsbuf = malloc(e->tsbuf_cap);
+    }
+    e->text_cap = 4096;
+    e->text = malloc(e->text_cap);
+    if ((tok && !e->tsbuf) || !e->text) {
+        rc = ms_err(err, errlen, MS_ENOMEM, "out of memory for the engine's text buffers");
+        goto fail;
+    }
+    for (int i = 1; i < n_ranks; i++) {
+        if (pthread_create(&e->ranks[i].thread, NULL, rank_worker, &e->ranks[i])) {
+            rc = ms_err(err, errlen, MS_ENOMEM, "cannot start the thread of rank %d", i);
+            goto fail;
+        }
+        e->ranks[i].thread_started = true;
+    }
+    publish_stats(e);
+    if (pthread_create(&e->thread, NULL, engine_main, e)) {
+        rc = ms_err(err, errlen, MS_ENOMEM, "cannot start the engine thread");
+        goto fail;
+    }
+    e->thread_started = true;
+    ms_log(MS_LOG_INFO,
+           "engine: %d rank%s, %d threads, KV %d blocks of %d tokens per rank (%s, %.1f MiB each), "
+           "max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, prefix caching %s, "
+           "chunked prefill %s",
+           n_ranks, n_ranks > 1 ? "s" : "", n_threads, (int)n_blocks, KV_BLOCK_TOKENS,
+           dtype_name(o->kv_dtype), (double)n_blocks * (double)block_bytes / 1048576.0, max_len,
+           o->max_num_seqs, o->max_num_batched_tokens, o->enable_prefix_caching ? "on" : "off",
+           o->enable_chunked_prefill ? "on" : "off");
+    *out = e;
+    return 0;
+fail:
+    engine_destroy(e);
+    return rc ? rc : MS_EINTERNAL;
+}
+
+void engine_destroy(struct engine *e)
+{
+    if (!e) return;
+    if (e->thread_started) {
+        pthread_mutex_lock(&e->mu);
+        e->quit = true;
+        pthread_cond_broadcast(&e->wake);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    // Requests submitted after the engine thread left never ran.
+    while (e->inbox.head) {
+        struct seq *s = e->inbox.head;
+        e->inbox.head = s->next;
+        seq_free(s);
+    }
+    while (e->cancels) {
+        struct inbox_cancel *c = e->cancels;
+        e->cancels = c->next;
+        free(c);
+    }
+    pthread_mutex_lock(&e->step_mu);
+    e->step_quit = true;
+    pthread_cond_broadcast(&e->step_go);
+    pthread_mutex_unlock(&e->step_mu);
+    if (e->ranks) {
+        for (int i = 0; i < e->n_ranks; i++)
+            if (e->ranks[i].thread_started) pthread_join(e->ranks[i].thread, NULL);
+        for (int i = 0; i < e->n_ranks; i++) {
+            struct rank_slot *r = &e->ranks[i];
+            if (r->rank) rank_destroy(r->rank);
+            kv_pool_destroy(r->kv);
+            kvb_destroy(r->blocks);
+            if (r->scratch) sampler_scratch_destroy(r->scratch);
+            free(r->logits);
+            free(r->fseqs);
+            free(r->bseqs);
+        }
+    }
+    if (e->comms) {
+        for (int i = 0; i < e->n_ranks; i++)
+            if (e->comms[i]) e->comms[i]->ops->destroy(e->comms[i]);
+        free(e->comms);
+    }
+    free(e->ranks);
+    free(e->text);
+    free(e->tsbuf);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->wake);
+    pthread_cond_destroy(&e->idle);
+    pthread_mutex_destroy(&e->step_mu);
+    pthread_cond_destroy(&e->step_go);
+    pthread_cond_destroy(&e->step_done);
+    free(e);
+}
+
+// ---- the thread-safe API ----------------------------------------------------------
+
+int engine_submit(struct engine *e, const struct engine_request *r, const struct engine_sink *sink,
+                  uint64_t *id_out, char *err, size_t errlen)
+{
+    if (id_out) *id_out = 0;
+    struct seq *s;
+    int rc = seq_create(e, r, sink, &s, err, errlen);
+    if (rc) return rc;
+    pthread_mutex_lock(&e->mu);
+    if (e->draining || e->quit) {
+        pthread_mutex_unlock(&e->mu);
+        seq_free(s);
+        return ms_err(err, errlen, MS_EBUSY, "the server is shutting down and takes no new requests");
+    }
+    if (e->o.max_waiting_requests > 0 &&
+        e->n_waiting_shared + e->n_inbox >= e->o.max_waiting_requests) {
+        int n = e->n_waiting_shared + e->n_inbox;
+        pthread_mutex_unlock(&e->mu);
+        seq_free(s);
+        return ms_err(err, errlen, MS_EBUSY,
+                      "%d requests are already waiting (--max-waiting-requests %d); retry later", n,
+                      e->o.max_waiting_requests);
+    }
+    s->id = e->next_id++;
+    uint64_t seed = r->sampling.has_seed ? r->sampling.seed : splitmix64(&e->rng_state);
+    sampler_rng_seed(&s->rng, seed);
+    s->next = NULL;
+    s->prev = e->inbox.tail;
+    if (e->inbox.tail) e->inbox.tail->next = s;
+    else e->inbox.head = s;
+    e->inbox.tail = s;
+    e->inbox.n++;
+    e->n_inbox++;
+    e->in_flight++;
+    if (id_out) *id_out = s->id;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+void engine_cancel(struct engine *e, uint64_t id)
+{
+    struct inbox_cancel *c = malloc(sizeof *c);
+    if (!c) return; // the request runs to its end instead
+    c->id = id;
+    pthread_mutex_lock(&e->mu);
+    // Appended in order so a cancel follows its own submission.
+    c->next = NULL;
+    struct inbox_cancel **p = &e->cancels;
+    while (*p) p = &(*p)->next;
+    *p = c;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_drain(struct engine *e, double timeout_s)
+{
+    pthread_mutex_lock(&e->mu);
+    if (!e->draining) {
+        e->draining = true;
+        e->stats.draining = true;
+        e->drain_deadline = ms_now() + (timeout_s > 0 ? timeout_s : 0);
+    }
+    pthread_cond_broadcast(&e->wake);
+    while (e->in_flight > 0) {
+        double now = ms_now();
+        if (now >= e->drain_deadline) {
+            // Past the deadline the engine thread aborts what is left; wake it
+            // in case it sleeps, then wait for the aborts to arrive.
+            pthread_cond_broadcast(&e->wake);
+            pthread_cond_wait(&e->idle, &e->mu);
+            continue;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double wait = e->drain_deadline - now + 0.001;
+        ts.tv_sec += (time_t)wait;
+        ts.tv_nsec += (long)((wait - floor(wait)) * 1e9);
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&e->idle, &e->mu, &ts);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+int engine_max_model_len(const struct engine *e) { return e->max_model_len; }
+
+void engine_get_stats(struct engine *e, struct engine_stats *out)
+{
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    out->num_waiting = e->n_waiting_shared + e->n_inbox;
+    out->draining = e->draining;
+    pthread_mutex_unlock(&e->mu);
+}
