@@ -787,6 +787,9 @@ static void *engine_main(void *arg)
             pthread_cond_wait(&e->wake, &e->mu);
         }
         struct seq *in = e->inbox.head;
+        // Taken requests count as waiting at once, so that the queue limit
+        // never sees them in neither place.
+        e->n_waiting_shared = e->waiting.n + e->inbox.n;
         e->inbox.head = e->inbox.tail = NULL;
         e->inbox.n = 0;
         e->n_inbox = 0;
