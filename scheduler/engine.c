@@ -17,48 +17,31 @@
 #include "scheduler/comm_inproc.h"
 #include "scheduler/kv_blocks.h"
 #include "scheduler/sampler.h"
+#include "scheduler/sched.h"
 #include "scheduler/stop.h"
 
 // Logits rows beyond one per sequence, for prompt-logprob chunks.
 #define EXTRA_LOGIT_ROWS 64
 
-enum seq_state { SEQ_WAITING, SEQ_RUNNING };
-
 struct seq {
+    struct sched_seq q;                // first: the planner's view (tokens, blocks, plan)
     uint64_t id;
     struct engine_sink sink;
     struct engine_sampling sampling;   // logit_bias points at bias
     struct engine_logit_bias *bias;    // (n_logit_bias)
-    int32_t *tokens;                   // (cap) the prompt, then the generated tokens
-    int n_prompt, n_tokens, cap;
+    int cap;                           // q.tokens holds cap = prompt + max_tokens
     struct stop_state stop;
     bool skip_special;
     struct tok_stream ts;
     struct sampler_rng rng;
     struct engine_token *prompt_lp;    // (n_prompt - 1) when prompt_logprobs >= 0
     bool prompt_lp_sent;
-
-    enum seq_state state;
-    struct seq *prev, *next;           // in the waiting queue or the running list
-    int rank;                          // -1 unless running
-    struct kvb_table table;
-    int n_computed;                    // tokens whose KV is in the rank's pool
-    int n_cached;                      // prompt tokens the first admission found cached
-    bool admitted_once;
-
-    // This step (written by the planner, read by the rank thread).
-    int sched_new;                     // tokens fed, from n_computed
-    int sched_rows;                    // logits rows, for the last sched_new positions
-    bool sched_sample;                 // the last of them samples the next token
-    int row;                           // first row in the rank's logits buffer
+    struct seq *inbox_next;
     struct engine_token sampled;       // written by the rank thread
     int sample_rc;
 };
 
-struct seq_list {
-    struct seq *head, *tail;
-    int n;
-};
+static struct seq *seq_of(struct sched_seq *q) { return (struct seq *)q; }
 
 struct rank_slot {
     int index;
@@ -68,12 +51,8 @@ struct rank_slot {
     struct kv_blocks *blocks;
     struct sampler_scratch *scratch;
     float *logits;                     // (max_rows, vocab)
-    int max_rows;
     struct fwd_seq *fseqs;             // (max_num_seqs)
-    struct seq **bseqs;                // (max_num_seqs) this step's batch
-    int n_batch;
-    int rows_used;
-    int n_running;
+    struct sched_rank *plan;           // this rank's batch in the scheduler
     int rc;                            // of the last step
     char err[256];
     pthread_t thread;
@@ -100,12 +79,12 @@ struct engine {
     pthread_mutex_t mu;
     pthread_cond_t wake;               // the engine thread waits here when idle
     pthread_cond_t idle;               // engine_drain waits here
-    struct seq_list inbox;
+    struct seq *inbox_head, *inbox_tail;
     struct inbox_cancel *cancels;
     int n_inbox;
     uint64_t next_id;
     int in_flight;                     // submitted and not yet finished
-    int n_waiting_shared;              // waiting queue length as of the last step
+    int n_waiting_shared;              // the waiting queue as the engine thread last saw it
     bool draining;
     double drain_deadline;
     bool quit;
@@ -122,47 +101,16 @@ struct engine {
     // Engine thread only.
     pthread_t thread;
     bool thread_started;
-    struct seq_list waiting;           // FIFO; preempted sequences go to the front
-    struct seq_list running;           // by admission, oldest first
+    struct sched sched;                // the waiting queue, the running list, the plan
+    bool sched_ready;
     char *text;                        // a delta's text
     size_t text_cap, text_len;
     char *tsbuf;                       // one token's decoded text
     size_t tsbuf_cap;
     bool check_blocks;                 // MOESERVE_CHECK_BLOCKS=1: verify accounting each step
-    struct engine_stats local;         // counters, published into stats
+    uint64_t generation_tokens, steps;
+    uint64_t request_success[FINISH_COUNT_];
 };
-
-// ---- lists ----------------------------------------------------------------
-
-static void list_remove(struct seq_list *l, struct seq *s)
-{
-    if (s->prev) s->prev->next = s->next;
-    else l->head = s->next;
-    if (s->next) s->next->prev = s->prev;
-    else l->tail = s->prev;
-    s->prev = s->next = NULL;
-    l->n--;
-}
-
-static void list_push_tail(struct seq_list *l, struct seq *s)
-{
-    s->next = NULL;
-    s->prev = l->tail;
-    if (l->tail) l->tail->next = s;
-    else l->head = s;
-    l->tail = s;
-    l->n++;
-}
-
-static void list_push_head(struct seq_list *l, struct seq *s)
-{
-    s->prev = NULL;
-    s->next = l->head;
-    if (l->head) l->head->prev = s;
-    else l->tail = s;
-    l->head = s;
-    l->n++;
-}
 
 // ---- sequences --------------------------------------------------------------
 
@@ -170,10 +118,10 @@ static void seq_free(struct seq *s)
 {
     if (!s) return;
     free(s->bias);
-    free(s->tokens);
+    free(s->q.tokens);
     free(s->prompt_lp);
     stop_free(&s->stop);
-    kvb_table_free(&s->table);
+    sched_seq_free(&s->q);
     free(s);
 }
 
@@ -281,10 +229,13 @@ static int seq_create(struct engine *e, const struct engine_request *r,
         return rc;
     }
     s->cap = (int)total;
-    s->tokens = malloc((size_t)s->cap * sizeof *s->tokens);
-    if (!s->tokens || kvb_table_init(&s->table, s->cap)) goto oom;
-    memcpy(s->tokens, r->prompt, (size_t)r->n_prompt * sizeof *s->tokens);
-    s->n_prompt = s->n_tokens = r->n_prompt;
+    int32_t *tokens = malloc((size_t)s->cap * sizeof *tokens);
+    if (!tokens) goto oom;
+    memcpy(tokens, r->prompt, (size_t)r->n_prompt * sizeof *tokens);
+    if (sched_seq_init(&s->q, tokens, r->n_prompt, s->cap)) {
+        free(tokens);
+        goto oom;
+    }
     s->sampling = r->sampling;
     if (r->sampling.n_logit_bias > 0) {
         s->bias = malloc((size_t)r->sampling.n_logit_bias * sizeof *s->bias);
@@ -295,11 +246,11 @@ static int seq_create(struct engine *e, const struct engine_request *r,
     if (r->sampling.prompt_logprobs >= 0 && r->n_prompt > 1) {
         s->prompt_lp = calloc((size_t)r->n_prompt - 1, sizeof *s->prompt_lp);
         if (!s->prompt_lp) goto oom;
+        s->q.wants_prompt_lp = true;
     }
     s->skip_special = r->stop.skip_special_tokens;
     if (e->tok) tok_stream_init(&s->ts, e->tok, s->skip_special);
     s->sink = *sink;
-    s->rank = -1;
     *out = s;
     return 0;
 oom:
@@ -333,8 +284,9 @@ static void seq_emit(struct engine *e, struct seq *s, const struct engine_token 
     d.request_id = s->id;
     if (n_tok > 0 && s->prompt_lp && !s->prompt_lp_sent) {
         d.prompt_tokens_lp = s->prompt_lp;
-        d.n_prompt_tokens_lp = s->n_prompt - 1;
+        d.n_prompt_tokens_lp = s->q.n_prompt - 1;
         s->prompt_lp_sent = true;
+        s->q.wants_prompt_lp = false; // a recompute after preemption needs no rows for them
     }
     d.tokens = tok;
     d.n_tokens = n_tok;
@@ -343,19 +295,11 @@ static void seq_emit(struct engine *e, struct seq *s, const struct engine_token 
     d.finish = fin;
     d.stop_str = stop_str;
     d.stop_id = stop_id;
-    d.prompt_tokens = s->n_prompt;
-    d.completion_tokens = s->n_tokens - s->n_prompt;
-    d.cached_tokens = s->n_cached;
+    d.prompt_tokens = s->q.n_prompt;
+    d.completion_tokens = s->q.n_tokens - s->q.n_prompt;
+    d.cached_tokens = s->q.n_cached;
     d.error = error;
     s->sink.on_delta(s->sink.ctx, &d);
-}
-
-static void rank_release(struct engine *e, struct seq *s)
-{
-    if (s->rank < 0) return;
-    kvb_release_all(e->ranks[s->rank].blocks, &s->table);
-    e->ranks[s->rank].n_running--;
-    s->rank = -1;
 }
 
 // Sends the final delta and frees the sequence, wherever it is.
@@ -363,11 +307,9 @@ static void seq_finish(struct engine *e, struct seq *s, const struct engine_toke
                        enum engine_finish fin, const char *stop_str, int32_t stop_id,
                        const char *error)
 {
-    if (s->state == SEQ_RUNNING) list_remove(&e->running, s);
-    else list_remove(&e->waiting, s);
-    rank_release(e, s);
+    sched_remove(&e->sched, &s->q);
     seq_emit(e, s, tok, n_tok, fin, stop_str, stop_id, error);
-    e->local.request_success[fin]++;
+    e->request_success[fin]++;
     seq_free(s);
     pthread_mutex_lock(&e->mu);
     if (--e->in_flight == 0) pthread_cond_broadcast(&e->idle);
@@ -382,19 +324,19 @@ static void seq_abort(struct engine *e, struct seq *s, const char *error)
 
 static void abort_all(struct engine *e, const char *error)
 {
-    while (e->running.head) seq_abort(e, e->running.head, error);
-    while (e->waiting.head) seq_abort(e, e->waiting.head, error);
+    while (e->sched.running.head) seq_abort(e, seq_of(e->sched.running.head), error);
+    while (e->sched.waiting.head) seq_abort(e, seq_of(e->sched.waiting.head), error);
 }
 
 // Decodes a just-sampled token, applies the stop rules and emits its delta.
 static void seq_accept_token(struct engine *e, struct seq *s)
 {
     int32_t id = s->sampled.id;
-    s->tokens[s->n_tokens++] = id;
-    int n_out = s->n_tokens - s->n_prompt;
-    e->local.generation_tokens_total++;
+    s->q.tokens[s->q.n_tokens++] = id;
+    int n_out = s->q.n_tokens - s->q.n_prompt;
+    e->generation_tokens++;
     int32_t stop_id;
-    enum engine_finish fin = stop_check_token(&s->stop, id, n_out, s->n_tokens,
+    enum engine_finish fin = stop_check_token(&s->stop, id, n_out, s->q.n_tokens,
                                               e->max_model_len, &stop_id);
     e->text_len = 0;
     const char *stop_str = NULL;
@@ -442,197 +384,46 @@ static void seq_accept_token(struct engine *e, struct seq *s)
     seq_finish(e, s, &s->sampled, 1, fin, stop_str, stop_id, NULL);
 }
 
-// ---- planning -----------------------------------------------------------------
-
-static void preempt(struct engine *e, struct seq *s)
-{
-    list_remove(&e->running, s);
-    rank_release(e, s);
-    s->n_computed = 0;
-    s->state = SEQ_WAITING;
-    list_push_head(&e->waiting, s);
-    e->local.num_preemptions++;
-}
-
-static void batch_add(struct rank_slot *r, struct seq *s, int n_new, int rows, bool sample)
-{
-    s->sched_new = n_new;
-    s->sched_rows = rows;
-    s->sched_sample = sample;
-    s->row = r->rows_used;
-    r->rows_used += rows;
-    struct fwd_seq *f = &r->fseqs[r->n_batch];
-    f->tokens = s->tokens + s->n_computed;
-    f->n_new = n_new;
-    f->n_past = s->n_computed;
-    f->blocks = s->table.ids;
-    f->n_logits = rows;
-    r->bseqs[r->n_batch++] = s;
-}
-
-static bool wants_prompt_lp(const struct seq *s)
-{
-    return s->prompt_lp && !s->prompt_lp_sent;
-}
-
-// How many tokens of s fit this step on rank r: the budget, the logits rows
-// (a prompt-logprob chunk takes one row per token), its KV blocks. Reserves
-// the blocks. Returns 0 when nothing fits for want of rows or budget, and
-// -1 when blocks are what is missing (preempting someone may help).
-static int fit_chunk(struct engine *e, struct rank_slot *r, struct seq *s, int budget)
-{
-    int remaining = s->n_tokens - s->n_computed;
-    int chunk = remaining < budget ? remaining : budget;
-    if (wants_prompt_lp(s) && chunk > r->max_rows - r->rows_used)
-        chunk = r->max_rows - r->rows_used;
-    else if (r->rows_used >= r->max_rows && s->n_computed + chunk == s->n_tokens)
-        chunk = remaining - 1; // no row left to sample with: stop short of the last token
-    if (chunk <= 0) return 0;
-    if (!e->o.enable_chunked_prefill && chunk < remaining) return 0;
-    int reach = kvb_reachable_tokens(r->blocks, &s->table) - s->n_computed;
-    if (chunk > reach) {
-        if (!e->o.enable_chunked_prefill || reach <= 0) return -1;
-        chunk = reach;
-    }
-    if (kvb_reserve(r->blocks, &s->table, s->n_computed + chunk)) return -1;
-    return chunk;
-}
-
-static void schedule_chunk(struct rank_slot *r, struct seq *s, int chunk)
-{
-    bool sample = s->n_computed + chunk == s->n_tokens;
-    int rows = wants_prompt_lp(s) ? chunk : sample ? 1 : 0;
-    batch_add(r, s, chunk, rows, sample);
-}
-
-static int pick_rank(struct engine *e)
-{
-    int best = 0;
-    for (int i = 1; i < e->n_ranks; i++) {
-        int fi = kvb_num_free(e->ranks[i].blocks), fb = kvb_num_free(e->ranks[best].blocks);
-        if (fi > fb || (fi == fb && e->ranks[i].n_running < e->ranks[best].n_running)) best = i;
-    }
-    return best;
-}
-
-// Plans one step; returns the number of sequences scheduled.
-static int plan_step(struct engine *e)
-{
-    int budget = e->o.max_num_batched_tokens;
-    int n_sched = 0;
-    for (int i = 0; i < e->n_ranks; i++) {
-        e->ranks[i].n_batch = 0;
-        e->ranks[i].rows_used = 0;
-    }
-    for (struct seq *s = e->running.head; s; s = s->next) s->sched_new = 0;
-
-    // 1. One decode token for every running sequence that has finished its
-    // prefill, oldest first; when blocks run out, the most recently admitted
-    // sequence is preempted (possibly this one).
-    for (struct seq *s = e->running.head, *next; s && budget > 0; s = next) {
-        next = s->next;
-        if (s->n_tokens - s->n_computed != 1) continue;
-        struct rank_slot *r = &e->ranks[s->rank];
-        bool preempted_self = false;
-        while (kvb_reserve(r->blocks, &s->table, s->n_computed + 1)) {
-            struct seq *victim = e->running.tail;
-            if (victim == next) next = NULL; // the loop must not visit it
-            preempt(e, victim);
-            if (victim == s) {
-                preempted_self = true;
-                break;
-            }
-        }
-        if (preempted_self) break; // s was the youngest: nothing after it runs
-        batch_add(r, s, 1, 1, true);
-        budget--;
-        n_sched++;
-    }
-
-    // 2. Chunks of running sequences still in their prefill, oldest first.
-    // One that finds no block may preempt younger ones not yet scheduled.
-    for (struct seq *s = e->running.head, *next; s && budget > 0; s = next) {
-        next = s->next;
-        if (s->sched_new || s->n_tokens - s->n_computed <= 1) continue;
-        struct rank_slot *r = &e->ranks[s->rank];
-        int chunk;
-        while ((chunk = fit_chunk(e, r, s, budget)) < 0) {
-            struct seq *victim = e->running.tail;
-            if (victim == s || victim->sched_new) break;
-            if (victim == next) next = NULL;
-            preempt(e, victim);
-        }
-        if (chunk <= 0) continue;
-        schedule_chunk(r, s, chunk);
-        budget -= chunk;
-        n_sched++;
-    }
-
-    // 3. Admit waiting sequences in order while the budget, the sequence
-    // limit and the blocks allow; a new sequence never preempts.
-    while (e->waiting.head && budget > 0 && e->running.n < e->o.max_num_seqs) {
-        struct seq *s = e->waiting.head;
-        int ri = pick_rank(e);
-        struct rank_slot *r = &e->ranks[ri];
-        int hit = 0;
-        if (kvb_prefix_caching(r->blocks) && !wants_prompt_lp(s)) {
-            // Never all of it: the last token must run to give logits.
-            hit = kvb_match_prefix(r->blocks, &s->table, s->tokens, s->n_tokens - 1);
-            e->local.prefix_cache_queries += (uint64_t)s->n_tokens;
-            e->local.prefix_cache_hits += (uint64_t)hit;
-        }
-        s->n_computed = hit;
-        int chunk = fit_chunk(e, r, s, budget);
-        if (chunk <= 0) {
-            kvb_release_all(r->blocks, &s->table);
-            s->n_computed = 0;
-            break;
-        }
-        if (!s->admitted_once) {
-            s->n_cached = hit < s->n_prompt ? hit : s->n_prompt;
-            s->admitted_once = true;
-            e->local.prompt_tokens_total += (uint64_t)s->n_prompt;
-        }
-        list_remove(&e->waiting, s);
-        s->state = SEQ_RUNNING;
-        s->rank = ri;
-        r->n_running++;
-        list_push_tail(&e->running, s);
-        schedule_chunk(r, s, chunk);
-        budget -= chunk;
-        n_sched++;
-    }
-    return n_sched;
-}
-
 // ---- the step -------------------------------------------------------------------
 
-// Runs a rank's forward pass and samples its sequences (on its own thread).
+// Runs a rank's forward pass over its planned batch and samples its
+// sequences (on the rank's own thread).
 static void rank_run_step(struct rank_slot *r)
 {
     struct engine *e = r->e;
-    struct fwd_batch b = {.n_seqs = r->n_batch, .seqs = r->fseqs};
+    struct sched_rank *p = r->plan;
+    for (int i = 0; i < p->n_batch; i++) {
+        struct sched_seq *q = p->batch[i];
+        struct fwd_seq *f = &r->fseqs[i];
+        f->tokens = q->tokens + q->n_computed;
+        f->n_new = q->sched_new;
+        f->n_past = q->n_computed;
+        f->blocks = q->table.ids;
+        f->n_logits = q->sched_rows;
+    }
+    struct fwd_batch b = {.n_seqs = p->n_batch, .seqs = r->fseqs};
     r->err[0] = 0;
     r->rc = rank_forward(r->rank, &b, r->logits, r->err, sizeof r->err);
     if (r->rc) return;
     size_t V = (size_t)e->vocab;
-    for (int i = 0; i < r->n_batch; i++) {
-        struct seq *s = r->bseqs[i];
-        if (s->sched_rows == 0) continue;
-        float *rows = r->logits + (size_t)s->row * V;
-        int first_pos = s->n_computed + s->sched_new - s->sched_rows;
-        if (wants_prompt_lp(s)) {
-            for (int j = 0; j < s->sched_rows; j++) {
+    for (int i = 0; i < p->n_batch; i++) {
+        struct sched_seq *q = p->batch[i];
+        struct seq *s = seq_of(q);
+        if (q->sched_rows == 0) continue;
+        float *rows = r->logits + (size_t)q->row * V;
+        if (q->wants_prompt_lp) {
+            int first_pos = q->n_computed + q->sched_new - q->sched_rows;
+            for (int j = 0; j < q->sched_rows; j++) {
                 int pos = first_pos + j; // row j predicts token pos + 1
-                if (pos + 1 < s->n_prompt)
-                    sampler_logprobs(rows + (size_t)j * V, e->vocab, s->tokens[pos + 1],
+                if (pos + 1 < q->n_prompt)
+                    sampler_logprobs(rows + (size_t)j * V, e->vocab, q->tokens[pos + 1],
                                      s->sampling.prompt_logprobs, r->scratch, &s->prompt_lp[pos]);
             }
         }
-        if (s->sched_sample) {
-            float *last = rows + (size_t)(s->sched_rows - 1) * V;
-            s->sample_rc = sampler_sample(&s->sampling, last, e->vocab, s->tokens, s->n_prompt,
-                                          s->tokens + s->n_prompt, s->n_tokens - s->n_prompt,
+        if (q->sched_sample) {
+            float *last = rows + (size_t)(q->sched_rows - 1) * V;
+            s->sample_rc = sampler_sample(&s->sampling, last, e->vocab, q->tokens, q->n_prompt,
+                                          q->tokens + q->n_prompt, q->n_tokens - q->n_prompt,
                                           &s->rng, r->scratch, &s->sampled);
         }
     }
@@ -659,7 +450,8 @@ static void *rank_worker(void *arg)
     }
 }
 
-// Every rank runs the step, in lockstep, even with an empty batch.
+// Every rank runs the step, in lockstep, even with an empty batch: under
+// expert parallelism each joins every MoE exchange.
 static void run_ranks(struct engine *e)
 {
     if (e->n_ranks > 1) {
@@ -679,53 +471,52 @@ static void run_ranks(struct engine *e)
 
 static void check_block_accounting(struct engine *e)
 {
-    for (int ri = 0; ri < e->n_ranks; ri++) {
-        struct rank_slot *r = &e->ranks[ri];
-        const struct kvb_table **tabs = malloc(((size_t)e->running.n + 1) * sizeof *tabs);
-        if (!tabs) return;
+    const struct kvb_table **tabs = malloc(((size_t)e->sched.running.n + 1) * sizeof *tabs);
+    if (!tabs) return;
+    char err[256] = "";
+    int rc = 0, ri = 0;
+    for (struct sched_seq *q = e->sched.waiting.head; q && !rc; q = q->next)
+        if (q->table.n || q->rank >= 0)
+            rc = ms_err(err, sizeof err, MS_EINTERNAL, "a waiting sequence holds KV blocks");
+    for (; ri < e->n_ranks && !rc; ri++) {
         int n = 0;
-        for (struct seq *s = e->running.head; s; s = s->next)
-            if (s->rank == ri) tabs[n++] = &s->table;
-        for (struct seq *s = e->waiting.head; s; s = s->next)
-            if (s->table.n) {
-                n = -1; // a waiting sequence holding blocks is a leak
-                break;
-            }
-        char err[256] = "a waiting sequence holds KV blocks";
-        int rc = n < 0 ? MS_EINTERNAL : kvb_check(r->blocks, tabs, n, err, sizeof err);
-        free(tabs);
-        if (rc) {
-            char msg[320];
-            snprintf(msg, sizeof msg, "KV block accounting on rank %d: %s", ri, err);
-            ms_log(MS_LOG_ERROR, "%s", msg);
-            abort_all(e, msg);
-            return;
-        }
+        for (struct sched_seq *q = e->sched.running.head; q; q = q->next)
+            if (q->rank == ri) tabs[n++] = &q->table;
+        rc = kvb_check(e->ranks[ri].blocks, tabs, n, err, sizeof err);
+    }
+    free(tabs);
+    if (rc) {
+        char msg[320];
+        snprintf(msg, sizeof msg, "KV block accounting (rank %d): %s", ri - 1, err);
+        ms_log(MS_LOG_ERROR, "%s", msg);
+        abort_all(e, msg);
     }
 }
 
 static void step(struct engine *e)
 {
-    if (plan_step(e) == 0) return;
+    if (sched_plan(&e->sched) == 0) return;
     run_ranks(e);
     for (int ri = 0; ri < e->n_ranks; ri++) {
-        struct rank_slot *r = &e->ranks[ri];
-        if (r->rc) {
+        struct sched_rank *p = e->ranks[ri].plan;
+        if (e->ranks[ri].rc) {
             // A failed forward pass leaves its sequences' KV undefined.
             char msg[400];
-            snprintf(msg, sizeof msg, "the forward pass failed on rank %d: %s", ri, r->err);
+            snprintf(msg, sizeof msg, "the forward pass failed on rank %d: %s", ri,
+                     e->ranks[ri].err);
             ms_log(MS_LOG_ERROR, "%s", msg);
-            for (int i = 0; i < r->n_batch; i++) seq_abort(e, r->bseqs[i], msg);
-            r->n_batch = 0;
+            for (int i = 0; i < p->n_batch; i++) seq_abort(e, seq_of(p->batch[i]), msg);
+            p->n_batch = 0;
         }
     }
     for (int ri = 0; ri < e->n_ranks; ri++) {
-        struct rank_slot *r = &e->ranks[ri];
-        for (int i = 0; i < r->n_batch; i++) {
-            struct seq *s = r->bseqs[i];
-            s->n_computed += s->sched_new;
-            kvb_commit(r->blocks, &s->table, s->tokens, s->n_computed);
-            if (!s->sched_sample) continue;
+        struct sched_rank *p = e->ranks[ri].plan;
+        for (int i = 0; i < p->n_batch; i++) {
+            struct sched_seq *q = p->batch[i];
+            struct seq *s = seq_of(q);
+            bool sample = q->sched_sample;
+            sched_commit(&e->sched, q);
+            if (!sample) continue;
             if (s->sample_rc) {
                 char msg[160];
                 snprintf(msg, sizeof msg, "sampling failed (%s)", ms_status_name(s->sample_rc));
@@ -734,8 +525,9 @@ static void step(struct engine *e)
             }
             seq_accept_token(e, s);
         }
+        p->n_batch = 0;
     }
-    e->local.steps++;
+    e->steps++;
     if (e->check_blocks) check_block_accounting(e);
 }
 
@@ -745,53 +537,51 @@ static void publish_stats(struct engine *e)
 {
     pthread_mutex_lock(&e->mu);
     struct engine_stats *st = &e->stats;
-    uint64_t succ[FINISH_COUNT_];
-    memcpy(succ, e->local.request_success, sizeof succ);
-    st->num_running = e->running.n;
-    st->num_waiting = e->waiting.n + e->n_inbox;
-    e->n_waiting_shared = e->waiting.n;
+    st->num_running = e->sched.running.n;
+    e->n_waiting_shared = e->sched.waiting.n;
+    st->num_waiting = e->sched.waiting.n + e->n_inbox;
     st->n_ranks = e->n_ranks;
     for (int i = 0; i < e->n_ranks && i < ENGINE_MAX_RANKS; i++) {
         st->rank[i].kv_blocks_total = kvb_total(e->ranks[i].blocks);
         st->rank[i].kv_blocks_used = kvb_num_used(e->ranks[i].blocks);
         st->rank[i].kv_blocks_cached = kvb_num_cached(e->ranks[i].blocks);
-        st->rank[i].num_running = e->ranks[i].n_running;
+        st->rank[i].num_running = e->sched.ranks[i].n_running;
     }
-    st->prefix_cache_queries = e->local.prefix_cache_queries;
-    st->prefix_cache_hits = e->local.prefix_cache_hits;
-    st->num_preemptions = e->local.num_preemptions;
-    st->prompt_tokens_total = e->local.prompt_tokens_total;
-    st->generation_tokens_total = e->local.generation_tokens_total;
-    memcpy(st->request_success, succ, sizeof succ);
-    st->steps = e->local.steps;
+    st->prefix_cache_queries = e->sched.prefix_queries;
+    st->prefix_cache_hits = e->sched.prefix_hits;
+    st->num_preemptions = e->sched.n_preemptions;
+    st->prompt_tokens_total = e->sched.prompt_tokens;
+    st->generation_tokens_total = e->generation_tokens;
+    memcpy(st->request_success, e->request_success, sizeof st->request_success);
+    st->steps = e->steps;
     st->last_step_end = ms_now();
     st->draining = e->draining;
     pthread_mutex_unlock(&e->mu);
 }
 
-static struct seq *find_seq(struct seq_list *l, uint64_t id)
+static struct seq *find_seq(struct sched_list *l, uint64_t id)
 {
-    for (struct seq *s = l->head; s; s = s->next)
-        if (s->id == id) return s;
+    for (struct sched_seq *q = l->head; q; q = q->next)
+        if (seq_of(q)->id == id) return seq_of(q);
     return NULL;
 }
 
 static void *engine_main(void *arg)
 {
     struct engine *e = arg;
+    struct sched *sc = &e->sched;
     for (;;) {
         pthread_mutex_lock(&e->mu);
         for (;;) {
-            bool work = e->running.n > 0 || e->waiting.n > 0;
-            if (e->quit || e->inbox.head || e->cancels || work) break;
+            bool work = sc->running.n > 0 || sc->waiting.n > 0;
+            if (e->quit || e->inbox_head || e->cancels || work) break;
             pthread_cond_wait(&e->wake, &e->mu);
         }
-        struct seq *in = e->inbox.head;
+        struct seq *in = e->inbox_head;
         // Taken requests count as waiting at once, so that the queue limit
-        // never sees them in neither place.
-        e->n_waiting_shared = e->waiting.n + e->inbox.n;
-        e->inbox.head = e->inbox.tail = NULL;
-        e->inbox.n = 0;
+        // never misses them between the two places.
+        e->n_waiting_shared = sc->waiting.n + e->n_inbox;
+        e->inbox_head = e->inbox_tail = NULL;
         e->n_inbox = 0;
         struct inbox_cancel *cancels = e->cancels;
         e->cancels = NULL;
@@ -800,15 +590,14 @@ static void *engine_main(void *arg)
         pthread_mutex_unlock(&e->mu);
 
         while (in) {
-            struct seq *next = in->next;
-            in->state = SEQ_WAITING;
-            list_push_tail(&e->waiting, in);
+            struct seq *next = in->inbox_next;
+            sched_add(sc, &in->q);
             in = next;
         }
         while (cancels) {
             struct inbox_cancel *next = cancels->next;
-            struct seq *s = find_seq(&e->running, cancels->id);
-            if (!s) s = find_seq(&e->waiting, cancels->id);
+            struct seq *s = find_seq(&sc->running, cancels->id);
+            if (!s) s = find_seq(&sc->waiting, cancels->id);
             if (s) seq_abort(e, s, NULL);
             free(cancels);
             cancels = next;
@@ -819,7 +608,7 @@ static void *engine_main(void *arg)
             return NULL;
         }
         if (expired) abort_all(e, NULL); // drain timeout: finish_reason abort
-        if (e->running.n > 0 || e->waiting.n > 0) step(e);
+        if (sc->running.n > 0 || sc->waiting.n > 0) step(e);
         publish_stats(e);
     }
 }
@@ -967,7 +756,6 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
         struct rank_slot *r = &e->ranks[i];
         r->index = i;
         r->e = e;
-        r->max_rows = max_rows;
         rc = kv_pool_create(cfg, o->kv_dtype, (int)n_blocks, &r->kv, err, errlen);
         if (rc) goto fail;
         rc = kvb_create((int)n_blocks, o->enable_prefix_caching, &r->blocks, err, errlen);
@@ -986,14 +774,20 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
         r->scratch = sampler_scratch_create(e->vocab);
         r->logits = malloc((size_t)max_rows * (size_t)e->vocab * sizeof *r->logits);
         r->fseqs = calloc((size_t)o->max_num_seqs, sizeof *r->fseqs);
-        r->bseqs = calloc((size_t)o->max_num_seqs, sizeof *r->bseqs);
-        if (!r->scratch || !r->logits || !r->fseqs || !r->bseqs) {
+        if (!r->scratch || !r->logits || !r->fseqs) {
             rc = ms_err(err, errlen, MS_ENOMEM,
                         "out of memory for rank %d's logits (%d rows of %d)", i, max_rows,
                         e->vocab);
             goto fail;
         }
     }
+    struct kv_blocks *blocks[ENGINE_MAX_RANKS];
+    for (int i = 0; i < n_ranks; i++) blocks[i] = e->ranks[i].blocks;
+    rc = sched_init(&e->sched, n_ranks, blocks, max_rows, o->max_num_seqs,
+                    o->max_num_batched_tokens, o->enable_chunked_prefill, err, errlen);
+    if (rc) goto fail;
+    e->sched_ready = true;
+    for (int i = 0; i < n_ranks; i++) e->ranks[i].plan = &e->sched.ranks[i];
     if (tok) {
         e->tsbuf_cap = (size_t)max_token_bytes(tok) + 64;
         e->tsbuf = malloc(e->tsbuf_cap);
@@ -1043,9 +837,9 @@ void engine_destroy(struct engine *e)
         pthread_join(e->thread, NULL);
     }
     // Requests submitted after the engine thread left never ran.
-    while (e->inbox.head) {
-        struct seq *s = e->inbox.head;
-        e->inbox.head = s->next;
+    while (e->inbox_head) {
+        struct seq *s = e->inbox_head;
+        e->inbox_head = s->inbox_next;
         seq_free(s);
     }
     while (e->cancels) {
@@ -1068,9 +862,9 @@ void engine_destroy(struct engine *e)
             if (r->scratch) sampler_scratch_destroy(r->scratch);
             free(r->logits);
             free(r->fseqs);
-            free(r->bseqs);
         }
     }
+    if (e->sched_ready) sched_free(&e->sched);
     if (e->comms) {
         for (int i = 0; i < e->n_ranks; i++)
             if (e->comms[i]) e->comms[i]->ops->destroy(e->comms[i]);
@@ -1115,12 +909,10 @@ int engine_submit(struct engine *e, const struct engine_request *r, const struct
     s->id = e->next_id++;
     uint64_t seed = r->sampling.has_seed ? r->sampling.seed : splitmix64(&e->rng_state);
     sampler_rng_seed(&s->rng, seed);
-    s->next = NULL;
-    s->prev = e->inbox.tail;
-    if (e->inbox.tail) e->inbox.tail->next = s;
-    else e->inbox.head = s;
-    e->inbox.tail = s;
-    e->inbox.n++;
+    s->inbox_next = NULL;
+    if (e->inbox_tail) e->inbox_tail->inbox_next = s;
+    else e->inbox_head = s;
+    e->inbox_tail = s;
     e->n_inbox++;
     e->in_flight++;
     if (id_out) *id_out = s->id;
