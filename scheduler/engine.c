@@ -640,16 +640,6 @@ static size_t default_kv_bytes(void)
     return b;
 }
 
-static int max_token_bytes(const struct tokenizer *t)
-{
-    int n = tok_vocab_size(t), best = 0;
-    for (int i = 0; i < n; i++) {
-        size_t len = 0;
-        if (tok_token_bytes(t, i, &len) && (int)len > best) best = (int)len;
-    }
-    return best;
-}
-
 int engine_create(const struct model *m, const struct tokenizer *tok, const struct engine_opts *o,
                   struct engine **out, char *err, size_t errlen)
 {
@@ -789,7 +779,7 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
     e->sched_ready = true;
     for (int i = 0; i < n_ranks; i++) e->ranks[i].plan = &e->sched.ranks[i];
     if (tok) {
-        e->tsbuf_cap = (size_t)max_token_bytes(tok) + 64;
+        e->tsbuf_cap = tok_stream_max_output(tok);
         e->tsbuf = malloc(e->tsbuf_cap);
     }
     e->text_cap = 4096;
