@@ -17,7 +17,7 @@
 #include "scheduler/comm_inproc.h"
 #include "scheduler/kv_blocks.h"
 #include "scheduler/sampler.h"
-#include "scheduler/sched.h"
+#include "scheduler/scheduler.h"
 #include "scheduler/stop.h"
 
 // Logits rows beyond one per sequence, for prompt-logprob chunks.

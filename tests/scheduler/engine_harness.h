@@ -42,7 +42,7 @@ struct h_result {
     char error[256];
 };
 
-static void h_on_delta(void *ctx, const struct engine_delta *d)
+static inline void h_on_delta(void *ctx, const struct engine_delta *d)
 {
     struct h_result *r = ctx;
     pthread_mutex_lock(r->mu);
@@ -103,7 +103,7 @@ struct h_batch {
     struct h_result *res; // (n)
 };
 
-static struct h_batch *h_batch_new(int n)
+static inline struct h_batch *h_batch_new(int n)
 {
     struct h_batch *b = calloc(1, sizeof *b);
     b->res = calloc((size_t)n, sizeof *b->res);
@@ -120,7 +120,7 @@ static struct h_batch *h_batch_new(int n)
     return b;
 }
 
-static void h_batch_free(struct h_batch *b)
+static inline void h_batch_free(struct h_batch *b)
 {
     for (int i = 0; i < b->n; i++) {
         free(b->res[i].plp);
@@ -133,7 +133,7 @@ static void h_batch_free(struct h_batch *b)
 }
 
 // Submits request i into result slot i; returns the engine's status.
-static int h_submit(struct engine *e, struct h_batch *b, int i, const struct engine_request *r,
+static inline int h_submit(struct engine *e, struct h_batch *b, int i, const struct engine_request *r,
                     char *err, size_t errlen)
 {
     struct engine_sink sink = {h_on_delta, &b->res[i]};
@@ -148,7 +148,7 @@ static int h_submit(struct engine *e, struct h_batch *b, int i, const struct eng
     return rc;
 }
 
-static void h_wait(struct h_batch *b, int n_expected)
+static inline void h_wait(struct h_batch *b, int n_expected)
 {
     pthread_mutex_lock(&b->mu);
     while (b->n_done < n_expected) pthread_cond_wait(&b->cv, &b->mu);
@@ -156,7 +156,7 @@ static void h_wait(struct h_batch *b, int n_expected)
 }
 
 // A deterministic token sequence for tests.
-static void h_tokens(int32_t *out, int n, uint64_t seed, int vocab)
+static inline void h_tokens(int32_t *out, int n, uint64_t seed, int vocab)
 {
     uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
     for (int i = 0; i < n; i++) {

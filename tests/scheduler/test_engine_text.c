@@ -224,6 +224,7 @@ static void a_character_split_across_tokens_is_never_cut(void **state)
         struct engine_request r;
         base_request(&r, prompt, n, 40);
         r.sampling.temperature = 1;
+        r.sampling.frequency_penalty = 2; // alternate between the two bytes
         r.sampling.has_seed = true;
         r.sampling.seed = seed;
         r.sampling.logit_bias = bias;

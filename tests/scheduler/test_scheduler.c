@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "model/base.h"
-#include "scheduler/sched.h"
+#include "scheduler/scheduler.h"
 
 struct sim_seq {
     struct sched_seq q;

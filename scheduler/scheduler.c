@@ -1,5 +1,5 @@
-// sched: the step planner (see sched.h).
-#include "scheduler/sched.h"
+// scheduler: the step planner (see scheduler.h).
+#include "scheduler/scheduler.h"
 
 #include <stdlib.h>
 #include <string.h>
