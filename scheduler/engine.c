@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "model/base.h"
+#include "model/cpu/threadpool.h"
 #include "model/forward.h"
 #include "scheduler/comm_inproc.h"
 #include "scheduler/kv_blocks.h"
@@ -49,7 +50,12 @@ struct rank_slot {
     struct kv_pool *kv;
     struct rank *rank;
     struct kv_blocks *blocks;
-    struct sampler_scratch *scratch;
+    // Sampling runs on the rank's thread share too, one sequence per job:
+    // over a 150k vocabulary it costs as much as a small model's forward pass.
+    struct threadpool *spool;
+    struct sampler_scratch **scratch;  // (n_sample_threads) one per sampling thread
+    int n_sample_threads;
+    int next_job;                      // atomic: the next sequence to sample
     float *logits;                     // (max_rows, vocab)
     struct fwd_seq *fseqs;             // (max_num_seqs)
     struct sched_rank *plan;           // this rank's batch in the scheduler
@@ -386,11 +392,48 @@ static void seq_accept_token(struct engine *e, struct seq *s)
 
 // ---- the step -------------------------------------------------------------------
 
+// Prompt logprobs and the next token of one sequence, from its logits rows.
+static void sample_seq(struct rank_slot *r, struct sched_seq *q, struct sampler_scratch *scratch)
+{
+    struct engine *e = r->e;
+    struct seq *s = seq_of(q);
+    if (q->sched_rows == 0) return;
+    size_t V = (size_t)e->vocab;
+    float *rows = r->logits + (size_t)q->row * V;
+    if (q->wants_prompt_lp) {
+        int first_pos = q->n_computed + q->sched_new - q->sched_rows;
+        for (int j = 0; j < q->sched_rows; j++) {
+            int pos = first_pos + j; // row j predicts token pos + 1
+            if (pos + 1 < q->n_prompt)
+                sampler_logprobs(rows + (size_t)j * V, e->vocab, q->tokens[pos + 1],
+                                 s->sampling.prompt_logprobs, scratch, &s->prompt_lp[pos]);
+        }
+    }
+    if (q->sched_sample) {
+        float *last = rows + (size_t)(q->sched_rows - 1) * V;
+        s->sample_rc = sampler_sample(&s->sampling, last, e->vocab, q->tokens, q->n_prompt,
+                                      q->tokens + q->n_prompt, q->n_tokens - q->n_prompt, &s->rng,
+                                      scratch, &s->sampled);
+    }
+}
+
+// Sequences are handed out one at a time: their costs differ (prompt rows).
+static void sample_worker(void *ctx, int tid, int n_threads)
+{
+    (void)n_threads;
+    struct rank_slot *r = ctx;
+    struct sched_rank *p = r->plan;
+    for (;;) {
+        int i = __atomic_fetch_add(&r->next_job, 1, __ATOMIC_RELAXED);
+        if (i >= p->n_batch) break;
+        sample_seq(r, p->batch[i], r->scratch[tid]);
+    }
+}
+
 // Runs a rank's forward pass over its planned batch and samples its
 // sequences (on the rank's own thread).
 static void rank_run_step(struct rank_slot *r)
 {
-    struct engine *e = r->e;
     struct sched_rank *p = r->plan;
     for (int i = 0; i < p->n_batch; i++) {
         struct sched_seq *q = p->batch[i];
@@ -405,27 +448,13 @@ static void rank_run_step(struct rank_slot *r)
     r->err[0] = 0;
     r->rc = rank_forward(r->rank, &b, r->logits, r->err, sizeof r->err);
     if (r->rc) return;
-    size_t V = (size_t)e->vocab;
-    for (int i = 0; i < p->n_batch; i++) {
-        struct sched_seq *q = p->batch[i];
-        struct seq *s = seq_of(q);
-        if (q->sched_rows == 0) continue;
-        float *rows = r->logits + (size_t)q->row * V;
-        if (q->wants_prompt_lp) {
-            int first_pos = q->n_computed + q->sched_new - q->sched_rows;
-            for (int j = 0; j < q->sched_rows; j++) {
-                int pos = first_pos + j; // row j predicts token pos + 1
-                if (pos + 1 < q->n_prompt)
-                    sampler_logprobs(rows + (size_t)j * V, e->vocab, q->tokens[pos + 1],
-                                     s->sampling.prompt_logprobs, r->scratch, &s->prompt_lp[pos]);
-            }
-        }
-        if (q->sched_sample) {
-            float *last = rows + (size_t)(q->sched_rows - 1) * V;
-            s->sample_rc = sampler_sample(&s->sampling, last, e->vocab, q->tokens, q->n_prompt,
-                                          q->tokens + q->n_prompt, q->n_tokens - q->n_prompt,
-                                          &s->rng, r->scratch, &s->sampled);
-        }
+    int with_rows = 0;
+    for (int i = 0; i < p->n_batch; i++) with_rows += p->batch[i]->sched_rows > 0;
+    if (with_rows > 1 && r->n_sample_threads > 1) {
+        __atomic_store_n(&r->next_job, 0, __ATOMIC_RELAXED);
+        threadpool_run(r->spool, sample_worker, r);
+    } else {
+        for (int i = 0; i < p->n_batch; i++) sample_seq(r, p->batch[i], r->scratch[0]);
     }
 }
 
@@ -761,10 +790,16 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
         if (ro.n_threads < 1) ro.n_threads = 1;
         rc = rank_create(m, r->kv, &ro, &r->rank, err, errlen);
         if (rc) goto fail;
-        r->scratch = sampler_scratch_create(e->vocab);
+        rc = threadpool_create(ro.n_threads, &r->spool, err, errlen);
+        if (rc) goto fail;
+        r->n_sample_threads = threadpool_size(r->spool);
+        r->scratch = calloc((size_t)r->n_sample_threads, sizeof *r->scratch);
+        bool scratch_ok = r->scratch != NULL;
+        for (int t = 0; scratch_ok && t < r->n_sample_threads; t++)
+            scratch_ok = (r->scratch[t] = sampler_scratch_create(e->vocab)) != NULL;
         r->logits = malloc((size_t)max_rows * (size_t)e->vocab * sizeof *r->logits);
         r->fseqs = calloc((size_t)o->max_num_seqs, sizeof *r->fseqs);
-        if (!r->scratch || !r->logits || !r->fseqs) {
+        if (!scratch_ok || !r->logits || !r->fseqs) {
             rc = ms_err(err, errlen, MS_ENOMEM,
                         "out of memory for rank %d's logits (%d rows of %d)", i, max_rows,
                         e->vocab);
@@ -849,7 +884,11 @@ void engine_destroy(struct engine *e)
             if (r->rank) rank_destroy(r->rank);
             kv_pool_destroy(r->kv);
             kvb_destroy(r->blocks);
-            if (r->scratch) sampler_scratch_destroy(r->scratch);
+            if (r->scratch)
+                for (int t = 0; t < r->n_sample_threads; t++)
+                    if (r->scratch[t]) sampler_scratch_destroy(r->scratch[t]);
+            free(r->scratch);
+            if (r->spool) threadpool_destroy(r->spool);
             free(r->logits);
             free(r->fseqs);
         }
