@@ -1005,5 +1005,8 @@ void engine_get_stats(struct engine *e, struct engine_stats *out)
     *out = e->stats;
     out->num_waiting = e->n_waiting_shared + e->n_inbox;
     out->draining = e->draining;
+    // An idle engine thread sleeps and is alive: only a step that does not
+    // end makes last_step_end grow old.
+    if (e->in_flight == 0) out->last_step_end = ms_now();
     pthread_mutex_unlock(&e->mu);
 }

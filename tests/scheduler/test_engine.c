@@ -689,7 +689,7 @@ static void a_full_waiting_queue_refuses_with_busy(void **state)
 static void block_accounting_survives_random_submits_and_cancels(void **state)
 {
     (void)state;
-    enum { N = 2500 };
+    enum { N = 2000 };
     struct engine_opts o;
     base_opts(&o);
     o.max_num_seqs = 16;
