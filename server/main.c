@@ -13,6 +13,7 @@ struct command {
 
 // Keep sorted by name; `moeserve help` prints them in this order.
 static const struct command commands[] = {
+    {"chat-template", cmd_chat_template, "render a model's chat template for JSON request lines"},
     {"make-model", cmd_make_model, "write a random-weight checkpoint (tiny for tests, demo)"},
     {"tokenize", cmd_tokenize, "encode or decode JSON lines with a model's tokenizer"},
     {"version", cmd_version, "print the version and the backends this build has"},
