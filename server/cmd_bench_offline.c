@@ -57,6 +57,7 @@ static void usage(FILE *f)
         "  --output-len N         generated tokens (128)\n"
         "  --max-concurrency C    requests in flight; a list such as 1,16 runs one pass\n"
         "                         each, side by side on the same engine (default: all)\n"
+        "  --temperature T        sampling temperature (1, as vLLM's benchmark; 0 is greedy)\n"
         "  --seed S               the random prompts and sampling seeds (0)\n"
         "  --json                 print one JSON object per pass instead of text\n"
         "\n");
@@ -79,8 +80,8 @@ struct pass_result {
 };
 
 static int run_pass(struct engine *e, int vocab, int n_prompts, int input_len, int output_len,
-                    int concurrency, uint64_t seed, struct pass_result *pr, char *err,
-                    size_t errlen)
+                    int concurrency, float temperature, uint64_t seed, struct pass_result *pr,
+                    char *err, size_t errlen)
 {
     struct bench_state b;
     memset(&b, 0, sizeof b);
@@ -102,7 +103,7 @@ static int run_pass(struct engine *e, int vocab, int n_prompts, int input_len, i
         engine_request_default(&r);
         r.prompt = prompt;
         r.n_prompt = input_len;
-        r.sampling.temperature = 1.0f;
+        r.sampling.temperature = temperature;
         r.sampling.has_seed = true;
         r.sampling.seed = seed + (uint64_t)submitted;
         r.stop.max_tokens = output_len;
@@ -143,6 +144,7 @@ int cmd_bench_offline(int argc, char **argv)
     int n_prompts = 64, input_len = 256, output_len = 128;
     int conc[MAX_PASSES], n_conc = 0;
     uint64_t seed = 0;
+    float temperature = 1.0f;
     bool json = false;
     char err[1024];
     for (int i = 1; i < argc; i++) {
@@ -190,6 +192,16 @@ int cmd_bench_offline(int argc, char **argv)
                 conc[n_conc++] = (int)v;
             }
             free(list);
+        } else if (!strcmp(a, "--temperature")) {
+            char *end;
+            double t = strtod(argv[i + 1], &end);
+            if (end == argv[i + 1] || *end || !(t >= 0 && t <= 100)) {
+                fprintf(stderr, "moeserve bench-offline: --temperature must be a number from 0 "
+                        "to 100, not \"%s\"\n", argv[i + 1]);
+                return 2;
+            }
+            temperature = (float)t;
+            i++;
         } else if (!strcmp(a, "--seed")) {
             if (engine_flags_parse_count(argv[i + 1], 0, INT64_MAX, &v)) {
                 fprintf(stderr, "moeserve bench-offline: --seed must be a whole number, not \"%s\"\n",
@@ -234,11 +246,11 @@ int cmd_bench_offline(int argc, char **argv)
     }
     // A short warm-up maps the weights in and starts the thread pools.
     struct pass_result warm, res[MAX_PASSES];
-    int rc = run_pass(e, m->cfg.vocab_size, 2, input_len < 32 ? input_len : 32, 4, 2, seed + 999,
-                      &warm, err, sizeof err);
+    int rc = run_pass(e, m->cfg.vocab_size, 2, input_len < 32 ? input_len : 32, 4, 2, temperature,
+                      seed + 999, &warm, err, sizeof err);
     for (int p = 0; !rc && p < n_conc; p++)
         // Other prompts in every pass, so that no pass hits the prefix cache.
-        rc = run_pass(e, m->cfg.vocab_size, n_prompts, input_len, output_len, conc[p],
+        rc = run_pass(e, m->cfg.vocab_size, n_prompts, input_len, output_len, conc[p], temperature,
                       seed + 1000003u * (uint64_t)(p + 1), &res[p], err, sizeof err);
     if (rc) {
         fprintf(stderr, "moeserve bench-offline: %s\n", err);
