@@ -13,6 +13,7 @@
 #include "server/engine_flags.h"
 
 #define MAX_PASSES 16
+#define MAX_ROUNDS 8
 
 struct bench_state {
     pthread_mutex_t mu;
@@ -57,6 +58,8 @@ static void usage(FILE *f)
         "  --output-len N         generated tokens (128)\n"
         "  --max-concurrency C    requests in flight; a list such as 1,16 runs one pass\n"
         "                         each, side by side on the same engine (default: all)\n"
+        "  --rounds R             repeat the list of concurrencies R times, interleaved, and\n"
+        "                         report each concurrency pooled over the rounds (1)\n"
         "  --temperature T        sampling temperature (1, as vLLM's benchmark; 0 is greedy)\n"
         "  --seed S               the random prompts and sampling seeds (0)\n"
         "  --json                 print one JSON object per pass instead of text\n"
@@ -136,6 +139,30 @@ static int run_pass(struct engine *e, int vocab, int n_prompts, int input_len, i
     return rc;
 }
 
+static void print_pass(const struct pass_result *r, const struct engine_opts *o, int n_prompts,
+                       int input_len, int output_len, bool json)
+{
+    double rps = r->done / r->seconds;
+    double out_tps = (double)r->output_tokens / r->seconds;
+    double tot_tps = (double)(r->output_tokens + r->input_tokens) / r->seconds;
+    if (json) {
+        printf("{\"max_concurrency\": %d, \"num_prompts\": %d, \"input_len\": %d, "
+               "\"output_len\": %d, \"data_parallel_size\": %d, \"threads\": %d, "
+               "\"elapsed_time\": %.4f, \"num_requests\": %d, \"total_num_tokens\": %lld, "
+               "\"requests_per_second\": %.4f, \"tokens_per_second\": %.2f, "
+               "\"output_tokens_per_second\": %.2f}\n",
+               r->concurrency, n_prompts, input_len, output_len, o->data_parallel_size,
+               o->n_threads, r->seconds, r->done, r->output_tokens + r->input_tokens, rps, tot_tps,
+               out_tps);
+    } else {
+        printf("max-concurrency %d: Throughput: %.2f requests/s, %.2f total tokens/s, "
+               "%.2f output tokens/s (%d requests, %lld tokens in %.2f s)\n",
+               r->concurrency, rps, tot_tps, out_tps, r->done, r->output_tokens + r->input_tokens,
+               r->seconds);
+    }
+    fflush(stdout);
+}
+
 int cmd_bench_offline(int argc, char **argv)
 {
     struct engine_flags fl;
@@ -145,6 +172,7 @@ int cmd_bench_offline(int argc, char **argv)
     int conc[MAX_PASSES], n_conc = 0;
     uint64_t seed = 0;
     float temperature = 1.0f;
+    int rounds = 1;
     bool json = false;
     char err[1024];
     for (int i = 1; i < argc; i++) {
@@ -192,6 +220,14 @@ int cmd_bench_offline(int argc, char **argv)
                 conc[n_conc++] = (int)v;
             }
             free(list);
+        } else if (!strcmp(a, "--rounds")) {
+            if (engine_flags_parse_count(argv[i + 1], 1, MAX_ROUNDS, &v)) {
+                fprintf(stderr, "moeserve bench-offline: --rounds must be from 1 to %d, not \"%s\"\n",
+                        MAX_ROUNDS, argv[i + 1]);
+                return 2;
+            }
+            rounds = (int)v;
+            i++;
         } else if (!strcmp(a, "--temperature")) {
             char *end;
             double t = strtod(argv[i + 1], &end);
@@ -245,43 +281,40 @@ int cmd_bench_offline(int argc, char **argv)
         return 1;
     }
     // A short warm-up maps the weights in and starts the thread pools.
-    struct pass_result warm, res[MAX_PASSES];
+    struct pass_result warm, res[MAX_PASSES * MAX_ROUNDS];
     int rc = run_pass(e, m->cfg.vocab_size, 2, input_len < 32 ? input_len : 32, 4, 2, temperature,
                       seed + 999, &warm, err, sizeof err);
-    for (int p = 0; !rc && p < n_conc; p++)
-        // Other prompts in every pass, so that no pass hits the prefix cache.
-        rc = run_pass(e, m->cfg.vocab_size, n_prompts, input_len, output_len, conc[p], temperature,
-                      seed + 1000003u * (uint64_t)(p + 1), &res[p], err, sizeof err);
+    int n_pass = 0;
+    // Rounds interleave the concurrencies, so that a slow spell on a shared
+    // machine weighs on all of them alike.
+    for (int round = 0; !rc && round < rounds; round++)
+        for (int c = 0; !rc && c < n_conc; c++, n_pass++) {
+            // Other prompts in every pass, so that no pass hits the prefix cache.
+            rc = run_pass(e, m->cfg.vocab_size, n_prompts, input_len, output_len, conc[c],
+                          temperature, seed + 1000003u * (uint64_t)(n_pass + 1), &res[n_pass],
+                          err, sizeof err);
+            if (!rc) print_pass(&res[n_pass], &o, n_prompts, input_len, output_len, json);
+        }
     if (rc) {
         fprintf(stderr, "moeserve bench-offline: %s\n", err);
-    } else {
-        for (int p = 0; p < n_conc; p++) {
-            struct pass_result *r = &res[p];
-            double rps = r->done / r->seconds;
-            double out_tps = (double)r->output_tokens / r->seconds;
-            double tot_tps = (double)(r->output_tokens + r->input_tokens) / r->seconds;
-            if (json) {
-                printf("{\"max_concurrency\": %d, \"num_prompts\": %d, \"input_len\": %d, "
-                       "\"output_len\": %d, \"data_parallel_size\": %d, \"threads\": %d, "
-                       "\"elapsed_time\": %.4f, \"num_requests\": %d, \"total_num_tokens\": %lld, "
-                       "\"requests_per_second\": %.4f, \"tokens_per_second\": %.2f, "
-                       "\"output_tokens_per_second\": %.2f}\n",
-                       r->concurrency, n_prompts, input_len, output_len, o.data_parallel_size,
-                       o.n_threads, r->seconds, r->done, r->output_tokens + r->input_tokens, rps,
-                       tot_tps, out_tps);
-            } else {
-                printf("max-concurrency %d: Throughput: %.2f requests/s, %.2f total tokens/s, "
-                       "%.2f output tokens/s (%d requests, %lld tokens in %.2f s)\n",
-                       r->concurrency, rps, tot_tps, out_tps, r->done,
-                       r->output_tokens + r->input_tokens, r->seconds);
+    } else if (!json && (n_conc > 1 || rounds > 1)) {
+        // Pooled over the rounds: tokens of all passes over their time.
+        double rate[MAX_PASSES];
+        for (int c = 0; c < n_conc; c++) {
+            double tok = 0, sec = 0;
+            for (int p = c; p < n_pass; p += n_conc) {
+                tok += (double)res[p].output_tokens;
+                sec += res[p].seconds;
             }
+            rate[c] = tok / sec;
+            printf("max-concurrency %d over %d round%s: %.2f output tokens/s\n", conc[c], rounds,
+                   rounds > 1 ? "s" : "", rate[c]);
         }
-        if (!json && n_conc > 1)
+        if (n_conc > 1)
             printf("output tokens/s at concurrency %d / at %d: %.2fx\n", conc[n_conc - 1], conc[0],
-                   ((double)res[n_conc - 1].output_tokens / res[n_conc - 1].seconds) /
-                       ((double)res[0].output_tokens / res[0].seconds));
-        fflush(stdout);
+                   rate[n_conc - 1] / rate[0]);
     }
+    fflush(stdout);
     engine_destroy(e);
     model_destroy(m);
     return rc ? 1 : 0;
