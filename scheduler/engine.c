@@ -240,6 +240,7 @@ static int seq_create(struct engine *e, const struct engine_request *r,
     memcpy(tokens, r->prompt, (size_t)r->n_prompt * sizeof *tokens);
     if (sched_seq_init(&s->q, tokens, r->n_prompt, s->cap)) {
         free(tokens);
+        s->q.tokens = NULL;
         goto oom;
     }
     s->sampling = r->sampling;
