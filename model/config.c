@@ -1,0 +1,590 @@
+// config: parses config.json and generation_config.json into struct model_config,
+// refusing with a named field and value every setting the forward pass does not implement.
+#include "model/config.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "model/base.h"
+
+// config.json of the largest real models is a few KiB; anything past this is not a config.
+#define CONFIG_MAX_FILE_BYTES (16u << 20)
+// Bounds that keep every size derived from the config far from overflow
+// while admitting every real checkpoint (the largest have hidden 16384, vocab ~260k).
+#define CONFIG_MAX_DIM (1 << 20)
+#define CONFIG_MAX_HEADS 4096
+#define CONFIG_MAX_EXPERTS 4096
+#define CONFIG_MAX_VOCAB (1 << 24)
+
+const char *dtype_name(enum dtype t)
+{
+    switch (t) {
+    case DTYPE_BF16: return "BF16";
+    case DTYPE_F16: return "F16";
+    case DTYPE_F32: return "F32";
+    }
+    return "unknown";
+}
+
+size_t dtype_size(enum dtype t)
+{
+    switch (t) {
+    case DTYPE_BF16: return 2;
+    case DTYPE_F16: return 2;
+    case DTYPE_F32: return 4;
+    }
+    return 0;
+}
+
+static const char *json_kind(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE: return "true";
+    case JSON_FALSE: return "false";
+    case JSON_NULL: return "null";
+    }
+    return "unknown";
+}
+
+// Reads an integer field in [lo, hi]. Absent or null leaves *out untouched
+// unless required. Integral reals (4096.0) are accepted: some exporters write them.
+static int get_int(const json_t *o, const char *file, const char *key, bool required,
+                   long long lo, long long hi, int *out, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        if (required)
+            return ms_err(err, errlen, MS_EFORMAT, "%s has no %s, which the model needs", file, key);
+        return 0;
+    }
+    long long x;
+    if (json_is_integer(v)) {
+        x = json_integer_value(v);
+    } else if (json_is_real(v) && floor(json_real_value(v)) == json_real_value(v) &&
+               fabs(json_real_value(v)) < 9e15) {
+        x = (long long)json_real_value(v);
+    } else {
+        return ms_err(err, errlen, MS_EFORMAT, "%s field %s must be an integer, not %s", file,
+                      key, json_kind(v));
+    }
+    if (x < lo || x > hi)
+        return ms_err(err, errlen, MS_EFORMAT, "%s field %s is %lld, outside the range %lld..%lld",
+                      file, key, x, lo, hi);
+    *out = (int)x;
+    return 0;
+}
+
+static int get_num(const json_t *o, const char *file, const char *key, bool *present,
+                   double *out, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(o, key);
+    if (present) *present = false;
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v))
+        return ms_err(err, errlen, MS_EFORMAT, "%s field %s must be a number, not %s", file, key,
+                      json_kind(v));
+    double x = json_number_value(v);
+    if (!isfinite(x))
+        return ms_err(err, errlen, MS_EFORMAT, "%s field %s is not finite", file, key);
+    *out = x;
+    if (present) *present = true;
+    return 0;
+}
+
+static int get_bool(const json_t *o, const char *file, const char *key, bool *out, char *err,
+                    size_t errlen)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v))
+        return ms_err(err, errlen, MS_EFORMAT, "%s field %s must be true or false, not %s", file,
+                      key, json_kind(v));
+    *out = json_is_true(v);
+    return 0;
+}
+
+// eos_token_id is an integer or a list of integers in both files.
+static int get_eos(const json_t *o, const char *file, int *ids, int *n, bool *present,
+                   char *err, size_t errlen)
+{
+    json_t *v = json_object_get(o, "eos_token_id");
+    *present = false;
+    if (!v || json_is_null(v)) return 0;
+    int count = 0;
+    if (json_is_integer(v)) {
+        json_int_t x = json_integer_value(v);
+        if (x < 0 || x > CONFIG_MAX_VOCAB)
+            return ms_err(err, errlen, MS_EFORMAT, "%s field eos_token_id is %lld, not a token id",
+                          file, (long long)x);
+        ids[count++] = (int)x;
+    } else if (json_is_array(v)) {
+        size_t i;
+        json_t *e;
+        if (json_array_size(v) > CONFIG_MAX_EOS)
+            return ms_err(err, errlen, MS_EFORMAT,
+                          "%s field eos_token_id lists %zu ids; at most %d are supported", file,
+                          json_array_size(v), CONFIG_MAX_EOS);
+        json_array_foreach(v, i, e) {
+            if (!json_is_integer(e) || json_integer_value(e) < 0 ||
+                json_integer_value(e) > CONFIG_MAX_VOCAB)
+                return ms_err(err, errlen, MS_EFORMAT,
+                              "%s field eos_token_id[%zu] must be a non-negative token id",
+                              file, i);
+            ids[count++] = (int)json_integer_value(e);
+        }
+    } else {
+        return ms_err(err, errlen, MS_EFORMAT,
+                      "%s field eos_token_id must be an integer or a list of integers, not %s",
+                      file, json_kind(v));
+    }
+    *n = count;
+    *present = true;
+    return 0;
+}
+
+// Ids the vocabulary cannot produce would never match; dropping them keeps
+// every consumer free to index vocab-sized arrays by eos id.
+static int keep_in_vocab(const char *file, const int *ids, int n, int vocab, int *out)
+{
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < vocab) out[kept++] = ids[i];
+        else
+            ms_log(MS_LOG_INFO, "%s: eos_token_id %d is outside the vocabulary (%d ids); "
+                   "ignoring it", file, ids[i], vocab);
+    }
+    return kept;
+}
+
+static int parse_dtype_name(const char *s, enum dtype *out)
+{
+    if (!strcmp(s, "bfloat16")) *out = DTYPE_BF16;
+    else if (!strcmp(s, "float16") || !strcmp(s, "half")) *out = DTYPE_F16;
+    else if (!strcmp(s, "float32") || !strcmp(s, "float")) *out = DTYPE_F32;
+    else return -1;
+    return 0;
+}
+
+// rope_scaling (and rope_parameters, its successor in newer transformers)
+// must be absent, null or of type "default": we implement plain RoPE only.
+static int check_rope(const json_t *root, const char *key, struct model_config *cfg, char *err,
+                      size_t errlen)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_object(v))
+        return ms_err(err, errlen, MS_EUNSUPPORTED,
+                      "config.json field %s is %s; only null or {\"rope_type\": \"default\"} is "
+                      "supported", key, json_kind(v));
+    json_t *t = json_object_get(v, "rope_type");
+    if (!t) t = json_object_get(v, "type");
+    if (t && !json_is_string(t))
+        return ms_err(err, errlen, MS_EFORMAT, "config.json field %s.rope_type must be a string",
+                      key);
+    const char *type = t ? json_string_value(t) : "default";
+    if (strcmp(type, "default") != 0)
+        return ms_err(err, errlen, MS_EUNSUPPORTED,
+                      "config.json field %s has rope_type \"%s\"; only plain RoPE (null or "
+                      "\"default\") is supported", key, type);
+    bool has_theta;
+    double theta = cfg->rope_theta;
+    int rc = get_num(v, "config.json", "rope_theta", &has_theta, &theta, err, errlen);
+    if (rc) return rc;
+    if (has_theta) cfg->rope_theta = theta;
+    return 0;
+}
+
+static int parse_root(json_t *root, struct model_config *cfg, char *err, size_t errlen)
+{
+    const char *F = "config.json";
+    int rc;
+    if (!json_is_object(root))
+        return ms_err(err, errlen, MS_EFORMAT, "config.json must hold a JSON object, not %s",
+                      json_kind(root));
+    memset(cfg, 0, sizeof *cfg);
+
+    // ---- architecture ----
+    json_t *archs = json_object_get(root, "architectures");
+    json_t *mt = json_object_get(root, "model_type");
+    if (mt && !json_is_string(mt))
+        return ms_err(err, errlen, MS_EFORMAT, "config.json field model_type must be a string");
+    const char *model_type = mt ? json_string_value(mt) : NULL;
+    const char *arch = NULL;
+    if (archs && !json_is_null(archs)) {
+        if (!json_is_array(archs) || json_array_size(archs) != 1 ||
+            !json_is_string(json_array_get(archs, 0)))
+            return ms_err(err, errlen, MS_EUNSUPPORTED,
+                          "config.json field architectures must list exactly one architecture "
+                          "name (Qwen3MoeForCausalLM or Qwen3ForCausalLM)");
+        arch = json_string_value(json_array_get(archs, 0));
+    }
+    if (arch) {
+        if (!strcmp(arch, "Qwen3MoeForCausalLM")) cfg->arch = ARCH_QWEN3_MOE;
+        else if (!strcmp(arch, "Qwen3ForCausalLM")) cfg->arch = ARCH_QWEN3;
+        else
+            return ms_err(err, errlen, MS_EUNSUPPORTED,
+                          "config.json field architectures is [\"%s\"]; moeserve implements "
+                          "Qwen3MoeForCausalLM and Qwen3ForCausalLM", arch);
+    } else if (model_type && !strcmp(model_type, "qwen3_moe")) {
+        cfg->arch = ARCH_QWEN3_MOE;
+    } else if (model_type && !strcmp(model_type, "qwen3")) {
+        cfg->arch = ARCH_QWEN3;
+    } else {
+        return ms_err(err, errlen, MS_EUNSUPPORTED,
+                      "config.json names no supported architecture (architectures is absent and "
+                      "model_type is \"%s\"); moeserve implements Qwen3MoeForCausalLM and "
+                      "Qwen3ForCausalLM", model_type ? model_type : "(absent)");
+    }
+    const char *want_type = cfg->arch == ARCH_QWEN3_MOE ? "qwen3_moe" : "qwen3";
+    if (model_type && strcmp(model_type, want_type) != 0)
+        return ms_err(err, errlen, MS_EUNSUPPORTED,
+                      "config.json field model_type is \"%s\" but architectures says %s, whose "
+                      "model_type is \"%s\"", model_type,
+                      cfg->arch == ARCH_QWEN3_MOE ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM",
+                      want_type);
+    snprintf(cfg->model_type, sizeof cfg->model_type, "%s", want_type);
+
+    // ---- settings we do not implement ----
+    json_t *q = json_object_get(root, "quantization_config");
+    if (q && !json_is_null(q)) {
+        json_t *qm = json_is_object(q) ? json_object_get(q, "quant_method") : NULL;
+        return ms_err(err, errlen, MS_EUNSUPPORTED,
+                      "config.json has quantization_config (quant_method \"%s\"); moeserve serves "
+                      "unquantized BF16/F16/F32 weights only",
+                      json_is_string(qm) ? json_string_value(qm) : "?");
+    }
+    json_t *act = json_object_get(root, "hidden_act");
+    if (act && !json_is_null(act)) {
+        if (!json_is_string(act))
+            return ms_err(err, errlen, MS_EFORMAT, "config.json field hidden_act must be a string");
+        if (strcmp(json_string_value(act), "silu") != 0)
+            return ms_err(err, errlen, MS_EUNSUPPORTED,
+                          "config.json field hidden_act is \"%s\"; only \"silu\" is supported",
+                          json_string_value(act));
+    }
+    bool flag = false;
+    if ((rc = get_bool(root, F, "attention_bias", &flag, err, errlen))) return rc;
+    if (flag)
+        return ms_err(err, errlen, MS_EUNSUPPORTED,
+                      "config.json field attention_bias is true; only attention without bias is "
+                      "supported");
+    flag = false;
+    if ((rc = get_bool(root, F, "use_sliding_window", &flag, err, errlen))) return rc;
+    if (flag)
+        return ms_err(err, errlen, MS_EUNSUPPORTED,
+                      "config.json field use_sliding_window is true; only full attention is "
+                      "supported");
+    json_t *lt = json_object_get(root, "layer_types");
+    if (lt && json_is_array(lt)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(lt, i, e) {
+            if (!json_is_string(e) || strcmp(json_string_value(e), "full_attention") != 0)
+                return ms_err(err, errlen, MS_EUNSUPPORTED,
+                              "config.json field layer_types[%zu] is %s%s%s; only "
+                              "\"full_attention\" is supported", i,
+                              json_is_string(e) ? "\"" : "",
+                              json_is_string(e) ? json_string_value(e) : json_kind(e),
+                              json_is_string(e) ? "\"" : "");
+        }
+    }
+
+    // ---- shapes ----
+    if ((rc = get_int(root, F, "hidden_size", true, 1, CONFIG_MAX_DIM, &cfg->hidden_size, err,
+                      errlen)))
+        return rc;
+    if ((rc = get_int(root, F, "num_hidden_layers", true, 1, CONFIG_MAX_LAYERS, &cfg->n_layers,
+                      err, errlen)))
+        return rc;
+    if ((rc = get_int(root, F, "num_attention_heads", true, 1, CONFIG_MAX_HEADS, &cfg->n_heads,
+                      err, errlen)))
+        return rc;
+    cfg->n_kv_heads = cfg->n_heads; // the transformers default when absent
+    if ((rc = get_int(root, F, "num_key_value_heads", false, 1, CONFIG_MAX_HEADS,
+                      &cfg->n_kv_heads, err, errlen)))
+        return rc;
+    if (cfg->n_heads % cfg->n_kv_heads != 0)
+        return ms_err(err, errlen, MS_EFORMAT,
+                      "config.json: num_attention_heads (%d) is not a multiple of "
+                      "num_key_value_heads (%d)", cfg->n_heads, cfg->n_kv_heads);
+    // The modeling code falls back to hidden/heads when head_dim is absent.
+    if (!json_object_get(root, "head_dim") || json_is_null(json_object_get(root, "head_dim"))) {
+        if (cfg->hidden_size % cfg->n_heads != 0)
+            return ms_err(err, errlen, MS_EFORMAT,
+                          "config.json has no head_dim and hidden_size (%d) is not a multiple of "
+                          "num_attention_heads (%d)", cfg->hidden_size, cfg->n_heads);
+        cfg->head_dim = cfg->hidden_size / cfg->n_heads;
+    } else if ((rc = get_int(root, F, "head_dim", true, 2, 4096, &cfg->head_dim, err, errlen))) {
+        return rc;
+    }
+    if (cfg->head_dim % 2 != 0)
+        return ms_err(err, errlen, MS_EUNSUPPORTED,
+                      "config.json field head_dim is %d; rotary embeddings need an even head_dim",
+                      cfg->head_dim);
+    if ((long long)cfg->n_heads * cfg->head_dim > CONFIG_MAX_DIM)
+        return ms_err(err, errlen, MS_EFORMAT,
+                      "config.json: num_attention_heads x head_dim = %lld is too large",
+                      (long long)cfg->n_heads * cfg->head_dim);
+    if ((rc = get_int(root, F, "vocab_size", true, 1, CONFIG_MAX_VOCAB, &cfg->vocab_size, err,
+                      errlen)))
+        return rc;
+
+    // ---- MLP / MoE ----
+    cfg->decoder_sparse_step = 1;
+    if (cfg->arch == ARCH_QWEN3_MOE) {
+        if ((rc = get_int(root, F, "num_experts", true, 0, CONFIG_MAX_EXPERTS, &cfg->n_experts,
+                          err, errlen)))
+            return rc;
+        if ((rc = get_int(root, F, "decoder_sparse_step", false, 1, CONFIG_MAX_LAYERS,
+                          &cfg->decoder_sparse_step, err, errlen)))
+            return rc;
+        cfg->norm_topk_prob = false; // the transformers default
+        if ((rc = get_bool(root, F, "norm_topk_prob", &cfg->norm_topk_prob, err, errlen)))
+            return rc;
+        for (int i = 0; i < cfg->n_layers; i++)
+            cfg->layer_is_moe[i] = cfg->n_experts > 0 && (i + 1) % cfg->decoder_sparse_step == 0;
+        json_t *mo = json_object_get(root, "mlp_only_layers");
+        if (mo && !json_is_null(mo)) {
+            if (!json_is_array(mo))
+                return ms_err(err, errlen, MS_EFORMAT,
+                              "config.json field mlp_only_layers must be a list of layer "
+                              "indices, not %s", json_kind(mo));
+            size_t i;
+            json_t *e;
+            json_array_foreach(mo, i, e) {
+                if (!json_is_integer(e) || json_integer_value(e) < 0 ||
+                    json_integer_value(e) >= cfg->n_layers)
+                    return ms_err(err, errlen, MS_EFORMAT,
+                                  "config.json field mlp_only_layers[%zu] must be a layer index "
+                                  "in 0..%d", i, cfg->n_layers - 1);
+                cfg->layer_is_moe[json_integer_value(e)] = false;
+            }
+        }
+    }
+    bool any_moe = false, any_dense = false;
+    for (int i = 0; i < cfg->n_layers; i++) {
+        if (cfg->layer_is_moe[i]) any_moe = true;
+        else any_dense = true;
+    }
+    if (any_moe) {
+        if ((rc = get_int(root, F, "moe_intermediate_size", true, 1, CONFIG_MAX_DIM,
+                          &cfg->moe_intermediate_size, err, errlen)))
+            return rc;
+        if ((rc = get_int(root, F, "num_experts_per_tok", true, 1, cfg->n_experts,
+                          &cfg->n_experts_per_tok, err, errlen)))
+            return rc;
+    }
+    if (any_dense) {
+        if ((rc = get_int(root, F, "intermediate_size", true, 1, CONFIG_MAX_DIM,
+                          &cfg->intermediate_size, err, errlen)))
+            return rc;
+    } else if ((rc = get_int(root, F, "intermediate_size", false, 0, CONFIG_MAX_DIM,
+                             &cfg->intermediate_size, err, errlen))) {
+        return rc;
+    }
+
+    // ---- numerics ----
+    double x = 1e-6;
+    if ((rc = get_num(root, F, "rms_norm_eps", NULL, &x, err, errlen))) return rc;
+    if (!(x > 0 && x < 1))
+        return ms_err(err, errlen, MS_EFORMAT, "config.json field rms_norm_eps is %g; it must lie "
+                      "in (0, 1)", x);
+    cfg->rms_norm_eps = (float)x;
+    cfg->rope_theta = 10000.0; // the transformers default
+    if ((rc = get_num(root, F, "rope_theta", NULL, &cfg->rope_theta, err, errlen))) return rc;
+    if ((rc = check_rope(root, "rope_scaling", cfg, err, errlen))) return rc;
+    if ((rc = check_rope(root, "rope_parameters", cfg, err, errlen))) return rc;
+    if (!(cfg->rope_theta > 1))
+        return ms_err(err, errlen, MS_EFORMAT, "config.json field rope_theta is %g; it must be "
+                      "greater than 1", cfg->rope_theta);
+    cfg->max_position_embeddings = 32768; // the transformers default
+    if ((rc = get_int(root, F, "max_position_embeddings", false, 1, 1 << 30,
+                      &cfg->max_position_embeddings, err, errlen)))
+        return rc;
+    cfg->tie_word_embeddings = false;
+    if ((rc = get_bool(root, F, "tie_word_embeddings", &cfg->tie_word_embeddings, err, errlen)))
+        return rc;
+
+    // ---- dtype: "torch_dtype", renamed "dtype" in newer transformers ----
+    cfg->torch_dtype = DTYPE_BF16;
+    json_t *dt = json_object_get(root, "torch_dtype");
+    if (!dt || json_is_null(dt)) dt = json_object_get(root, "dtype");
+    if (dt && !json_is_null(dt)) {
+        if (!json_is_string(dt) || parse_dtype_name(json_string_value(dt), &cfg->torch_dtype))
+            return ms_err(err, errlen, MS_EUNSUPPORTED,
+                          "config.json field torch_dtype is %s%s%s; moeserve serves bfloat16, "
+                          "float16 or float32 weights", json_is_string(dt) ? "\"" : "",
+                          json_is_string(dt) ? json_string_value(dt) : json_kind(dt),
+                          json_is_string(dt) ? "\"" : "");
+    }
+
+    // ---- special tokens ----
+    cfg->bos_token_id = -1;
+    if ((rc = get_int(root, F, "bos_token_id", false, 0, CONFIG_MAX_VOCAB, &cfg->bos_token_id,
+                      err, errlen)))
+        return rc;
+    if (cfg->bos_token_id >= cfg->vocab_size) cfg->bos_token_id = -1;
+    int ids[CONFIG_MAX_EOS], n = 0;
+    bool has_eos;
+    if ((rc = get_eos(root, F, ids, &n, &has_eos, err, errlen))) return rc;
+    cfg->n_eos = keep_in_vocab(F, ids, n, cfg->vocab_size, cfg->eos_ids);
+    return 0;
+}
+
+int config_parse(const char *json, size_t len, struct model_config *cfg, char *err,
+                 size_t errlen)
+{
+    json_error_t je;
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return ms_err(err, errlen, MS_EFORMAT, "config.json is not valid JSON (line %d: %s)",
+                      je.line, je.text);
+    int rc = parse_root(root, cfg, err, errlen);
+    json_decref(root);
+    return rc;
+}
+
+static int parse_generation(json_t *root, struct model_config *cfg, char *err, size_t errlen)
+{
+    const char *F = "generation_config.json";
+    int rc;
+    if (!json_is_object(root))
+        return ms_err(err, errlen, MS_EFORMAT,
+                      "generation_config.json must hold a JSON object, not %s", json_kind(root));
+    int ids[CONFIG_MAX_EOS], n = 0;
+    bool has_eos;
+    if ((rc = get_eos(root, F, ids, &n, &has_eos, err, errlen))) return rc;
+    if (has_eos) {
+        int kept[CONFIG_MAX_EOS];
+        int n_kept = keep_in_vocab(F, ids, n, cfg->vocab_size, kept);
+        // A list with nothing the model can produce leaves config.json's in place.
+        if (n_kept > 0) {
+            memcpy(cfg->eos_ids, kept, (size_t)n_kept * sizeof kept[0]);
+            cfg->n_eos = n_kept;
+        }
+    }
+    int bos = -1;
+    if ((rc = get_int(root, F, "bos_token_id", false, 0, CONFIG_MAX_VOCAB, &bos, err, errlen)))
+        return rc;
+    if (bos >= 0 && bos < cfg->vocab_size) cfg->bos_token_id = bos;
+
+    // Each field present here overrides; absent ones keep what cfg had.
+    struct gen_defaults *g = &cfg->gen;
+    double x = 0;
+    bool has = false;
+    if ((rc = get_num(root, F, "temperature", &has, &x, err, errlen))) return rc;
+    if (has) {
+        if (x < 0)
+            return ms_err(err, errlen, MS_EFORMAT,
+                          "generation_config.json field temperature is %g; it must be >= 0", x);
+        g->temperature = (float)x;
+        g->has_temperature = true;
+    }
+    if ((rc = get_num(root, F, "top_p", &has, &x, err, errlen))) return rc;
+    if (has) {
+        if (!(x > 0 && x <= 1))
+            return ms_err(err, errlen, MS_EFORMAT,
+                          "generation_config.json field top_p is %g; it must lie in (0, 1]", x);
+        g->top_p = (float)x;
+        g->has_top_p = true;
+    }
+    if ((rc = get_num(root, F, "min_p", &has, &x, err, errlen))) return rc;
+    if (has) {
+        if (!(x >= 0 && x <= 1))
+            return ms_err(err, errlen, MS_EFORMAT,
+                          "generation_config.json field min_p is %g; it must lie in [0, 1]", x);
+        g->min_p = (float)x;
+        g->has_min_p = true;
+    }
+    if ((rc = get_num(root, F, "repetition_penalty", &has, &x, err, errlen))) return rc;
+    if (has) {
+        if (!(x > 0))
+            return ms_err(err, errlen, MS_EFORMAT,
+                          "generation_config.json field repetition_penalty is %g; it must be > 0",
+                          x);
+        g->repetition_penalty = (float)x;
+        g->has_repetition_penalty = true;
+    }
+    json_t *tk = json_object_get(root, "top_k");
+    if (tk && !json_is_null(tk)) {
+        if ((rc = get_int(root, F, "top_k", true, -1, CONFIG_MAX_VOCAB, &g->top_k, err, errlen)))
+            return rc;
+        g->has_top_k = true;
+    }
+    if ((rc = get_int(root, F, "max_new_tokens", false, 0, 1 << 30, &g->max_new_tokens, err,
+                      errlen)))
+        return rc;
+    return 0;
+}
+
+int config_parse_generation(const char *json, size_t len, struct model_config *cfg, char *err,
+                            size_t errlen)
+{
+    json_error_t je;
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return ms_err(err, errlen, MS_EFORMAT,
+                      "generation_config.json is not valid JSON (line %d: %s)", je.line, je.text);
+    int rc = parse_generation(root, cfg, err, errlen);
+    json_decref(root);
+    return rc;
+}
+
+int config_load(const char *path, struct model_config *cfg, char *err, size_t errlen)
+{
+    char dir[4096], file[4096];
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return ms_err(err, errlen, errno == ENOENT ? MS_ENOTFOUND : MS_EIO, "cannot open %s: %s",
+                      path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) {
+        if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir)
+            return ms_err(err, errlen, MS_EINVAL, "path %s is too long", path);
+    } else {
+        const char *slash = strrchr(path, '/');
+        size_t n = slash ? (size_t)(slash - path) : 0;
+        if (n >= sizeof dir) return ms_err(err, errlen, MS_EINVAL, "path %s is too long", path);
+        if (slash) {
+            memcpy(dir, path, n);
+            dir[n] = 0;
+            if (n == 0) snprintf(dir, sizeof dir, "/");
+        } else {
+            snprintf(dir, sizeof dir, ".");
+        }
+    }
+    int rc;
+    if (S_ISDIR(st.st_mode)) {
+        if ((rc = ms_path_join(file, sizeof file, dir, "config.json")))
+            return ms_err(err, errlen, rc, "path %s is too long", path);
+    } else {
+        snprintf(file, sizeof file, "%s", path);
+    }
+    char *text = NULL;
+    size_t len = 0;
+    char sub[512];
+    if ((rc = ms_read_file(file, CONFIG_MAX_FILE_BYTES, &text, &len, sub, sizeof sub)))
+        return ms_err(err, errlen, rc, "%s", sub);
+    rc = config_parse(text, len, cfg, sub, sizeof sub);
+    free(text);
+    if (rc) return ms_err(err, errlen, rc, "%s: %s", file, sub);
+
+    if ((rc = ms_path_join(file, sizeof file, dir, "generation_config.json")))
+        return ms_err(err, errlen, rc, "path %s is too long", dir);
+    rc = ms_read_file(file, CONFIG_MAX_FILE_BYTES, &text, &len, sub, sizeof sub);
+    if (rc == MS_ENOTFOUND) return 0; // optional
+    if (rc) return ms_err(err, errlen, rc, "%s", sub);
+    rc = config_parse_generation(text, len, cfg, sub, sizeof sub);
+    free(text);
+    if (rc) return ms_err(err, errlen, rc, "%s: %s", file, sub);
+    return 0;
+}

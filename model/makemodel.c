@@ -1,0 +1,494 @@
+// makemodel: random Qwen3 / Qwen3-MoE checkpoints in Hugging Face layout,
+// scaled so the next-token distribution is peaked rather than flat.
+#include "model/makemodel.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "model/base.h"
+
+#define QWEN3_VOCAB 151936
+#define QWEN3_BOS 151643     // <|endoftext|>
+#define QWEN3_EOS 151645     // <|im_end|>
+#define TOKENIZER_MAX_BYTES (64u << 20)
+// Elements generated per write: bounds memory whatever the tensor size.
+#define CHUNK_ELEMS (1u << 16)
+
+// Scales. Every projection reads an RMS-normalised input (RMS about 1), so
+// a weight of std g/sqrt(fan_in) gives outputs of std about g.
+//  - Embedding rows have RMS 1; the sublayers together add roughly as much
+//    variance again (each of the 2L sublayer outputs has RMS about
+//    1/sqrt(2L)), so the current token stays visible in the residual while
+//    context and experts move it: greedy decoding wanders instead of
+//    locking onto one token.
+//  - q_norm/k_norm weights near 1.6 give attention scores of std ~2.5:
+//    attention prefers some positions rather than averaging them all.
+//  - Router logits of std ~1.5: routing is uneven but every expert is used.
+//  - lm_head gives logits of std ~4.5 over 151936 ids; for Gaussian logits
+//    that puts the top-1 probability between about 0.1 and 0.6, far from
+//    the 7e-6 of a flat distribution.
+#define SCALE_QK_NORM 1.6f
+#define SCALE_ROUTER 1.5f
+#define SCALE_LOGITS 4.5f
+// RMS of silu(g) * u for g, u ~ N(0, 1), and the extra shrink of a weighted
+// sum over the top-k experts; the down projections divide them out.
+#define GAIN_SWIGLU 0.6f
+#define GAIN_TOPK 0.7f
+#define NORM_JITTER 0.1f
+
+int makemodel_spec_for_shape(const char *shape, struct makemodel_spec *s, char *err,
+                             size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    s->arch = ARCH_QWEN3_MOE;
+    s->vocab_size = QWEN3_VOCAB;
+    s->norm_topk_prob = true;
+    s->decoder_sparse_step = 1;
+    s->tie_word_embeddings = false;
+    s->rope_theta = 1000000.0;
+    s->rms_norm_eps = 1e-6;
+    s->max_position_embeddings = 40960;
+    if (!strcmp(shape, "demo")) {
+        s->hidden_size = 512;
+        s->n_layers = 8;
+        s->n_heads = 8;
+        s->n_kv_heads = 2;
+        s->head_dim = 64;
+        s->intermediate_size = 1536;
+        s->moe_intermediate_size = 256;
+        s->n_experts = 32;
+        s->n_experts_per_tok = 4;
+        return 0;
+    }
+    if (!strcmp(shape, "tiny")) {
+        s->hidden_size = 64;
+        s->n_layers = 2;
+        s->n_heads = 4;
+        s->n_kv_heads = 2;
+        s->head_dim = 16;
+        s->intermediate_size = 192;
+        s->moe_intermediate_size = 32;
+        s->n_experts = 8;
+        s->n_experts_per_tok = 2;
+        return 0;
+    }
+    return ms_err(err, errlen, MS_EINVAL, "unknown model shape \"%s\"; use tiny or demo", shape);
+}
+
+static bool spec_layer_is_moe(const struct makemodel_spec *s, int i)
+{
+    if (s->arch != ARCH_QWEN3_MOE || s->n_experts == 0) return false;
+    for (int j = 0; j < s->n_mlp_only; j++)
+        if (s->mlp_only_layers[j] == i) return false;
+    return (i + 1) % s->decoder_sparse_step == 0;
+}
+
+static int spec_check(const struct makemodel_spec *s, char *err, size_t errlen)
+{
+    if (s->vocab_size < 1 || s->hidden_size < 1 || s->n_layers < 1 ||
+        s->n_layers > CONFIG_MAX_LAYERS || s->n_heads < 1 || s->n_kv_heads < 1 ||
+        s->n_heads % s->n_kv_heads || s->head_dim < 2 || s->head_dim % 2 ||
+        s->decoder_sparse_step < 1 || s->n_mlp_only < 0 || s->n_mlp_only > MAKEMODEL_MAX_MLP_ONLY)
+        return ms_err(err, errlen, MS_EINVAL, "model spec has a non-positive or inconsistent size");
+    bool any_moe = false, any_dense = false;
+    for (int i = 0; i < s->n_layers; i++) {
+        if (spec_layer_is_moe(s, i)) any_moe = true;
+        else any_dense = true;
+    }
+    if (any_moe && (s->moe_intermediate_size < 1 || s->n_experts_per_tok < 1 ||
+                    s->n_experts_per_tok > s->n_experts))
+        return ms_err(err, errlen, MS_EINVAL, "model spec: MoE layers need moe_intermediate_size "
+                      "> 0 and 1 <= num_experts_per_tok <= num_experts");
+    if (any_dense && s->intermediate_size < 1)
+        return ms_err(err, errlen, MS_EINVAL, "model spec: dense layers need intermediate_size > 0");
+    return 0;
+}
+
+// ---- the tensor list ----
+
+enum init { INIT_UNIFORM, INIT_NORM };
+
+struct wspec {
+    char name[96];
+    int ndim;
+    int64_t shape[2];
+    enum init init;
+    float scale; // std for INIT_UNIFORM, centre for INIT_NORM
+    uint64_t offset;
+    uint64_t count;
+};
+
+struct wlist {
+    struct wspec *w;
+    size_t n, cap;
+};
+
+static int wlist_add(struct wlist *l, enum init init, float scale, int ndim, int64_t a, int64_t b,
+                     const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+
+static int wlist_add(struct wlist *l, enum init init, float scale, int ndim, int64_t a, int64_t b,
+                     const char *fmt, ...)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 256;
+        struct wspec *w = realloc(l->w, cap * sizeof *w);
+        if (!w) return MS_ENOMEM;
+        l->w = w;
+        l->cap = cap;
+    }
+    struct wspec *w = &l->w[l->n++];
+    memset(w, 0, sizeof *w);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w->name, sizeof w->name, fmt, ap);
+    va_end(ap);
+    w->ndim = ndim;
+    w->shape[0] = a;
+    w->shape[1] = b;
+    w->init = init;
+    w->scale = scale;
+    w->count = (uint64_t)a * (uint64_t)(ndim == 2 ? b : 1);
+    return 0;
+}
+
+static int build_list(const struct makemodel_spec *s, struct wlist *l)
+{
+    int64_t V = s->vocab_size, H = s->hidden_size, D = s->head_dim;
+    int64_t Q = (int64_t)s->n_heads * D, KV = (int64_t)s->n_kv_heads * D;
+    float in_h = 1.0f / sqrtf((float)H);
+    float sub = 1.0f / sqrtf(2.0f * (float)s->n_layers); // RMS of each sublayer's output
+    int rc = 0;
+#define ADD(...) do { if ((rc = wlist_add(l, __VA_ARGS__))) return rc; } while (0)
+    ADD(INIT_UNIFORM, 1.0f, 2, V, H, "model.embed_tokens.weight");
+    for (int i = 0; i < s->n_layers; i++) {
+        const char *p = "model.layers";
+        ADD(INIT_NORM, 1.0f, 1, H, 0, "%s.%d.input_layernorm.weight", p, i);
+        ADD(INIT_UNIFORM, in_h, 2, Q, H, "%s.%d.self_attn.q_proj.weight", p, i);
+        ADD(INIT_UNIFORM, in_h, 2, KV, H, "%s.%d.self_attn.k_proj.weight", p, i);
+        ADD(INIT_UNIFORM, in_h, 2, KV, H, "%s.%d.self_attn.v_proj.weight", p, i);
+        ADD(INIT_UNIFORM, sub / sqrtf((float)Q), 2, H, Q, "%s.%d.self_attn.o_proj.weight", p, i);
+        ADD(INIT_NORM, SCALE_QK_NORM, 1, D, 0, "%s.%d.self_attn.q_norm.weight", p, i);
+        ADD(INIT_NORM, SCALE_QK_NORM, 1, D, 0, "%s.%d.self_attn.k_norm.weight", p, i);
+        ADD(INIT_NORM, 1.0f, 1, H, 0, "%s.%d.post_attention_layernorm.weight", p, i);
+        if (spec_layer_is_moe(s, i)) {
+            int64_t F = s->moe_intermediate_size;
+            float down = sub / (GAIN_SWIGLU * GAIN_TOPK) / sqrtf((float)F);
+            ADD(INIT_UNIFORM, SCALE_ROUTER * in_h, 2, s->n_experts, H, "%s.%d.mlp.gate.weight",
+                p, i);
+            for (int e = 0; e < s->n_experts; e++) {
+                ADD(INIT_UNIFORM, in_h, 2, F, H, "%s.%d.mlp.experts.%d.gate_proj.weight", p, i, e);
+                ADD(INIT_UNIFORM, in_h, 2, F, H, "%s.%d.mlp.experts.%d.up_proj.weight", p, i, e);
+                ADD(INIT_UNIFORM, down, 2, H, F, "%s.%d.mlp.experts.%d.down_proj.weight", p, i, e);
+            }
+        } else {
+            int64_t F = s->intermediate_size;
+            float down = sub / GAIN_SWIGLU / sqrtf((float)F);
+            ADD(INIT_UNIFORM, in_h, 2, F, H, "%s.%d.mlp.gate_proj.weight", p, i);
+            ADD(INIT_UNIFORM, in_h, 2, F, H, "%s.%d.mlp.up_proj.weight", p, i);
+            ADD(INIT_UNIFORM, down, 2, H, F, "%s.%d.mlp.down_proj.weight", p, i);
+        }
+    }
+    ADD(INIT_NORM, 1.0f, 1, H, 0, "model.norm.weight");
+    if (!s->tie_word_embeddings)
+        ADD(INIT_UNIFORM, SCALE_LOGITS * in_h, 2, V, H, "lm_head.weight");
+#undef ADD
+    return 0;
+}
+
+uint64_t makemodel_param_count(const struct makemodel_spec *s)
+{
+    struct wlist l = {0};
+    uint64_t n = 0;
+    if (build_list(s, &l) == 0)
+        for (size_t i = 0; i < l.n; i++) n += l.w[i].count;
+    free(l.w);
+    return n;
+}
+
+// ---- the generator: splitmix64, one independent stream per tensor ----
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// Uniform in [-1, 1).
+static float uniform_pm1(uint64_t *state)
+{
+    return (float)(splitmix64(state) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+// ---- files ----
+
+static int write_all(FILE *f, const void *p, size_t n, const char *path, char *err,
+                     size_t errlen)
+{
+    if (n && fwrite(p, 1, n, f) != n)
+        return ms_err(err, errlen, MS_EIO, "cannot write %s: %s", path, strerror(errno));
+    return 0;
+}
+
+// Closes f and renames tmp to final; on failure removes tmp.
+static int commit_file(FILE *f, const char *tmp, const char *final, char *err, size_t errlen)
+{
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad) {
+        unlink(tmp);
+        return ms_err(err, errlen, MS_EIO, "cannot write %s: %s", tmp, strerror(errno));
+    }
+    if (rename(tmp, final) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return ms_err(err, errlen, MS_EIO, "cannot rename %s to %s: %s", tmp, final, strerror(e));
+    }
+    return 0;
+}
+
+static int open_tmp(const char *dir, const char *name, char *tmp, char *final, size_t len,
+                    FILE **out, char *err, size_t errlen)
+{
+    char tname[256];
+    snprintf(tname, sizeof tname, ".%s.tmp.%ld", name, (long)getpid());
+    if (ms_path_join(final, len, dir, name) || ms_path_join(tmp, len, dir, tname))
+        return ms_err(err, errlen, MS_EINVAL, "path %s is too long", dir);
+    *out = fopen(tmp, "wb");
+    if (!*out) return ms_err(err, errlen, MS_EIO, "cannot create %s: %s", tmp, strerror(errno));
+    return 0;
+}
+
+static int write_bytes_atomic(const char *dir, const char *name, const void *p, size_t n,
+                              char *err, size_t errlen)
+{
+    char tmp[4096], final[4096];
+    FILE *f;
+    int rc = open_tmp(dir, name, tmp, final, sizeof tmp, &f, err, errlen);
+    if (rc) return rc;
+    if ((rc = write_all(f, p, n, tmp, err, errlen))) {
+        fclose(f);
+        unlink(tmp);
+        return rc;
+    }
+    return commit_file(f, tmp, final, err, errlen);
+}
+
+static int write_json_atomic(const char *dir, const char *name, json_t *j, char *err,
+                             size_t errlen)
+{
+    // 15 digits print 0.6 as 0.6 rather than 0.59999999999999998.
+    char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
+    if (!text) return ms_err(err, errlen, MS_ENOMEM, "out of memory");
+    size_t n = strlen(text);
+    char *line = realloc(text, n + 2);
+    if (!line) {
+        free(text);
+        return ms_err(err, errlen, MS_ENOMEM, "out of memory");
+    }
+    line[n] = '\n'; // a trailing newline, as the Hugging Face tools write
+    line[n + 1] = 0;
+    int rc = write_bytes_atomic(dir, name, line, n + 1, err, errlen);
+    free(line);
+    return rc;
+}
+
+static int mkdir_p(const char *dir, char *err, size_t errlen)
+{
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
+        return ms_err(err, errlen, MS_EINVAL, "path %s is too long", dir);
+    for (char *p = buf + 1; ; p++) {
+        if (*p == '/' || *p == 0) {
+            char c = *p;
+            *p = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return ms_err(err, errlen, MS_EIO, "cannot create directory %s: %s", buf,
+                              strerror(errno));
+            *p = c;
+            if (!c) break;
+        }
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return ms_err(err, errlen, MS_EIO, "%s is not a directory", dir);
+    return 0;
+}
+
+static int write_safetensors(const char *dir, const struct wlist *l, uint64_t seed, char *err,
+                             size_t errlen)
+{
+    json_t *h = json_object();
+    if (!h) return ms_err(err, errlen, MS_ENOMEM, "out of memory");
+    json_object_set_new(h, "__metadata__", json_pack("{s:s}", "format", "pt"));
+    uint64_t off = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        struct wspec *w = &l->w[i];
+        w->offset = off;
+        off += w->count * 2;
+        json_t *shape = w->ndim == 2 ? json_pack("[I,I]", (json_int_t)w->shape[0],
+                                                 (json_int_t)w->shape[1])
+                                     : json_pack("[I]", (json_int_t)w->shape[0]);
+        json_object_set_new(h, w->name,
+                            json_pack("{s:s,s:o,s:[I,I]}", "dtype", "BF16", "shape", shape,
+                                      "data_offsets", (json_int_t)w->offset, (json_int_t)off));
+    }
+    char *text = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(h);
+    if (!text) return ms_err(err, errlen, MS_ENOMEM, "out of memory");
+    size_t hlen = strlen(text), padded = (hlen + 7) & ~(size_t)7; // data stays 8-byte aligned
+
+    char tmp[4096], final[4096];
+    FILE *f;
+    int rc = open_tmp(dir, "model.safetensors", tmp, final, sizeof tmp, &f, err, errlen);
+    if (rc) {
+        free(text);
+        return rc;
+    }
+    uint8_t len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    uint16_t *buf = malloc(CHUNK_ELEMS * sizeof *buf);
+    if (!buf) rc = ms_err(err, errlen, MS_ENOMEM, "out of memory");
+    if (!rc) rc = write_all(f, len8, 8, tmp, err, errlen);
+    if (!rc) rc = write_all(f, text, hlen, tmp, err, errlen);
+    if (!rc) rc = write_all(f, "        ", padded - hlen, tmp, err, errlen);
+    for (size_t i = 0; i < l->n && !rc; i++) {
+        const struct wspec *w = &l->w[i];
+        uint64_t state = seed ^ (0xd1b54a32d192ed03ull * (i + 1));
+        splitmix64(&state);
+        // Uniform on [-a, a] has std a / sqrt(3).
+        float a = w->scale * 1.7320508f;
+        for (uint64_t done = 0; done < w->count && !rc;) {
+            size_t n = w->count - done < CHUNK_ELEMS ? (size_t)(w->count - done) : CHUNK_ELEMS;
+            for (size_t k = 0; k < n; k++) {
+                float x = w->init == INIT_NORM ? w->scale + NORM_JITTER * uniform_pm1(&state)
+                                               : a * uniform_pm1(&state);
+                buf[k] = ms_f32_to_bf16(x);
+            }
+            rc = write_all(f, buf, n * sizeof *buf, tmp, err, errlen);
+            done += n;
+        }
+    }
+    free(buf);
+    free(text);
+    if (rc) {
+        fclose(f);
+        unlink(tmp);
+        return rc;
+    }
+    return commit_file(f, tmp, final, err, errlen);
+}
+
+static json_t *config_json(const struct makemodel_spec *s)
+{
+    bool moe = s->arch == ARCH_QWEN3_MOE;
+    json_t *c = json_object();
+    if (!c) return NULL;
+    json_object_set_new(c, "architectures",
+                        json_pack("[s]", moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"));
+    json_object_set_new(c, "model_type", json_string(moe ? "qwen3_moe" : "qwen3"));
+    json_object_set_new(c, "vocab_size", json_integer(s->vocab_size));
+    json_object_set_new(c, "hidden_size", json_integer(s->hidden_size));
+    json_object_set_new(c, "num_hidden_layers", json_integer(s->n_layers));
+    json_object_set_new(c, "num_attention_heads", json_integer(s->n_heads));
+    json_object_set_new(c, "num_key_value_heads", json_integer(s->n_kv_heads));
+    json_object_set_new(c, "head_dim", json_integer(s->head_dim));
+    json_object_set_new(c, "intermediate_size", json_integer(s->intermediate_size));
+    if (moe) {
+        json_object_set_new(c, "moe_intermediate_size", json_integer(s->moe_intermediate_size));
+        json_object_set_new(c, "num_experts", json_integer(s->n_experts));
+        json_object_set_new(c, "num_experts_per_tok", json_integer(s->n_experts_per_tok));
+        json_object_set_new(c, "norm_topk_prob", json_boolean(s->norm_topk_prob));
+        json_object_set_new(c, "decoder_sparse_step", json_integer(s->decoder_sparse_step));
+        json_t *mo = json_array();
+        for (int i = 0; i < s->n_mlp_only; i++)
+            json_array_append_new(mo, json_integer(s->mlp_only_layers[i]));
+        json_object_set_new(c, "mlp_only_layers", mo);
+        json_object_set_new(c, "output_router_logits", json_false());
+        json_object_set_new(c, "router_aux_loss_coef", json_real(0.001));
+    }
+    json_object_set_new(c, "hidden_act", json_string("silu"));
+    json_object_set_new(c, "rms_norm_eps", json_real(s->rms_norm_eps));
+    json_object_set_new(c, "rope_theta", json_real(s->rope_theta));
+    json_object_set_new(c, "rope_scaling", json_null());
+    json_object_set_new(c, "max_position_embeddings", json_integer(s->max_position_embeddings));
+    json_object_set_new(c, "attention_bias", json_false());
+    json_object_set_new(c, "attention_dropout", json_real(0.0));
+    json_object_set_new(c, "use_sliding_window", json_false());
+    json_object_set_new(c, "sliding_window", json_null());
+    json_object_set_new(c, "max_window_layers", json_integer(s->n_layers));
+    json_object_set_new(c, "tie_word_embeddings", json_boolean(s->tie_word_embeddings));
+    json_object_set_new(c, "bos_token_id", json_integer(QWEN3_BOS));
+    json_object_set_new(c, "eos_token_id", json_integer(QWEN3_EOS));
+    json_object_set_new(c, "torch_dtype", json_string("bfloat16"));
+    json_object_set_new(c, "initializer_range", json_real(0.02));
+    json_object_set_new(c, "use_cache", json_true());
+    json_object_set_new(c, "transformers_version", json_string("4.51.0"));
+    return c;
+}
+
+static int copy_tokenizer(const char *src_dir, const char *out_dir, char *err, size_t errlen)
+{
+    static const char *names[] = {"tokenizer.json", "tokenizer_config.json"};
+    for (size_t i = 0; i < 2; i++) {
+        char path[4096], sub[512];
+        if (ms_path_join(path, sizeof path, src_dir, names[i]))
+            return ms_err(err, errlen, MS_EINVAL, "path %s is too long", src_dir);
+        char *text;
+        size_t len;
+        int rc = ms_read_file(path, TOKENIZER_MAX_BYTES, &text, &len, sub, sizeof sub);
+        if (rc)
+            return ms_err(err, errlen, rc, "cannot read the Qwen3 tokenizer: %s (run "
+                          "deploy/setup.sh, or pass --tokenizer-dir DIR holding tokenizer.json "
+                          "and tokenizer_config.json)", sub);
+        rc = write_bytes_atomic(out_dir, names[i], text, len, err, errlen);
+        free(text);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int makemodel_write(const struct makemodel_spec *spec, const char *out_dir, uint64_t seed,
+                    const char *tokenizer_dir, char *err, size_t errlen)
+{
+    int rc = spec_check(spec, err, errlen);
+    if (rc) return rc;
+    if ((rc = mkdir_p(out_dir, err, errlen))) return rc;
+    // config.json goes last: a reader that finds it finds a complete checkpoint.
+    char cfgpath[4096];
+    if (ms_path_join(cfgpath, sizeof cfgpath, out_dir, "config.json"))
+        return ms_err(err, errlen, MS_EINVAL, "path %s is too long", out_dir);
+    if (unlink(cfgpath) != 0 && errno != ENOENT)
+        return ms_err(err, errlen, MS_EIO, "cannot replace %s: %s", cfgpath, strerror(errno));
+    if (tokenizer_dir && (rc = copy_tokenizer(tokenizer_dir, out_dir, err, errlen))) return rc;
+
+    struct wlist l = {0};
+    if (build_list(spec, &l)) {
+        free(l.w);
+        return ms_err(err, errlen, MS_ENOMEM, "out of memory");
+    }
+    rc = write_safetensors(out_dir, &l, seed, err, errlen);
+    free(l.w);
+    if (rc) return rc;
+
+    json_t *g = json_pack("{s:i,s:[i,i],s:i,s:b,s:f,s:i,s:f,s:s}", "bos_token_id", QWEN3_BOS,
+                          "eos_token_id", QWEN3_EOS, QWEN3_BOS, "pad_token_id", QWEN3_BOS,
+                          "do_sample", 1, "temperature", 0.6, "top_k", 20, "top_p", 0.95,
+                          "transformers_version", "4.51.0");
+    if (!g) return ms_err(err, errlen, MS_ENOMEM, "out of memory");
+    rc = write_json_atomic(out_dir, "generation_config.json", g, err, errlen);
+    json_decref(g);
+    if (rc) return rc;
+    json_t *c = config_json(spec);
+    if (!c) return ms_err(err, errlen, MS_ENOMEM, "out of memory");
+    rc = write_json_atomic(out_dir, "config.json", c, err, errlen);
+    json_decref(c);
+    return rc;
+}

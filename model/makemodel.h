@@ -1,0 +1,54 @@
+// makemodel: writes a random-weight checkpoint in Hugging Face layout
+// (config.json, generation_config.json, bf16 model.safetensors, tokenizer
+// files) for demos and tests, streamed to disk and renamed into place.
+#ifndef MOESERVE_MODEL_MAKEMODEL_H
+#define MOESERVE_MODEL_MAKEMODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/config.h"
+
+#define MAKEMODEL_MAX_MLP_ONLY 16
+
+// The architecture to write. makemodel_spec_for_shape fills the named
+// shapes; tests may edit a spec to cover dense, tied or mixed layouts.
+struct makemodel_spec {
+    enum model_arch arch;
+    int vocab_size;
+    int hidden_size;
+    int n_layers;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;
+    int intermediate_size;      // dense MLP width (written for MoE too, as HF does)
+    int moe_intermediate_size;  // per-expert width (MoE only)
+    int n_experts;              // MoE only
+    int n_experts_per_tok;      // MoE only
+    bool norm_topk_prob;
+    int decoder_sparse_step;
+    int n_mlp_only;
+    int mlp_only_layers[MAKEMODEL_MAX_MLP_ONLY];
+    bool tie_word_embeddings;
+    double rope_theta;
+    double rms_norm_eps;
+    int max_position_embeddings;
+};
+
+// "tiny" or "demo"; MS_EINVAL with a sentence for anything else.
+int makemodel_spec_for_shape(const char *shape, struct makemodel_spec *spec, char *err,
+                             size_t errlen);
+
+// Number of parameters the spec's checkpoint holds (lm_head counted unless tied).
+uint64_t makemodel_param_count(const struct makemodel_spec *spec);
+
+// Writes the checkpoint into out_dir (created if missing). Weights come from
+// a generator seeded by seed, so the same seed gives the same bytes. When
+// tokenizer_dir is non-NULL its tokenizer.json and tokenizer_config.json are
+// copied in; NULL writes no tokenizer. Each file is written under a temporary
+// name and renamed into place, config.json last.
+int makemodel_write(const struct makemodel_spec *spec, const char *out_dir, uint64_t seed,
+                    const char *tokenizer_dir, char *err, size_t errlen);
+
+#endif
