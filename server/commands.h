@@ -4,6 +4,7 @@
 #define MOESERVE_SERVER_COMMANDS_H
 
 int cmd_make_model(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 int cmd_version(int argc, char **argv);
 
 #endif
