@@ -3,6 +3,7 @@
 #ifndef MOESERVE_SERVER_COMMANDS_H
 #define MOESERVE_SERVER_COMMANDS_H
 
+int cmd_bench(int argc, char **argv);
 int cmd_make_model(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_version(int argc, char **argv);

@@ -13,6 +13,7 @@ struct command {
 
 // Keep sorted by name; `moeserve help` prints them in this order.
 static const struct command commands[] = {
+    {"bench", cmd_bench, "load-test an OpenAI-compatible server (like vllm bench serve)"},
     {"make-model", cmd_make_model, "write a random-weight checkpoint (tiny for tests, demo)"},
     {"plan", cmd_plan, "size a deployment from config.json: parameters, memory, KV capacity"},
     {"version", cmd_version, "print the version and the backends this build has"},
