@@ -5,6 +5,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -492,11 +493,19 @@ int plan_device_compute(const struct model_config *cfg, const struct plan_opts *
                       "max-model-len %d is beyond the model's max_position_embeddings %d",
                       max_len, cfg->max_position_embeddings);
     out->max_model_len = max_len;
-    rc = plan_weight_bytes(cfg, o->weight_dtype, layout, devices, &out->weight_bytes, err, errlen);
+    // Ranks that are threads of one process (the CPU backend) map the weights
+    // once and share one memory; each adds its own workspace and KV pool.
+    const bool shared = o->shared_memory && layout == PLAN_DP_EP;
+    const uint64_t R = shared ? (uint64_t)devices : 1;
+    out->shared_memory = shared;
+    rc = plan_weight_bytes(cfg, o->weight_dtype, shared ? PLAN_TP : layout, shared ? 1 : devices,
+                           &out->weight_bytes, err, errlen);
     if (rc) return rc;
-    out->workspace_bytes = plan_workspace_bytes(cfg, o, layout, devices);
-    if (out->workspace_bytes == UINT64_MAX)
+    struct ck k = {false};
+    uint64_t ws = plan_workspace_bytes(cfg, o, layout, devices);
+    if (ws == UINT64_MAX)
         return ms_err(err, errlen, MS_EINVAL, "the activation workspace overflows 64 bits");
+    out->workspace_bytes = ck_mul(&k, ws, R);
     // KV per token on this device: its KV heads, K and V, every layer.
     out->kv_bytes_per_token =
         2 * (uint64_t)cfg->n_layers * s.kv_heads * (uint64_t)cfg->head_dim * kv_elem(o->kv_dtype);
@@ -504,16 +513,17 @@ int plan_device_compute(const struct model_config *cfg, const struct plan_opts *
     // The usable share is rounded down to whole bytes, as the allocator sees it.
     double usable = floor((double)o->device_memory * o->memory_utilization);
     out->usable_bytes = usable >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)usable;
-    struct ck k = {false};
     const uint64_t fixed = ck_add(&k, out->weight_bytes, out->workspace_bytes);
-    if (o->kv_cache_bytes) out->kv_bytes = o->kv_cache_bytes;
-    else out->kv_bytes = fixed < out->usable_bytes ? out->usable_bytes - fixed : 0;
+    // kv_bytes is one rank's pool. A shared memory's explicit budget is the
+    // total, split evenly between the ranks (the engine's --kv-cache-memory).
+    if (o->kv_cache_bytes) out->kv_bytes = o->kv_cache_bytes / R;
+    else out->kv_bytes = fixed < out->usable_bytes ? (out->usable_bytes - fixed) / R : 0;
     out->kv_blocks = out->kv_bytes / block;
     out->kv_tokens = out->kv_blocks * KV_BLOCK_TOKENS;
     out->seq_blocks = ceil_div((uint64_t)max_len, KV_BLOCK_TOKENS);
     out->max_len_seqs = out->kv_blocks / out->seq_blocks;
-    out->need_bytes = ck_add(&k, fixed, ck_mul(&k, out->seq_blocks, block));
-    out->used_bytes = ck_add(&k, fixed, out->kv_bytes);
+    out->need_bytes = ck_add(&k, fixed, ck_mul(&k, R, ck_mul(&k, out->seq_blocks, block)));
+    out->used_bytes = ck_add(&k, fixed, ck_mul(&k, R, out->kv_bytes));
     if (k.overflow) return ms_err(err, errlen, MS_EINVAL, "the memory plan overflows 64 bits");
     out->fits = out->need_bytes <= out->usable_bytes && out->used_bytes <= out->usable_bytes &&
                 out->kv_blocks >= out->seq_blocks;
@@ -524,27 +534,30 @@ int plan_check_fit(const struct plan_device *d, char *err, size_t errlen)
 {
     if (d->fits) return 0;
     const uint64_t seq_kv = d->seq_blocks * d->kv_bytes_per_token * KV_BLOCK_TOKENS;
+    const uint64_t R = d->shared_memory ? (uint64_t)d->devices : 1;
+    char where[64];
+    if (d->shared_memory) snprintf(where, sizeof where, "%d ranks sharing one memory", d->devices);
+    else snprintf(where, sizeof where, "%s x%d, per device", plan_layout_name(d->layout), d->devices);
     if (d->used_bytes > d->usable_bytes && d->need_bytes <= d->usable_bytes)
         return ms_err(err, errlen, MS_ENOFIT,
-                      "the model does not fit (%s x%d, per device): weights %.2f GiB + activation "
+                      "the model does not fit (%s): weights %.2f GiB + activation "
                       "workspace %.2f GiB + KV cache %.2f GiB = %.2f GiB, more than the %.2f GiB usable; "
                       "lower the KV cache size",
-                      plan_layout_name(d->layout), d->devices, gib(d->weight_bytes),
-                      gib(d->workspace_bytes), gib(d->kv_bytes), gib(d->used_bytes), gib(d->usable_bytes));
+                      where, gib(d->weight_bytes), gib(d->workspace_bytes), gib(R * d->kv_bytes),
+                      gib(d->used_bytes), gib(d->usable_bytes));
     if (d->need_bytes > d->usable_bytes)
         return ms_err(err, errlen, MS_ENOFIT,
-                      "the model does not fit (%s x%d, per device): weights %.2f GiB + activation "
-                      "workspace %.2f GiB + KV for one %d-token sequence %.2f GiB = %.2f GiB, more than "
-                      "the %.2f GiB usable; use more devices, a smaller --max-model-len, or a smaller "
-                      "--max-num-batched-tokens / --max-num-seqs",
-                      plan_layout_name(d->layout), d->devices, gib(d->weight_bytes),
-                      gib(d->workspace_bytes), d->max_model_len, gib(seq_kv), gib(d->need_bytes),
-                      gib(d->usable_bytes));
+                      "the model does not fit (%s): weights %.2f GiB + activation "
+                      "workspace %.2f GiB + KV for one %d-token sequence%s %.2f GiB = %.2f GiB, more "
+                      "than the %.2f GiB usable; use more devices, a smaller --max-model-len, or a "
+                      "smaller --max-num-batched-tokens / --max-num-seqs",
+                      where, gib(d->weight_bytes), gib(d->workspace_bytes), d->max_model_len,
+                      R > 1 ? " per rank" : "", gib(R * seq_kv), gib(d->need_bytes), gib(d->usable_bytes));
     return ms_err(err, errlen, MS_ENOFIT,
-                  "the KV cache does not hold one %d-token sequence (%s x%d, per device): %llu blocks "
+                  "the KV cache does not hold one %d-token sequence (%s): %s%llu blocks "
                   "(%.2f GiB) of the %llu blocks (%.2f GiB) it needs; raise the KV cache size or lower "
                   "--max-model-len",
-                  d->max_model_len, plan_layout_name(d->layout), d->devices,
+                  d->max_model_len, where, R > 1 ? "each rank has " : "",
                   (unsigned long long)d->kv_blocks, gib(d->kv_bytes),
                   (unsigned long long)d->seq_blocks, gib(seq_kv));
 }

@@ -71,8 +71,12 @@ struct plan_opts {
     enum plan_dtype kv_dtype;         // PLAN_BF16, PLAN_F16, PLAN_F32 or PLAN_FP8
     uint64_t device_memory;           // bytes of one device (80 GiB)
     double memory_utilization;        // share of device_memory moeserve may use (0.9)
-    uint64_t kv_cache_bytes;          // > 0: the KV pool of each device is exactly this
-                                      // (the CPU server's --kv-cache-memory); 0: what is left
+    uint64_t kv_cache_bytes;          // > 0: the KV pool of each device is exactly this (with
+                                      // shared_memory: the total, split between the ranks, as
+                                      // the engine's --kv-cache-memory); 0: what is left
+    bool shared_memory;               // dp-ep ranks are threads of one process sharing one memory
+                                      // (the CPU backend): the weights count once, each rank adds
+                                      // its workspace and KV pool; device_memory is the host's
     int max_model_len;                // one sequence's tokens (0: the config's max_position_embeddings)
     int max_num_batched_tokens;       // new tokens in one step on one rank (8192)
     int max_num_seqs;                 // sequences in one step on one rank (1024)
@@ -90,6 +94,9 @@ struct plan_device {
     enum plan_layout layout;
     int devices;
     int max_model_len;
+    bool shared_memory;            // the ranks share one memory (plan_opts.shared_memory, dp-ep):
+                                   // weights, workspace, need and used are the host's totals,
+                                   // kv_* and max_len_seqs are per rank
     uint64_t weight_bytes;         // the busiest device's weights
     uint64_t usable_bytes;         // device_memory * memory_utilization
     uint64_t workspace_bytes;      // the activation-workspace allowance (plan_workspace_bytes)

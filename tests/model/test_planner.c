@@ -247,6 +247,45 @@ static void a_model_too_big_for_the_device_is_refused_with_numbers(void **state)
     assert_non_null(strstr(err, "KV cache 20.00 GiB"));
 }
 
+static void cpu_ranks_sharing_memory_count_the_weights_once(void **state)
+{
+    (void)state;
+    struct model_config c;
+    fill_qwen3_30b_a3b(&c);
+    struct plan_opts o;
+    plan_opts_default(&o);
+    o.shared_memory = true;
+    o.device_memory = (uint64_t)128 << 30;
+    o.memory_utilization = 1.0;
+    o.activation_bytes = 4;
+    o.max_num_batched_tokens = 2048;
+    o.max_num_seqs = 256;
+    o.runtime_reserve = 0;
+    o.kv_cache_bytes = (uint64_t)8 << 30; // the total, 4 GiB per rank
+    struct plan_device d;
+    char err[512];
+    assert_int_equal(plan_device_compute(&c, &o, PLAN_DP_EP, 2, &d, err, sizeof err), 0);
+    assert_true(d.shared_memory);
+    assert_int_equal(d.weight_bytes, 61064245248ull);
+    assert_int_equal(d.workspace_bytes, 2 * plan_workspace_bytes(&c, &o, PLAN_DP_EP, 2));
+    assert_int_equal(d.kv_bytes, (uint64_t)4 << 30);
+    assert_int_equal(d.kv_blocks, ((uint64_t)4 << 30) / (16 * 98304));
+    assert_int_equal(d.used_bytes, d.weight_bytes + d.workspace_bytes + ((uint64_t)8 << 30));
+    assert_true(d.fits);
+    // 6 GiB over two ranks: 3 GiB each, 2048 blocks, short of 2560.
+    o.kv_cache_bytes = (uint64_t)6 << 30;
+    assert_int_equal(plan_device_compute(&c, &o, PLAN_DP_EP, 2, &d, err, sizeof err), 0);
+    assert_false(d.fits);
+    assert_int_equal(plan_check_fit(&d, err, sizeof err), MS_ENOFIT);
+    assert_non_null(strstr(err, "2 ranks sharing one memory"));
+    assert_non_null(strstr(err, "each rank has 2048 blocks"));
+    assert_non_null(strstr(err, "2560 blocks"));
+    // Not under tp: there every device holds its own slice.
+    o.kv_cache_bytes = 0;
+    assert_int_equal(plan_device_compute(&c, &o, PLAN_TP, 2, &d, err, sizeof err), 0);
+    assert_false(d.shared_memory);
+}
+
 static void decode_step_reads_3_04b_params_at_batch_1(void **state)
 {
     (void)state;
@@ -368,6 +407,7 @@ int main(void)
         cmocka_unit_test(tp_splits_kv_heads_and_dp_ep_keeps_them_whole),
         cmocka_unit_test(indivisible_layouts_are_refused_with_the_numbers),
         cmocka_unit_test(a_model_too_big_for_the_device_is_refused_with_numbers),
+        cmocka_unit_test(cpu_ranks_sharing_memory_count_the_weights_once),
         cmocka_unit_test(decode_step_reads_3_04b_params_at_batch_1),
         cmocka_unit_test(quantised_weights_keep_embeddings_router_and_norms_at_16_bits),
         cmocka_unit_test(sizes_and_bandwidths_parse_with_units),
