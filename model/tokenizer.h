@@ -34,6 +34,11 @@ const uint8_t *tok_token_bytes(const struct tokenizer *t, int32_t id, size_t *le
 // The id of an added or vocabulary token with exactly this content, or -1.
 int32_t tok_find_token(const struct tokenizer *t, const char *content);
 
+// The cache of recent pre-tokens is on after tok_load. This empties it and
+// turns it on or off (for benchmarks); call it before the tokenizer is shared
+// between threads.
+void tok_set_cache(struct tokenizer *t, bool enabled);
+
 // From tokenizer_config.json (NULL when absent).
 const char *tok_chat_template(const struct tokenizer *t);
 const char *tok_bos_token(const struct tokenizer *t);
@@ -49,9 +54,14 @@ struct tok_stream {
     int n_pending;
 };
 void tok_stream_init(struct tok_stream *s, const struct tokenizer *t, bool skip_special);
-// Appends to out (capacity cap, at least 64 bytes) the text completed by id;
-// *n_out receives the bytes written. Returns 0 or a negative status.
+// Writes to out (capacity cap) the text completed by id; *n_out receives the
+// bytes written (not NUL-terminated). Returns 0, or MS_EINVAL for an id out of
+// range or when cap is too small for this id's text — the stream is then
+// unchanged. tok_stream_max_output(t) always suffices; the longest token's
+// byte count (tok_token_bytes) plus 3 suffices whenever the bytes fed form
+// valid UTF-8 (each broken byte becomes a 3-byte U+FFFD).
 int tok_stream_feed(struct tok_stream *s, int32_t id, char *out, size_t cap, size_t *n_out);
+size_t tok_stream_max_output(const struct tokenizer *t);
 // At end of stream: emits U+FFFD for a trailing incomplete sequence, as a full decode would.
 int tok_stream_finish(struct tok_stream *s, char *out, size_t cap, size_t *n_out);
 

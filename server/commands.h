@@ -6,6 +6,7 @@
 int cmd_bench(int argc, char **argv);
 int cmd_make_model(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 int cmd_version(int argc, char **argv);
 
 #endif

@@ -16,6 +16,7 @@ static const struct command commands[] = {
     {"bench", cmd_bench, "load-test an OpenAI-compatible server (like vllm bench serve)"},
     {"make-model", cmd_make_model, "write a random-weight checkpoint (tiny for tests, demo)"},
     {"plan", cmd_plan, "size a deployment from config.json: parameters, memory, KV capacity"},
+    {"tokenize", cmd_tokenize, "encode or decode JSON lines with a model's tokenizer"},
     {"version", cmd_version, "print the version and the backends this build has"},
 };
 
