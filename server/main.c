@@ -14,6 +14,7 @@ struct command {
 // Keep sorted by name; `moeserve help` prints them in this order.
 static const struct command commands[] = {
     {"bench", cmd_bench, "load-test an OpenAI-compatible server (like vllm bench serve)"},
+    {"chat-template", cmd_chat_template, "render a model's chat template for JSON request lines"},
     {"make-model", cmd_make_model, "write a random-weight checkpoint (tiny for tests, demo)"},
     {"plan", cmd_plan, "size a deployment from config.json: parameters, memory, KV capacity"},
     {"tokenize", cmd_tokenize, "encode or decode JSON lines with a model's tokenizer"},
