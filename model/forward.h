@@ -17,7 +17,7 @@
 // A rank's KV memory, made once at start-up. Blocks are handed out by the
 // scheduler's block manager; the forward pass only reads and writes them.
 struct kv_pool {
-    enum dtype dtype;      // DTYPE_BF16 or DTYPE_F32
+    enum dtype dtype;      // DTYPE_BF16, DTYPE_F16 or DTYPE_F32
     int n_blocks;
     int n_layers, n_kv_heads, head_dim;
     size_t block_bytes;    // K and V of one block over all layers

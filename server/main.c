@@ -15,6 +15,7 @@ struct command {
 static const struct command commands[] = {
     {"bench", cmd_bench, "load-test an OpenAI-compatible server (like vllm bench serve)"},
     {"chat-template", cmd_chat_template, "render a model's chat template for JSON request lines"},
+    {"generate", cmd_generate, "run a model on one prompt (token ids or text); --bench for speed"},
     {"make-model", cmd_make_model, "write a random-weight checkpoint (tiny for tests, demo)"},
     {"plan", cmd_plan, "size a deployment from config.json: parameters, memory, KV capacity"},
     {"tokenize", cmd_tokenize, "encode or decode JSON lines with a model's tokenizer"},

@@ -1,0 +1,172 @@
+// kernels.c: the portable scalar tables (the numerical reference every SIMD
+// kernel is tested against) and the run-time choice of a table.
+#include "model/cpu/kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+// Defined in kernels_avx2.c / kernels_avx512.c, compiled with their own flags.
+const struct cpu_kernels *cpu_kernels_avx2_table(void);
+const struct cpu_kernels *cpu_kernels_avx512_table(void);
+#endif
+
+static void scalar_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
+{
+    const int in = m->w.in;
+    for (int o = o0; o < o1; o++) {
+        // Convert the weight row once, use it for every row of x.
+        for (int k = 0; k < in; k++)
+            scratch[k] = cpu_load_weight(m->w.data, m->w.dtype, (size_t)o * in + k);
+        for (int r = 0; r < m->rows; r++) {
+            const float *x = m->x + (size_t)(m->x_rows ? m->x_rows[r] : r) * m->ldx;
+            float *y = m->y + (size_t)(m->y_rows ? m->y_rows[r] : r) * m->ldy;
+            float s = 0.0f;
+            for (int k = 0; k < in; k++) s += x[k] * scratch[k];
+            y[o] = m->accumulate ? y[o] + s : s;
+        }
+    }
+}
+
+static const void *kv_row(const struct cpu_attn *a, const void *base, int pos)
+{
+    size_t blk = (size_t)a->blocks[pos / 16];
+    size_t idx = ((blk * (size_t)a->n_kv_heads + (size_t)a->kv_head) * 16 + (size_t)(pos % 16)) *
+                 (size_t)a->head_dim;
+    return (const char *)base + idx * dtype_size(a->kv_dtype);
+}
+
+// Two passes in double per row (the maximum, then the normalised sum):
+// obviously right rather than fast.
+static void scalar_attend(const struct cpu_attn *a, float *scratch)
+{
+    (void)scratch;
+    const int D = a->head_dim;
+    double acc[4096];
+    if (D > 4096) return; // config_parse bounds head_dim by 4096
+    for (int i = 0; i < a->n_tok; i++)
+        for (int h = 0; h < a->n_q; h++) {
+            const float *q = a->q + (size_t)i * a->q_stride + (size_t)h * D;
+            const int n_ctx = a->first_pos + i + 1;
+            double mx = -INFINITY;
+            for (int p = 0; p < n_ctx; p++) {
+                const void *kr = kv_row(a, a->k, p);
+                double s = 0;
+                for (int d = 0; d < D; d++) s += (double)q[d] * cpu_load_weight(kr, a->kv_dtype, d);
+                s *= a->scale;
+                if (s > mx) mx = s;
+            }
+            double sum = 0;
+            for (int d = 0; d < D; d++) acc[d] = 0;
+            for (int p = 0; p < n_ctx; p++) {
+                const void *kr = kv_row(a, a->k, p), *vr = kv_row(a, a->v, p);
+                double s = 0;
+                for (int d = 0; d < D; d++) s += (double)q[d] * cpu_load_weight(kr, a->kv_dtype, d);
+                double w = exp(s * a->scale - mx);
+                sum += w;
+                for (int d = 0; d < D; d++) acc[d] += w * cpu_load_weight(vr, a->kv_dtype, d);
+            }
+            float *o = a->out + (size_t)i * a->out_stride + (size_t)h * D;
+            for (int d = 0; d < D; d++) o[d] = (float)(acc[d] / sum);
+        }
+}
+
+static void scalar_silu_mul(float *g, const float *u, int n)
+{
+    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void scalar_rmsnorm(const float *x, const void *w, enum dtype wt, int n, float eps, float *out)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * cpu_load_weight(w, wt, (size_t)i);
+}
+
+static void scalar_axpy(float *y, float a, const float *x, int n)
+{
+    for (int i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+
+static float scalar_stream_sum(const float *p, size_t n)
+{
+    float s[4] = {0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++) s[j] += p[i + j];
+    for (; i < n; i++) s[0] += p[i];
+    return s[0] + s[1] + s[2] + s[3];
+}
+
+static float scalar_fma_burn(long iters, float seed)
+{
+    float a[CPU_FMA_CHAINS];
+    for (int j = 0; j < CPU_FMA_CHAINS; j++) a[j] = seed + (float)j;
+    const float m = 0.999999f, c = 1e-7f;
+    for (long i = 0; i < iters; i++)
+        for (int j = 0; j < CPU_FMA_CHAINS; j++) a[j] = fmaf(a[j], m, c);
+    float s = 0;
+    for (int j = 0; j < CPU_FMA_CHAINS; j++) s += a[j];
+    return s;
+}
+
+static const struct cpu_kernels scalar_table = {
+    .name = "scalar",
+    .lanes = 1,
+    .unit = 16,
+    .matmul = scalar_matmul,
+    .attend = scalar_attend,
+    .silu_mul = scalar_silu_mul,
+    .rmsnorm = scalar_rmsnorm,
+    .axpy = scalar_axpy,
+    .stream_sum = scalar_stream_sum,
+    .fma_burn = scalar_fma_burn,
+};
+
+const struct cpu_kernels *cpu_kernels_scalar(void) { return &scalar_table; }
+
+#if defined(__x86_64__)
+const struct cpu_kernels *cpu_kernels_avx2(void)
+{
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return NULL;
+    return cpu_kernels_avx2_table(); // also needs F16C, which every AVX2 CPU has
+}
+
+const struct cpu_kernels *cpu_kernels_avx512(void)
+{
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq"))
+        return NULL;
+    return cpu_kernels_avx512_table();
+}
+#else
+const struct cpu_kernels *cpu_kernels_avx2(void) { return NULL; }
+const struct cpu_kernels *cpu_kernels_avx512(void) { return NULL; }
+#endif
+
+const struct cpu_kernels *cpu_kernels_best(void)
+{
+    const char *want = getenv("MOESERVE_CPU_KERNELS");
+    if (want && !strcmp(want, "scalar")) return cpu_kernels_scalar();
+    const struct cpu_kernels *k = NULL;
+    if (want && !strcmp(want, "avx2")) k = cpu_kernels_avx2();
+    if (!k) k = cpu_kernels_avx512();
+    if (!k) k = cpu_kernels_avx2();
+    return k ? k : cpu_kernels_scalar();
+}
+
+size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
+{
+    size_t kp = ((size_t)(max_in > 0 ? max_in : 1) + 15) / 16 * 16;
+    // A packed chunk of weight rows (65536 floats or 4 rows), 4 rows of
+    // slack, and a packed block of up to 16 x rows.
+    size_t mm = (65536 > 4 * kp ? 65536 : 4 * kp) + 4 * kp + 16 * kp;
+    // K transposed and V of one block, then per row: accumulator, scores, max, sum.
+    size_t rows = (size_t)max_q * CPU_ATTN_TILE;
+    size_t at = 2 * 16 * (size_t)head_dim + rows * ((size_t)head_dim + 2) + (size_t)head_dim + 16 * 16 + 64;
+    return (mm > at ? mm : at) + 16;
+}

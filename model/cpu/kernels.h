@@ -1,0 +1,106 @@
+// kernels: the single-threaded CPU kernels behind the forward pass, one table
+// per instruction set (portable scalar reference, AVX2+FMA, AVX-512), picked
+// at run time from what the CPU supports.
+#ifndef MOESERVE_MODEL_CPU_KERNELS_H
+#define MOESERVE_MODEL_CPU_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/base.h"
+#include "model/config.h"
+
+// A weight matrix as stored in the checkpoint (bf16, f16 or f32), never copied.
+struct cpu_wmat {
+    const void *data; // (out, in) row-major
+    enum dtype dtype;
+    int out, in;
+};
+
+// One matmul problem: y (rows, w.out) = x (rows, w.in) . w^T, in fp32.
+// Rows may be gathered and scattered through index lists, which is how the
+// MoE experts read their tokens without copying them.
+struct cpu_mm {
+    struct cpu_wmat w;
+    const float *x;        // row r at x + (x_rows ? x_rows[r] : r) * ldx
+    size_t ldx;
+    const int32_t *x_rows; // (rows) or NULL
+    float *y;              // row r at y + (y_rows ? y_rows[r] : r) * ldy
+    size_t ldy;
+    const int32_t *y_rows; // (rows) or NULL
+    int rows;
+    bool accumulate;       // y += x . w^T (a residual add) instead of y = x . w^T
+};
+
+// Attention for a tile of consecutive new tokens of one sequence and the
+// query heads that share one KV head, over a paged KV cache. Token i of the
+// tile sits at position first_pos + i and attends positions 0..first_pos + i
+// (causal). Each (token, head) row's result depends only on that row and the
+// cache, not on the tile around it.
+#define CPU_ATTN_TILE 16
+struct cpu_attn {
+    const float *q;        // token i, head g at q + i * q_stride + g * head_dim
+    size_t q_stride;
+    float *out;            // token i, head g at out + i * out_stride + g * head_dim
+    size_t out_stride;
+    int n_tok;             // 1..CPU_ATTN_TILE
+    int first_pos;
+    int n_q;               // query heads per KV head (GQA group)
+    int head_dim;
+    float scale;           // 1 / sqrt(head_dim)
+    const int32_t *blocks; // the sequence's block table
+    const void *k, *v;     // one layer of the pool: (n_blocks, n_kv_heads, 16, head_dim)
+    enum dtype kv_dtype;   // DTYPE_BF16, DTYPE_F16 or DTYPE_F32
+    int n_kv_heads, kv_head;
+};
+
+struct cpu_kernels {
+    const char *name;      // "scalar", "avx2", "avx512"
+    int lanes;             // fp32 lanes per vector (also the matmul's reduction width)
+    int unit;              // the matmul's natural split of outputs between threads
+    // Outputs [o0, o1) of every row of m. Each output element depends only on
+    // its x row, its w row and the table (never on rows, o0/o1 or the path
+    // taken), so results do not depend on how a batch is composed or split.
+    // scratch: cpu_kernels_scratch_floats(...) floats, 64-byte aligned.
+    void (*matmul)(const struct cpu_mm *m, int o0, int o1, float *scratch);
+    void (*attend)(const struct cpu_attn *a, float *scratch);
+    // g[i] = silu(g[i]) * u[i]
+    void (*silu_mul)(float *g, const float *u, int n);
+    // out = x / sqrt(mean(x^2) + eps) * w (w as stored)
+    void (*rmsnorm)(const float *x, const void *w, enum dtype wt, int n, float eps, float *out);
+    // y[i] = a * x[i] + y[i], one rounding (FMA)
+    void (*axpy)(float *y, float a, const float *x, int n);
+    // For the benchmarks: the sum of n floats read once, and iters rounds of
+    // FMAs on CPU_FMA_CHAINS independent vectors (iters * CPU_FMA_CHAINS *
+    // lanes * 2 FLOPs); both return a value so that nothing is optimised away.
+    float (*stream_sum)(const float *p, size_t n);
+    float (*fma_burn)(long iters, float seed);
+};
+
+// Enough independent chains to cover the FMA latency on every port.
+#define CPU_FMA_CHAINS 12
+
+const struct cpu_kernels *cpu_kernels_scalar(void);
+// NULL when this CPU (or this build) lacks the instructions.
+const struct cpu_kernels *cpu_kernels_avx2(void);
+const struct cpu_kernels *cpu_kernels_avx512(void);
+// The fastest table this CPU runs; MOESERVE_CPU_KERNELS=scalar|avx2|avx512
+// picks one (falling back to the best available when the CPU lacks it).
+const struct cpu_kernels *cpu_kernels_best(void);
+
+// Per-thread scratch any table needs for matmuls with in <= max_in and
+// attention with n_q <= max_q heads of head_dim (tiles of CPU_ATTN_TILE).
+size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim);
+
+// Element i of a bf16, f16 or f32 array, as fp32.
+static inline float cpu_load_weight(const void *p, enum dtype t, size_t i)
+{
+    switch (t) {
+    case DTYPE_BF16: return ms_bf16_to_f32(((const uint16_t *)p)[i]);
+    case DTYPE_F16: return ms_f16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+#endif

@@ -1,0 +1,129 @@
+// ops: cost-balanced parallel matmuls and the scalar per-row operations.
+#include "model/cpu/ops.h"
+
+#include <math.h>
+
+struct mm_ctx {
+    const struct cpu_exec *e;
+    const struct cpu_mm *jobs;
+    int n_jobs;
+    uint64_t total;
+};
+
+static uint64_t unit_cost(const struct cpu_mm *m, int unit)
+{
+    // Streaming the weights costs about as much as two FMA passes per row.
+    return (uint64_t)unit * (uint64_t)m->w.in * ((uint64_t)m->rows + 2);
+}
+
+static int n_units(const struct cpu_mm *m, int unit) { return (m->w.out + unit - 1) / unit; }
+
+static uint64_t ceil_div_u64(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+static void mm_worker(void *arg, int tid, int n_threads)
+{
+    const struct mm_ctx *c = arg;
+    const int unit = c->e->k->unit;
+    float *scratch = cpu_exec_scratch(c->e, tid);
+    // This thread owns the units whose starting cost lies in [lo, hi).
+    uint64_t lo = (uint64_t)((unsigned __int128)c->total * (unsigned)tid / (unsigned)n_threads);
+    uint64_t hi = (uint64_t)((unsigned __int128)c->total * (unsigned)(tid + 1) / (unsigned)n_threads);
+    uint64_t start = 0;
+    for (int j = 0; j < c->n_jobs && start < hi; j++) {
+        const struct cpu_mm *m = &c->jobs[j];
+        if (m->rows <= 0 || m->w.out <= 0) continue;
+        uint64_t cu = unit_cost(m, unit);
+        uint64_t nu = (uint64_t)n_units(m, unit), end = start + nu * cu;
+        if (end > lo) {
+            uint64_t u0 = lo > start ? ceil_div_u64(lo - start, cu) : 0;
+            uint64_t u1 = ceil_div_u64(hi - start, cu);
+            if (u1 > nu) u1 = nu;
+            if (u0 < u1) {
+                int o0 = (int)u0 * unit, o1 = (int)u1 * unit;
+                if (o1 > m->w.out) o1 = m->w.out;
+                c->e->k->matmul(m, o0, o1, scratch);
+            }
+        }
+        start = end;
+    }
+}
+
+void cpu_matmul(const struct cpu_exec *e, const struct cpu_mm *jobs, int n_jobs)
+{
+    struct mm_ctx c = {.e = e, .jobs = jobs, .n_jobs = n_jobs};
+    for (int j = 0; j < n_jobs; j++)
+        if (jobs[j].rows > 0 && jobs[j].w.out > 0)
+            c.total += (uint64_t)n_units(&jobs[j], e->k->unit) * unit_cost(&jobs[j], e->k->unit);
+    if (c.total == 0) return;
+    // Below this (a router at batch 1, say) waking the threads costs more
+    // than the work; the split does not change any result.
+    if (c.total < (1u << 17)) {
+        mm_worker(&c, 0, 1);
+        return;
+    }
+    threadpool_run(e->pool, mm_worker, &c);
+}
+
+void cpu_rmsnorm(const float *x, const void *w, enum dtype wt, int n, float eps, float *out)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * cpu_load_weight(w, wt, (size_t)i);
+}
+
+void cpu_rope_angles(int pos, const double *inv_freq, int half, float *c, float *s)
+{
+    for (int i = 0; i < half; i++) {
+        double a = (double)pos * inv_freq[i];
+        c[i] = (float)cos(a);
+        s[i] = (float)sin(a);
+    }
+}
+
+void cpu_rope_apply(float *x, int half, const float *c, const float *s)
+{
+    for (int i = 0; i < half; i++) {
+        float a = x[i], b = x[i + half];
+        x[i] = a * c[i] - b * s[i];
+        x[i + half] = b * c[i] + a * s[i];
+    }
+}
+
+// Candidates ordered by (value descending, index ascending); each pick is the
+// best candidate strictly after the previous pick in that order, so no
+// "already taken" bookkeeping is needed.
+static bool ranks_before(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
+
+static double softmax_num(float v, double mx) { return isnan(v) ? 0.0 : exp((double)v - mx); }
+
+void cpu_router_topk(const float *logits, int n, int k, bool norm_topk, int32_t *ids, float *w)
+{
+    // A NaN logit never wins: it compares as -inf.
+    float prev_v = INFINITY;
+    int prev_i = -1;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        float bv = -INFINITY;
+        for (int i = 0; i < n; i++) {
+            float v = isnan(logits[i]) ? -INFINITY : logits[i];
+            if (j > 0 && !ranks_before(prev_v, prev_i, v, i)) continue;
+            if (best < 0 || ranks_before(v, i, bv, best)) {
+                best = i;
+                bv = v;
+            }
+        }
+        ids[j] = best;
+        prev_v = bv;
+        prev_i = best;
+    }
+    double mx = logits[ids[0]];
+    if (!isfinite(mx)) mx = 0;
+    double den = 0;
+    if (norm_topk)
+        for (int j = 0; j < k; j++) den += softmax_num(logits[ids[j]], mx);
+    else
+        for (int i = 0; i < n; i++) den += softmax_num(logits[i], mx);
+    for (int j = 0; j < k; j++)
+        w[j] = den > 0 ? (float)(softmax_num(logits[ids[j]], mx) / den) : 1.0f / (float)k;
+}

@@ -1,0 +1,176 @@
+// threadpool: persistent workers woken by a generation counter; futexes for
+// sleeping so that an idle rank costs nothing, a short spin so that the
+// hundreds of runs in one forward step do not each pay a system call.
+#include "model/cpu/threadpool.h"
+
+#include <errno.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "model/base.h"
+
+// About 20-50 microseconds of pause instructions: long enough to bridge the
+// gap between two kernels of a step, short enough not to steal a shared core.
+#define SPIN_ITERS 2000
+
+struct worker {
+    struct threadpool *pool;
+    pthread_t thread;
+    int tid;
+};
+
+struct threadpool {
+    int n_threads;
+    struct worker *workers;       // (n_threads - 1), tids 1..n-1
+    threadpool_fn fn;
+    void *ctx;
+    _Atomic uint32_t generation;  // bumped by each run; workers wait for a change
+    _Atomic uint32_t pending;     // workers still running the current generation
+    _Atomic uint32_t sleepers;    // workers in futex_wait on generation
+    _Atomic uint32_t master_sleeping;
+    _Atomic int stop;
+};
+
+static void futex_wait(_Atomic uint32_t *addr, uint32_t val)
+{
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+
+static void futex_wake(_Atomic uint32_t *addr, int n)
+{
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    __asm__ __volatile__("" ::: "memory");
+#endif
+}
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    struct threadpool *p = w->pool;
+    uint32_t seen = 0;
+    for (;;) {
+        uint32_t g;
+        int spins = 0;
+        while ((g = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen) {
+            if (++spins < SPIN_ITERS) {
+                cpu_relax();
+                continue;
+            }
+            atomic_fetch_add(&p->sleepers, 1);
+            // Re-check after announcing ourselves, so a wake cannot be missed.
+            if (atomic_load(&p->generation) == seen) futex_wait(&p->generation, seen);
+            atomic_fetch_sub(&p->sleepers, 1);
+            spins = 0;
+        }
+        seen = g;
+        if (atomic_load_explicit(&p->stop, memory_order_acquire)) return NULL;
+        p->fn(p->ctx, w->tid, p->n_threads);
+        if (atomic_fetch_sub(&p->pending, 1) == 1 &&
+            atomic_load(&p->master_sleeping))
+            futex_wake(&p->pending, 1);
+    }
+}
+
+int threadpool_cpu_count(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+int threadpool_create(int n_threads, struct threadpool **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (n_threads < 0 || n_threads > 4096)
+        return ms_err(err, errlen, MS_EINVAL, "threads must be between 1 and 4096 (or 0 for all "
+                      "cores), not %d", n_threads);
+    if (n_threads == 0) n_threads = threadpool_cpu_count();
+    struct threadpool *p = calloc(1, sizeof *p);
+    if (!p) return ms_err(err, errlen, MS_ENOMEM, "out of memory creating a thread pool");
+    p->n_threads = n_threads;
+    if (n_threads > 1) {
+        p->workers = calloc((size_t)n_threads - 1, sizeof *p->workers);
+        if (!p->workers) {
+            free(p);
+            return ms_err(err, errlen, MS_ENOMEM, "out of memory creating a thread pool");
+        }
+    }
+    for (int i = 0; i < n_threads - 1; i++) {
+        struct worker *w = &p->workers[i];
+        w->pool = p;
+        w->tid = i + 1;
+        int rc = pthread_create(&w->thread, NULL, worker_main, w);
+        if (rc) {
+            p->n_threads = i + 1; // the workers started so far
+            threadpool_destroy(p);
+            return ms_err(err, errlen, MS_ENOMEM, "cannot start compute thread %d of %d: %s",
+                          i + 1, n_threads, strerror(rc));
+        }
+    }
+    *out = p;
+    return 0;
+}
+
+void threadpool_destroy(struct threadpool *p)
+{
+    if (!p) return;
+    atomic_store(&p->stop, 1);
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    futex_wake(&p->generation, INT32_MAX);
+    for (int i = 0; i < p->n_threads - 1; i++) pthread_join(p->workers[i].thread, NULL);
+    free(p->workers);
+    free(p);
+}
+
+int threadpool_size(const struct threadpool *p) { return p->n_threads; }
+
+void threadpool_run(struct threadpool *p, threadpool_fn fn, void *ctx)
+{
+    if (p->n_threads == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    atomic_store_explicit(&p->pending, (uint32_t)(p->n_threads - 1), memory_order_relaxed);
+    atomic_fetch_add(&p->generation, 1); // seq_cst: ordered before the sleepers check
+    if (atomic_load(&p->sleepers)) futex_wake(&p->generation, INT32_MAX);
+    fn(ctx, 0, p->n_threads);
+    int spins = 0;
+    uint32_t left;
+    while ((left = atomic_load_explicit(&p->pending, memory_order_acquire)) != 0) {
+        if (++spins < SPIN_ITERS) {
+            cpu_relax();
+            continue;
+        }
+        atomic_store(&p->master_sleeping, 1);
+        if ((left = atomic_load(&p->pending)) != 0) futex_wait(&p->pending, left);
+        atomic_store(&p->master_sleeping, 0);
+        spins = 0;
+    }
+}
+
+void threadpool_range(int n, int tid, int n_threads, int *begin, int *end)
+{
+    long long b = (long long)n * tid / n_threads, e = (long long)n * (tid + 1) / n_threads;
+    *begin = (int)b;
+    *end = (int)e;
+}

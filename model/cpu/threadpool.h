@@ -1,0 +1,29 @@
+// threadpool: a rank's persistent compute threads. The caller is thread 0;
+// each run wakes the workers, runs one function on every thread and waits
+// for all of them (a generation-counted barrier that spins briefly, then sleeps).
+#ifndef MOESERVE_MODEL_CPU_THREADPOOL_H
+#define MOESERVE_MODEL_CPU_THREADPOOL_H
+
+#include <stddef.h>
+
+struct threadpool;
+
+// The function every thread runs: tid in [0, n_threads).
+typedef void (*threadpool_fn)(void *ctx, int tid, int n_threads);
+
+// Cores this process may run on (sched_getaffinity), at least 1.
+int threadpool_cpu_count(void);
+
+// n_threads counts the caller; 0 means threadpool_cpu_count().
+int threadpool_create(int n_threads, struct threadpool **out, char *err, size_t errlen);
+void threadpool_destroy(struct threadpool *p);
+int threadpool_size(const struct threadpool *p);
+
+// Runs fn(ctx, tid, n) on every thread and returns when all have finished.
+// Not reentrant: fn must not call threadpool_run on the same pool.
+void threadpool_run(struct threadpool *p, threadpool_fn fn, void *ctx);
+
+// Splits [0, n) into contiguous, near-equal ranges, one per thread.
+void threadpool_range(int n, int tid, int n_threads, int *begin, int *end);
+
+#endif

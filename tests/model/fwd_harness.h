@@ -1,0 +1,83 @@
+// fwd_harness: what the forward-pass tests share — loading a checkpoint with
+// a KV pool and one rank, handing out block tables, running a sequence in
+// chunks, and log-softmax of a logits row.
+#ifndef MOESERVE_TESTS_MODEL_FWD_HARNESS_H
+#define MOESERVE_TESTS_MODEL_FWD_HARNESS_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/forward.h"
+#include "model/model.h"
+
+struct harness {
+    struct model *m;
+    struct kv_pool *kv;
+    struct rank *r;
+    int next_block;
+};
+
+static inline int harness_open(struct harness *h, const char *dir, enum dtype kv_dtype, int n_blocks,
+                               int threads, int max_tokens, int max_seqs)
+{
+    char err[1024];
+    memset(h, 0, sizeof *h);
+    if (model_load(dir, &h->m, err, sizeof err)) {
+        fprintf(stderr, "model_load %s: %s\n", dir, err);
+        return -1;
+    }
+    if (kv_pool_create(&h->m->cfg, kv_dtype, n_blocks, &h->kv, err, sizeof err)) {
+        fprintf(stderr, "kv_pool_create: %s\n", err);
+        return -1;
+    }
+    struct rank_opts o = {.rank = 0, .n_ranks = 1, .n_threads = threads,
+                          .max_batch_tokens = max_tokens, .max_batch_seqs = max_seqs};
+    if (rank_create(h->m, h->kv, &o, &h->r, err, sizeof err)) {
+        fprintf(stderr, "rank_create: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+static inline void harness_close(struct harness *h)
+{
+    rank_destroy(h->r);
+    kv_pool_destroy(h->kv);
+    model_destroy(h->m);
+}
+
+// Blocks for a sequence of up to n tokens, taken from the top of the pool
+// downwards so that tables are not the identity.
+static inline int32_t *harness_blocks(struct harness *h, int n_tokens)
+{
+    int nb = (n_tokens + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+    int32_t *b = malloc((size_t)nb * sizeof *b);
+    if (!b) abort();
+    for (int i = 0; i < nb; i++) {
+        if (h->next_block >= h->kv->n_blocks) abort();
+        b[i] = h->kv->n_blocks - 1 - h->next_block++;
+    }
+    return b;
+}
+
+static inline void log_softmax(const float *logits, int n, double *out)
+{
+    double mx = -INFINITY, s = 0;
+    for (int i = 0; i < n; i++)
+        if (logits[i] > mx) mx = logits[i];
+    for (int i = 0; i < n; i++) s += exp((double)logits[i] - mx);
+    double ls = log(s) + mx;
+    for (int i = 0; i < n; i++) out[i] = (double)logits[i] - ls;
+}
+
+static inline int argmax_lowest(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+#endif

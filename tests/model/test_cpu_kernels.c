@@ -1,0 +1,440 @@
+// Pins the CPU kernels: every SIMD table against the scalar reference on
+// random data at odd and even shapes, each matmul output independent of the
+// batch around it and of the thread split, the thread pool, and the per-row
+// operations (RMSNorm, RoPE, router top-k) against direct formulas.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "model/base.h"
+#include "model/cpu/kernels.h"
+#include "model/cpu/ops.h"
+#include "model/cpu/threadpool.h"
+
+static uint64_t rng_state = 88172645463325252ull;
+static double rnd(void) // uniform in [-1, 1)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0;
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = NULL;
+    assert_int_equal(posix_memalign(&p, 64, n ? n : 64), 0);
+    return p;
+}
+
+static void *random_weights(enum dtype dt, size_t n)
+{
+    void *w = xmalloc(n * dtype_size(dt));
+    for (size_t i = 0; i < n; i++) {
+        float v = (float)rnd();
+        if (dt == DTYPE_BF16) ((uint16_t *)w)[i] = ms_f32_to_bf16(v);
+        else if (dt == DTYPE_F16) ((uint16_t *)w)[i] = ms_f32_to_f16(v);
+        else ((float *)w)[i] = v;
+    }
+    return w;
+}
+
+static float *random_floats(size_t n)
+{
+    float *x = xmalloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = (float)rnd();
+    return x;
+}
+
+static const struct cpu_kernels *simd_tables[2];
+static int n_simd;
+
+static int setup(void **state)
+{
+    (void)state;
+    n_simd = 0;
+    if (cpu_kernels_avx2()) simd_tables[n_simd++] = cpu_kernels_avx2();
+    if (cpu_kernels_avx512()) simd_tables[n_simd++] = cpu_kernels_avx512();
+    if (n_simd == 0) fprintf(stderr, "note: this CPU has no SIMD tables; only scalar is tested\n");
+    return 0;
+}
+
+static const int shapes[][3] = { // rows, in, out
+    {1, 1, 1}, {1, 7, 5}, {2, 8, 4}, {3, 33, 17}, {4, 64, 12}, {5, 96, 50},
+    {6, 16, 16}, {7, 130, 33}, {13, 100, 37}, {1, 512, 300}, {64, 256, 96}, {19, 1000, 7},
+};
+
+static void run_matmul(const struct cpu_kernels *k, const struct cpu_wmat *w, const float *x,
+                       int rows, float *y, bool acc)
+{
+    float *scratch = xmalloc(cpu_kernels_scratch_floats(w->in, 1, 1) * sizeof(float));
+    struct cpu_mm m = {.w = *w, .x = x, .ldx = (size_t)w->in, .y = y, .ldy = (size_t)w->out,
+                       .rows = rows, .accumulate = acc};
+    k->matmul(&m, 0, w->out, scratch);
+    free(scratch);
+}
+
+static void simd_matmul_matches_scalar_at_every_shape_and_dtype(void **state)
+{
+    (void)state;
+    const enum dtype dts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+    for (int t = 0; t < n_simd; t++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int d = 0; d < 3; d++) {
+                int rows = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
+                struct cpu_wmat w = {random_weights(dts[d], (size_t)out * in), dts[d], out, in};
+                float *x = random_floats((size_t)rows * in);
+                float *ref = xmalloc((size_t)rows * out * 4), *got = xmalloc((size_t)rows * out * 4);
+                for (int acc = 0; acc < 2; acc++) {
+                    for (int i = 0; i < rows * out; i++) ref[i] = got[i] = (float)i * 0.25f;
+                    run_matmul(cpu_kernels_scalar(), &w, x, rows, ref, acc);
+                    run_matmul(simd_tables[t], &w, x, rows, got, acc);
+                    for (int i = 0; i < rows * out; i++) {
+                        // |x|, |w| <= 1: rounding is bounded by in * eps of the magnitude.
+                        double tol = 1e-6 * in + 1e-6 * fabs(ref[i]);
+                        if (fabs(ref[i] - got[i]) > tol)
+                            fail_msg("%s %s rows %d in %d out %d acc %d: [%d] %g vs scalar %g",
+                                     simd_tables[t]->name, dtype_name(dts[d]), rows, in, out, acc,
+                                     i, got[i], ref[i]);
+                    }
+                }
+                free((void *)w.data);
+                free(x);
+                free(ref);
+                free(got);
+            }
+}
+
+// A row's outputs are bit-identical whether it is computed alone, inside a
+// batch of any size, through gathered rows, or in any split of the outputs.
+static void matmul_outputs_do_not_depend_on_batch_or_split(void **state)
+{
+    (void)state;
+    const struct cpu_kernels *tables[3] = {cpu_kernels_scalar(), NULL, NULL};
+    int nt = 1;
+    for (int t = 0; t < n_simd; t++) tables[nt++] = simd_tables[t];
+    const enum dtype dts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+    for (int t = 0; t < nt; t++)
+        for (int d = 0; d < 3; d++) {
+            const int in = 77, out = 45, rows = 23;
+            struct cpu_wmat w = {random_weights(dts[d], (size_t)out * in), dts[d], out, in};
+            float *x = random_floats((size_t)rows * in);
+            float *all = xmalloc((size_t)rows * out * 4), *one = xmalloc((size_t)out * 4);
+            float *scratch = xmalloc(cpu_kernels_scratch_floats(in, 1, 1) * 4);
+            run_matmul(tables[t], &w, x, rows, all, false);
+            for (int r = 0; r < rows; r++) {
+                run_matmul(tables[t], &w, x + (size_t)r * in, 1, one, false);
+                assert_memory_equal(one, all + (size_t)r * out, (size_t)out * 4);
+            }
+            // Gathered and scattered in reverse order, outputs split at odd points.
+            int32_t idx[23];
+            for (int r = 0; r < rows; r++) idx[r] = rows - 1 - r;
+            float *scat = xmalloc((size_t)rows * out * 4);
+            for (int nb = 1; nb <= rows; nb += 5) {
+                struct cpu_mm m = {.w = w, .x = x, .ldx = in, .x_rows = idx, .y = scat, .ldy = out,
+                                   .y_rows = idx, .rows = nb};
+                int cuts[] = {0, 1, 13, 14, 30, out};
+                for (int c = 0; c + 1 < 6; c++) tables[t]->matmul(&m, cuts[c], cuts[c + 1], scratch);
+                for (int r = 0; r < nb; r++)
+                    assert_memory_equal(scat + (size_t)idx[r] * out, all + (size_t)idx[r] * out,
+                                        (size_t)out * 4);
+            }
+            free((void *)w.data);
+            free(x);
+            free(all);
+            free(one);
+            free(scat);
+            free(scratch);
+        }
+}
+
+static void fill_kv(void *p, enum dtype dt, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float v = (float)rnd() * 2.0f;
+        if (dt == DTYPE_BF16) ((uint16_t *)p)[i] = ms_f32_to_bf16(v);
+        else if (dt == DTYPE_F16) ((uint16_t *)p)[i] = ms_f32_to_f16(v);
+        else ((float *)p)[i] = v;
+    }
+}
+
+static void simd_attention_matches_scalar(void **state)
+{
+    (void)state;
+    const enum dtype dts[] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
+    const int groups[] = {1, 2, 4}, dims[] = {16, 32, 36, 64, 130};
+    // (first position, tokens in the tile): decode rows, tiles that start or
+    // end inside a block, tiles spanning a block edge, a long context.
+    const int tiles[][2] = {{0, 1}, {14, 1}, {15, 1}, {16, 1}, {0, 8}, {3, 7}, {10, 8}, {99, 2}, {290, 8}};
+    const int n_blocks = 24, n_kv = 2;
+    for (int t = 0; t < n_simd; t++)
+        for (int d = 0; d < 3; d++)
+            for (int gi = 0; gi < 3; gi++)
+                for (int di = 0; di < 5; di++)
+                    for (int ci = 0; ci < 9; ci++) {
+                        int G = groups[gi], D = dims[di], first = tiles[ci][0], nq = tiles[ci][1];
+                        size_t n = (size_t)n_blocks * n_kv * 16 * D;
+                        void *k = xmalloc(n * dtype_size(dts[d])), *v = xmalloc(n * dtype_size(dts[d]));
+                        fill_kv(k, dts[d], n);
+                        fill_kv(v, dts[d], n);
+                        int32_t blocks[24];
+                        for (int b = 0; b < n_blocks; b++) blocks[b] = (b * 7 + 3) % n_blocks; // scattered
+                        // Queries of 3 heads per token in the buffer, so strides are not G * D.
+                        const size_t stride = (size_t)(G + 3) * D;
+                        float *q = random_floats(nq * stride);
+                        float *ref = xmalloc(nq * stride * 4), *got = xmalloc(nq * stride * 4);
+                        float *one = xmalloc(stride * 4);
+                        float *scratch = xmalloc(cpu_kernels_scratch_floats(1, G, D) * 4);
+                        struct cpu_attn a = {.q = q, .q_stride = stride, .out_stride = stride,
+                                             .n_tok = nq, .first_pos = first, .n_q = G,
+                                             .head_dim = D, .scale = 1.0f / sqrtf((float)D),
+                                             .blocks = blocks, .k = k, .v = v, .kv_dtype = dts[d],
+                                             .n_kv_heads = n_kv, .kv_head = 1};
+                        a.out = ref;
+                        cpu_kernels_scalar()->attend(&a, scratch);
+                        a.out = got;
+                        simd_tables[t]->attend(&a, scratch);
+                        for (int i = 0; i < nq; i++)
+                            for (int e = 0; e < G * D; e++) {
+                                float x = ref[i * stride + e], y = got[i * stride + e];
+                                if (fabs(x - y) > 2e-5 * (1 + fabs(x)))
+                                    fail_msg("%s attention %s G %d D %d tile at %d of %d: token %d "
+                                             "[%d] %g vs scalar %g", simd_tables[t]->name,
+                                             dtype_name(dts[d]), G, D, first, nq, i, e, y, x);
+                            }
+                        // Each row alone (a decode row at its position) gives the same bits.
+                        for (int i = 0; i < nq; i++) {
+                            struct cpu_attn b1 = a;
+                            b1.q = q + i * stride;
+                            b1.out = one;
+                            b1.n_tok = 1;
+                            b1.first_pos = first + i;
+                            simd_tables[t]->attend(&b1, scratch);
+                            assert_memory_equal(one, got + i * stride, (size_t)G * D * 4);
+                        }
+                        free(k);
+                        free(v);
+                        free(q);
+                        free(ref);
+                        free(got);
+                        free(one);
+                        free(scratch);
+                    }
+}
+
+static void simd_silu_mul_matches_scalar_and_ignores_where_n_ends(void **state)
+{
+    (void)state;
+    const int ns[] = {1, 7, 8, 9, 17, 100};
+    for (int t = 0; t < n_simd; t++)
+        for (int i = 0; i < 6; i++) {
+            int n = ns[i];
+            float *g = random_floats((size_t)n), *u = random_floats((size_t)n);
+            for (int j = 0; j < n; j++) g[j] *= 30.0f; // far into both tails of the sigmoid
+            float *ref = xmalloc((size_t)n * 4), *got = xmalloc((size_t)n * 4), *one = xmalloc(4);
+            memcpy(ref, g, (size_t)n * 4);
+            memcpy(got, g, (size_t)n * 4);
+            cpu_kernels_scalar()->silu_mul(ref, u, n);
+            simd_tables[t]->silu_mul(got, u, n);
+            for (int j = 0; j < n; j++) {
+                if (fabs(ref[j] - got[j]) > 1e-6 * (1 + fabs(ref[j])))
+                    fail_msg("%s silu_mul n %d [%d]: %g vs scalar %g", simd_tables[t]->name, n, j,
+                             got[j], ref[j]);
+                one[0] = g[j];
+                simd_tables[t]->silu_mul(one, u + j, 1);
+                assert_memory_equal(one, got + j, 4);
+            }
+            free(g);
+            free(u);
+            free(ref);
+            free(got);
+            free(one);
+        }
+}
+
+static void simd_rmsnorm_and_axpy_match_scalar(void **state)
+{
+    (void)state;
+    const int ns[] = {1, 7, 16, 33, 96, 130, 2048};
+    const enum dtype dts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+    for (int t = 0; t < n_simd; t++)
+        for (int i = 0; i < 7; i++)
+            for (int d = 0; d < 3; d++) {
+                int n = ns[i];
+                float *x = random_floats((size_t)n), *ref = xmalloc((size_t)n * 4), *got = xmalloc((size_t)n * 4);
+                void *w = random_weights(dts[d], (size_t)n);
+                cpu_kernels_scalar()->rmsnorm(x, w, dts[d], n, 1e-6f, ref);
+                simd_tables[t]->rmsnorm(x, w, dts[d], n, 1e-6f, got);
+                for (int j = 0; j < n; j++)
+                    if (fabs(ref[j] - got[j]) > 1e-5 * (1 + fabs(ref[j])))
+                        fail_msg("%s rmsnorm %s n %d [%d]: %g vs scalar %g", simd_tables[t]->name,
+                                 dtype_name(dts[d]), n, j, got[j], ref[j]);
+                float *y1 = random_floats((size_t)n), *y2 = xmalloc((size_t)n * 4);
+                memcpy(y2, y1, (size_t)n * 4);
+                cpu_kernels_scalar()->axpy(y1, 0.37f, x, n);
+                simd_tables[t]->axpy(y2, 0.37f, x, n);
+                assert_memory_equal(y1, y2, (size_t)n * 4); // one FMA per element: exact
+                free(x);
+                free(ref);
+                free(got);
+                free(w);
+                free(y1);
+                free(y2);
+            }
+}
+
+struct pool_ctx {
+    _Atomic long sum;
+    int n;
+};
+
+static void pool_work(void *arg, int tid, int n_threads)
+{
+    struct pool_ctx *c = arg;
+    int b, e;
+    threadpool_range(c->n, tid, n_threads, &b, &e);
+    long s = 0;
+    for (int i = b; i < e; i++) s += i;
+    atomic_fetch_add(&c->sum, s);
+}
+
+static void threadpool_runs_every_range_exactly_once(void **state)
+{
+    (void)state;
+    const int sizes[] = {1, 2, 3, 5};
+    for (int s = 0; s < 4; s++) {
+        struct threadpool *p;
+        char err[256];
+        assert_int_equal(threadpool_create(sizes[s], &p, err, sizeof err), 0);
+        assert_int_equal(threadpool_size(p), sizes[s]);
+        for (int rep = 0; rep < 2000; rep++) {
+            struct pool_ctx c = {.n = rep % 37};
+            threadpool_run(p, pool_work, &c);
+            assert_int_equal(atomic_load(&c.sum), (long)c.n * (c.n - 1) / 2);
+        }
+        threadpool_destroy(p);
+    }
+    struct threadpool *p;
+    char err[256];
+    assert_int_equal(threadpool_create(-1, &p, err, sizeof err), MS_EINVAL);
+    assert_non_null(strstr(err, "threads"));
+    assert_int_equal(threadpool_create(0, &p, err, sizeof err), 0);
+    assert_int_equal(threadpool_size(p), threadpool_cpu_count());
+    threadpool_destroy(p);
+}
+
+// cpu_matmul over several jobs gives the same bits with 1 or 3 threads.
+static void threaded_matmul_matches_single_thread(void **state)
+{
+    (void)state;
+    const struct cpu_kernels *k = cpu_kernels_best();
+    struct cpu_wmat w1 = {random_weights(DTYPE_BF16, 300 * 64), DTYPE_BF16, 300, 64};
+    struct cpu_wmat w2 = {random_weights(DTYPE_BF16, 5 * 64), DTYPE_BF16, 5, 64};
+    float *x = random_floats(9 * 64);
+    float *y[2][2];
+    for (int n = 0; n < 2; n++) {
+        struct threadpool *p;
+        char err[128];
+        assert_int_equal(threadpool_create(n ? 3 : 1, &p, err, sizeof err), 0);
+        size_t stride = cpu_kernels_scratch_floats(64, 1, 1);
+        struct cpu_exec e = {.pool = p, .k = k, .scratch = xmalloc(3 * stride * 4), .scratch_stride = stride};
+        y[n][0] = xmalloc(9 * 300 * 4);
+        y[n][1] = xmalloc(2 * 5 * 4);
+        struct cpu_mm jobs[3] = {
+            {.w = w1, .x = x, .ldx = 64, .y = y[n][0], .ldy = 300, .rows = 9},
+            {.w = w2, .x = x, .ldx = 64, .y = y[n][1], .ldy = 5, .rows = 2},
+            {.w = w2, .x = x, .ldx = 64, .y = y[n][1], .ldy = 5, .rows = 0},
+        };
+        cpu_matmul(&e, jobs, 3);
+        free(e.scratch);
+        threadpool_destroy(p);
+    }
+    assert_memory_equal(y[0][0], y[1][0], 9 * 300 * 4);
+    assert_memory_equal(y[0][1], y[1][1], 2 * 5 * 4);
+    for (int n = 0; n < 2; n++) {
+        free(y[n][0]);
+        free(y[n][1]);
+    }
+    free((void *)w1.data);
+    free((void *)w2.data);
+    free(x);
+}
+
+static void rmsnorm_scales_by_root_mean_square(void **state)
+{
+    (void)state;
+    float x[5] = {1, -2, 3, -4, 5}, out[5];
+    uint16_t w[5];
+    for (int i = 0; i < 5; i++) w[i] = ms_f32_to_bf16(0.5f * (float)(i + 1));
+    cpu_rmsnorm(x, w, DTYPE_BF16, 5, 1e-6f, out);
+    double rms = sqrt((1 + 4 + 9 + 16 + 25) / 5.0 + 1e-6);
+    for (int i = 0; i < 5; i++) assert_float_equal(out[i], x[i] / rms * 0.5 * (i + 1), 1e-6);
+}
+
+static void rope_rotates_pairs_half_a_head_apart(void **state)
+{
+    (void)state;
+    const int D = 8, half = 4;
+    double inv[4];
+    for (int i = 0; i < half; i++) inv[i] = pow(10000.0, -2.0 * i / D);
+    float x[8], c[4], s[4];
+    for (int i = 0; i < D; i++) x[i] = (float)(i + 1);
+    cpu_rope_angles(7, inv, half, c, s);
+    cpu_rope_apply(x, half, c, s);
+    for (int i = 0; i < half; i++) {
+        double a = 7 * inv[i], x0 = i + 1, x1 = i + 1 + half;
+        assert_float_equal(x[i], x0 * cos(a) - x1 * sin(a), 1e-5);
+        assert_float_equal(x[i + half], x1 * cos(a) + x0 * sin(a), 1e-5);
+    }
+    // Position 0 is the identity.
+    float y[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y0[8];
+    memcpy(y0, y, sizeof y);
+    cpu_rope_angles(0, inv, half, c, s);
+    cpu_rope_apply(y, half, c, s);
+    assert_memory_equal(y, y0, sizeof y);
+}
+
+static void router_picks_top_k_lowest_index_on_ties(void **state)
+{
+    (void)state;
+    const float logits[6] = {1.0f, 3.0f, 2.0f, 3.0f, NAN, 2.0f};
+    int32_t ids[4];
+    float w[4];
+    cpu_router_topk(logits, 6, 4, true, ids, w);
+    assert_int_equal(ids[0], 1);
+    assert_int_equal(ids[1], 3);
+    assert_int_equal(ids[2], 2);
+    assert_int_equal(ids[3], 5);
+    double e3 = exp(0.0), e2 = exp(-1.0), sum = 2 * e3 + 2 * e2;
+    assert_float_equal(w[0], e3 / sum, 1e-6);
+    assert_float_equal(w[2], e2 / sum, 1e-6);
+    // Without renormalisation the weights are the softmax over all (finite) experts.
+    cpu_router_topk(logits, 6, 2, false, ids, w);
+    double all = exp(-2.0) + 2 * e3 + 2 * e2;
+    assert_float_equal(w[0], e3 / all, 1e-6);
+    assert_float_equal(w[1], e3 / all, 1e-6);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(simd_matmul_matches_scalar_at_every_shape_and_dtype),
+        cmocka_unit_test(matmul_outputs_do_not_depend_on_batch_or_split),
+        cmocka_unit_test(simd_attention_matches_scalar),
+        cmocka_unit_test(simd_silu_mul_matches_scalar_and_ignores_where_n_ends),
+        cmocka_unit_test(simd_rmsnorm_and_axpy_match_scalar),
+        cmocka_unit_test(threadpool_runs_every_range_exactly_once),
+        cmocka_unit_test(threaded_matmul_matches_single_thread),
+        cmocka_unit_test(rmsnorm_scales_by_root_mean_square),
+        cmocka_unit_test(rope_rotates_pairs_half_a_head_apart),
+        cmocka_unit_test(router_picks_top_k_lowest_index_on_ties),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}

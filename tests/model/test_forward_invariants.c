@@ -1,0 +1,399 @@
+// Pins what the forward pass must not depend on: how a prompt is cut into
+// chunks, what else shares the step (prefill and decode rows mixed), the
+// thread count, and the number of expert-parallel ranks (2 and 3 ranks as
+// threads through the in-process communicator). Every comparison is bitwise:
+// each matmul output is a fixed function of its row (see kernels_simd.inc),
+// attention and norms are per row, and MoE outputs are summed in top-k order,
+// so no tolerance is needed. Also: a rank handed a bad batch still joins the
+// exchanges, so its peers finish their step.
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "fwd_harness.h"
+#include "model/base.h"
+#include "scheduler/comm_inproc.h"
+
+#define N_SEQS 4
+#define MAX_STEPS 512
+
+static const char *data_dir;
+
+// A sequence: golden prompt + its reference continuation, fed token by token
+// in chunks; logits are taken at every position.
+struct seqdef {
+    int32_t tok[1024];
+    int len;
+    int chunks[4];     // chunk sizes, cycled
+    int n_chunks;
+    int start_step;
+};
+
+struct plan {
+    struct seqdef seq[N_SEQS];
+    int n_seqs;
+    bool serial;       // one sequence at a time, each alone in its steps
+};
+
+struct result {
+    float *logits[N_SEQS]; // (len, vocab)
+};
+
+static struct model *moe, *dense;
+
+static struct model *load(const char *name)
+{
+    char dir[1024], err[512];
+    snprintf(dir, sizeof dir, "%s/%s", data_dir, name);
+    struct model *m;
+    if (model_load(dir, &m, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return NULL;
+    }
+    return m;
+}
+
+static void load_seq(const char *name, size_t ci, struct seqdef *s)
+{
+    char path[1100];
+    snprintf(path, sizeof path, "%s/%s/expected.json", data_dir, name);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    assert_non_null(root);
+    json_t *c = json_array_get(json_object_get(root, "cases"), ci);
+    json_t *p = json_object_get(c, "prompt_ids"), *t = json_object_get(c, "tokens");
+    s->len = 0;
+    for (size_t i = 0; i < json_array_size(p); i++)
+        s->tok[s->len++] = (int32_t)json_integer_value(json_array_get(p, i));
+    for (size_t i = 0; i < json_array_size(t); i++)
+        s->tok[s->len++] = (int32_t)json_integer_value(json_object_get(json_array_get(t, i), "id"));
+    json_decref(root);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    data_dir = getenv("MOESERVE_TEST_DATA");
+    if (!data_dir) return -1;
+    moe = load("qwen3moe-v2048");
+    dense = load("qwen3-dense-v2048");
+    return moe && dense ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    model_destroy(moe);
+    model_destroy(dense);
+    return 0;
+}
+
+// Cases 1, 3, 4, 2 of expected.json: prompts of 5, 33, 100 and 16 tokens.
+static void base_plan(const char *name, struct plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->n_seqs = N_SEQS;
+    const size_t cases[N_SEQS] = {1, 3, 4, 2};
+    for (int s = 0; s < N_SEQS; s++) load_seq(name, cases[s], &p->seq[s]);
+}
+
+static void set_chunks(struct seqdef *s, int a, int b, int c, int d, int n, int start)
+{
+    s->chunks[0] = a;
+    s->chunks[1] = b;
+    s->chunks[2] = c;
+    s->chunks[3] = d;
+    s->n_chunks = n;
+    s->start_step = start;
+}
+
+struct rank_run {
+    const struct model *m;
+    const struct plan *p;
+    struct result *res;
+    struct comm *comm;
+    int rank, n_ranks, threads;
+    enum dtype kv_dtype;
+    int fail_step;     // this rank submits a bad batch at this step (-1: never)
+    int stop_after;    // the last step this rank runs (-1: until the plan ends)
+    int rc;
+    int steps;
+    uint64_t expert_rows;  // rows this rank's experts processed, all layers
+};
+
+// Which sequences take how many tokens at each step: the same schedule on
+// every rank, each rank keeping the sequences s with s % n_ranks == rank.
+static int schedule(const struct plan *p, int step, const int *done, int *take)
+{
+    int active = 0;
+    for (int s = 0; s < p->n_seqs; s++) {
+        take[s] = 0;
+        const struct seqdef *q = &p->seq[s];
+        if (done[s] >= q->len || step < q->start_step) continue;
+        if (p->serial) {
+            bool earlier_busy = false;
+            for (int e = 0; e < s; e++) earlier_busy |= done[e] < p->seq[e].len;
+            if (earlier_busy) continue;
+        }
+        int k = 0;
+        for (int c = 0, at = 0; at < done[s]; c++) at += q->chunks[c % q->n_chunks], k = c + 1;
+        int n = q->chunks[k % q->n_chunks];
+        take[s] = n < q->len - done[s] ? n : q->len - done[s];
+        active++;
+    }
+    return active;
+}
+
+static void *rank_main(void *arg)
+{
+    struct rank_run *rr = arg;
+    const struct plan *p = rr->p;
+    char err[512];
+    struct kv_pool *kv;
+    struct rank *r;
+    rr->rc = kv_pool_create(&rr->m->cfg, rr->kv_dtype, 64 * N_SEQS, &kv, err, sizeof err);
+    if (rr->rc) return NULL;
+    struct rank_opts o = {.rank = rr->rank, .n_ranks = rr->n_ranks, .n_threads = rr->threads,
+                          .comm = rr->comm, .max_batch_tokens = 512, .max_batch_seqs = N_SEQS};
+    if ((rr->rc = rank_create(rr->m, kv, &o, &r, err, sizeof err))) {
+        fprintf(stderr, "%s\n", err);
+        kv_pool_destroy(kv);
+        return NULL;
+    }
+    const int V = rr->m->cfg.vocab_size;
+    int32_t blocks[N_SEQS][64];
+    for (int s = 0; s < N_SEQS; s++)
+        for (int b = 0; b < 64; b++) blocks[s][b] = (int32_t)(s * 64 + 63 - b);
+    int done[N_SEQS] = {0}, take[N_SEQS];
+    float *logits = malloc((size_t)512 * V * sizeof(float));
+    int32_t bad_token = (int32_t)V; // outside the vocabulary
+    for (int step = 0; step < MAX_STEPS; step++) {
+        if (!schedule(p, step, done, take)) break;
+        struct fwd_seq seqs[N_SEQS];
+        int ids[N_SEQS], n = 0;
+        for (int s = 0; s < p->n_seqs; s++) {
+            if (!take[s] || s % rr->n_ranks != rr->rank) continue;
+            seqs[n] = (struct fwd_seq){.tokens = p->seq[s].tok + done[s], .n_new = take[s],
+                                       .n_past = done[s], .blocks = blocks[s], .n_logits = take[s]};
+            ids[n++] = s;
+        }
+        if (step == rr->fail_step && n > 0) seqs[0].tokens = &bad_token, seqs[0].n_new = 1;
+        struct fwd_batch b = {.n_seqs = n, .seqs = seqs};
+        int rc = rank_forward(r, &b, logits, err, sizeof err);
+        if (step == rr->fail_step && n > 0) {
+            if (rc != MS_EINVAL) rr->rc = -100;
+            break; // the bad rank stops; the others must still have finished this step
+        }
+        if (rc) {
+            fprintf(stderr, "rank %d step %d: %s\n", rr->rank, step, err);
+            rr->rc = rc;
+            break;
+        }
+        size_t row = 0;
+        for (int i = 0; i < n; i++) {
+            int s = ids[i];
+            memcpy(rr->res->logits[s] + (size_t)done[s] * V, logits + row * V,
+                   (size_t)take[s] * V * sizeof(float));
+            row += (size_t)take[s];
+        }
+        for (int s = 0; s < p->n_seqs; s++) done[s] += take[s];
+        rr->steps = step + 1;
+        if (step == rr->stop_after) break;
+    }
+    free(logits);
+    struct rank_stats st;
+    rank_get_stats(r, &st);
+    int eb, ee;
+    rank_expert_range(r, &eb, &ee);
+    for (int e = 0; e < rr->m->cfg.n_experts; e++) {
+        if (e >= eb && e < ee) rr->expert_rows += st.expert_tokens[e];
+        else if (st.expert_tokens[e]) rr->rc = -101; // only local experts run here
+    }
+    rank_destroy(r);
+    kv_pool_destroy(kv);
+    return NULL;
+}
+
+static void result_alloc(const struct model *m, const struct plan *p, struct result *res)
+{
+    for (int s = 0; s < p->n_seqs; s++) {
+        res->logits[s] = calloc((size_t)p->seq[s].len * m->cfg.vocab_size, sizeof(float));
+        assert_non_null(res->logits[s]);
+    }
+}
+
+static void result_free(const struct plan *p, struct result *res)
+{
+    for (int s = 0; s < p->n_seqs; s++) free(res->logits[s]);
+}
+
+static uint64_t last_expert_rows; // summed over the ranks of the last run_plan
+
+static void run_plan(const struct model *m, const struct plan *p, int n_ranks, int threads,
+                     enum dtype kv_dtype, struct result *res)
+{
+    last_expert_rows = 0;
+    result_alloc(m, p, res);
+    struct comm *comms[4] = {0};
+    char err[256];
+    if (n_ranks > 1) assert_int_equal(comm_inproc_create(n_ranks, comms, err, sizeof err), 0);
+    struct rank_run rr[4];
+    pthread_t th[4];
+    for (int i = 0; i < n_ranks; i++) {
+        rr[i] = (struct rank_run){.m = m, .p = p, .res = res, .comm = comms[i], .rank = i,
+                                  .n_ranks = n_ranks, .threads = threads, .kv_dtype = kv_dtype,
+                                  .fail_step = -1, .stop_after = -1};
+        assert_int_equal(pthread_create(&th[i], NULL, rank_main, &rr[i]), 0);
+    }
+    for (int i = 0; i < n_ranks; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(rr[i].rc, 0);
+        last_expert_rows += rr[i].expert_rows;
+    }
+    for (int i = 0; i < n_ranks; i++)
+        if (comms[i]) comms[i]->ops->destroy(comms[i]);
+}
+
+static void assert_same_logits(const struct model *m, const struct plan *p, const struct result *a,
+                               const struct result *b, const char *what)
+{
+    const size_t V = (size_t)m->cfg.vocab_size;
+    for (int s = 0; s < p->n_seqs; s++)
+        for (int i = 0; i < p->seq[s].len; i++)
+            if (memcmp(a->logits[s] + i * V, b->logits[s] + i * V, V * sizeof(float))) {
+                size_t k = 0;
+                while (a->logits[s][i * V + k] == b->logits[s][i * V + k]) k++;
+                fail_msg("%s: sequence %d position %d differs first at logit %zu: %.9g vs %.9g", what,
+                         s, i, k, a->logits[s][i * V + k], b->logits[s][i * V + k]);
+            }
+}
+
+// Each sequence alone in one chunk: the reference every other plan meets.
+static void reference_plan(const char *name, struct plan *p)
+{
+    base_plan(name, p);
+    p->serial = true;
+    for (int s = 0; s < N_SEQS; s++) set_chunks(&p->seq[s], p->seq[s].len, 0, 0, 0, 1, 0);
+}
+
+static void chunk_plan(const char *name, struct plan *p)
+{
+    base_plan(name, p);
+    p->serial = true;
+    for (int s = 0; s < N_SEQS; s++) set_chunks(&p->seq[s], 1, 7, 16, 33, 4, 0);
+}
+
+// Sequences arriving at different steps, each a prefill chunk then decode
+// rows, so steps mix prefill chunks and single decode tokens.
+static void mixed_plan(const char *name, struct plan *p)
+{
+    base_plan(name, p);
+    set_chunks(&p->seq[0], 5, 1, 1, 1, 4, 0);
+    set_chunks(&p->seq[1], 16, 1, 1, 1, 4, 1);
+    set_chunks(&p->seq[2], 33, 40, 1, 1, 4, 2);
+    set_chunks(&p->seq[3], 7, 1, 1, 1, 4, 4);
+}
+
+static void check_plan_against_reference(const struct model *m, const char *name,
+                                         void (*make)(const char *, struct plan *), int n_ranks,
+                                         int threads, enum dtype kv, const char *what)
+{
+    struct plan ref, p;
+    struct result a, b;
+    reference_plan(name, &ref);
+    make(name, &p);
+    run_plan(m, &ref, 1, 1, kv, &a);
+    uint64_t ref_rows = last_expert_rows;
+    run_plan(m, &p, n_ranks, threads, kv, &b);
+    assert_same_logits(m, &ref, &a, &b, what);
+    // Every token met its top-k experts once per MoE layer, whichever rank ran them.
+    assert_int_equal(last_expert_rows, ref_rows);
+    result_free(&ref, &a);
+    result_free(&p, &b);
+}
+
+static void chunked_prefill_gives_the_same_logits(void **state)
+{
+    (void)state;
+    check_plan_against_reference(moe, "qwen3moe-v2048", chunk_plan, 1, 1, DTYPE_F32, "moe chunks 1/7/16/33");
+    check_plan_against_reference(dense, "qwen3-dense-v2048", chunk_plan, 1, 1, DTYPE_F32, "dense chunks");
+    check_plan_against_reference(moe, "qwen3moe-v2048", chunk_plan, 1, 1, DTYPE_BF16, "moe chunks, bf16 KV");
+}
+
+static void mixed_batches_give_the_same_logits_per_sequence(void **state)
+{
+    (void)state;
+    check_plan_against_reference(moe, "qwen3moe-v2048", mixed_plan, 1, 1, DTYPE_F32, "moe mixed batch");
+    check_plan_against_reference(dense, "qwen3-dense-v2048", mixed_plan, 1, 1, DTYPE_F32, "dense mixed batch");
+    check_plan_against_reference(moe, "qwen3moe-v2048", mixed_plan, 1, 1, DTYPE_BF16, "moe mixed, bf16 KV");
+}
+
+static void thread_count_does_not_change_logits(void **state)
+{
+    (void)state;
+    check_plan_against_reference(moe, "qwen3moe-v2048", mixed_plan, 1, 3, DTYPE_F32, "moe on 3 threads");
+}
+
+// Ranks own sequences s % R and experts [E r / R, E (r+1) / R); with 3 ranks
+// the third has nothing to do in the first steps and still joins them.
+static void expert_parallel_ranks_give_the_same_logits(void **state)
+{
+    (void)state;
+    check_plan_against_reference(moe, "qwen3moe-v2048", mixed_plan, 2, 1, DTYPE_F32, "2 ranks");
+    check_plan_against_reference(moe, "qwen3moe-v2048", mixed_plan, 3, 1, DTYPE_F32, "3 ranks");
+    check_plan_against_reference(moe, "qwen3moe-v2048", mixed_plan, 3, 2, DTYPE_BF16, "3 ranks, bf16 KV");
+    check_plan_against_reference(dense, "qwen3-dense-v2048", mixed_plan, 2, 1, DTYPE_F32, "dense 2 ranks");
+}
+
+// Rank 1 is handed a token outside the vocabulary at step 3: it reports the
+// error but runs the step empty, so rank 0 completes the step with its own
+// sequences' logits unchanged.
+static void a_bad_batch_on_one_rank_does_not_hang_the_others(void **state)
+{
+    (void)state;
+    struct plan ref, p;
+    reference_plan("qwen3moe-v2048", &ref);
+    mixed_plan("qwen3moe-v2048", &p);
+    p.n_seqs = 2; // sequence 0 on rank 0, sequence 1 on rank 1
+    ref.n_seqs = 2;
+    struct result a, b;
+    run_plan(moe, &ref, 1, 1, DTYPE_F32, &a);
+    result_alloc(moe, &p, &b);
+    struct comm *comms[2];
+    char err[256];
+    assert_int_equal(comm_inproc_create(2, comms, err, sizeof err), 0);
+    struct rank_run rr[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        rr[i] = (struct rank_run){.m = moe, .p = &p, .res = &b, .comm = comms[i], .rank = i,
+                                  .n_ranks = 2, .threads = 1, .kv_dtype = DTYPE_F32,
+                                  .fail_step = i == 1 ? 3 : -1, .stop_after = 3};
+    }
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, rank_main, &rr[i]), 0);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    assert_int_equal(rr[0].rc, 0);
+    assert_int_equal(rr[1].rc, 0);
+    assert_int_equal(rr[0].steps, 4);
+    const size_t V = (size_t)moe->cfg.vocab_size;
+    // Sequence 0's chunks 5, 1, 1, 1 cover positions 0..7 in steps 0..3.
+    assert_memory_equal(a.logits[0], b.logits[0], (size_t)8 * V * sizeof(float));
+    for (int i = 0; i < 2; i++) comms[i]->ops->destroy(comms[i]);
+    result_free(&ref, &a);
+    result_free(&p, &b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(chunked_prefill_gives_the_same_logits),
+        cmocka_unit_test(mixed_batches_give_the_same_logits_per_sequence),
+        cmocka_unit_test(thread_count_does_not_change_logits),
+        cmocka_unit_test(expert_parallel_ranks_give_the_same_logits),
+        cmocka_unit_test(a_bad_batch_on_one_rank_does_not_hang_the_others),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,354 @@
+// Pins the sampler parameter by parameter against vLLM's definitions:
+// greedy ties, temperature, top_k (ties kept), top_p (nucleus edge), min_p,
+// repetition / frequency / presence penalties, logit_bias, raw logprobs with
+// top alternatives, parameter validation, and seeded reproducibility.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "model/base.h"
+#include "scheduler/sampler.h"
+
+static struct engine_sampling greedy(void)
+{
+    return (struct engine_sampling){.temperature = 0, .top_p = 1, .top_k = 0, .min_p = 0,
+                                    .repetition_penalty = 1, .logprobs = -1, .prompt_logprobs = -1};
+}
+
+static struct engine_sampling random_sampling(void)
+{
+    struct engine_sampling p = greedy();
+    p.temperature = 1;
+    return p;
+}
+
+static int sample(const struct engine_sampling *p, const float *logits, int n, struct sampler_rng *rng,
+                  struct sampler_scratch *s)
+{
+    float buf[64];
+    memcpy(buf, logits, (size_t)n * sizeof *buf);
+    struct engine_token t;
+    assert_int_equal(sampler_sample(p, buf, n, NULL, 0, NULL, 0, rng, s, &t), 0);
+    return t.id;
+}
+
+// Frequencies of n draws.
+static void histogram(const struct engine_sampling *p, const float *logits, int n, int draws,
+                      uint64_t seed, double *freq)
+{
+    struct sampler_scratch *s = sampler_scratch_create(n);
+    struct sampler_rng rng;
+    sampler_rng_seed(&rng, seed);
+    for (int i = 0; i < n; i++) freq[i] = 0;
+    for (int d = 0; d < draws; d++) freq[sample(p, logits, n, &rng, s)] += 1.0 / draws;
+    sampler_scratch_destroy(s);
+}
+
+static void rng_is_seeded_and_uniform(void **state)
+{
+    (void)state;
+    struct sampler_rng a, b, c;
+    sampler_rng_seed(&a, 42);
+    sampler_rng_seed(&b, 42);
+    sampler_rng_seed(&c, 43);
+    int differ = 0;
+    double sum = 0;
+    for (int i = 0; i < 100000; i++) {
+        double x = sampler_rng_uniform(&a), y = sampler_rng_uniform(&b), z = sampler_rng_uniform(&c);
+        assert_true(x == y);
+        assert_true(x >= 0 && x < 1);
+        differ += x != z;
+        sum += x;
+    }
+    assert_true(differ > 99990);
+    assert_float_equal(sum / 100000, 0.5, 0.005);
+}
+
+static void greedy_takes_the_lowest_id_among_equal_maxima(void **state)
+{
+    (void)state;
+    struct sampler_scratch *s = sampler_scratch_create(6);
+    struct sampler_rng rng;
+    sampler_rng_seed(&rng, 1);
+    const float l[6] = {0.5f, 3.0f, -1.0f, 3.0f, NAN, 2.0f};
+    struct engine_sampling p = greedy();
+    assert_int_equal(sample(&p, l, 6, &rng, s), 1);
+    // top_k 1 is greedy too, whatever the temperature.
+    p = random_sampling();
+    p.top_k = 1;
+    p.temperature = 5;
+    for (int i = 0; i < 50; i++) assert_int_equal(sample(&p, l, 6, &rng, s), 1);
+    sampler_scratch_destroy(s);
+}
+
+static void temperature_scales_the_softmax(void **state)
+{
+    (void)state;
+    const float l[4] = {1.0f, 0.0f, -1.0f, 0.5f};
+    for (int ti = 0; ti < 2; ti++) {
+        float T = ti ? 2.0f : 0.5f;
+        struct engine_sampling p = random_sampling();
+        p.temperature = T;
+        double f[4], z = 0, want[4];
+        histogram(&p, l, 4, 40000, 7, f);
+        for (int i = 0; i < 4; i++) z += exp(l[i] / T);
+        for (int i = 0; i < 4; i++) {
+            want[i] = exp(l[i] / T) / z;
+            // Four sigma of a binomial proportion over 40000 draws.
+            assert_float_equal(f[i], want[i], 4 * sqrt(want[i] * (1 - want[i]) / 40000) + 1e-3);
+        }
+    }
+}
+
+static void top_k_keeps_the_k_best_and_their_ties(void **state)
+{
+    (void)state;
+    const float l[6] = {2.0f, 1.0f, 3.0f, 1.0f, 0.0f, 2.5f};
+    struct engine_sampling p = random_sampling();
+    p.top_k = 2;
+    double f[6];
+    histogram(&p, l, 6, 20000, 3, f);
+    assert_true(f[2] > 0 && f[5] > 0);
+    assert_true(f[0] == 0 && f[1] == 0 && f[3] == 0 && f[4] == 0);
+    assert_float_equal(f[2], exp(3.0) / (exp(3.0) + exp(2.5)), 0.02);
+    // k = 4 lands on the tied 1.0s: vLLM keeps every value >= the k-th.
+    p.top_k = 4;
+    histogram(&p, l, 6, 20000, 3, f);
+    assert_true(f[1] > 0 && f[3] > 0);
+    assert_true(f[4] == 0);
+}
+
+static void top_p_keeps_the_smallest_nucleus(void **state)
+{
+    (void)state;
+    // Probabilities 0.5, 0.3, 0.15, 0.05.
+    const float l[4] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)};
+    struct engine_sampling p = random_sampling();
+    double f[4];
+    p.top_p = 0.7f; // 0.5 alone is short of 0.7: the 0.3 joins
+    histogram(&p, l, 4, 20000, 11, f);
+    assert_true(f[0] > 0 && f[1] > 0 && f[2] == 0 && f[3] == 0);
+    assert_float_equal(f[0], 0.5 / 0.8, 0.02);
+    p.top_p = 0.85f;
+    histogram(&p, l, 4, 20000, 11, f);
+    assert_true(f[2] > 0 && f[3] == 0);
+    p.top_p = 0.1f; // the best token always stays
+    histogram(&p, l, 4, 2000, 11, f);
+    assert_float_equal(f[0], 1.0, 1e-9);
+}
+
+static void top_p_over_a_large_flat_vocabulary(void **state)
+{
+    (void)state;
+    // 5000 equal tokens: the nucleus of 0.5 is the first 2500 ids (ties by id).
+    enum { N = 5000 };
+    float *l = calloc(N, sizeof *l), *buf = malloc(N * sizeof *buf);
+    struct sampler_scratch *s = sampler_scratch_create(N);
+    struct sampler_rng rng;
+    sampler_rng_seed(&rng, 5);
+    struct engine_sampling p = random_sampling();
+    p.top_p = 0.5f;
+    int max_id = 0;
+    for (int d = 0; d < 3000; d++) {
+        memcpy(buf, l, N * sizeof *buf);
+        struct engine_token t;
+        assert_int_equal(sampler_sample(&p, buf, N, NULL, 0, NULL, 0, &rng, s, &t), 0);
+        max_id = t.id > max_id ? t.id : max_id;
+    }
+    assert_true(max_id >= 2400 && max_id < 2501);
+    free(l);
+    free(buf);
+    sampler_scratch_destroy(s);
+}
+
+static void min_p_drops_tokens_below_a_share_of_the_best(void **state)
+{
+    (void)state;
+    const float l[4] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)};
+    struct engine_sampling p = random_sampling();
+    p.min_p = 0.25f; // threshold 0.125: 0.05 goes
+    double f[4];
+    histogram(&p, l, 4, 20000, 13, f);
+    assert_true(f[2] > 0 && f[3] == 0);
+    p.min_p = 0.7f; // threshold 0.35: only 0.5 stays
+    histogram(&p, l, 4, 2000, 13, f);
+    assert_float_equal(f[0], 1.0, 1e-9);
+}
+
+static void penalties_follow_vllm(void **state)
+{
+    (void)state;
+    struct sampler_scratch *s = sampler_scratch_create(6);
+    struct sampler_rng rng;
+    sampler_rng_seed(&rng, 1);
+    float l[6] = {2.0f, -2.0f, 1.0f, 4.0f, 0.0f, 3.0f};
+    const int32_t prompt[2] = {0, 1}, output[4] = {3, 3, 5, 1};
+    struct engine_sampling p = greedy();
+    p.repetition_penalty = 2.0f;
+    p.frequency_penalty = 0.5f;
+    p.presence_penalty = 0.25f;
+    struct engine_token t;
+    assert_int_equal(sampler_sample(&p, l, 6, prompt, 2, output, 4, &rng, s, &t), 0);
+    // Repetition over prompt and output: positive / 2, negative * 2.
+    // Frequency (count) and presence over the output only.
+    assert_float_equal(l[0], 1.0f, 1e-6);
+    assert_float_equal(l[1], -4.0f - 0.5f - 0.25f, 1e-6);
+    assert_float_equal(l[2], 1.0f, 1e-6);
+    assert_float_equal(l[3], 2.0f - 1.0f - 0.25f, 1e-6);
+    assert_float_equal(l[4], 0.0f, 1e-6);
+    assert_float_equal(l[5], 1.5f - 0.5f - 0.25f, 1e-6);
+    assert_int_equal(t.id, 0); // ids 0 and 2 tie at 1.0: the lower id
+    // Scratch counters are left clean: the same call again penalises once.
+    float l2[6] = {2.0f, -2.0f, 1.0f, 4.0f, 0.0f, 3.0f};
+    assert_int_equal(sampler_sample(&p, l2, 6, prompt, 2, output, 4, &rng, s, &t), 0);
+    assert_memory_equal(l, l2, sizeof l);
+    sampler_scratch_destroy(s);
+}
+
+static void logit_bias_shifts_chosen_tokens(void **state)
+{
+    (void)state;
+    struct sampler_scratch *s = sampler_scratch_create(4);
+    struct sampler_rng rng;
+    sampler_rng_seed(&rng, 1);
+    const float l[4] = {5.0f, 1.0f, 0.0f, 4.0f};
+    const struct engine_logit_bias bias[2] = {{.id = 0, .bias = -100}, {.id = 2, .bias = 4.5f}};
+    struct engine_sampling p = greedy();
+    p.logit_bias = bias;
+    p.n_logit_bias = 2;
+    assert_int_equal(sample(&p, l, 4, &rng, s), 2);
+    p = random_sampling();
+    p.logit_bias = bias;
+    p.n_logit_bias = 1;
+    for (int i = 0; i < 500; i++) assert_int_not_equal(sample(&p, l, 4, &rng, s), 0);
+    const struct engine_logit_bias bad = {.id = 4, .bias = 1};
+    p.logit_bias = &bad;
+    float buf[4];
+    memcpy(buf, l, sizeof buf);
+    struct engine_token t;
+    assert_int_equal(sampler_sample(&p, buf, 4, NULL, 0, NULL, 0, &rng, s, &t), MS_EINVAL);
+    sampler_scratch_destroy(s);
+}
+
+static void logprobs_come_from_the_raw_distribution(void **state)
+{
+    (void)state;
+    struct sampler_scratch *s = sampler_scratch_create(5);
+    struct sampler_rng rng;
+    sampler_rng_seed(&rng, 9);
+    const float raw[5] = {1.0f, 3.0f, 3.0f, -2.0f, 0.5f};
+    double z = 0;
+    for (int i = 0; i < 5; i++) z += exp(raw[i]);
+    const struct engine_logit_bias bias = {.id = 3, .bias = 50};
+    struct engine_sampling p = random_sampling();
+    p.temperature = 0.3f;
+    p.logit_bias = &bias;
+    p.n_logit_bias = 1;
+    p.logprobs = 3;
+    float buf[5];
+    memcpy(buf, raw, sizeof buf);
+    struct engine_token t;
+    assert_int_equal(sampler_sample(&p, buf, 5, NULL, 0, NULL, 0, &rng, s, &t), 0);
+    assert_int_equal(t.id, 3); // the bias decides the draw ...
+    assert_float_equal(t.logprob, -2.0 - log(z), 1e-5); // ... not the reported logprob
+    assert_int_equal(t.n_top, 3);
+    assert_int_equal(t.top[0].id, 1); // ties: lower id first
+    assert_int_equal(t.top[1].id, 2);
+    assert_int_equal(t.top[2].id, 0);
+    assert_float_equal(t.top[0].logprob, 3.0 - log(z), 1e-5);
+    assert_float_equal(t.top[2].logprob, 1.0 - log(z), 1e-5);
+    // logprobs 0: the sampled token's logprob, no alternatives; -1: nothing.
+    p.logprobs = 0;
+    memcpy(buf, raw, sizeof buf);
+    assert_int_equal(sampler_sample(&p, buf, 5, NULL, 0, NULL, 0, &rng, s, &t), 0);
+    assert_int_equal(t.n_top, 0);
+    assert_float_equal(t.logprob, -2.0 - log(z), 1e-5);
+    p.logprobs = ENGINE_MAX_LOGPROBS + 1;
+    assert_int_equal(sampler_sample(&p, buf, 5, NULL, 0, NULL, 0, &rng, s, &t), MS_EINVAL);
+    // Prompt logprobs: any id, k alternatives.
+    sampler_logprobs(raw, 5, 4, 2, s, &t);
+    assert_int_equal(t.id, 4);
+    assert_float_equal(t.logprob, 0.5 - log(z), 1e-5);
+    assert_int_equal(t.n_top, 2);
+    assert_int_equal(t.top[0].id, 1);
+    sampler_scratch_destroy(s);
+}
+
+static void bad_parameters_are_refused(void **state)
+{
+    (void)state;
+    struct sampler_scratch *s = sampler_scratch_create(3);
+    struct sampler_rng rng;
+    sampler_rng_seed(&rng, 1);
+    float l[3] = {0, 1, 2};
+    struct engine_token t;
+    struct engine_sampling p = random_sampling();
+    p.temperature = -1;
+    assert_int_equal(sampler_sample(&p, l, 3, NULL, 0, NULL, 0, &rng, s, &t), MS_EINVAL);
+    p = random_sampling();
+    p.top_p = 0;
+    assert_int_equal(sampler_sample(&p, l, 3, NULL, 0, NULL, 0, &rng, s, &t), MS_EINVAL);
+    p = random_sampling();
+    p.min_p = 1.5f;
+    assert_int_equal(sampler_sample(&p, l, 3, NULL, 0, NULL, 0, &rng, s, &t), MS_EINVAL);
+    p = random_sampling();
+    p.repetition_penalty = 0;
+    assert_int_equal(sampler_sample(&p, l, 3, NULL, 0, NULL, 0, &rng, s, &t), MS_EINVAL);
+    p = random_sampling();
+    assert_int_equal(sampler_sample(&p, l, 4, NULL, 0, NULL, 0, &rng, s, &t), MS_EINVAL); // vocab > scratch
+    assert_null(sampler_scratch_create(0));
+    sampler_scratch_destroy(s);
+}
+
+// Same seed, same draws, whatever else the sampler did in between (each
+// sequence owns its generator); another seed draws differently.
+static void a_seed_reproduces_the_draws(void **state)
+{
+    (void)state;
+    enum { N = 50 };
+    float l[N];
+    for (int i = 0; i < N; i++) l[i] = (float)sin(i * 1.7) * 2;
+    struct sampler_scratch *s = sampler_scratch_create(N);
+    struct engine_sampling p = random_sampling();
+    p.top_p = 0.9f;
+    p.top_k = 30;
+    int a[200], b[200], c[200];
+    struct sampler_rng r1, r2, r3, other;
+    sampler_rng_seed(&r1, 1234);
+    sampler_rng_seed(&r2, 1234);
+    sampler_rng_seed(&r3, 99);
+    sampler_rng_seed(&other, 5);
+    for (int i = 0; i < 200; i++) {
+        a[i] = sample(&p, l, N, &r1, s);
+        (void)sample(&p, l, N, &other, s); // another sequence interleaved
+        c[i] = sample(&p, l, N, &r3, s);
+    }
+    for (int i = 0; i < 200; i++) b[i] = sample(&p, l, N, &r2, s);
+    assert_memory_equal(a, b, sizeof a);
+    assert_memory_not_equal(a, c, sizeof a);
+    sampler_scratch_destroy(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(rng_is_seeded_and_uniform),
+        cmocka_unit_test(greedy_takes_the_lowest_id_among_equal_maxima),
+        cmocka_unit_test(temperature_scales_the_softmax),
+        cmocka_unit_test(top_k_keeps_the_k_best_and_their_ties),
+        cmocka_unit_test(top_p_keeps_the_smallest_nucleus),
+        cmocka_unit_test(top_p_over_a_large_flat_vocabulary),
+        cmocka_unit_test(min_p_drops_tokens_below_a_share_of_the_best),
+        cmocka_unit_test(penalties_follow_vllm),
+        cmocka_unit_test(logit_bias_shifts_chosen_tokens),
+        cmocka_unit_test(logprobs_come_from_the_raw_distribution),
+        cmocka_unit_test(bad_parameters_are_refused),
+        cmocka_unit_test(a_seed_reproduces_the_draws),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
