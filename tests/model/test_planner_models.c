@@ -13,6 +13,7 @@
 
 #include "model/base.h"
 #include "model/config.h"
+#include "model/forward.h"
 #include "model/model.h"
 #include "model/planner.h"
 
@@ -101,12 +102,34 @@ static void planner_bytes_equal_loaded_checkpoints(void **state)
     check_against_loaded(tiny);
 }
 
+// The planner's KV bytes per token are the forward pass's block bytes over
+// its 16 tokens, for every config and KV dtype the engine allocates.
+static void kv_per_token_equals_the_forward_pass_block_over_16(void **state)
+{
+    (void)state;
+    const char *dirs[] = {"qwen3-30b-a3b", "qwen3-0.6b", "qwen3moe-v2048", "qwen3-dense-v2048"};
+    struct model_config *c = malloc(sizeof *c);
+    assert_non_null(c);
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        load_config(dirs[i], c);
+        assert_int_equal(plan_kv_bytes_per_token(c, PLAN_BF16) * KV_BLOCK_TOKENS,
+                         kv_block_bytes(c, DTYPE_BF16));
+        assert_int_equal(plan_kv_bytes_per_token(c, PLAN_F32) * KV_BLOCK_TOKENS,
+                         kv_block_bytes(c, DTYPE_F32));
+    }
+    assert_int_equal(kv_block_bytes(c, DTYPE_BF16) % KV_BLOCK_TOKENS, 0);
+    load_config("qwen3-30b-a3b", c);
+    assert_int_equal(kv_block_bytes(c, DTYPE_BF16) / KV_BLOCK_TOKENS, 96 * 1024);
+    free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(qwen3_30b_a3b_config_json_gives_the_issue_figures),
         cmocka_unit_test(qwen3_0_6b_config_json_is_dense_and_tied),
         cmocka_unit_test(planner_bytes_equal_loaded_checkpoints),
+        cmocka_unit_test(kv_per_token_equals_the_forward_pass_block_over_16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
