@@ -3,11 +3,8 @@
 #ifndef MOESERVE_SERVER_COMMANDS_H
 #define MOESERVE_SERVER_COMMANDS_H
 
-<<<<<<< HEAD
-int cmd_bench_offline(int argc, char **argv);
-=======
 int cmd_bench(int argc, char **argv);
->>>>>>> ops
+int cmd_bench_offline(int argc, char **argv);
 int cmd_chat_template(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_make_model(int argc, char **argv);

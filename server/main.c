@@ -13,11 +13,8 @@ struct command {
 
 // Keep sorted by name; `moeserve help` prints them in this order.
 static const struct command commands[] = {
-<<<<<<< HEAD
-    {"bench-offline", cmd_bench_offline, "offline throughput on random prompts (vllm bench throughput)"},
-=======
     {"bench", cmd_bench, "load-test an OpenAI-compatible server (like vllm bench serve)"},
->>>>>>> ops
+    {"bench-offline", cmd_bench_offline, "offline throughput on random prompts (vllm bench throughput)"},
     {"chat-template", cmd_chat_template, "render a model's chat template for JSON request lines"},
     {"generate", cmd_generate, "run a model on one prompt (token ids or text); --bench for speed"},
     {"make-model", cmd_make_model, "write a random-weight checkpoint (tiny for tests, demo)"},
