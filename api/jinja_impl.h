@@ -10,6 +10,7 @@
 
 #include "api/jinja.h"
 #include "model/arena.h"
+#include "model/utf8.h"
 
 // Nesting of statements plus expressions the parser accepts; it bounds the
 // evaluator's C recursion for any template.
@@ -361,8 +362,20 @@ int jv_to_json(struct jrender *r, struct jv v, const struct jjson_opts *o, struc
 int jv_iterate(struct jrender *r, struct jv v, struct jlist **out);
 
 // UTF-8 helpers.
-size_t ju_decode(const char *p, size_t n, uint32_t *cp); // bytes used (>=1)
-size_t ju_encode(uint32_t cp, char out[4]);
+// The shared codec (model/utf8.h) over the engine's char strings; invalid
+// bytes decode as U+FFFD, one byte at a time. n == 0 decodes nothing.
+static inline size_t ju_decode(const char *p, size_t n, uint32_t *cp)
+{
+    if (!n) {
+        *cp = 0;
+        return 0;
+    }
+    return utf8_decode((const uint8_t *)p, n, cp);
+}
+static inline size_t ju_encode(uint32_t cp, char out[4])
+{
+    return utf8_encode(cp, (uint8_t *)out);
+}
 bool ju_is_ascii(const char *p, size_t n);
 bool ju_is_space(uint32_t cp); // Python str.isspace
 size_t ju_count(const char *p, size_t n); // code points

@@ -101,59 +101,6 @@ int jsb_printf(struct jrender *r, struct jsbuf *b, const char *fmt, ...)
 }
 
 // ---- UTF-8 --------------------------------------------------------------------------
-size_t ju_decode(const char *s, size_t n, uint32_t *cp)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    if (!n) {
-        *cp = 0;
-        return 0;
-    }
-    if (p[0] < 0x80) {
-        *cp = p[0];
-        return 1;
-    }
-    size_t len = p[0] >= 0xf0 ? 4 : p[0] >= 0xe0 ? 3 : p[0] >= 0xc0 ? 2 : 1;
-    if (len == 1 || len > n) {
-        // Not valid UTF-8 (inputs are validated; be safe anyway).
-        *cp = 0xfffd;
-        return 1;
-    }
-    uint32_t v = p[0] & (0x7f >> len);
-    for (size_t i = 1; i < len; i++) {
-        if ((p[i] & 0xc0) != 0x80) {
-            *cp = 0xfffd;
-            return 1;
-        }
-        v = (v << 6) | (p[i] & 0x3f);
-    }
-    *cp = v;
-    return len;
-}
-
-size_t ju_encode(uint32_t cp, char out[4])
-{
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xc0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xe0 | (cp >> 12));
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        out[2] = (char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    out[0] = (char)(0xf0 | (cp >> 18));
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-    out[3] = (char)(0x80 | (cp & 0x3f));
-    return 4;
-}
-
 bool ju_is_ascii(const char *p, size_t n)
 {
     for (size_t i = 0; i < n; i++)

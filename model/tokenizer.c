@@ -197,7 +197,7 @@ int tok_encode(const struct tokenizer *t, const char *text, size_t len, int32_t 
     if (len && !text) return ms_err(err, errlen, MS_EINVAL, "no text given to encode");
     if (len > UINT32_MAX - 8)
         return ms_err(err, errlen, MS_EINVAL, "the text is %zu bytes; at most 4 GiB can be encoded", len);
-    size_t valid = tok_utf8_valid_prefix(s, len);
+    size_t valid = utf8_valid_prefix(s, len);
     if (valid != len)
         return ms_err(err, errlen, MS_EFORMAT, "the text is not valid UTF-8 (byte 0x%02x at offset %zu)",
                       s[valid], valid);

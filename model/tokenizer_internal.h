@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "model/tokenizer.h"
+#include "model/utf8.h"
 
 // A growable buffer of bytes or int32 ids; every push is checked.
 struct tok_buf {
@@ -26,11 +27,6 @@ int tok_buf_push(struct tok_buf *b, const void *src, size_t n);
 int tok_ids_push(struct tok_ids *v, int32_t id);
 
 // ---- Unicode helpers (tokenizer_text.c) ----
-// Length of the valid UTF-8 prefix of s (== n when all of s is valid).
-size_t tok_utf8_valid_prefix(const uint8_t *s, size_t n);
-// Decodes one code point from valid UTF-8; returns its length.
-int tok_utf8_decode(const uint8_t *s, size_t n, uint32_t *cp);
-int tok_utf8_encode(uint32_t cp, uint8_t out[4]);
 bool tok_is_white_space(uint32_t cp); // the Unicode White_Space property
 bool tok_is_word_char(uint32_t cp);   // \w as Rust's regex crate defines it
 

@@ -38,7 +38,7 @@ static int token_bytes(const char *s, size_t n, const int16_t cp_to_byte[324], u
     bool ok = true;
     while (i < n) {
         uint32_t cp;
-        i += (size_t)tok_utf8_decode((const uint8_t *)s + i, n - i, &cp);
+        i += (size_t)utf8_decode((const uint8_t *)s + i, n - i, &cp);
         if (cp >= 324 || cp_to_byte[cp] < 0) {
             ok = false;
             break;
@@ -586,7 +586,7 @@ static int load_model(struct tokenizer *t, json_t *model, json_t *added_tokens, 
     }
     for (int b = 0; b < 256; b++) {
         uint8_t u[4];
-        int l = tok_utf8_encode(byte_to_cp[b], u);
+        int l = (int)utf8_encode(byte_to_cp[b], u);
         int32_t id = tok_str_lookup(t, (const char *)u, (size_t)l);
         if (id < 0 || !in_vocab[id])
             FAIL(MS_EFORMAT, "tokenizer.json: model.vocab has no token for byte 0x%02x (\"%.*s\"); "

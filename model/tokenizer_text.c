@@ -72,88 +72,7 @@ int tok_pieces_push(struct tok_pieces *v, uint32_t off, uint32_t len, int32_t ad
     return 0;
 }
 
-// ---- UTF-8 ----
-
-size_t tok_utf8_valid_prefix(const uint8_t *s, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        uint8_t c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t need;
-        uint8_t lo = 0x80, hi = 0xbf;
-        if (c >= 0xc2 && c <= 0xdf) {
-            need = 1;
-        } else if (c >= 0xe0 && c <= 0xef) {
-            need = 2;
-            if (c == 0xe0) lo = 0xa0;      // no overlong forms
-            else if (c == 0xed) hi = 0x9f; // no surrogates
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            need = 3;
-            if (c == 0xf0) lo = 0x90;
-            else if (c == 0xf4) hi = 0x8f; // nothing above U+10FFFF
-        } else {
-            return i;
-        }
-        if (n - i <= need) return i;
-        if (s[i + 1] < lo || s[i + 1] > hi) return i;
-        for (size_t k = 2; k <= need; k++)
-            if ((s[i + k] & 0xc0) != 0x80) return i;
-        i += need + 1;
-    }
-    return n;
-}
-
-int tok_utf8_decode(const uint8_t *s, size_t n, uint32_t *cp)
-{
-    uint8_t c = s[0];
-    if (c < 0x80 || n < 2) {
-        *cp = c;
-        return 1;
-    }
-    if (c < 0xe0) {
-        *cp = ((uint32_t)(c & 0x1f) << 6) | (s[1] & 0x3f);
-        return 2;
-    }
-    if (c < 0xf0 && n >= 3) {
-        *cp = ((uint32_t)(c & 0x0f) << 12) | ((uint32_t)(s[1] & 0x3f) << 6) | (s[2] & 0x3f);
-        return 3;
-    }
-    if (n >= 4) {
-        *cp = ((uint32_t)(c & 0x07) << 18) | ((uint32_t)(s[1] & 0x3f) << 12) |
-              ((uint32_t)(s[2] & 0x3f) << 6) | (s[3] & 0x3f);
-        return 4;
-    }
-    *cp = c;
-    return 1;
-}
-
-int tok_utf8_encode(uint32_t cp, uint8_t out[4])
-{
-    if (cp < 0x80) {
-        out[0] = (uint8_t)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (uint8_t)(0xc0 | (cp >> 6));
-        out[1] = (uint8_t)(0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (uint8_t)(0xe0 | (cp >> 12));
-        out[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3f));
-        out[2] = (uint8_t)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    out[0] = (uint8_t)(0xf0 | (cp >> 18));
-    out[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3f));
-    out[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3f));
-    out[3] = (uint8_t)(0x80 | (cp & 0x3f));
-    return 4;
-}
+// ---- Unicode properties ----
 
 bool tok_is_white_space(uint32_t cp)
 {
@@ -244,7 +163,7 @@ static bool nfc_unchanged(const uint8_t *s, size_t n)
             continue;
         }
         uint32_t cp;
-        i += (size_t)tok_utf8_decode(s + i, n - i, &cp);
+        i += (size_t)utf8_decode(s + i, n - i, &cp);
         if (!nfc_inert(cp)) return false;
     }
     return true;
@@ -695,7 +614,7 @@ static bool word_char_before(const uint8_t *s, size_t pos)
     size_t i = pos - 1;
     while (i > 0 && (s[i] & 0xc0) == 0x80) i--;
     uint32_t cp;
-    tok_utf8_decode(s + i, pos - i, &cp);
+    utf8_decode(s + i, pos - i, &cp);
     return tok_is_word_char(cp);
 }
 
@@ -703,7 +622,7 @@ static bool word_char_at(const uint8_t *s, size_t n, size_t pos)
 {
     if (pos >= n) return false;
     uint32_t cp;
-    tok_utf8_decode(s + pos, n - pos, &cp);
+    utf8_decode(s + pos, n - pos, &cp);
     return tok_is_word_char(cp);
 }
 
@@ -749,7 +668,7 @@ int tok_added_split(const struct tok_trie *trie, const struct tok_added *added,
                 size_t i = ns - 1;
                 while (i > 0 && (s[i] & 0xc0) == 0x80) i--;
                 uint32_t cp;
-                tok_utf8_decode(s + i, ns - i, &cp);
+                utf8_decode(s + i, ns - i, &cp);
                 if (!tok_is_white_space(cp)) break;
                 ns = i;
             }
@@ -758,7 +677,7 @@ int tok_added_split(const struct tok_trie *trie, const struct tok_added *added,
         if (a->rstrip) {
             while (stop < n) {
                 uint32_t cp;
-                int l = tok_utf8_decode(s + stop, n - stop, &cp);
+                int l = (int)utf8_decode(s + stop, n - stop, &cp);
                 if (!tok_is_white_space(cp)) break;
                 stop += (size_t)l;
             }

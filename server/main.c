@@ -13,9 +13,13 @@ struct command {
 
 // Keep sorted by name; `moeserve help` prints them in this order.
 static const struct command commands[] = {
+    {"bench", cmd_bench, "load-test an OpenAI-compatible server (like vllm bench serve)"},
+    {"bench-offline", cmd_bench_offline, "offline throughput on random prompts (vllm bench throughput)"},
     {"chat-template", cmd_chat_template, "render a model's chat template for JSON request lines"},
     {"generate", cmd_generate, "run a model on one prompt (token ids or text); --bench for speed"},
     {"make-model", cmd_make_model, "write a random-weight checkpoint (tiny for tests, demo)"},
+    {"plan", cmd_plan, "size a deployment from config.json: parameters, memory, KV capacity"},
+    {"serve", cmd_serve, "serve the OpenAI-compatible HTTP API (chat, completions, streaming)"},
     {"tokenize", cmd_tokenize, "encode or decode JSON lines with a model's tokenizer"},
     {"version", cmd_version, "print the version and the backends this build has"},
 };

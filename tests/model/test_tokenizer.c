@@ -76,7 +76,7 @@ static int group_teardown(void **state)
 
 static bool complete_utf8(const char *s, size_t n)
 {
-    return tok_utf8_valid_prefix((const uint8_t *)s, n) == n;
+    return utf8_valid_prefix((const uint8_t *)s, n) == n;
 }
 
 // Feeds ids one at a time and checks every promise of tok_stream: each
@@ -388,7 +388,7 @@ static void nfc_fast_path_skips_only_characters_nfc_never_touches(void **state)
         for (size_t k = 0; k < sizeof maybe_ccc0 / sizeof maybe_ccc0[0]; k++)
             assert_false(cp >= maybe_ccc0[k][0] && cp <= maybe_ccc0[k][1]);
         uint8_t u[4];
-        int l = tok_utf8_encode(cp, u);
+        int l = (int)utf8_encode(cp, u);
         utf8proc_uint8_t *nfc = NULL;
         utf8proc_ssize_t r = utf8proc_map(u, l, &nfc, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
         assert_int_equal(r, l);
@@ -484,7 +484,7 @@ static json_t *tiny_tokenizer(void)
     json_t *vocab = json_object();
     for (int b = 0; b < 256; b++) {
         uint8_t u[5] = {0};
-        tok_utf8_encode(byte_cp[b], u);
+        utf8_encode(byte_cp[b], u);
         json_object_set_new(vocab, (char *)u, json_integer(b));
     }
     const char *merged[][3] = {{"h", "e", "he"}, {"l", "l", "ll"}, {"he", "ll", "hell"},

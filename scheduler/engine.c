@@ -1,0 +1,1013 @@
+// engine: the continuous-batching engine thread — admission, step planning
+// (decodes first, then chunked prefills under the token budget), preemption,
+// the lockstep step over all DP ranks, sampling, stops and output deltas.
+#include "scheduler/engine.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "model/base.h"
+#include "model/cpu/threadpool.h"
+#include "model/forward.h"
+#include "scheduler/comm_inproc.h"
+#include "scheduler/kv_blocks.h"
+#include "scheduler/sampler.h"
+#include "scheduler/scheduler.h"
+#include "scheduler/stop.h"
+
+// Logits rows beyond one per sequence, for prompt-logprob chunks.
+#define EXTRA_LOGIT_ROWS 64
+
+struct seq {
+    struct sched_seq q;                // first: the planner's view (tokens, blocks, plan)
+    uint64_t id;
+    struct engine_sink sink;
+    struct engine_sampling sampling;   // logit_bias points at bias
+    struct engine_logit_bias *bias;    // (n_logit_bias)
+    int cap;                           // q.tokens holds cap = prompt + max_tokens
+    struct stop_state stop;
+    bool skip_special;
+    struct tok_stream ts;
+    struct sampler_rng rng;
+    struct engine_token *prompt_lp;    // (n_prompt - 1) when prompt_logprobs >= 0
+    bool prompt_lp_sent;
+    struct seq *inbox_next;
+    struct engine_token sampled;       // written by the rank thread
+    int sample_rc;
+};
+
+static struct seq *seq_of(struct sched_seq *q) { return (struct seq *)q; }
+
+struct rank_slot {
+    int index;
+    struct engine *e;
+    struct kv_pool *kv;
+    struct rank *rank;
+    struct kv_blocks *blocks;
+    // Sampling runs on the rank's thread share too, one sequence per job:
+    // over a 150k vocabulary it costs as much as a small model's forward pass.
+    struct threadpool *spool;
+    struct sampler_scratch **scratch;  // (n_sample_threads) one per sampling thread
+    int n_sample_threads;
+    int next_job;                      // atomic: the next sequence to sample
+    float *logits;                     // (max_rows, vocab)
+    struct fwd_seq *fseqs;             // (max_num_seqs)
+    struct sched_rank *plan;           // this rank's batch in the scheduler
+    int rc;                            // of the last step
+    char err[256];
+    pthread_t thread;
+    bool thread_started;
+};
+
+struct inbox_cancel {
+    uint64_t id;
+    struct inbox_cancel *next;
+};
+
+struct engine {
+    const struct model *m;
+    const struct tokenizer *tok;
+    struct engine_opts o;
+    int vocab;
+    int max_model_len;
+    int n_ranks;
+    struct rank_slot *ranks;           // (n_ranks)
+    struct comm **comms;               // (n_ranks) or NULL
+    int blocks_per_rank;
+
+    // Shared with other threads, under mu.
+    pthread_mutex_t mu;
+    pthread_cond_t wake;               // the engine thread waits here when idle
+    pthread_cond_t idle;               // engine_drain waits here
+    struct seq *inbox_head, *inbox_tail;
+    struct inbox_cancel *cancels;
+    int n_inbox;
+    uint64_t next_id;
+    int in_flight;                     // submitted and not yet finished
+    int n_waiting_shared;              // the waiting queue as the engine thread last saw it
+    bool draining;
+    double drain_deadline;
+    bool quit;
+    struct engine_stats stats;
+    uint64_t rng_state;
+
+    // Rank worker threads (ranks 1..n-1; the engine thread runs rank 0).
+    pthread_mutex_t step_mu;
+    pthread_cond_t step_go, step_done;
+    uint64_t step_gen;
+    int step_pending;
+    bool step_quit;
+
+    // Engine thread only.
+    pthread_t thread;
+    bool thread_started;
+    struct sched sched;                // the waiting queue, the running list, the plan
+    bool sched_ready;
+    char *text;                        // a delta's text
+    size_t text_cap, text_len;
+    char *tsbuf;                       // one token's decoded text
+    size_t tsbuf_cap;
+    bool check_blocks;                 // MOESERVE_CHECK_BLOCKS=1: verify accounting each step
+    uint64_t generation_tokens, steps;
+    uint64_t request_success[FINISH_COUNT_];
+};
+
+// ---- sequences --------------------------------------------------------------
+
+static void seq_free(struct seq *s)
+{
+    if (!s) return;
+    free(s->bias);
+    free(s->q.tokens);
+    free(s->prompt_lp);
+    stop_free(&s->stop);
+    sched_seq_free(&s->q);
+    free(s);
+}
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int check_sampling(const struct engine *e, const struct engine_sampling *p, char *err,
+                          size_t errlen)
+{
+    if (!isfinite(p->temperature) || p->temperature < 0)
+        return ms_err(err, errlen, MS_EINVAL, "temperature must be 0 or more, not %g",
+                      (double)p->temperature);
+    if (!isfinite(p->top_p) || p->top_p <= 0 || p->top_p > 1)
+        return ms_err(err, errlen, MS_EINVAL, "top_p must be in (0, 1], not %g", (double)p->top_p);
+    if (!isfinite(p->min_p) || p->min_p < 0 || p->min_p > 1)
+        return ms_err(err, errlen, MS_EINVAL, "min_p must be in [0, 1], not %g", (double)p->min_p);
+    if (!isfinite(p->presence_penalty) || fabsf(p->presence_penalty) > 2)
+        return ms_err(err, errlen, MS_EINVAL, "presence_penalty must be in [-2, 2], not %g",
+                      (double)p->presence_penalty);
+    if (!isfinite(p->frequency_penalty) || fabsf(p->frequency_penalty) > 2)
+        return ms_err(err, errlen, MS_EINVAL, "frequency_penalty must be in [-2, 2], not %g",
+                      (double)p->frequency_penalty);
+    if (!isfinite(p->repetition_penalty) || p->repetition_penalty <= 0)
+        return ms_err(err, errlen, MS_EINVAL, "repetition_penalty must be above 0, not %g",
+                      (double)p->repetition_penalty);
+    if (p->logprobs < -1 || p->logprobs > ENGINE_MAX_LOGPROBS)
+        return ms_err(err, errlen, MS_EINVAL, "logprobs must be from 0 to %d, not %d",
+                      ENGINE_MAX_LOGPROBS, p->logprobs);
+    if (p->prompt_logprobs < -1 || p->prompt_logprobs > ENGINE_MAX_LOGPROBS)
+        return ms_err(err, errlen, MS_EINVAL, "prompt_logprobs must be from 0 to %d, not %d",
+                      ENGINE_MAX_LOGPROBS, p->prompt_logprobs);
+    if (p->n_logit_bias < 0 || (p->n_logit_bias > 0 && !p->logit_bias) ||
+        p->n_logit_bias > e->vocab)
+        return ms_err(err, errlen, MS_EINVAL, "logit_bias has %d entries; at most %d (the vocabulary)",
+                      p->n_logit_bias, e->vocab);
+    for (int i = 0; i < p->n_logit_bias; i++) {
+        if (p->logit_bias[i].id < 0 || p->logit_bias[i].id >= e->vocab)
+            return ms_err(err, errlen, MS_EINVAL,
+                          "logit_bias names token id %d; ids run from 0 to %d",
+                          (int)p->logit_bias[i].id, e->vocab - 1);
+        if (!isfinite(p->logit_bias[i].bias) || fabsf(p->logit_bias[i].bias) > 100)
+            return ms_err(err, errlen, MS_EINVAL,
+                          "logit_bias for token %d is %g; it must be in [-100, 100]",
+                          (int)p->logit_bias[i].id, (double)p->logit_bias[i].bias);
+    }
+    return 0;
+}
+
+// Validates and copies a request into a new sequence (on the caller's thread).
+static int seq_create(struct engine *e, const struct engine_request *r,
+                      const struct engine_sink *sink, struct seq **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!sink || !sink->on_delta)
+        return ms_err(err, errlen, MS_EINVAL, "a request needs a sink for its output");
+    if (!r->prompt || r->n_prompt < 1)
+        return ms_err(err, errlen, MS_EINVAL, "the prompt is empty; it needs at least one token");
+    for (int i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= e->vocab)
+            return ms_err(err, errlen, MS_EINVAL,
+                          "prompt token %d is id %d; ids run from 0 to %d", i, (int)r->prompt[i],
+                          e->vocab - 1);
+    if (r->stop.max_tokens < 1)
+        return ms_err(err, errlen, MS_EINVAL, "max_tokens must be at least 1, not %d",
+                      r->stop.max_tokens);
+    int64_t total = (int64_t)r->n_prompt + r->stop.max_tokens;
+    if (total > e->max_model_len)
+        return ms_err(err, errlen, MS_ETOOLONG,
+                      "This model's maximum context length is %d tokens. However, you requested "
+                      "%lld tokens (%d in the prompt, %d for the completion). Please reduce the "
+                      "prompt or max_tokens.",
+                      e->max_model_len, (long long)total, r->n_prompt, r->stop.max_tokens);
+    int64_t need_blocks = (total + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+    if (need_blocks > e->blocks_per_rank)
+        return ms_err(err, errlen, MS_ENOFIT,
+                      "the request needs KV cache for %lld tokens (%d prompt + %d max_tokens) but "
+                      "one rank's KV pool holds %lld tokens (%d blocks of %d; %d ranks hold %lld "
+                      "together, and a sequence must fit on one rank): lower max_tokens or raise "
+                      "--kv-cache-memory",
+                      (long long)total, r->n_prompt, r->stop.max_tokens,
+                      (long long)e->blocks_per_rank * KV_BLOCK_TOKENS, e->blocks_per_rank,
+                      KV_BLOCK_TOKENS, e->n_ranks,
+                      (long long)e->blocks_per_rank * KV_BLOCK_TOKENS * e->n_ranks);
+    int rc = check_sampling(e, &r->sampling, err, errlen);
+    if (rc) return rc;
+    if (r->stop.n_stop_strs > 0 && !e->tok)
+        return ms_err(err, errlen, MS_EINVAL,
+                      "stop strings need a tokenizer, and this engine runs without one");
+    for (int i = 0; i < r->stop.n_stop_ids; i++)
+        if (r->stop.stop_ids && (r->stop.stop_ids[i] < 0 || r->stop.stop_ids[i] >= e->vocab))
+            return ms_err(err, errlen, MS_EINVAL,
+                          "stop_token_ids names id %d; ids run from 0 to %d",
+                          (int)r->stop.stop_ids[i], e->vocab - 1);
+
+    struct seq *s = calloc(1, sizeof *s);
+    if (!s) return ms_err(err, errlen, MS_ENOMEM, "out of memory for a request");
+    rc = stop_init(&s->stop, &r->stop, e->m->cfg.eos_ids, e->m->cfg.n_eos, err, errlen);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    s->cap = (int)total;
+    int32_t *tokens = malloc((size_t)s->cap * sizeof *tokens);
+    if (!tokens) goto oom;
+    memcpy(tokens, r->prompt, (size_t)r->n_prompt * sizeof *tokens);
+    if (sched_seq_init(&s->q, tokens, r->n_prompt, s->cap)) {
+        free(tokens);
+        s->q.tokens = NULL;
+        goto oom;
+    }
+    s->sampling = r->sampling;
+    if (r->sampling.n_logit_bias > 0) {
+        s->bias = malloc((size_t)r->sampling.n_logit_bias * sizeof *s->bias);
+        if (!s->bias) goto oom;
+        memcpy(s->bias, r->sampling.logit_bias, (size_t)r->sampling.n_logit_bias * sizeof *s->bias);
+    }
+    s->sampling.logit_bias = s->bias;
+    if (r->sampling.prompt_logprobs >= 0 && r->n_prompt > 1) {
+        s->prompt_lp = calloc((size_t)r->n_prompt - 1, sizeof *s->prompt_lp);
+        if (!s->prompt_lp) goto oom;
+        s->q.wants_prompt_lp = true;
+    }
+    s->skip_special = r->stop.skip_special_tokens;
+    if (e->tok) tok_stream_init(&s->ts, e->tok, s->skip_special);
+    s->sink = *sink;
+    *out = s;
+    return 0;
+oom:
+    seq_free(s);
+    return ms_err(err, errlen, MS_ENOMEM, "out of memory for a request of %lld tokens",
+                  (long long)total);
+}
+
+// ---- output -----------------------------------------------------------------
+
+static int text_append(struct engine *e, const char *p, size_t n)
+{
+    if (n > e->text_cap - e->text_len) {
+        size_t cap = e->text_len + n + 1024;
+        char *nb = realloc(e->text, cap);
+        if (!nb) return MS_ENOMEM;
+        e->text = nb;
+        e->text_cap = cap;
+    }
+    memcpy(e->text + e->text_len, p, n);
+    e->text_len += n;
+    return 0;
+}
+
+static void seq_emit(struct engine *e, struct seq *s, const struct engine_token *tok, int n_tok,
+                     enum engine_finish fin, const char *stop_str, int32_t stop_id,
+                     const char *error)
+{
+    struct engine_delta d;
+    memset(&d, 0, sizeof d);
+    d.request_id = s->id;
+    if (n_tok > 0 && s->prompt_lp && !s->prompt_lp_sent) {
+        d.prompt_tokens_lp = s->prompt_lp;
+        d.n_prompt_tokens_lp = s->q.n_prompt - 1;
+        s->prompt_lp_sent = true;
+        s->q.wants_prompt_lp = false; // a recompute after preemption needs no rows for them
+    }
+    d.tokens = tok;
+    d.n_tokens = n_tok;
+    d.text = e->text_len ? e->text : "";
+    d.text_len = e->text_len;
+    d.finish = fin;
+    d.stop_str = stop_str;
+    d.stop_id = stop_id;
+    d.prompt_tokens = s->q.n_prompt;
+    d.completion_tokens = s->q.n_tokens - s->q.n_prompt;
+    d.cached_tokens = s->q.n_cached;
+    d.error = error;
+    s->sink.on_delta(s->sink.ctx, &d);
+}
+
+// Sends the final delta and frees the sequence, wherever it is.
+static void seq_finish(struct engine *e, struct seq *s, const struct engine_token *tok, int n_tok,
+                       enum engine_finish fin, const char *stop_str, int32_t stop_id,
+                       const char *error)
+{
+    sched_remove(&e->sched, &s->q);
+    seq_emit(e, s, tok, n_tok, fin, stop_str, stop_id, error);
+    e->request_success[fin]++;
+    seq_free(s);
+    pthread_mutex_lock(&e->mu);
+    if (--e->in_flight == 0) pthread_cond_broadcast(&e->idle);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void seq_abort(struct engine *e, struct seq *s, const char *error)
+{
+    e->text_len = 0;
+    seq_finish(e, s, NULL, 0, FINISH_ABORT, NULL, -1, error);
+}
+
+static void abort_all(struct engine *e, const char *error)
+{
+    while (e->sched.running.head) seq_abort(e, seq_of(e->sched.running.head), error);
+    while (e->sched.waiting.head) seq_abort(e, seq_of(e->sched.waiting.head), error);
+}
+
+// Decodes a just-sampled token, applies the stop rules and emits its delta.
+static void seq_accept_token(struct engine *e, struct seq *s)
+{
+    int32_t id = s->sampled.id;
+    s->q.tokens[s->q.n_tokens++] = id;
+    int n_out = s->q.n_tokens - s->q.n_prompt;
+    e->generation_tokens++;
+    int32_t stop_id;
+    enum engine_finish fin = stop_check_token(&s->stop, id, n_out, s->q.n_tokens,
+                                              e->max_model_len, &stop_id);
+    e->text_len = 0;
+    const char *stop_str = NULL;
+    int matched = -1;
+    if (e->tok) {
+        const char *out;
+        size_t n_out_text, n_dec = 0;
+        int rc = 0;
+        // Ids past the tokenizer's vocabulary (the model's may be padded)
+        // have no text.
+        if (stop_id < 0 && id < tok_vocab_size(e->tok)) {
+            rc = tok_stream_feed(&s->ts, id, e->tsbuf, e->tsbuf_cap, &n_dec);
+            if (!rc) rc = stop_feed_text(&s->stop, e->tsbuf, n_dec, &matched, &out, &n_out_text);
+            if (!rc) rc = text_append(e, out, n_out_text);
+        }
+        if (!rc && matched < 0 && fin != FINISH_NONE) {
+            // The end: an incomplete character becomes U+FFFD (as a full
+            // decode would), then whatever the stop strings held back.
+            rc = tok_stream_finish(&s->ts, e->tsbuf, e->tsbuf_cap, &n_dec);
+            if (!rc) rc = stop_feed_text(&s->stop, e->tsbuf, n_dec, &matched, &out, &n_out_text);
+            if (!rc) rc = text_append(e, out, n_out_text);
+            if (!rc && matched < 0) {
+                stop_flush(&s->stop, &out, &n_out_text);
+                rc = text_append(e, out, n_out_text);
+            }
+        }
+        if (rc) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "detokenizing token %d failed (%s)", (int)id,
+                     ms_status_name(rc));
+            seq_finish(e, s, &s->sampled, 1, FINISH_ABORT, NULL, -1, msg);
+            return;
+        }
+        if (matched >= 0) {
+            fin = FINISH_STOP;
+            stop_id = -1;
+            stop_str = s->stop.strs[matched];
+        }
+    }
+    if (fin == FINISH_NONE) {
+        seq_emit(e, s, &s->sampled, 1, FINISH_NONE, NULL, -1, NULL);
+        return;
+    }
+    // stop_str points into the sequence, which outlives the delta.
+    seq_finish(e, s, &s->sampled, 1, fin, stop_str, stop_id, NULL);
+}
+
+// ---- the step -------------------------------------------------------------------
+
+// Prompt logprobs and the next token of one sequence, from its logits rows.
+static void sample_seq(struct rank_slot *r, struct sched_seq *q, struct sampler_scratch *scratch)
+{
+    struct engine *e = r->e;
+    struct seq *s = seq_of(q);
+    if (q->sched_rows == 0) return;
+    size_t V = (size_t)e->vocab;
+    float *rows = r->logits + (size_t)q->row * V;
+    if (q->wants_prompt_lp) {
+        int first_pos = q->n_computed + q->sched_new - q->sched_rows;
+        for (int j = 0; j < q->sched_rows; j++) {
+            int pos = first_pos + j; // row j predicts token pos + 1
+            if (pos + 1 < q->n_prompt)
+                sampler_logprobs(rows + (size_t)j * V, e->vocab, q->tokens[pos + 1],
+                                 s->sampling.prompt_logprobs, scratch, &s->prompt_lp[pos]);
+        }
+    }
+    if (q->sched_sample) {
+        float *last = rows + (size_t)(q->sched_rows - 1) * V;
+        s->sample_rc = sampler_sample(&s->sampling, last, e->vocab, q->tokens, q->n_prompt,
+                                      q->tokens + q->n_prompt, q->n_tokens - q->n_prompt, &s->rng,
+                                      scratch, &s->sampled);
+    }
+}
+
+// Sequences are handed out one at a time: their costs differ (prompt rows).
+static void sample_worker(void *ctx, int tid, int n_threads)
+{
+    (void)n_threads;
+    struct rank_slot *r = ctx;
+    struct sched_rank *p = r->plan;
+    for (;;) {
+        int i = __atomic_fetch_add(&r->next_job, 1, __ATOMIC_RELAXED);
+        if (i >= p->n_batch) break;
+        sample_seq(r, p->batch[i], r->scratch[tid]);
+    }
+}
+
+// Runs a rank's forward pass over its planned batch and samples its
+// sequences (on the rank's own thread).
+static void rank_run_step(struct rank_slot *r)
+{
+    struct sched_rank *p = r->plan;
+    for (int i = 0; i < p->n_batch; i++) {
+        struct sched_seq *q = p->batch[i];
+        struct fwd_seq *f = &r->fseqs[i];
+        f->tokens = q->tokens + q->n_computed;
+        f->n_new = q->sched_new;
+        f->n_past = q->n_computed;
+        f->blocks = q->table.ids;
+        f->n_logits = q->sched_rows;
+    }
+    struct fwd_batch b = {.n_seqs = p->n_batch, .seqs = r->fseqs};
+    r->err[0] = 0;
+    r->rc = rank_forward(r->rank, &b, r->logits, r->err, sizeof r->err);
+    if (r->rc) return;
+    int with_rows = 0;
+    for (int i = 0; i < p->n_batch; i++) with_rows += p->batch[i]->sched_rows > 0;
+    if (with_rows > 1 && r->n_sample_threads > 1) {
+        __atomic_store_n(&r->next_job, 0, __ATOMIC_RELAXED);
+        threadpool_run(r->spool, sample_worker, r);
+    } else {
+        for (int i = 0; i < p->n_batch; i++) sample_seq(r, p->batch[i], r->scratch[0]);
+    }
+}
+
+static void *rank_worker(void *arg)
+{
+    struct rank_slot *r = arg;
+    struct engine *e = r->e;
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&e->step_mu);
+        while (e->step_gen == seen && !e->step_quit) pthread_cond_wait(&e->step_go, &e->step_mu);
+        if (e->step_quit) {
+            pthread_mutex_unlock(&e->step_mu);
+            return NULL;
+        }
+        seen = e->step_gen;
+        pthread_mutex_unlock(&e->step_mu);
+        rank_run_step(r);
+        pthread_mutex_lock(&e->step_mu);
+        if (--e->step_pending == 0) pthread_cond_signal(&e->step_done);
+        pthread_mutex_unlock(&e->step_mu);
+    }
+}
+
+// Every rank runs the step, in lockstep, even with an empty batch: under
+// expert parallelism each joins every MoE exchange.
+static void run_ranks(struct engine *e)
+{
+    if (e->n_ranks > 1) {
+        pthread_mutex_lock(&e->step_mu);
+        e->step_pending = e->n_ranks - 1;
+        e->step_gen++;
+        pthread_cond_broadcast(&e->step_go);
+        pthread_mutex_unlock(&e->step_mu);
+    }
+    rank_run_step(&e->ranks[0]);
+    if (e->n_ranks > 1) {
+        pthread_mutex_lock(&e->step_mu);
+        while (e->step_pending > 0) pthread_cond_wait(&e->step_done, &e->step_mu);
+        pthread_mutex_unlock(&e->step_mu);
+    }
+}
+
+static void check_block_accounting(struct engine *e)
+{
+    const struct kvb_table **tabs = malloc(((size_t)e->sched.running.n + 1) * sizeof *tabs);
+    if (!tabs) return;
+    char err[256] = "";
+    int rc = 0, ri = 0;
+    for (struct sched_seq *q = e->sched.waiting.head; q && !rc; q = q->next)
+        if (q->table.n || q->rank >= 0)
+            rc = ms_err(err, sizeof err, MS_EINTERNAL, "a waiting sequence holds KV blocks");
+    for (; ri < e->n_ranks && !rc; ri++) {
+        int n = 0;
+        for (struct sched_seq *q = e->sched.running.head; q; q = q->next)
+            if (q->rank == ri) tabs[n++] = &q->table;
+        rc = kvb_check(e->ranks[ri].blocks, tabs, n, err, sizeof err);
+    }
+    free(tabs);
+    if (rc) {
+        char msg[320];
+        snprintf(msg, sizeof msg, "KV block accounting (rank %d): %s", ri - 1, err);
+        ms_log(MS_LOG_ERROR, "%s", msg);
+        abort_all(e, msg);
+    }
+}
+
+static void step(struct engine *e)
+{
+    if (sched_plan(&e->sched) == 0) return;
+    run_ranks(e);
+    for (int ri = 0; ri < e->n_ranks; ri++) {
+        struct sched_rank *p = e->ranks[ri].plan;
+        if (e->ranks[ri].rc) {
+            // A failed forward pass leaves its sequences' KV undefined.
+            char msg[400];
+            snprintf(msg, sizeof msg, "the forward pass failed on rank %d: %s", ri,
+                     e->ranks[ri].err);
+            ms_log(MS_LOG_ERROR, "%s", msg);
+            for (int i = 0; i < p->n_batch; i++) seq_abort(e, seq_of(p->batch[i]), msg);
+            p->n_batch = 0;
+        }
+    }
+    for (int ri = 0; ri < e->n_ranks; ri++) {
+        struct sched_rank *p = e->ranks[ri].plan;
+        for (int i = 0; i < p->n_batch; i++) {
+            struct sched_seq *q = p->batch[i];
+            struct seq *s = seq_of(q);
+            bool sample = q->sched_sample;
+            sched_commit(&e->sched, q);
+            if (!sample) continue;
+            if (s->sample_rc) {
+                char msg[160];
+                snprintf(msg, sizeof msg, "sampling failed (%s)", ms_status_name(s->sample_rc));
+                seq_abort(e, s, msg);
+                continue;
+            }
+            seq_accept_token(e, s);
+        }
+        p->n_batch = 0;
+    }
+    e->steps++;
+    if (e->check_blocks) check_block_accounting(e);
+}
+
+// ---- the engine thread ----------------------------------------------------------
+
+static void publish_stats(struct engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    struct engine_stats *st = &e->stats;
+    st->num_running = e->sched.running.n;
+    e->n_waiting_shared = e->sched.waiting.n;
+    st->num_waiting = e->sched.waiting.n + e->n_inbox;
+    st->n_ranks = e->n_ranks;
+    for (int i = 0; i < e->n_ranks && i < ENGINE_MAX_RANKS; i++) {
+        st->rank[i].kv_blocks_total = kvb_total(e->ranks[i].blocks);
+        st->rank[i].kv_blocks_used = kvb_num_used(e->ranks[i].blocks);
+        st->rank[i].kv_blocks_cached = kvb_num_cached(e->ranks[i].blocks);
+        st->rank[i].num_running = e->sched.ranks[i].n_running;
+    }
+    st->prefix_cache_queries = e->sched.prefix_queries;
+    st->prefix_cache_hits = e->sched.prefix_hits;
+    st->num_preemptions = e->sched.n_preemptions;
+    st->prompt_tokens_total = e->sched.prompt_tokens;
+    st->generation_tokens_total = e->generation_tokens;
+    memcpy(st->request_success, e->request_success, sizeof st->request_success);
+    st->steps = e->steps;
+    st->last_step_end = ms_now();
+    st->draining = e->draining;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static struct seq *find_seq(struct sched_list *l, uint64_t id)
+{
+    for (struct sched_seq *q = l->head; q; q = q->next)
+        if (seq_of(q)->id == id) return seq_of(q);
+    return NULL;
+}
+
+static void *engine_main(void *arg)
+{
+    struct engine *e = arg;
+    struct sched *sc = &e->sched;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        for (;;) {
+            bool work = sc->running.n > 0 || sc->waiting.n > 0;
+            if (e->quit || e->inbox_head || e->cancels || work) break;
+            pthread_cond_wait(&e->wake, &e->mu);
+        }
+        struct seq *in = e->inbox_head;
+        // Taken requests count as waiting at once, so that the queue limit
+        // never misses them between the two places.
+        e->n_waiting_shared = sc->waiting.n + e->n_inbox;
+        e->inbox_head = e->inbox_tail = NULL;
+        e->n_inbox = 0;
+        struct inbox_cancel *cancels = e->cancels;
+        e->cancels = NULL;
+        bool quit = e->quit;
+        bool expired = e->draining && ms_now() >= e->drain_deadline;
+        pthread_mutex_unlock(&e->mu);
+
+        while (in) {
+            struct seq *next = in->inbox_next;
+            sched_add(sc, &in->q);
+            in = next;
+        }
+        while (cancels) {
+            struct inbox_cancel *next = cancels->next;
+            struct seq *s = find_seq(&sc->running, cancels->id);
+            if (!s) s = find_seq(&sc->waiting, cancels->id);
+            if (s) seq_abort(e, s, NULL);
+            free(cancels);
+            cancels = next;
+        }
+        if (quit) {
+            abort_all(e, "the engine is shutting down");
+            publish_stats(e);
+            return NULL;
+        }
+        if (expired) abort_all(e, NULL); // drain timeout: finish_reason abort
+        if (sc->running.n > 0 || sc->waiting.n > 0) step(e);
+        publish_stats(e);
+    }
+}
+
+// ---- creation -----------------------------------------------------------------
+
+static size_t default_kv_bytes(void)
+{
+    // A quarter of the memory available now, at most 4 GiB (vLLM's CPU default).
+    size_t avail = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        unsigned long long kb;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+                avail = (size_t)kb * 1024;
+                break;
+            }
+        fclose(f);
+    }
+    if (!avail) {
+        long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        if (pages > 0 && page > 0) avail = (size_t)pages * (size_t)page;
+    }
+    size_t cap = (size_t)4 << 30;
+    size_t b = avail / 4;
+    if (!b || b > cap) b = cap;
+    return b;
+}
+
+int engine_create(const struct model *m, const struct tokenizer *tok, const struct engine_opts *o,
+                  struct engine **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    const struct model_config *cfg = &m->cfg;
+    int n_ranks = o->data_parallel_size;
+    if (n_ranks < 1 || n_ranks > ENGINE_MAX_RANKS)
+        return ms_err(err, errlen, MS_EINVAL, "--data-parallel-size must be from 1 to %d, not %d",
+                      ENGINE_MAX_RANKS, n_ranks);
+    if (n_ranks > 1 && !o->enable_expert_parallel)
+        return ms_err(err, errlen, MS_EINVAL,
+                      "--data-parallel-size %d needs --enable-expert-parallel: ranks share the "
+                      "MoE layers by splitting the experts between them", n_ranks);
+    if (o->kv_dtype != DTYPE_BF16 && o->kv_dtype != DTYPE_F32)
+        return ms_err(err, errlen, MS_EINVAL, "the KV cache dtype must be bfloat16 or float32, not %s",
+                      dtype_name(o->kv_dtype));
+    if (o->max_num_seqs < 1)
+        return ms_err(err, errlen, MS_EINVAL, "--max-num-seqs must be at least 1, not %d",
+                      o->max_num_seqs);
+    if (o->max_num_batched_tokens < o->max_num_seqs)
+        return ms_err(err, errlen, MS_EINVAL,
+                      "--max-num-batched-tokens (%d) must be at least --max-num-seqs (%d), so "
+                      "that every running sequence can decode in one step",
+                      o->max_num_batched_tokens, o->max_num_seqs);
+    int max_len = o->max_model_len > 0 ? o->max_model_len : cfg->max_position_embeddings;
+    if (max_len > cfg->max_position_embeddings)
+        return ms_err(err, errlen, MS_EINVAL,
+                      "--max-model-len %d is beyond the model's max_position_embeddings (%d)",
+                      max_len, cfg->max_position_embeddings);
+    if (max_len < 1)
+        return ms_err(err, errlen, MS_EINVAL, "the maximum model length must be at least 1");
+    if (!o->enable_chunked_prefill && o->max_num_batched_tokens < max_len)
+        return ms_err(err, errlen, MS_EINVAL,
+                      "without chunked prefill a whole prompt must fit one step: "
+                      "--max-num-batched-tokens (%d) must be at least --max-model-len (%d)",
+                      o->max_num_batched_tokens, max_len);
+    if (o->max_waiting_requests < 0)
+        return ms_err(err, errlen, MS_EINVAL, "--max-waiting-requests must be 0 or more, not %d",
+                      o->max_waiting_requests);
+
+    struct engine *e = calloc(1, sizeof *e);
+    if (!e) return ms_err(err, errlen, MS_ENOMEM, "out of memory for the engine");
+    e->m = m;
+    e->tok = tok;
+    e->o = *o;
+    e->vocab = cfg->vocab_size;
+    e->max_model_len = max_len;
+    e->n_ranks = n_ranks;
+    e->next_id = 1;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->wake, NULL);
+    pthread_cond_init(&e->idle, NULL);
+    pthread_mutex_init(&e->step_mu, NULL);
+    pthread_cond_init(&e->step_go, NULL);
+    pthread_cond_init(&e->step_done, NULL);
+    if (getrandom(&e->rng_state, sizeof e->rng_state, 0) != (ssize_t)sizeof e->rng_state)
+        e->rng_state = (uint64_t)(ms_now() * 1e9) ^ (uint64_t)getpid();
+    const char *chk = getenv("MOESERVE_CHECK_BLOCKS");
+    e->check_blocks = chk && *chk && strcmp(chk, "0") != 0;
+    int rc = 0;
+
+    // Threads: the total split between ranks, the first ranks taking the remainder.
+    int n_threads = o->n_threads;
+    if (n_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = n > 0 ? (int)n : 1;
+    }
+    size_t kv_bytes = o->kv_cache_bytes ? o->kv_cache_bytes : default_kv_bytes();
+    size_t block_bytes = kv_block_bytes(cfg, o->kv_dtype);
+    size_t per_rank = kv_bytes / (size_t)n_ranks;
+    size_t n_blocks = block_bytes ? per_rank / block_bytes : 0;
+    if (!o->kv_cache_bytes) {
+        // The default never takes more than every sequence at full length needs.
+        size_t most = (size_t)o->max_num_seqs * (((size_t)max_len + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+        if (n_blocks > most) n_blocks = most;
+    }
+    if (n_blocks < 1) {
+        rc = ms_err(err, errlen, MS_ENOFIT,
+                    "the KV cache budget (%zu bytes, %zu per rank over %d ranks) holds no block "
+                    "of %zu bytes (%d tokens): raise --kv-cache-memory",
+                    kv_bytes, per_rank, n_ranks, block_bytes, KV_BLOCK_TOKENS);
+        goto fail;
+    }
+    if (n_blocks > (1u << 28)) n_blocks = 1u << 28;
+    e->blocks_per_rank = (int)n_blocks;
+
+    if (n_ranks > 1) {
+        e->comms = calloc((size_t)n_ranks, sizeof *e->comms);
+        if (!e->comms) {
+            rc = ms_err(err, errlen, MS_ENOMEM, "out of memory for the communicators");
+            goto fail;
+        }
+        rc = comm_inproc_create(n_ranks, e->comms, err, errlen);
+        if (rc) goto fail;
+    }
+    e->ranks = calloc((size_t)n_ranks, sizeof *e->ranks);
+    if (!e->ranks) {
+        rc = ms_err(err, errlen, MS_ENOMEM, "out of memory for the ranks");
+        goto fail;
+    }
+    int max_rows = o->max_num_seqs + EXTRA_LOGIT_ROWS;
+    if (max_rows > o->max_num_batched_tokens) max_rows = o->max_num_batched_tokens;
+    for (int i = 0; i < n_ranks; i++) {
+        struct rank_slot *r = &e->ranks[i];
+        r->index = i;
+        r->e = e;
+        rc = kv_pool_create(cfg, o->kv_dtype, (int)n_blocks, &r->kv, err, errlen);
+        if (rc) goto fail;
+        rc = kvb_create((int)n_blocks, o->enable_prefix_caching, &r->blocks, err, errlen);
+        if (rc) goto fail;
+        struct rank_opts ro = {
+            .rank = i,
+            .n_ranks = n_ranks,
+            .n_threads = n_threads / n_ranks + (i < n_threads % n_ranks ? 1 : 0),
+            .comm = n_ranks > 1 ? e->comms[i] : NULL,
+            .max_batch_tokens = o->max_num_batched_tokens,
+            .max_batch_seqs = o->max_num_seqs,
+        };
+        if (ro.n_threads < 1) ro.n_threads = 1;
+        rc = rank_create(m, r->kv, &ro, &r->rank, err, errlen);
+        if (rc) goto fail;
+        rc = threadpool_create(ro.n_threads, &r->spool, err, errlen);
+        if (rc) goto fail;
+        r->n_sample_threads = threadpool_size(r->spool);
+        r->scratch = calloc((size_t)r->n_sample_threads, sizeof *r->scratch);
+        bool scratch_ok = r->scratch != NULL;
+        for (int t = 0; scratch_ok && t < r->n_sample_threads; t++)
+            scratch_ok = (r->scratch[t] = sampler_scratch_create(e->vocab)) != NULL;
+        r->logits = malloc((size_t)max_rows * (size_t)e->vocab * sizeof *r->logits);
+        r->fseqs = calloc((size_t)o->max_num_seqs, sizeof *r->fseqs);
+        if (!scratch_ok || !r->logits || !r->fseqs) {
+            rc = ms_err(err, errlen, MS_ENOMEM,
+                        "out of memory for rank %d's logits (%d rows of %d)", i, max_rows,
+                        e->vocab);
+            goto fail;
+        }
+    }
+    struct kv_blocks *blocks[ENGINE_MAX_RANKS];
+    for (int i = 0; i < n_ranks; i++) blocks[i] = e->ranks[i].blocks;
+    rc = sched_init(&e->sched, n_ranks, blocks, max_rows, o->max_num_seqs,
+                    o->max_num_batched_tokens, o->enable_chunked_prefill, err, errlen);
+    if (rc) goto fail;
+    e->sched_ready = true;
+    for (int i = 0; i < n_ranks; i++) e->ranks[i].plan = &e->sched.ranks[i];
+    if (tok) {
+        e->tsbuf_cap = tok_stream_max_output(tok);
+        e->tsbuf = malloc(e->tsbuf_cap);
+    }
+    e->text_cap = 4096;
+    e->text = malloc(e->text_cap);
+    if ((tok && !e->tsbuf) || !e->text) {
+        rc = ms_err(err, errlen, MS_ENOMEM, "out of memory for the engine's text buffers");
+        goto fail;
+    }
+    for (int i = 1; i < n_ranks; i++) {
+        if (pthread_create(&e->ranks[i].thread, NULL, rank_worker, &e->ranks[i])) {
+            rc = ms_err(err, errlen, MS_ENOMEM, "cannot start the thread of rank %d", i);
+            goto fail;
+        }
+        e->ranks[i].thread_started = true;
+    }
+    publish_stats(e);
+    if (pthread_create(&e->thread, NULL, engine_main, e)) {
+        rc = ms_err(err, errlen, MS_ENOMEM, "cannot start the engine thread");
+        goto fail;
+    }
+    e->thread_started = true;
+    ms_log(MS_LOG_INFO,
+           "engine: %d rank%s, %d threads, KV %d blocks of %d tokens per rank (%s, %.1f MiB each), "
+           "max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, prefix caching %s, "
+           "chunked prefill %s",
+           n_ranks, n_ranks > 1 ? "s" : "", n_threads, (int)n_blocks, KV_BLOCK_TOKENS,
+           dtype_name(o->kv_dtype), (double)n_blocks * (double)block_bytes / 1048576.0, max_len,
+           o->max_num_seqs, o->max_num_batched_tokens, o->enable_prefix_caching ? "on" : "off",
+           o->enable_chunked_prefill ? "on" : "off");
+    *out = e;
+    return 0;
+fail:
+    engine_destroy(e);
+    return rc ? rc : MS_EINTERNAL;
+}
+
+void engine_destroy(struct engine *e)
+{
+    if (!e) return;
+    if (e->thread_started) {
+        pthread_mutex_lock(&e->mu);
+        e->quit = true;
+        pthread_cond_broadcast(&e->wake);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    // Requests submitted after the engine thread left never ran.
+    while (e->inbox_head) {
+        struct seq *s = e->inbox_head;
+        e->inbox_head = s->inbox_next;
+        seq_free(s);
+    }
+    while (e->cancels) {
+        struct inbox_cancel *c = e->cancels;
+        e->cancels = c->next;
+        free(c);
+    }
+    pthread_mutex_lock(&e->step_mu);
+    e->step_quit = true;
+    pthread_cond_broadcast(&e->step_go);
+    pthread_mutex_unlock(&e->step_mu);
+    if (e->ranks) {
+        for (int i = 0; i < e->n_ranks; i++)
+            if (e->ranks[i].thread_started) pthread_join(e->ranks[i].thread, NULL);
+        for (int i = 0; i < e->n_ranks; i++) {
+            struct rank_slot *r = &e->ranks[i];
+            if (r->rank) rank_destroy(r->rank);
+            kv_pool_destroy(r->kv);
+            kvb_destroy(r->blocks);
+            if (r->scratch)
+                for (int t = 0; t < r->n_sample_threads; t++)
+                    if (r->scratch[t]) sampler_scratch_destroy(r->scratch[t]);
+            free(r->scratch);
+            if (r->spool) threadpool_destroy(r->spool);
+            free(r->logits);
+            free(r->fseqs);
+        }
+    }
+    if (e->sched_ready) sched_free(&e->sched);
+    if (e->comms) {
+        for (int i = 0; i < e->n_ranks; i++)
+            if (e->comms[i]) e->comms[i]->ops->destroy(e->comms[i]);
+        free(e->comms);
+    }
+    free(e->ranks);
+    free(e->text);
+    free(e->tsbuf);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->wake);
+    pthread_cond_destroy(&e->idle);
+    pthread_mutex_destroy(&e->step_mu);
+    pthread_cond_destroy(&e->step_go);
+    pthread_cond_destroy(&e->step_done);
+    free(e);
+}
+
+// ---- the thread-safe API ----------------------------------------------------------
+
+int engine_submit(struct engine *e, const struct engine_request *r, const struct engine_sink *sink,
+                  uint64_t *id_out, char *err, size_t errlen)
+{
+    if (id_out) *id_out = 0;
+    struct seq *s;
+    int rc = seq_create(e, r, sink, &s, err, errlen);
+    if (rc) return rc;
+    pthread_mutex_lock(&e->mu);
+    if (e->draining || e->quit) {
+        pthread_mutex_unlock(&e->mu);
+        seq_free(s);
+        return ms_err(err, errlen, MS_EBUSY, "the server is shutting down and takes no new requests");
+    }
+    if (e->o.max_waiting_requests > 0 &&
+        e->n_waiting_shared + e->n_inbox >= e->o.max_waiting_requests) {
+        int n = e->n_waiting_shared + e->n_inbox;
+        pthread_mutex_unlock(&e->mu);
+        seq_free(s);
+        return ms_err(err, errlen, MS_EBUSY,
+                      "%d requests are already waiting (--max-waiting-requests %d); retry later", n,
+                      e->o.max_waiting_requests);
+    }
+    s->id = e->next_id++;
+    uint64_t seed = r->sampling.has_seed ? r->sampling.seed : splitmix64(&e->rng_state);
+    sampler_rng_seed(&s->rng, seed);
+    s->inbox_next = NULL;
+    if (e->inbox_tail) e->inbox_tail->inbox_next = s;
+    else e->inbox_head = s;
+    e->inbox_tail = s;
+    e->n_inbox++;
+    e->in_flight++;
+    if (id_out) *id_out = s->id;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+void engine_cancel(struct engine *e, uint64_t id)
+{
+    struct inbox_cancel *c = malloc(sizeof *c);
+    if (!c) return; // the request runs to its end instead
+    c->id = id;
+    pthread_mutex_lock(&e->mu);
+    // Appended in order so a cancel follows its own submission.
+    c->next = NULL;
+    struct inbox_cancel **p = &e->cancels;
+    while (*p) p = &(*p)->next;
+    *p = c;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_drain(struct engine *e, double timeout_s)
+{
+    pthread_mutex_lock(&e->mu);
+    if (!e->draining) {
+        e->draining = true;
+        e->stats.draining = true;
+        e->drain_deadline = ms_now() + (timeout_s > 0 ? timeout_s : 0);
+    }
+    pthread_cond_broadcast(&e->wake);
+    while (e->in_flight > 0) {
+        double now = ms_now();
+        if (now >= e->drain_deadline) {
+            // Past the deadline the engine thread aborts what is left; wake it
+            // in case it sleeps, then wait for the aborts to arrive.
+            pthread_cond_broadcast(&e->wake);
+            pthread_cond_wait(&e->idle, &e->mu);
+            continue;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double wait = e->drain_deadline - now + 0.001;
+        ts.tv_sec += (time_t)wait;
+        ts.tv_nsec += (long)((wait - floor(wait)) * 1e9);
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&e->idle, &e->mu, &ts);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+int engine_max_model_len(const struct engine *e) { return e->max_model_len; }
+
+void engine_get_stats(struct engine *e, struct engine_stats *out)
+{
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    out->num_waiting = e->n_waiting_shared + e->n_inbox;
+    out->draining = e->draining;
+    // An idle engine thread sleeps and is alive: only a step that does not
+    // end makes last_step_end grow old.
+    if (e->in_flight == 0) out->last_step_end = ms_now();
+    pthread_mutex_unlock(&e->mu);
+}

@@ -1,0 +1,48 @@
+// engine_params: the defaults of engine options and requests, and the names
+// of finish reasons — the part of engine.h that needs no engine.
+#include <string.h>
+
+#include "scheduler/engine.h"
+
+void engine_opts_default(struct engine_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->data_parallel_size = 1;
+    o->enable_expert_parallel = false;
+    o->n_threads = 0;
+    o->kv_cache_bytes = 0;
+    o->kv_dtype = DTYPE_BF16;
+    o->max_num_seqs = 256;
+    o->max_num_batched_tokens = 2048;
+    o->max_model_len = 0;
+    o->enable_prefix_caching = true;
+    o->enable_chunked_prefill = true;
+    o->max_waiting_requests = 0;
+}
+
+// vLLM's SamplingParams defaults: temperature 1, nothing else on, 16 tokens.
+void engine_request_default(struct engine_request *r)
+{
+    memset(r, 0, sizeof *r);
+    r->sampling.temperature = 1.0f;
+    r->sampling.top_p = 1.0f;
+    r->sampling.top_k = 0;
+    r->sampling.min_p = 0.0f;
+    r->sampling.repetition_penalty = 1.0f;
+    r->sampling.logprobs = -1;
+    r->sampling.prompt_logprobs = -1;
+    r->stop.max_tokens = 16;
+    r->stop.skip_special_tokens = true;
+}
+
+const char *engine_finish_name(enum engine_finish f)
+{
+    switch (f) {
+    case FINISH_STOP: return "stop";
+    case FINISH_LENGTH: return "length";
+    case FINISH_ABORT: return "abort";
+    case FINISH_NONE:
+    case FINISH_COUNT_: break;
+    }
+    return "none";
+}

@@ -1,0 +1,275 @@
+// scheduler: the step planner (see scheduler.h).
+#include "scheduler/scheduler.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/base.h"
+
+static void list_remove(struct sched_list *l, struct sched_seq *q)
+{
+    if (q->prev) q->prev->next = q->next;
+    else l->head = q->next;
+    if (q->next) q->next->prev = q->prev;
+    else l->tail = q->prev;
+    q->prev = q->next = NULL;
+    l->n--;
+}
+
+static void list_push_tail(struct sched_list *l, struct sched_seq *q)
+{
+    q->next = NULL;
+    q->prev = l->tail;
+    if (l->tail) l->tail->next = q;
+    else l->head = q;
+    l->tail = q;
+    l->n++;
+}
+
+static void list_push_head(struct sched_list *l, struct sched_seq *q)
+{
+    q->prev = NULL;
+    q->next = l->head;
+    if (l->head) l->head->prev = q;
+    else l->tail = q;
+    l->head = q;
+    l->n++;
+}
+
+int sched_init(struct sched *s, int n_ranks, struct kv_blocks *const *blocks, int max_rows,
+               int max_num_seqs, int max_num_batched_tokens, bool chunked_prefill, char *err,
+               size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    if (n_ranks < 1 || max_num_seqs < 1 || max_rows < max_num_seqs ||
+        max_num_batched_tokens < max_num_seqs)
+        return ms_err(err, errlen, MS_EINVAL,
+                      "scheduler limits are inconsistent: %d ranks, %d logits rows, %d sequences, "
+                      "%d tokens per step",
+                      n_ranks, max_rows, max_num_seqs, max_num_batched_tokens);
+    s->ranks = calloc((size_t)n_ranks, sizeof *s->ranks);
+    if (!s->ranks) return ms_err(err, errlen, MS_ENOMEM, "out of memory for the scheduler");
+    s->n_ranks = n_ranks;
+    for (int i = 0; i < n_ranks; i++) {
+        s->ranks[i].blocks = blocks[i];
+        s->ranks[i].max_rows = max_rows;
+        s->ranks[i].batch = calloc((size_t)max_num_seqs, sizeof *s->ranks[i].batch);
+        if (!s->ranks[i].batch) {
+            sched_free(s);
+            return ms_err(err, errlen, MS_ENOMEM, "out of memory for the scheduler");
+        }
+    }
+    s->max_num_seqs = max_num_seqs;
+    s->max_num_batched_tokens = max_num_batched_tokens;
+    s->chunked_prefill = chunked_prefill;
+    return 0;
+}
+
+void sched_free(struct sched *s)
+{
+    if (s->ranks)
+        for (int i = 0; i < s->n_ranks; i++) free(s->ranks[i].batch);
+    free(s->ranks);
+    memset(s, 0, sizeof *s);
+}
+
+int sched_seq_init(struct sched_seq *q, int32_t *tokens, int n_prompt, int cap_tokens)
+{
+    memset(q, 0, sizeof *q);
+    q->tokens = tokens;
+    q->n_tokens = q->n_prompt = n_prompt;
+    q->rank = -1;
+    return kvb_table_init(&q->table, cap_tokens);
+}
+
+void sched_seq_free(struct sched_seq *q) { kvb_table_free(&q->table); }
+
+void sched_add(struct sched *s, struct sched_seq *q)
+{
+    q->running = false;
+    q->rank = -1;
+    q->n_computed = 0;
+    q->sched_new = 0;
+    list_push_tail(&s->waiting, q);
+}
+
+static void release(struct sched *s, struct sched_seq *q)
+{
+    if (q->rank < 0) return;
+    struct sched_rank *r = &s->ranks[q->rank];
+    kvb_release_all(r->blocks, &q->table);
+    r->n_running--;
+    q->rank = -1;
+}
+
+void sched_remove(struct sched *s, struct sched_seq *q)
+{
+    list_remove(q->running ? &s->running : &s->waiting, q);
+    release(s, q);
+    q->running = false;
+}
+
+// Frees the sequence's blocks and sends it to the front of the queue: it is
+// recomputed (from the prefix cache where its blocks survive) when readmitted.
+static void preempt(struct sched *s, struct sched_seq *q)
+{
+    list_remove(&s->running, q);
+    release(s, q);
+    q->running = false;
+    q->n_computed = 0;
+    q->sched_new = 0;
+    list_push_head(&s->waiting, q);
+    s->n_preemptions++;
+}
+
+static void batch_add(struct sched_rank *r, struct sched_seq *q, int n_new, int rows, bool sample)
+{
+    q->sched_new = n_new;
+    q->sched_rows = rows;
+    q->sched_sample = sample;
+    q->row = r->rows_used;
+    r->rows_used += rows;
+    r->batch[r->n_batch++] = q;
+}
+
+// How many tokens of q fit this step on rank r: the budget, the logits rows
+// (a prompt-logprob chunk takes one row per token), its KV blocks. Reserves
+// the blocks. Returns 0 when nothing fits for want of rows or budget, and -1
+// when blocks are what is missing (preempting someone may help).
+static int fit_chunk(const struct sched *s, struct sched_rank *r, struct sched_seq *q, int budget)
+{
+    int remaining = q->n_tokens - q->n_computed;
+    int chunk = remaining < budget ? remaining : budget;
+    if (q->wants_prompt_lp && chunk > r->max_rows - r->rows_used)
+        chunk = r->max_rows - r->rows_used;
+    else if (r->rows_used >= r->max_rows && q->n_computed + chunk == q->n_tokens)
+        chunk = remaining - 1; // no row left to sample with: stop short of the last token
+    if (chunk <= 0) return 0;
+    if (!s->chunked_prefill && chunk < remaining) return 0;
+    int reach = kvb_reachable_tokens(r->blocks, &q->table) - q->n_computed;
+    if (chunk > reach) {
+        if (!s->chunked_prefill || reach <= 0) return -1;
+        chunk = reach;
+    }
+    if (kvb_reserve(r->blocks, &q->table, q->n_computed + chunk)) return -1;
+    return chunk;
+}
+
+static void schedule_chunk(struct sched_rank *r, struct sched_seq *q, int chunk)
+{
+    bool sample = q->n_computed + chunk == q->n_tokens;
+    int rows = q->wants_prompt_lp ? chunk : sample ? 1 : 0;
+    batch_add(r, q, chunk, rows, sample);
+}
+
+// The rank with the most free blocks (then the fewest sequences).
+static int pick_rank(const struct sched *s)
+{
+    int best = 0;
+    for (int i = 1; i < s->n_ranks; i++) {
+        int fi = kvb_num_free(s->ranks[i].blocks), fb = kvb_num_free(s->ranks[best].blocks);
+        if (fi > fb || (fi == fb && s->ranks[i].n_running < s->ranks[best].n_running)) best = i;
+    }
+    return best;
+}
+
+int sched_plan(struct sched *s)
+{
+    int budget = s->max_num_batched_tokens;
+    int n_sched = 0;
+    uint64_t preemptions = s->n_preemptions;
+    for (int i = 0; i < s->n_ranks; i++) {
+        s->ranks[i].n_batch = 0;
+        s->ranks[i].rows_used = 0;
+    }
+    for (struct sched_seq *q = s->running.head; q; q = q->next) q->sched_new = 0;
+
+    // 1. One decode token for every running sequence past its prefill,
+    // oldest first. When blocks run out the most recently admitted sequence
+    // is preempted, which may be this one.
+    for (struct sched_seq *q = s->running.head, *next; q && budget > 0; q = next) {
+        next = q->next;
+        if (q->n_tokens - q->n_computed != 1) continue;
+        struct sched_rank *r = &s->ranks[q->rank];
+        bool preempted_self = false;
+        while (kvb_reserve(r->blocks, &q->table, q->n_computed + 1)) {
+            struct sched_seq *victim = s->running.tail;
+            if (victim == next) next = NULL; // the loop must not visit it
+            preempt(s, victim);
+            if (victim == q) {
+                preempted_self = true;
+                break;
+            }
+        }
+        if (preempted_self) break; // q was the youngest: nothing after it runs
+        batch_add(r, q, 1, 1, true);
+        budget--;
+        n_sched++;
+    }
+
+    // 2. Chunks of running sequences still in their prefill, oldest first. One
+    // that finds no block may preempt younger ones not yet scheduled.
+    for (struct sched_seq *q = s->running.head, *next; q && budget > 0; q = next) {
+        next = q->next;
+        if (q->sched_new || q->n_tokens - q->n_computed <= 1) continue;
+        struct sched_rank *r = &s->ranks[q->rank];
+        int chunk;
+        while ((chunk = fit_chunk(s, r, q, budget)) < 0) {
+            struct sched_seq *victim = s->running.tail;
+            if (victim == q || victim->sched_new) break;
+            if (victim == next) next = NULL;
+            preempt(s, victim);
+        }
+        if (chunk <= 0) continue;
+        schedule_chunk(r, q, chunk);
+        budget -= chunk;
+        n_sched++;
+    }
+
+    // 3. Admit waiting sequences in order while the budget, the sequence
+    // limit and the blocks allow; a new sequence never preempts, and none is
+    // admitted in a step that had to preempt (it would take the blocks back).
+    while (s->waiting.head && budget > 0 && s->running.n < s->max_num_seqs &&
+           s->n_preemptions == preemptions) {
+        struct sched_seq *q = s->waiting.head;
+        int ri = pick_rank(s);
+        struct sched_rank *r = &s->ranks[ri];
+        int hit = 0;
+        if (kvb_prefix_caching(r->blocks) && !q->wants_prompt_lp) {
+            // Never all of it: the last token must run to give logits.
+            hit = kvb_match_prefix(r->blocks, &q->table, q->tokens, q->n_tokens - 1);
+            s->prefix_queries += (uint64_t)q->n_tokens;
+            s->prefix_hits += (uint64_t)hit;
+        }
+        q->n_computed = hit;
+        int chunk = fit_chunk(s, r, q, budget);
+        if (chunk <= 0) {
+            kvb_release_all(r->blocks, &q->table);
+            q->n_computed = 0;
+            break;
+        }
+        if (!q->admitted_once) {
+            q->n_cached = hit < q->n_prompt ? hit : q->n_prompt;
+            q->admitted_once = true;
+            s->prompt_tokens += (uint64_t)q->n_prompt;
+        }
+        list_remove(&s->waiting, q);
+        q->running = true;
+        q->admission = ++s->n_admissions;
+        q->rank = ri;
+        r->n_running++;
+        list_push_tail(&s->running, q);
+        schedule_chunk(r, q, chunk);
+        budget -= chunk;
+        n_sched++;
+    }
+    return n_sched;
+}
+
+void sched_commit(struct sched *s, struct sched_seq *q)
+{
+    if (q->rank < 0 || q->sched_new == 0) return;
+    q->n_computed += q->sched_new;
+    q->sched_new = 0;
+    kvb_commit(s->ranks[q->rank].blocks, &q->table, q->tokens, q->n_computed);
+}

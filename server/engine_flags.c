@@ -1,0 +1,274 @@
+// engine_flags: parsing of the engine's command-line flags (see engine_flags.h).
+#include "server/engine_flags.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/base.h"
+
+void engine_flags_init(struct engine_flags *f)
+{
+    memset(f, 0, sizeof *f);
+    engine_opts_default(&f->opts);
+    f->kv_dtype_auto = true;
+}
+
+void engine_flags_finish(struct engine_flags *f, const struct model_config *cfg)
+{
+    if (f->kv_dtype_auto) f->opts.kv_dtype = cfg->torch_dtype == DTYPE_F32 ? DTYPE_F32 : DTYPE_BF16;
+}
+
+void engine_flags_usage(FILE *out)
+{
+    fprintf(out,
+        "engine options:\n"
+        "  --data-parallel-size N        ranks, each with its own KV pool and thread share (1)\n"
+        "  --enable-expert-parallel      shard the experts over the ranks (needed when N > 1)\n"
+        "  --threads T                   compute threads in all, split between ranks (all cores)\n"
+        "  --kv-cache-memory SIZE        KV cache in all, split between ranks: bytes, 4GiB, 4G,\n"
+        "                                512MiB, 4GB, 4g (default: a quarter of free RAM, at most 4 GiB)\n"
+        "  --kv-cache-dtype D            auto (the checkpoint's), bfloat16 or float32 (auto)\n"
+        "  --max-num-seqs N              running sequences at most (256)\n"
+        "  --max-num-batched-tokens N    tokens per step at most (2048)\n"
+        "  --max-model-len N             prompt + output tokens at most, e.g. 32K (the config's)\n"
+        "  --[no-]enable-prefix-caching  reuse the KV of shared prompt prefixes (on)\n"
+        "  --[no-]enable-chunked-prefill spread long prompts over several steps (on)\n"
+        "  --max-waiting-requests N      queued requests before new ones get 503 (0: no limit)\n");
+}
+
+// The value of a multiplier letter; 0 when c is not one.
+static double suffix_mult(char c, bool binary)
+{
+    static const char letters[] = "kmgt";
+    const char *p = strchr(letters, tolower((unsigned char)c));
+    if (!p || !c) return 0;
+    int e = (int)(p - letters) + 1;
+    return binary ? ldexp(1.0, 10 * e) : pow(1000.0, e);
+}
+
+// Splits "<number><suffix>" and returns the number times the multiplier.
+// bytes_units admits the B, iB and decimal-B spellings.
+static int parse_scaled(const char *s, bool bytes_units, long double *out)
+{
+    if (!s || !*s) return MS_EINVAL;
+    const char *p = s;
+    while (*p == ' ') p++;
+    if (*p == '-' || *p == '+') return MS_EINVAL; // sizes and counts are never signed
+    errno = 0;
+    char *end;
+    long double v = strtold(p, &end);
+    if (end == p || errno == ERANGE || !isfinite((double)v) || v < 0) return MS_EINVAL;
+    // strtold takes hex and inf/nan too; allow only digits, '.', and exponents.
+    for (const char *q = p; q < end; q++)
+        if (!isdigit((unsigned char)*q) && *q != '.' && *q != 'e' && *q != 'E' && *q != '+' &&
+            *q != '-')
+            return MS_EINVAL;
+    const char *u = end;
+    long double mult = 1;
+    if (*u) {
+        char c = *u;
+        bool upper = isupper((unsigned char)c);
+        if (!suffix_mult(c, true)) {
+            if (bytes_units && (!strcmp(u, "B") || !strcmp(u, "b"))) u += 1, c = 0;
+            else return MS_EINVAL;
+        }
+        if (c) {
+            u++;
+            if (!*u) {
+                mult = suffix_mult(c, upper); // K = 1024, k = 1000, as vLLM reads them
+            } else if (bytes_units && (!strcmp(u, "iB") || !strcmp(u, "ib") || !strcmp(u, "i"))) {
+                mult = suffix_mult(c, true);
+                u += strlen(u);
+            } else if (bytes_units && (!strcmp(u, "B") || !strcmp(u, "b"))) {
+                mult = suffix_mult(c, false);
+                u += 1;
+            } else {
+                return MS_EINVAL;
+            }
+        }
+        if (*u) return MS_EINVAL;
+    }
+    v *= mult;
+    // Decimal fractions such as 25.6k are not exact in binary: snap to the
+    // whole number they mean.
+    long double r = roundl(v);
+    if (fabsl(v - r) <= 1e-9L * (r > 1 ? r : 1)) v = r;
+    *out = v;
+    return 0;
+}
+
+int engine_flags_parse_bytes(const char *s, size_t *out)
+{
+    long double v;
+    if (parse_scaled(s, true, &v)) return MS_EINVAL;
+    v = floorl(v);
+    if (v > (long double)SIZE_MAX) return MS_EINVAL;
+    *out = (size_t)v;
+    return 0;
+}
+
+int engine_flags_parse_count(const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    long double v;
+    if (parse_scaled(s, false, &v)) return MS_EINVAL;
+    if (v != floorl(v) || v < (long double)lo || v > (long double)hi) return MS_EINVAL;
+    *out = (int64_t)v;
+    return 0;
+}
+
+// Matches argv[*i] against --name, --name=value; *val is the value (or NULL
+// for a flag that takes none). Returns 1 on a match.
+static int match(const char *arg, const char *name, bool takes_value, int argc, char **argv,
+                 int *i, const char **val, int *consumed, char *err, size_t errlen)
+{
+    size_t n = strlen(name);
+    if (strncmp(arg, name, n) != 0) return 0;
+    if (arg[n] == 0) {
+        if (!takes_value) {
+            *val = NULL;
+            *consumed = 1;
+            return 1;
+        }
+        if (*i + 1 >= argc)
+            return ms_err(err, errlen, MS_EINVAL, "%s needs a value", name);
+        *val = argv[*i + 1];
+        *consumed = 2;
+        return 1;
+    }
+    if (arg[n] == '=') {
+        if (!takes_value)
+            return ms_err(err, errlen, MS_EINVAL, "%s takes no value (got \"%s\")", name, arg + n + 1);
+        *val = arg + n + 1;
+        *consumed = 1;
+        return 1;
+    }
+    return 0;
+}
+
+static int int_value(const char *name, const char *val, int64_t lo, int64_t hi, int *out,
+                     char *err, size_t errlen)
+{
+    int64_t v;
+    if (engine_flags_parse_count(val, lo, hi, &v))
+        return ms_err(err, errlen, MS_EINVAL,
+                      "%s must be a whole number from %lld to %lld (e.g. 8, 2K, 32k), not \"%s\"",
+                      name, (long long)lo, (long long)hi, val);
+    *out = (int)v;
+    return 0;
+}
+
+int engine_flags_parse_one(struct engine_flags *f, int argc, char **argv, int *i, char *err,
+                           size_t errlen)
+{
+    const char *arg = argv[*i];
+    const char *val = NULL;
+    int used = 0, rc;
+    struct engine_opts *o = &f->opts;
+#define MATCH(name, takes) \
+    ((rc = match(arg, name, takes, argc, argv, i, &val, &used, err, errlen)) != 0)
+#define DONE() \
+    do { \
+        if (rc < 0) return rc; \
+        *i += used - 1; \
+        return 1; \
+    } while (0)
+
+    if (MATCH("--data-parallel-size", true) || MATCH("-dp", true)) {
+        if (rc < 0) return rc;
+        if ((rc = int_value("--data-parallel-size", val, 1, ENGINE_MAX_RANKS,
+                            &o->data_parallel_size, err, errlen)))
+            return rc;
+        DONE();
+    }
+    if (MATCH("--enable-expert-parallel", false) || MATCH("-ep", false)) {
+        if (rc > 0) o->enable_expert_parallel = true;
+        DONE();
+    }
+    if (MATCH("--no-enable-expert-parallel", false)) {
+        if (rc > 0) o->enable_expert_parallel = false;
+        DONE();
+    }
+    if (MATCH("--threads", true)) {
+        if (rc < 0) return rc;
+        if ((rc = int_value("--threads", val, 1, 4096, &o->n_threads, err, errlen))) return rc;
+        DONE();
+    }
+    if (MATCH("--kv-cache-memory", true) || MATCH("--kv-cache-memory-bytes", true)) {
+        if (rc < 0) return rc;
+        size_t b;
+        if (engine_flags_parse_bytes(val, &b) || b == 0)
+            return ms_err(err, errlen, MS_EINVAL,
+                          "--kv-cache-memory must be a positive size such as 4GiB, 512MiB, "
+                          "4GB or 1073741824, not \"%s\"", val);
+        o->kv_cache_bytes = b;
+        DONE();
+    }
+    if (MATCH("--kv-cache-dtype", true)) {
+        if (rc < 0) return rc;
+        if (!strcmp(val, "auto")) {
+            f->kv_dtype_auto = true;
+        } else if (!strcmp(val, "bfloat16") || !strcmp(val, "bf16")) {
+            f->kv_dtype_auto = false;
+            o->kv_dtype = DTYPE_BF16;
+        } else if (!strcmp(val, "float32") || !strcmp(val, "fp32")) {
+            f->kv_dtype_auto = false;
+            o->kv_dtype = DTYPE_F32;
+        } else {
+            return ms_err(err, errlen, MS_EINVAL,
+                          "--kv-cache-dtype must be auto, bfloat16 or float32, not \"%s\"", val);
+        }
+        DONE();
+    }
+    if (MATCH("--max-num-seqs", true)) {
+        if (rc < 0) return rc;
+        if ((rc = int_value("--max-num-seqs", val, 1, 1 << 20, &o->max_num_seqs, err, errlen)))
+            return rc;
+        DONE();
+    }
+    if (MATCH("--max-num-batched-tokens", true)) {
+        if (rc < 0) return rc;
+        if ((rc = int_value("--max-num-batched-tokens", val, 1, 1 << 24,
+                            &o->max_num_batched_tokens, err, errlen)))
+            return rc;
+        DONE();
+    }
+    if (MATCH("--max-model-len", true)) {
+        if (rc < 0) return rc;
+        if (!strcmp(val, "auto") || !strcmp(val, "-1")) {
+            o->max_model_len = 0;
+        } else if ((rc = int_value("--max-model-len", val, 1, 1 << 28, &o->max_model_len, err,
+                                   errlen))) {
+            return rc;
+        }
+        DONE();
+    }
+    if (MATCH("--enable-prefix-caching", false)) {
+        if (rc > 0) o->enable_prefix_caching = true;
+        DONE();
+    }
+    if (MATCH("--no-enable-prefix-caching", false)) {
+        if (rc > 0) o->enable_prefix_caching = false;
+        DONE();
+    }
+    if (MATCH("--enable-chunked-prefill", false)) {
+        if (rc > 0) o->enable_chunked_prefill = true;
+        DONE();
+    }
+    if (MATCH("--no-enable-chunked-prefill", false)) {
+        if (rc > 0) o->enable_chunked_prefill = false;
+        DONE();
+    }
+    if (MATCH("--max-waiting-requests", true)) {
+        if (rc < 0) return rc;
+        if ((rc = int_value("--max-waiting-requests", val, 0, INT32_MAX,
+                            &o->max_waiting_requests, err, errlen)))
+            return rc;
+        DONE();
+    }
+#undef MATCH
+#undef DONE
+    return 0;
+}

@@ -1,0 +1,43 @@
+// engine_flags: the engine's command-line flags (vLLM's names), parsed once
+// here for `serve`, `bench-offline` and every other command that runs an engine.
+#ifndef MOESERVE_SERVER_ENGINE_FLAGS_H
+#define MOESERVE_SERVER_ENGINE_FLAGS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "model/config.h"
+#include "scheduler/engine.h"
+
+struct engine_flags {
+    struct engine_opts opts;
+    bool kv_dtype_auto; // --kv-cache-dtype auto: follow the checkpoint (resolved by engine_flags_finish)
+};
+
+void engine_flags_init(struct engine_flags *f);
+
+// Looks at argv[*i]. When it is an engine flag (`--name value` or
+// `--name=value`), stores it, advances *i past its value and returns 1; when
+// it is not, returns 0 and leaves *i alone; a bad value returns MS_EINVAL
+// with a sentence naming the flag, the value and what is accepted.
+int engine_flags_parse_one(struct engine_flags *f, int argc, char **argv, int *i, char *err,
+                           size_t errlen);
+
+// Resolves what depends on the model: `auto` KV dtype becomes float32 for a
+// float32 checkpoint and bfloat16 otherwise.
+void engine_flags_finish(struct engine_flags *f, const struct model_config *cfg);
+
+// The flags' help lines, for a command's --help.
+void engine_flags_usage(FILE *out);
+
+// "4GiB", "512MiB", "2G" (binary: an upper-case K/M/G/T alone or with iB),
+// "2g" or "2GB" (decimal), "1e9", "123": bytes. MS_EINVAL when malformed,
+// negative or beyond SIZE_MAX.
+int engine_flags_parse_bytes(const char *s, size_t *out);
+// vLLM's human-readable integers: "32K" = 32768, "32k" = 32000, "25.6k" =
+// 25600, "1M", "1m", "1G", "1g"; the result must be a whole number in [lo, hi].
+int engine_flags_parse_count(const char *s, int64_t lo, int64_t hi, int64_t *out);
+
+#endif

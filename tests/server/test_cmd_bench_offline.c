@@ -1,0 +1,131 @@
+// Pins `moeserve bench-offline` end to end on the golden checkpoint: every
+// request completes with exactly --output-len tokens (the JSON counts them),
+// the text output names vLLM's three figures, 2 expert-parallel ranks run,
+// and bad arguments exit 2 with a sentence.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <cmocka.h>
+#include <jansson.h>
+
+static const char *bin;
+static char model[4096];
+
+static int setup(void **state)
+{
+    (void)state;
+    bin = getenv("MOESERVE_BIN");
+    const char *data = getenv("MOESERVE_TEST_DATA");
+    if (!bin || !data) return -1;
+    snprintf(model, sizeof model, "%s/qwen3moe-v2048", data);
+    return 0;
+}
+
+// Runs a command; stdout into *out (malloc'd); stderr is merged when merge_err.
+static int run(const char *args, bool merge_err, char **out)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s bench-offline %s %s", bin, args, merge_err ? "2>&1" : "2>/dev/null");
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (size_t k; (k = fread(buf + n, 1, cap - n - 1, p)) > 0;) n += k;
+    buf[n] = 0;
+    int st = pclose(p);
+    *out = buf;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void json_passes_count_every_token(void **state)
+{
+    (void)state;
+    char args[8192], *out;
+    snprintf(args, sizeof args,
+             "%s --num-prompts 6 --input-len 40 --output-len 9 --max-concurrency 1,4 --json "
+             "--threads 2 --kv-cache-memory 64MiB", model);
+    assert_int_equal(run(args, false, &out), 0);
+    char *line = out;
+    int passes = 0;
+    for (char *nl; (nl = strchr(line, '\n')); line = nl + 1) {
+        *nl = 0;
+        json_error_t je;
+        json_t *j = json_loads(line, 0, &je);
+        if (!j) fail_msg("not JSON: %s", line);
+        assert_int_equal(json_integer_value(json_object_get(j, "num_requests")), 6);
+        assert_int_equal(json_integer_value(json_object_get(j, "total_num_tokens")), 6 * (40 + 9));
+        assert_int_equal(json_integer_value(json_object_get(j, "max_concurrency")),
+                         passes == 0 ? 1 : 4);
+        assert_true(json_real_value(json_object_get(j, "output_tokens_per_second")) > 0);
+        assert_true(json_real_value(json_object_get(j, "requests_per_second")) > 0);
+        json_decref(j);
+        passes++;
+    }
+    assert_int_equal(passes, 2);
+    free(out);
+}
+
+static void text_output_on_two_expert_parallel_ranks(void **state)
+{
+    (void)state;
+    char args[8192], *out;
+    snprintf(args, sizeof args,
+             "%s --num-prompts 4 --input-len 20 --output-len 5 --max-concurrency 2 --rounds 2 "
+             "--data-parallel-size 2 --enable-expert-parallel --threads 2 --kv-cache-memory 64MiB",
+             model);
+    assert_int_equal(run(args, false, &out), 0);
+    assert_non_null(strstr(out, "requests/s"));
+    assert_non_null(strstr(out, "total tokens/s"));
+    assert_non_null(strstr(out, "output tokens/s"));
+    assert_non_null(strstr(out, "(4 requests, 100 tokens in"));
+    assert_non_null(strstr(out, "over 2 rounds"));
+    free(out);
+}
+
+static void bad_arguments_exit_2_with_a_reason(void **state)
+{
+    (void)state;
+    struct {
+        const char *args, *says;
+    } cases[] = {
+        {"", "usage"},
+        {"MODEL --num-prompts 0", "--num-prompts"},
+        {"MODEL --max-concurrency 1,x", "--max-concurrency"},
+        {"MODEL --rounds 99", "--rounds"},
+        {"MODEL --temperature hot", "--temperature"},
+        {"MODEL --max-model-len lots", "--max-model-len"},
+        {"MODEL --frobnicate", "--frobnicate"},
+        {"MODEL other-dir", "one MODEL_DIR"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char args[8192], *out;
+        const char *m = strstr(cases[i].args, "MODEL");
+        if (m) snprintf(args, sizeof args, "%s%s", model, m + 5);
+        else snprintf(args, sizeof args, "%s", cases[i].args);
+        assert_int_equal(run(args, true, &out), 2);
+        if (!strstr(out, cases[i].says)) fail_msg("`%s` printed: %s", args, out);
+        free(out);
+    }
+    // A request the model cannot hold is a runtime error with the numbers.
+    char args[8192], *out;
+    snprintf(args, sizeof args, "%s --input-len 4000 --output-len 200 --num-prompts 1", model);
+    assert_int_equal(run(args, true, &out), 2);
+    assert_non_null(strstr(out, "4096"));
+    free(out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(json_passes_count_every_token),
+        cmocka_unit_test(text_output_on_two_expert_parallel_ranks),
+        cmocka_unit_test(bad_arguments_exit_2_with_a_reason),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}

@@ -1,0 +1,151 @@
+// Pins the shared engine flag parser: vLLM's flag names, human-readable
+// sizes and counts, --no- forms, and refusals that name the flag.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "model/base.h"
+#include "server/engine_flags.h"
+
+static int parse_all(struct engine_flags *f, int argc, char **argv, char *err, size_t errlen)
+{
+    for (int i = 0; i < argc; i++) {
+        int rc = engine_flags_parse_one(f, argc, argv, &i, err, errlen);
+        if (rc < 0) return rc;
+        if (rc == 0) return 100 + i; // not an engine flag
+    }
+    return 0;
+}
+
+static void every_engine_flag_is_parsed(void **state)
+{
+    (void)state;
+    struct engine_flags f;
+    engine_flags_init(&f);
+    char *argv[] = {"--data-parallel-size", "2", "--enable-expert-parallel", "--threads=6",
+                    "--kv-cache-memory", "3GiB", "--kv-cache-dtype", "float32",
+                    "--max-num-seqs", "64", "--max-num-batched-tokens=4K", "--max-model-len",
+                    "32K", "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
+                    "--max-waiting-requests", "100"};
+    char err[256] = "";
+    assert_int_equal(parse_all(&f, 17, argv, err, sizeof err), 0);
+    assert_int_equal(f.opts.data_parallel_size, 2);
+    assert_true(f.opts.enable_expert_parallel);
+    assert_int_equal(f.opts.n_threads, 6);
+    assert_true(f.opts.kv_cache_bytes == 3ull << 30);
+    assert_false(f.kv_dtype_auto);
+    assert_int_equal(f.opts.kv_dtype, DTYPE_F32);
+    assert_int_equal(f.opts.max_num_seqs, 64);
+    assert_int_equal(f.opts.max_num_batched_tokens, 4096);
+    assert_int_equal(f.opts.max_model_len, 32768);
+    assert_false(f.opts.enable_prefix_caching);
+    assert_false(f.opts.enable_chunked_prefill);
+    assert_int_equal(f.opts.max_waiting_requests, 100);
+    char *back[] = {"--enable-prefix-caching", "--enable-chunked-prefill", "--kv-cache-dtype=auto"};
+    assert_int_equal(parse_all(&f, 3, back, err, sizeof err), 0);
+    assert_true(f.opts.enable_prefix_caching);
+    assert_true(f.opts.enable_chunked_prefill);
+    struct model_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.torch_dtype = DTYPE_BF16;
+    engine_flags_finish(&f, &cfg);
+    assert_int_equal(f.opts.kv_dtype, DTYPE_BF16);
+    cfg.torch_dtype = DTYPE_F32;
+    engine_flags_finish(&f, &cfg);
+    assert_int_equal(f.opts.kv_dtype, DTYPE_F32);
+}
+
+static void other_arguments_are_left_alone(void **state)
+{
+    (void)state;
+    struct engine_flags f;
+    engine_flags_init(&f);
+    char *argv[] = {"--port", "8000", "--max-num-seqsX", "1"};
+    char err[256];
+    int i = 0;
+    assert_int_equal(engine_flags_parse_one(&f, 4, argv, &i, err, sizeof err), 0);
+    assert_int_equal(i, 0);
+    i = 2;
+    assert_int_equal(engine_flags_parse_one(&f, 4, argv, &i, err, sizeof err), 0);
+    assert_int_equal(f.opts.max_num_seqs, 256);
+}
+
+static void sizes_and_counts_read_like_vllm(void **state)
+{
+    (void)state;
+    size_t b;
+    assert_int_equal(engine_flags_parse_bytes("4GiB", &b), 0);
+    assert_true(b == 4ull << 30);
+    assert_int_equal(engine_flags_parse_bytes("4G", &b), 0);
+    assert_true(b == 4ull << 30);
+    assert_int_equal(engine_flags_parse_bytes("4GB", &b), 0);
+    assert_true(b == 4000000000ull);
+    assert_int_equal(engine_flags_parse_bytes("4g", &b), 0);
+    assert_true(b == 4000000000ull);
+    assert_int_equal(engine_flags_parse_bytes("512MiB", &b), 0);
+    assert_true(b == 512ull << 20);
+    assert_int_equal(engine_flags_parse_bytes("1e9", &b), 0);
+    assert_true(b == 1000000000ull);
+    assert_int_equal(engine_flags_parse_bytes("1.5GiB", &b), 0);
+    assert_true(b == 3ull << 29);
+    assert_int_equal(engine_flags_parse_bytes("123", &b), 0);
+    assert_true(b == 123);
+    int64_t v;
+    assert_int_equal(engine_flags_parse_count("32K", 1, 1 << 30, &v), 0);
+    assert_int_equal(v, 32768);
+    assert_int_equal(engine_flags_parse_count("32k", 1, 1 << 30, &v), 0);
+    assert_int_equal(v, 32000);
+    assert_int_equal(engine_flags_parse_count("25.6k", 1, 1 << 30, &v), 0);
+    assert_int_equal(v, 25600);
+    assert_int_equal(engine_flags_parse_count("1M", 1, 1 << 30, &v), 0);
+    assert_int_equal(v, 1 << 20);
+}
+
+static void malformed_values_are_refused(void **state)
+{
+    (void)state;
+    size_t b;
+    const char *bad_bytes[] = {"", "-1", "4X", "4GiBs", "0x10", "inf", "nan", "1e400", "GiB",
+                               "4 GiB", "99999999999999999999999T"};
+    for (size_t i = 0; i < sizeof bad_bytes / sizeof *bad_bytes; i++)
+        assert_int_equal(engine_flags_parse_bytes(bad_bytes[i], &b), MS_EINVAL);
+    int64_t v;
+    const char *bad_counts[] = {"", "-3", "1.5", "3GiB", "2.5K1", "abc", "0"};
+    for (size_t i = 0; i < sizeof bad_counts / sizeof *bad_counts; i++)
+        assert_int_equal(engine_flags_parse_count(bad_counts[i], 1, 1000000, &v), MS_EINVAL);
+    assert_int_equal(engine_flags_parse_count("2M", 1, 1000000, &v), MS_EINVAL); // above hi
+
+    struct engine_flags f;
+    engine_flags_init(&f);
+    char err[256] = "";
+    char *a1[] = {"--max-model-len", "lots"};
+    assert_int_equal(parse_all(&f, 2, a1, err, sizeof err), MS_EINVAL);
+    assert_non_null(strstr(err, "--max-model-len"));
+    assert_non_null(strstr(err, "lots"));
+    char *a2[] = {"--kv-cache-dtype", "fp8"};
+    assert_int_equal(parse_all(&f, 2, a2, err, sizeof err), MS_EINVAL);
+    assert_non_null(strstr(err, "fp8"));
+    char *a3[] = {"--threads"};
+    assert_int_equal(parse_all(&f, 1, a3, err, sizeof err), MS_EINVAL);
+    assert_non_null(strstr(err, "needs a value"));
+    char *a4[] = {"--data-parallel-size", "65"};
+    assert_int_equal(parse_all(&f, 2, a4, err, sizeof err), MS_EINVAL);
+    char *a5[] = {"--enable-prefix-caching=yes"};
+    assert_int_equal(parse_all(&f, 1, a5, err, sizeof err), MS_EINVAL);
+    char *a6[] = {"--kv-cache-memory", "0"};
+    assert_int_equal(parse_all(&f, 2, a6, err, sizeof err), MS_EINVAL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(every_engine_flag_is_parsed),
+        cmocka_unit_test(other_arguments_are_left_alone),
+        cmocka_unit_test(sizes_and_counts_read_like_vllm),
+        cmocka_unit_test(malformed_values_are_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
