@@ -9,6 +9,7 @@ int cmd_chat_template(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_make_model(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_version(int argc, char **argv);
 

@@ -19,6 +19,7 @@ static const struct command commands[] = {
     {"generate", cmd_generate, "run a model on one prompt (token ids or text); --bench for speed"},
     {"make-model", cmd_make_model, "write a random-weight checkpoint (tiny for tests, demo)"},
     {"plan", cmd_plan, "size a deployment from config.json: parameters, memory, KV capacity"},
+    {"serve", cmd_serve, "serve the OpenAI-compatible HTTP API (chat, completions, streaming)"},
     {"tokenize", cmd_tokenize, "encode or decode JSON lines with a model's tokenizer"},
     {"version", cmd_version, "print the version and the backends this build has"},
 };

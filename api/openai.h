@@ -1,0 +1,250 @@
+// openai: the OpenAI wire format. Request bodies of /v1/chat/completions,
+// /v1/completions, /tokenize and /detokenize parsed and validated into
+// arena-backed structs; the JSON of responses, stream chunks and errors.
+// No sockets, no threads: server/ moves the bytes, scheduler/ makes the tokens.
+#ifndef MOESERVE_API_OPENAI_H
+#define MOESERVE_API_OPENAI_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/arena.h"
+#include "model/config.h"
+#include "model/tokenizer.h"
+
+#define OA_MAX_LOGPROBS 20      // top_logprobs / logprobs at most (vLLM's max_logprobs)
+#define OA_MAX_N 128            // choices per prompt (OpenAI's bound)
+#define OA_MAX_STOP 16          // stop strings per request
+#define OA_MAX_STOP_TOKEN_IDS 64
+#define OA_MAX_LOGIT_BIAS 1024  // entries in logit_bias
+#define OA_MAX_PROMPTS 1024     // prompts in one /v1/completions request
+
+// ---- errors ------------------------------------------------------------------
+
+// One failed request, as the OpenAI error envelope carries it. status is the
+// MS_* code the failure came from; http is what the client sees.
+struct oa_error {
+    int status;          // negative MS_* status
+    int http;            // 400, 401, 404, 405, 413, 500, 503...
+    const char *type;    // "invalid_request_error", "authentication_error", "server_error"...
+    const char *code;    // "invalid_type", "model_not_found"... or NULL
+    char param[128];     // "messages[1].content", "" when no single parameter is at fault
+    char message[768];
+};
+
+// HTTP status for an MS_* status (MS_EINVAL 400, MS_ENOTFOUND 404, MS_EBUSY 503, ...).
+int oa_http_status(int ms_status);
+
+// Fills e (http from oa_http_status, type from http) and returns status.
+int oa_errorf(struct oa_error *e, int status, const char *code, const char *param,
+              const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+// For failures with no MS_* status of their own (401, 405, 413): sets http directly.
+void oa_error_http(struct oa_error *e, int http, const char *code, const char *param,
+                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+// {"error": {"message", "type", "param", "code"}} (param and code null when empty).
+json_t *oa_error_json(const struct oa_error *e);
+
+// ---- requests ----------------------------------------------------------------
+
+// What validation needs to know about the model being served.
+struct oa_limits {
+    const struct gen_defaults *gen; // generation_config.json's defaults, or NULL (vLLM's neutral ones)
+    int vocab_size;                 // token ids (prompts, logit_bias, stop_token_ids) must be below it
+    int max_model_len;              // for messages that quote it; 0 when unknown
+};
+
+struct oa_logit_bias {
+    int32_t id;
+    float bias;                     // [-100, 100]
+};
+
+// Sampling, stopping and output options shared by chat and completions,
+// resolved: a value the request omitted holds its default.
+struct oa_gen_params {
+    float temperature;              // [0, 2]; 0 greedy
+    float top_p;                    // (0, 1]
+    int top_k;                      // 0 off, else >= 1
+    float min_p;                    // [0, 1]
+    float presence_penalty;         // [-2, 2]
+    float frequency_penalty;        // [-2, 2]
+    float repetition_penalty;       // (0, 10]; 1 off
+    bool has_seed;
+    int64_t seed;
+    struct oa_logit_bias *logit_bias; // (n_logit_bias)
+    int n_logit_bias;
+
+    int max_tokens;                 // 0: not given (the room left in the context)
+    const char **stop;              // (n_stop) non-empty strings
+    int n_stop;
+    int32_t *stop_token_ids;        // (n_stop_token_ids)
+    int n_stop_token_ids;
+    bool ignore_eos;
+    bool skip_special_tokens;       // true
+
+    int n;                          // [1, OA_MAX_N]
+    bool stream;
+    bool include_usage;             // stream_options.include_usage
+    bool continuous_usage_stats;    // stream_options.continuous_usage_stats (vLLM)
+    int logprobs;                   // -1 none; else alternatives per token (chat: top_logprobs)
+    bool return_tokens_as_token_ids;
+    const char *user;               // or NULL
+    const char *request_id;         // vLLM's request_id, or NULL
+};
+
+struct oa_chat_request {
+    const char *model;              // NULL when omitted (the first served name)
+    json_t *messages;               // owned: a copy with every content a string
+    bool add_generation_prompt;     // true
+    json_t *chat_template_kwargs;   // owned object, or NULL
+    struct oa_gen_params gen;
+    const char *ignored;            // unknown top-level fields, comma-separated, or NULL
+};
+
+// One prompt of a completions request: text, or token ids.
+struct oa_prompt {
+    const char *text;               // NULL for ids
+    size_t text_len;
+    const int32_t *ids;             // (n_ids) when text is NULL
+    int n_ids;
+};
+
+struct oa_completion_request {
+    const char *model;
+    struct oa_prompt *prompts;      // (n_prompts), at least one
+    int n_prompts;
+    bool echo;
+    struct oa_gen_params gen;       // gen.logprobs: the legacy integer
+    const char *ignored;
+};
+
+struct oa_tokenize_request {
+    const char *model;
+    bool is_chat;                   // messages given instead of prompt
+    const char *prompt;             // when !is_chat
+    size_t prompt_len;
+    json_t *messages;               // owned, when is_chat
+    bool add_generation_prompt;     // true
+    json_t *chat_template_kwargs;   // owned, or NULL
+    bool add_special_tokens;        // true for prompt, false for messages (vLLM)
+    bool return_token_strs;
+};
+
+struct oa_detokenize_request {
+    const char *model;
+    int32_t *tokens;                // (n_tokens)
+    int n_tokens;
+};
+
+// Each parser takes the body bytes as received, allocates from the request's
+// arena, and returns 0, or a negative status with e naming the parameter.
+// Omitted and null optional fields take their defaults; unknown top-level
+// fields are accepted and listed in ->ignored (as vLLM does); fields of the
+// OpenAI or vLLM API that moeserve does not implement get a 400 naming them.
+int oa_parse_chat(const char *body, size_t len, const struct oa_limits *lim, struct arena *a,
+                  struct oa_chat_request *out, struct oa_error *e);
+int oa_parse_completion(const char *body, size_t len, const struct oa_limits *lim, struct arena *a,
+                        struct oa_completion_request *out, struct oa_error *e);
+int oa_parse_tokenize(const char *body, size_t len, const struct oa_limits *lim, struct arena *a,
+                      struct oa_tokenize_request *out, struct oa_error *e);
+int oa_parse_detokenize(const char *body, size_t len, const struct oa_limits *lim,
+                        struct arena *a, struct oa_detokenize_request *out, struct oa_error *e);
+// Drop the JSON the requests hold (safe on zeroed or partly filled structs).
+void oa_chat_request_release(struct oa_chat_request *r);
+void oa_tokenize_request_release(struct oa_tokenize_request *r);
+
+// ---- responses ---------------------------------------------------------------
+
+struct oa_logprob {
+    int32_t id;
+    float logprob;
+};
+
+// One generated (or echoed prompt) token with its logprob and alternatives.
+struct oa_token {
+    int32_t id;
+    float logprob;
+    bool has_logprob;               // false for the first prompt token under echo
+    int n_top;
+    struct oa_logprob top[OA_MAX_LOGPROBS];
+};
+
+struct oa_usage {
+    int prompt_tokens;
+    int completion_tokens;
+    int cached_tokens;
+};
+
+// What every response and chunk of one request shares.
+struct oa_meta {
+    const char *id;                 // "chatcmpl-…" / "cmpl-…"
+    int64_t created;
+    const char *model;              // the served name the client asked for
+    const struct tokenizer *tok;    // token strings for logprobs
+    bool tokens_as_ids;             // return_tokens_as_token_ids
+    int logprobs;                   // -1: no logprobs in the output
+};
+
+// One choice, as the server accumulated it.
+struct oa_choice {
+    int index;
+    const char *text;               // the generated text (chat content / completion text)
+    size_t text_len;
+    const struct oa_token *tokens;  // (n_tokens) generated tokens, for logprobs
+    int n_tokens;
+    const char *finish_reason;      // "stop", "length", "abort"
+    const char *stop_str;           // vLLM's stop_reason: the matched string,
+    int32_t stop_id;                // or token id (-1), or null when neither
+    // completions with echo: the prompt's text and tokens, before the output
+    const char *echo_text;
+    size_t echo_len;
+    const struct oa_token *echo_tokens;
+    int n_echo_tokens;
+};
+
+// A fresh id with the prefix ("chatcmpl-", "cmpl-"), 24 random hex digits after it.
+void oa_make_id(char *out, size_t outlen, const char *prefix);
+
+json_t *oa_usage_json(const struct oa_usage *u);
+// chat.completion / text_completion with every choice and usage.
+json_t *oa_chat_response(const struct oa_meta *m, const struct oa_choice *c, int n,
+                         const struct oa_usage *u);
+json_t *oa_completion_response(const struct oa_meta *m, const struct oa_choice *c, int n,
+                               const struct oa_usage *u);
+
+// One stream chunk for one choice. role: the first chunk's "assistant" (chat
+// only) or NULL. finish_reason NULL while more follow. usage non-NULL adds
+// continuous usage. Text and tokens may be empty.
+json_t *oa_chat_chunk(const struct oa_meta *m, int index, const char *role, const char *text,
+                      size_t text_len, const struct oa_token *tokens, int n_tokens,
+                      const char *finish_reason, const char *stop_str, int32_t stop_id,
+                      const struct oa_usage *usage);
+// text_offset_base: characters already streamed for this choice (echo included).
+json_t *oa_completion_chunk(const struct oa_meta *m, int index, const char *text, size_t text_len,
+                            const struct oa_token *tokens, int n_tokens, long *text_offset,
+                            const char *finish_reason, const char *stop_str, int32_t stop_id,
+                            const struct oa_usage *usage);
+// The include_usage chunk: "choices": [] and usage. object: "chat.completion.chunk" or "text_completion".
+json_t *oa_usage_chunk(const struct oa_meta *m, const char *object, const struct oa_usage *u);
+
+// Chat logprobs {"content": [...]} and legacy {"tokens", "token_logprobs",
+// "top_logprobs", "text_offset"} (text_offset advanced past the tokens).
+json_t *oa_chat_logprobs(const struct oa_meta *m, const struct oa_token *t, int n);
+json_t *oa_legacy_logprobs(const struct oa_meta *m, const struct oa_token *t, int n,
+                           long *text_offset);
+
+// The string a logprob entry names a token by: "token_id:N" under
+// tokens_as_ids, else its bytes with invalid UTF-8 replaced by U+FFFD.
+// Writes at most cap-1 bytes and a NUL; returns the length.
+size_t oa_token_str(const struct oa_meta *m, int32_t id, char *out, size_t cap);
+
+// Copies bytes to out replacing each maximal invalid UTF-8 subsequence with
+// U+FFFD (as Python's errors="replace" and Rust's from_utf8_lossy do). out
+// needs 3 * len + 1 bytes; returns the length written (NUL-terminated).
+size_t oa_utf8_lossy(const uint8_t *in, size_t len, char *out);
+// Unicode code points in valid UTF-8 text.
+long oa_utf8_chars(const char *s, size_t len);
+
+#endif

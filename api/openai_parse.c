@@ -1,0 +1,1192 @@
+// openai_parse: request bodies of chat, completions, tokenize and detokenize
+// to validated structs; every parameter checked for type and range.
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/openai.h"
+#include "model/base.h"
+
+// ---- errors ------------------------------------------------------------------
+
+int oa_http_status(int ms_status)
+{
+    switch (ms_status) {
+    case MS_OK: return 200;
+    case MS_EINVAL:
+    case MS_EFORMAT:
+    case MS_ETOOLONG:
+    case MS_EUNSUPPORTED:
+    case MS_ENOFIT: return 400;
+    case MS_ENOTFOUND: return 404;
+    case MS_EBUSY: return 503;
+    default: return 500;
+    }
+}
+
+// OpenAI's own types: every client error is an invalid_request_error (the
+// code says which), every server error a server_error.
+static const char *type_for_http(int http)
+{
+    return http >= 500 ? "server_error" : "invalid_request_error";
+}
+
+static void error_fill(struct oa_error *e, int http, const char *code, const char *param,
+                       const char *fmt, va_list ap)
+{
+    e->http = http;
+    e->type = type_for_http(http);
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+}
+
+int oa_errorf(struct oa_error *e, int status, const char *code, const char *param,
+              const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    e->status = status;
+    error_fill(e, oa_http_status(status), code, param, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+void oa_error_http(struct oa_error *e, int http, const char *code, const char *param,
+                   const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    e->status = http >= 500 ? MS_EINTERNAL : MS_EINVAL;
+    error_fill(e, http, code, param, fmt, ap);
+    va_end(ap);
+}
+
+json_t *oa_error_json(const struct oa_error *e)
+{
+    json_t *inner = json_object();
+    json_t *root = json_object();
+    if (!inner || !root) {
+        json_decref(inner);
+        json_decref(root);
+        return NULL;
+    }
+    json_object_set_new(inner, "message", json_string(e->message[0] ? e->message : "error"));
+    json_object_set_new(inner, "type", json_string(e->type ? e->type : type_for_http(e->http)));
+    json_object_set_new(inner, "param", e->param[0] ? json_string(e->param) : json_null());
+    json_object_set_new(inner, "code", e->code ? json_string(e->code) : json_null());
+    json_object_set_new(root, "error", inner);
+    return root;
+}
+
+// ---- the parser state ----------------------------------------------------------
+
+enum endpoint { EP_CHAT, EP_COMPLETION, EP_TOKENIZE, EP_DETOKENIZE };
+
+struct parser {
+    enum endpoint ep;
+    struct oa_error *e;
+    struct arena *a;
+    const struct oa_limits *lim;
+    struct oa_gen_params *gen; // NULL for tokenize/detokenize
+    const char **model;
+    // Values seen in the pass, resolved against each other afterwards.
+    bool has_temperature, has_top_p, has_top_k, has_min_p, has_repetition_penalty;
+    bool has_max_tokens, has_max_completion_tokens;
+    int max_tokens, max_completion_tokens;
+    bool chat_logprobs;
+    bool has_top_logprobs;
+    int top_logprobs;
+    json_t *stream_options;
+    bool has_best_of;
+    long long best_of;
+    bool has_add_special_tokens;
+    // outputs by endpoint
+    struct oa_chat_request *chat;
+    struct oa_completion_request *cmpl;
+    struct oa_tokenize_request *tokz;
+    struct oa_detokenize_request *detok;
+    bool has_prompt, has_messages, has_tokens;
+    char ignored[1024];
+    size_t ignored_len;
+};
+
+static int oom(struct parser *p)
+{
+    return oa_errorf(p->e, MS_ENOMEM, "internal_error", NULL, "out of memory parsing the request");
+}
+
+static const char *json_kind(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+static int type_error(struct parser *p, const char *key, const char *want, const json_t *v)
+{
+    return oa_errorf(p->e, MS_EINVAL, "invalid_type", key, "'%s' must be %s, got %s", key, want,
+                     json_kind(v));
+}
+
+static int want_bool(struct parser *p, const char *key, json_t *v, bool *out)
+{
+    if (!json_is_boolean(v)) return type_error(p, key, "a boolean", v);
+    *out = json_is_true(v);
+    return 0;
+}
+
+// A number within [lo, hi]; lo_open excludes lo itself.
+static int want_number(struct parser *p, const char *key, json_t *v, double lo, bool lo_open,
+                       double hi, float *out)
+{
+    if (!json_is_number(v)) return type_error(p, key, "a number", v);
+    double d = json_number_value(v);
+    if (!isfinite(d) || d > hi || d < lo || (lo_open && d == lo)) {
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", key,
+                         "'%s' must be %s %g and at most %g, got %.17g", key,
+                         lo_open ? "greater than" : "at least", lo, hi, d);
+    }
+    *out = (float)d;
+    return 0;
+}
+
+// An integer within [lo, hi]. A real with no fractional part counts (10.0),
+// as Python clients sometimes send them.
+static int want_int(struct parser *p, const char *key, json_t *v, long long lo, long long hi,
+                    long long *out)
+{
+    long long x;
+    if (json_is_integer(v)) {
+        x = json_integer_value(v);
+    } else if (json_is_real(v)) {
+        double d = json_real_value(v);
+        if (!isfinite(d) || d != floor(d) || d < -9.2e18 || d > 9.2e18)
+            return type_error(p, key, "an integer", v);
+        x = (long long)d;
+    } else {
+        return type_error(p, key, "an integer", v);
+    }
+    if (x < lo || x > hi) {
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", key,
+                         "'%s' must be between %lld and %lld, got %lld", key, lo, hi, x);
+    }
+    *out = x;
+    return 0;
+}
+
+static int want_string(struct parser *p, const char *key, json_t *v, const char **out,
+                       size_t *len)
+{
+    if (!json_is_string(v)) return type_error(p, key, "a string", v);
+    size_t n = json_string_length(v);
+    char *s = arena_strndup(p->a, json_string_value(v), n);
+    if (!s) return oom(p);
+    *out = s;
+    if (len) *len = n;
+    return 0;
+}
+
+// A token id for key (already formatted with its index).
+static int want_token_id(struct parser *p, const char *key, json_t *v, int32_t *out)
+{
+    long long x;
+    long long hi = p->lim->vocab_size > 0 ? p->lim->vocab_size - 1 : INT32_MAX;
+    int rc = want_int(p, key, v, 0, hi, &x);
+    if (rc) {
+        if (p->e->code && !strcmp(p->e->code, "invalid_value"))
+            oa_errorf(p->e, MS_EINVAL, "invalid_value", key,
+                      "'%s' is %lld, not a token id of this model (0 to %lld)", key,
+                      json_is_integer(v) ? (long long)json_integer_value(v) : 0LL, hi);
+        return rc;
+    }
+    *out = (int32_t)x;
+    return 0;
+}
+
+// ---- fields shared by chat and completions --------------------------------------
+
+static int f_model(struct parser *p, const char *k, json_t *v)
+{
+    return want_string(p, k, v, p->model, NULL);
+}
+
+static int f_temperature(struct parser *p, const char *k, json_t *v)
+{
+    p->has_temperature = true;
+    return want_number(p, k, v, 0, false, 2, &p->gen->temperature);
+}
+
+static int f_top_p(struct parser *p, const char *k, json_t *v)
+{
+    p->has_top_p = true;
+    return want_number(p, k, v, 0, true, 1, &p->gen->top_p);
+}
+
+static int f_top_k(struct parser *p, const char *k, json_t *v)
+{
+    long long x;
+    int rc = want_int(p, k, v, -1, INT32_MAX, &x);
+    if (rc) return rc;
+    p->has_top_k = true;
+    p->gen->top_k = x <= 0 ? 0 : (int)x; // -1 and 0 both mean off, as in vLLM
+    return 0;
+}
+
+static int f_min_p(struct parser *p, const char *k, json_t *v)
+{
+    p->has_min_p = true;
+    return want_number(p, k, v, 0, false, 1, &p->gen->min_p);
+}
+
+static int f_presence_penalty(struct parser *p, const char *k, json_t *v)
+{
+    return want_number(p, k, v, -2, false, 2, &p->gen->presence_penalty);
+}
+
+static int f_frequency_penalty(struct parser *p, const char *k, json_t *v)
+{
+    return want_number(p, k, v, -2, false, 2, &p->gen->frequency_penalty);
+}
+
+static int f_repetition_penalty(struct parser *p, const char *k, json_t *v)
+{
+    p->has_repetition_penalty = true;
+    return want_number(p, k, v, 0, true, 10, &p->gen->repetition_penalty);
+}
+
+static int f_max_tokens(struct parser *p, const char *k, json_t *v)
+{
+    long long x;
+    int rc = want_int(p, k, v, LLONG_MIN, LLONG_MAX, &x);
+    if (rc) return rc;
+    if (x < 1)
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", k, "'%s' must be at least 1, got %lld",
+                         k, x);
+    if (x > INT32_MAX) {
+        if (p->lim->max_model_len > 0)
+            return oa_errorf(p->e, MS_ETOOLONG, "context_length_exceeded", k,
+                             "'%s' is %lld, beyond this model's context length of %d tokens", k,
+                             x, p->lim->max_model_len);
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", k, "'%s' must be at most %d, got %lld",
+                         k, INT32_MAX, x);
+    }
+    if (!strcmp(k, "max_completion_tokens")) {
+        p->has_max_completion_tokens = true;
+        p->max_completion_tokens = (int)x;
+    } else {
+        p->has_max_tokens = true;
+        p->max_tokens = (int)x;
+    }
+    return 0;
+}
+
+static int f_n(struct parser *p, const char *k, json_t *v)
+{
+    long long x;
+    int rc = want_int(p, k, v, 1, OA_MAX_N, &x);
+    if (rc) return rc;
+    p->gen->n = (int)x;
+    return 0;
+}
+
+static int f_stop(struct parser *p, const char *k, json_t *v)
+{
+    char key[64];
+    if (json_is_string(v)) {
+        const char **list = arena_alloc(p->a, sizeof *list);
+        if (!list) return oom(p);
+        int rc = want_string(p, k, v, &list[0], NULL);
+        if (rc) return rc;
+        if (!list[0][0])
+            return oa_errorf(p->e, MS_EINVAL, "invalid_value", k, "'stop' must not be empty");
+        p->gen->stop = list;
+        p->gen->n_stop = 1;
+        return 0;
+    }
+    if (!json_is_array(v)) return type_error(p, k, "a string or an array of strings", v);
+    size_t n = json_array_size(v);
+    if (n > OA_MAX_STOP)
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", k,
+                         "'stop' may hold at most %d strings, got %zu", OA_MAX_STOP, n);
+    const char **list = arena_calloc(p->a, n ? n : 1, sizeof *list);
+    if (!list) return oom(p);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(key, sizeof key, "stop[%zu]", i);
+        int rc = want_string(p, key, json_array_get(v, i), &list[i], NULL);
+        if (rc) return rc;
+        if (!list[i][0])
+            return oa_errorf(p->e, MS_EINVAL, "invalid_value", key, "'%s' must not be empty", key);
+    }
+    p->gen->stop = list;
+    p->gen->n_stop = (int)n;
+    return 0;
+}
+
+static int f_stop_token_ids(struct parser *p, const char *k, json_t *v)
+{
+    char key[64];
+    if (!json_is_array(v)) return type_error(p, k, "an array of token ids", v);
+    size_t n = json_array_size(v);
+    if (n > OA_MAX_STOP_TOKEN_IDS)
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", k,
+                         "'stop_token_ids' may hold at most %d ids, got %zu",
+                         OA_MAX_STOP_TOKEN_IDS, n);
+    int32_t *ids = arena_calloc(p->a, n ? n : 1, sizeof *ids);
+    if (!ids) return oom(p);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(key, sizeof key, "stop_token_ids[%zu]", i);
+        int rc = want_token_id(p, key, json_array_get(v, i), &ids[i]);
+        if (rc) return rc;
+    }
+    p->gen->stop_token_ids = ids;
+    p->gen->n_stop_token_ids = (int)n;
+    return 0;
+}
+
+static int f_seed(struct parser *p, const char *k, json_t *v)
+{
+    long long x;
+    int rc = want_int(p, k, v, LLONG_MIN, LLONG_MAX, &x);
+    if (rc) return rc;
+    p->gen->has_seed = true;
+    p->gen->seed = x;
+    return 0;
+}
+
+// Keys are token ids written as decimal strings, as OpenAI defines them.
+static int f_logit_bias(struct parser *p, const char *k, json_t *v)
+{
+    char key[96];
+    if (!json_is_object(v)) return type_error(p, k, "an object of token id to bias", v);
+    size_t n = json_object_size(v);
+    if (n > OA_MAX_LOGIT_BIAS)
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", k,
+                         "'logit_bias' may hold at most %d entries, got %zu", OA_MAX_LOGIT_BIAS, n);
+    struct oa_logit_bias *lb = arena_calloc(p->a, n ? n : 1, sizeof *lb);
+    if (!lb) return oom(p);
+    const char *tk;
+    json_t *tv;
+    size_t i = 0;
+    json_object_foreach(v, tk, tv) {
+        snprintf(key, sizeof key, "logit_bias[%.60s]", tk);
+        char *end;
+        errno = 0;
+        long long id = strtoll(tk, &end, 10);
+        if (!*tk || *end || errno || id < 0 || (p->lim->vocab_size > 0 && id >= p->lim->vocab_size))
+            return oa_errorf(p->e, MS_EINVAL, "invalid_value", key,
+                             "'logit_bias' keys must be token ids of this model (0 to %d), got "
+                             "'%.60s'",
+                             p->lim->vocab_size - 1, tk);
+        lb[i].id = (int32_t)id;
+        int rc = want_number(p, key, tv, -100, false, 100, &lb[i].bias);
+        if (rc) return rc;
+        i++;
+    }
+    p->gen->logit_bias = lb;
+    p->gen->n_logit_bias = (int)n;
+    return 0;
+}
+
+static int f_stream(struct parser *p, const char *k, json_t *v)
+{
+    return want_bool(p, k, v, &p->gen->stream);
+}
+
+static int f_stream_options(struct parser *p, const char *k, json_t *v)
+{
+    if (!json_is_object(v)) return type_error(p, k, "an object", v);
+    p->stream_options = v;
+    return 0;
+}
+
+static int f_ignore_eos(struct parser *p, const char *k, json_t *v)
+{
+    return want_bool(p, k, v, &p->gen->ignore_eos);
+}
+
+static int f_skip_special_tokens(struct parser *p, const char *k, json_t *v)
+{
+    return want_bool(p, k, v, &p->gen->skip_special_tokens);
+}
+
+static int f_return_tokens_as_token_ids(struct parser *p, const char *k, json_t *v)
+{
+    return want_bool(p, k, v, &p->gen->return_tokens_as_token_ids);
+}
+
+static int f_user(struct parser *p, const char *k, json_t *v)
+{
+    return want_string(p, k, v, &p->gen->user, NULL);
+}
+
+static int f_request_id(struct parser *p, const char *k, json_t *v)
+{
+    const char *s;
+    size_t n;
+    int rc = want_string(p, k, v, &s, &n);
+    if (rc) return rc;
+    if (n == 0 || n > 128)
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", k,
+                         "'request_id' must be 1 to 128 characters, got %zu", n);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x21 || c > 0x7e)
+            return oa_errorf(p->e, MS_EINVAL, "invalid_value", k,
+                             "'request_id' may hold only printable ASCII without spaces");
+    }
+    p->gen->request_id = s;
+    return 0;
+}
+
+// chat: "logprobs": true|false and "top_logprobs": k
+static int f_chat_logprobs(struct parser *p, const char *k, json_t *v)
+{
+    return want_bool(p, k, v, &p->chat_logprobs);
+}
+
+static int f_top_logprobs(struct parser *p, const char *k, json_t *v)
+{
+    long long x;
+    int rc = want_int(p, k, v, 0, OA_MAX_LOGPROBS, &x);
+    if (rc) return rc;
+    p->has_top_logprobs = true;
+    p->top_logprobs = (int)x;
+    return 0;
+}
+
+// completions: "logprobs": k
+static int f_legacy_logprobs(struct parser *p, const char *k, json_t *v)
+{
+    long long x;
+    int rc = want_int(p, k, v, 0, OA_MAX_LOGPROBS, &x);
+    if (rc) return rc;
+    p->gen->logprobs = (int)x;
+    return 0;
+}
+
+static int f_best_of(struct parser *p, const char *k, json_t *v)
+{
+    int rc = want_int(p, k, v, 1, OA_MAX_N, &p->best_of);
+    if (rc) return rc;
+    p->has_best_of = true;
+    return 0;
+}
+
+static int f_echo(struct parser *p, const char *k, json_t *v)
+{
+    return want_bool(p, k, v, &p->cmpl->echo);
+}
+
+// ---- messages -------------------------------------------------------------------
+
+static bool role_known(const char *r)
+{
+    static const char *const roles[] = {"system", "user", "assistant", "tool", "developer"};
+    for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++)
+        if (!strcmp(r, roles[i])) return true;
+    return false;
+}
+
+// Text parts are joined with newlines, which is what vLLM does for templates
+// (like Qwen's) that expect content to be a string.
+static int content_parts(struct parser *p, size_t mi, json_t *parts, json_t **out)
+{
+    char key[96];
+    size_t n = json_array_size(parts), total = 0;
+    for (size_t j = 0; j < n; j++) {
+        json_t *part = json_array_get(parts, j);
+        snprintf(key, sizeof key, "messages[%zu].content[%zu]", mi, j);
+        if (!json_is_object(part)) return type_error(p, key, "an object", part);
+        json_t *type = json_object_get(part, "type");
+        snprintf(key, sizeof key, "messages[%zu].content[%zu].type", mi, j);
+        if (!type) return oa_errorf(p->e, MS_EINVAL, "missing_required_parameter", key,
+                                    "'%s' is required", key);
+        if (!json_is_string(type)) return type_error(p, key, "a string", type);
+        if (strcmp(json_string_value(type), "text"))
+            return oa_errorf(p->e, MS_EUNSUPPORTED, "unsupported_value", key,
+                             "content parts of type '%.40s' are not supported: this model "
+                             "takes text only",
+                             json_string_value(type));
+        json_t *text = json_object_get(part, "text");
+        snprintf(key, sizeof key, "messages[%zu].content[%zu].text", mi, j);
+        if (!text) return oa_errorf(p->e, MS_EINVAL, "missing_required_parameter", key,
+                                    "'%s' is required", key);
+        if (!json_is_string(text)) return type_error(p, key, "a string", text);
+        size_t add = json_string_length(text) + (j ? 1 : 0);
+        if (ms_add_overflow(total, add, &total)) return oom(p);
+    }
+    char *buf = malloc(total + 1);
+    if (!buf) return oom(p);
+    size_t at = 0;
+    for (size_t j = 0; j < n; j++) {
+        json_t *text = json_object_get(json_array_get(parts, j), "text");
+        if (j) buf[at++] = '\n';
+        memcpy(buf + at, json_string_value(text), json_string_length(text));
+        at += json_string_length(text);
+    }
+    *out = json_stringn_nocheck(buf, at);
+    free(buf);
+    return *out ? 0 : oom(p);
+}
+
+// Validates messages and returns an owned copy whose contents are strings.
+// Other keys (name, tool_calls, reasoning_content...) pass through to the
+// template, as transformers passes message dicts.
+static int parse_messages(struct parser *p, json_t *v, json_t **out)
+{
+    char key[96];
+    if (!json_is_array(v)) return type_error(p, "messages", "an array of messages", v);
+    size_t n = json_array_size(v);
+    if (n == 0)
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", "messages",
+                         "'messages' must hold at least one message");
+    json_t *copy = json_array();
+    if (!copy) return oom(p);
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_array_get(v, i);
+        snprintf(key, sizeof key, "messages[%zu]", i);
+        if (!json_is_object(m)) {
+            json_decref(copy);
+            return type_error(p, key, "an object", m);
+        }
+        json_t *role = json_object_get(m, "role");
+        snprintf(key, sizeof key, "messages[%zu].role", i);
+        int rc = 0;
+        if (!role)
+            rc = oa_errorf(p->e, MS_EINVAL, "missing_required_parameter", key, "'%s' is required",
+                           key);
+        else if (!json_is_string(role))
+            rc = type_error(p, key, "a string", role);
+        else if (!role_known(json_string_value(role)))
+            rc = oa_errorf(p->e, MS_EINVAL, "invalid_value", key,
+                           "'%s' must be one of system, user, assistant, tool, developer; got "
+                           "'%.40s'",
+                           key, json_string_value(role));
+        if (rc) {
+            json_decref(copy);
+            return rc;
+        }
+        bool assistant = !strcmp(json_string_value(role), "assistant");
+        json_t *content = json_object_get(m, "content");
+        json_t *norm = NULL;
+        snprintf(key, sizeof key, "messages[%zu].content", i);
+        if (!content || json_is_null(content)) {
+            if (!assistant)
+                rc = oa_errorf(p->e, MS_EINVAL, "missing_required_parameter", key,
+                               "'%s' is required for a %s message", key, json_string_value(role));
+            else
+                norm = json_string("");
+        } else if (json_is_string(content)) {
+            norm = json_incref(content);
+        } else if (json_is_array(content)) {
+            rc = content_parts(p, i, content, &norm);
+        } else {
+            rc = type_error(p, key, "a string or an array of text parts", content);
+        }
+        if (rc) {
+            json_decref(copy);
+            return rc;
+        }
+        json_t *mc = json_copy(m);
+        if (!norm || !mc || json_object_set_new(mc, "content", norm)) {
+            if (!mc) json_decref(norm);
+            json_decref(mc);
+            json_decref(copy);
+            return oom(p);
+        }
+        if (json_array_append_new(copy, mc)) {
+            json_decref(copy);
+            return oom(p);
+        }
+    }
+    *out = copy;
+    return 0;
+}
+
+static int f_messages(struct parser *p, const char *k, json_t *v)
+{
+    (void)k;
+    p->has_messages = true;
+    json_t **dst = p->ep == EP_CHAT ? &p->chat->messages : &p->tokz->messages;
+    return parse_messages(p, v, dst);
+}
+
+static int f_chat_template_kwargs(struct parser *p, const char *k, json_t *v)
+{
+    if (!json_is_object(v)) return type_error(p, k, "an object", v);
+    json_t **dst = p->ep == EP_CHAT ? &p->chat->chat_template_kwargs
+                                    : &p->tokz->chat_template_kwargs;
+    *dst = json_incref(v);
+    return 0;
+}
+
+static int f_add_generation_prompt(struct parser *p, const char *k, json_t *v)
+{
+    bool *dst = p->ep == EP_CHAT ? &p->chat->add_generation_prompt
+                                 : &p->tokz->add_generation_prompt;
+    return want_bool(p, k, v, dst);
+}
+
+// Our tokenizer adds what the checkpoint's post-processor says (nothing, for
+// Qwen3), so the flag is accepted in both forms.
+static int f_add_special_tokens(struct parser *p, const char *k, json_t *v)
+{
+    bool b = false;
+    int rc = want_bool(p, k, v, &b);
+    if (rc) return rc;
+    p->has_add_special_tokens = true;
+    if (p->tokz) p->tokz->add_special_tokens = b;
+    return 0;
+}
+
+// ---- prompts (completions, tokenize) ---------------------------------------------
+
+static int ids_array(struct parser *p, const char *what, json_t *arr, int32_t **ids, int *n_ids)
+{
+    char key[96];
+    size_t n = json_array_size(arr);
+    if (n > INT32_MAX / 2) return oa_errorf(p->e, MS_EINVAL, "invalid_value", what, "too many ids");
+    int32_t *out = arena_calloc(p->a, n ? n : 1, sizeof *out);
+    if (!out) return oom(p);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(key, sizeof key, "%s[%zu]", what, i);
+        int rc = want_token_id(p, key, json_array_get(arr, i), &out[i]);
+        if (rc) return rc;
+    }
+    *ids = out;
+    *n_ids = (int)n;
+    return 0;
+}
+
+static int f_prompt_completion(struct parser *p, const char *k, json_t *v)
+{
+    char key[64];
+    p->has_prompt = true;
+    struct oa_completion_request *r = p->cmpl;
+    if (json_is_string(v)) {
+        r->prompts = arena_calloc(p->a, 1, sizeof *r->prompts);
+        if (!r->prompts) return oom(p);
+        r->n_prompts = 1;
+        return want_string(p, k, v, &r->prompts[0].text, &r->prompts[0].text_len);
+    }
+    const char *want = "a string, an array of strings, an array of token ids or an array of "
+                       "arrays of token ids";
+    if (!json_is_array(v)) return type_error(p, k, want, v);
+    size_t n = json_array_size(v);
+    if (n == 0) return oa_errorf(p->e, MS_EINVAL, "invalid_value", k, "'prompt' must not be empty");
+    json_t *first = json_array_get(v, 0);
+    if (json_is_integer(first)) { // one prompt of token ids
+        r->prompts = arena_calloc(p->a, 1, sizeof *r->prompts);
+        if (!r->prompts) return oom(p);
+        r->n_prompts = 1;
+        int32_t *ids;
+        int rc = ids_array(p, "prompt", v, &ids, &r->prompts[0].n_ids);
+        r->prompts[0].ids = ids;
+        return rc;
+    }
+    if (n > OA_MAX_PROMPTS)
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", k,
+                         "'prompt' may hold at most %d prompts, got %zu", OA_MAX_PROMPTS, n);
+    r->prompts = arena_calloc(p->a, n, sizeof *r->prompts);
+    if (!r->prompts) return oom(p);
+    r->n_prompts = (int)n;
+    bool strings = json_is_string(first);
+    if (!strings && !json_is_array(first)) return type_error(p, "prompt[0]", want, first);
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_array_get(v, i);
+        snprintf(key, sizeof key, "prompt[%zu]", i);
+        int rc;
+        if (strings) {
+            if (!json_is_string(e))
+                return type_error(p, key, "a string, like the prompts before it", e);
+            rc = want_string(p, key, e, &r->prompts[i].text, &r->prompts[i].text_len);
+        } else {
+            if (!json_is_array(e))
+                return type_error(p, key, "an array of token ids, like the prompts before it", e);
+            if (json_array_size(e) == 0)
+                return oa_errorf(p->e, MS_EINVAL, "invalid_value", key,
+                                 "'%s' must not be empty", key);
+            int32_t *ids;
+            rc = ids_array(p, key, e, &ids, &r->prompts[i].n_ids);
+            r->prompts[i].ids = ids;
+        }
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static int f_prompt_tokenize(struct parser *p, const char *k, json_t *v)
+{
+    p->has_prompt = true;
+    return want_string(p, k, v, &p->tokz->prompt, &p->tokz->prompt_len);
+}
+
+static int f_return_token_strs(struct parser *p, const char *k, json_t *v)
+{
+    return want_bool(p, k, v, &p->tokz->return_token_strs);
+}
+
+static int f_tokens(struct parser *p, const char *k, json_t *v)
+{
+    p->has_tokens = true;
+    if (!json_is_array(v)) return type_error(p, k, "an array of token ids", v);
+    return ids_array(p, "tokens", v, &p->detok->tokens, &p->detok->n_tokens);
+}
+
+// ---- the field tables ----------------------------------------------------------------
+
+// Parameters of the OpenAI or vLLM API that moeserve does not implement. The
+// value that means "off" is accepted, anything else is refused by name.
+enum neutral { N_NULL, N_FALSE, N_TRUE, N_ZERO, N_ONE, N_EMPTY, N_ANY, N_STR_NONE, N_STR_AUTO };
+
+struct unsupported {
+    const char *name;
+    enum neutral neutral;
+};
+
+static const struct unsupported unsupported_common[] = {
+    {"allowed_token_ids", N_NULL},
+    {"bad_words", N_EMPTY},
+    {"cache_salt", N_NULL},
+    {"guided_choice", N_NULL},
+    {"guided_decoding_backend", N_NULL},
+    {"guided_grammar", N_NULL},
+    {"guided_json", N_NULL},
+    {"guided_regex", N_NULL},
+    {"guided_whitespace_pattern", N_NULL},
+    {"include_stop_str_in_output", N_FALSE},
+    {"kv_transfer_params", N_NULL},
+    {"length_penalty", N_ONE},
+    {"logits_processors", N_NULL},
+    {"metadata", N_ANY},     // informational, like user
+    {"min_tokens", N_ZERO},
+    {"priority", N_ZERO},
+    {"prompt_logprobs", N_NULL},
+    {"response_format", N_NULL},
+    {"service_tier", N_ANY}, // billing tier: nothing to do with the output
+    {"spaces_between_special_tokens", N_TRUE},
+    {"store", N_FALSE},
+    {"structured_outputs", N_NULL},
+    {"truncate_prompt_tokens", N_NULL},
+    {"use_beam_search", N_FALSE},
+    {"vllm_xargs", N_NULL},
+};
+
+static const struct unsupported unsupported_chat[] = {
+    {"audio", N_NULL},
+    {"chat_template", N_NULL},
+    {"continue_final_message", N_FALSE},
+    {"documents", N_NULL},
+    {"echo", N_FALSE},
+    {"function_call", N_STR_NONE},
+    {"functions", N_EMPTY},
+    {"mm_processor_kwargs", N_NULL},
+    {"modalities", N_NULL},
+    {"parallel_tool_calls", N_ANY}, // meaningless without tools, which are refused
+    {"prediction", N_NULL},
+    {"reasoning_effort", N_NULL},
+    {"tool_choice", N_STR_NONE},
+    {"tools", N_EMPTY},
+    {"web_search_options", N_NULL},
+};
+
+static const struct unsupported unsupported_completion[] = {
+    {"prompt_embeds", N_NULL},
+    {"suffix", N_NULL},
+};
+
+static const struct unsupported unsupported_tokenize[] = {
+    {"chat_template", N_NULL},
+    {"continue_final_message", N_FALSE},
+    {"mm_processor_kwargs", N_NULL},
+    {"tools", N_EMPTY},
+};
+
+static bool is_neutral(enum neutral n, json_t *v)
+{
+    switch (n) {
+    case N_NULL: return false; // null never reaches here
+    case N_FALSE: return json_is_false(v);
+    case N_TRUE: return json_is_true(v);
+    case N_ZERO: return json_is_number(v) && json_number_value(v) == 0;
+    case N_ONE: return json_is_number(v) && json_number_value(v) == 1;
+    case N_EMPTY:
+        return (json_is_array(v) && json_array_size(v) == 0) ||
+               (json_is_object(v) && json_object_size(v) == 0);
+    case N_ANY: return true;
+    case N_STR_NONE: return json_is_string(v) && !strcmp(json_string_value(v), "none");
+    case N_STR_AUTO: return json_is_string(v) && !strcmp(json_string_value(v), "auto");
+    }
+    return false;
+}
+
+typedef int (*field_fn)(struct parser *p, const char *key, json_t *v);
+
+struct field {
+    const char *name;
+    field_fn fn;
+};
+
+static const struct field chat_fields[] = {
+    {"add_generation_prompt", f_add_generation_prompt},
+    {"add_special_tokens", f_add_special_tokens},
+    {"chat_template_kwargs", f_chat_template_kwargs},
+    {"frequency_penalty", f_frequency_penalty},
+    {"ignore_eos", f_ignore_eos},
+    {"logit_bias", f_logit_bias},
+    {"logprobs", f_chat_logprobs},
+    {"max_completion_tokens", f_max_tokens},
+    {"max_tokens", f_max_tokens},
+    {"messages", f_messages},
+    {"min_p", f_min_p},
+    {"model", f_model},
+    {"n", f_n},
+    {"presence_penalty", f_presence_penalty},
+    {"repetition_penalty", f_repetition_penalty},
+    {"request_id", f_request_id},
+    {"return_tokens_as_token_ids", f_return_tokens_as_token_ids},
+    {"seed", f_seed},
+    {"skip_special_tokens", f_skip_special_tokens},
+    {"stop", f_stop},
+    {"stop_token_ids", f_stop_token_ids},
+    {"stream", f_stream},
+    {"stream_options", f_stream_options},
+    {"temperature", f_temperature},
+    {"top_k", f_top_k},
+    {"top_logprobs", f_top_logprobs},
+    {"top_p", f_top_p},
+    {"user", f_user},
+};
+
+static const struct field completion_fields[] = {
+    {"add_special_tokens", f_add_special_tokens},
+    {"best_of", f_best_of},
+    {"echo", f_echo},
+    {"frequency_penalty", f_frequency_penalty},
+    {"ignore_eos", f_ignore_eos},
+    {"logit_bias", f_logit_bias},
+    {"logprobs", f_legacy_logprobs},
+    {"max_tokens", f_max_tokens},
+    {"min_p", f_min_p},
+    {"model", f_model},
+    {"n", f_n},
+    {"presence_penalty", f_presence_penalty},
+    {"prompt", f_prompt_completion},
+    {"repetition_penalty", f_repetition_penalty},
+    {"request_id", f_request_id},
+    {"return_tokens_as_token_ids", f_return_tokens_as_token_ids},
+    {"seed", f_seed},
+    {"skip_special_tokens", f_skip_special_tokens},
+    {"stop", f_stop},
+    {"stop_token_ids", f_stop_token_ids},
+    {"stream", f_stream},
+    {"stream_options", f_stream_options},
+    {"temperature", f_temperature},
+    {"top_k", f_top_k},
+    {"top_p", f_top_p},
+    {"user", f_user},
+};
+
+static const struct field tokenize_fields[] = {
+    {"add_generation_prompt", f_add_generation_prompt},
+    {"add_special_tokens", f_add_special_tokens},
+    {"chat_template_kwargs", f_chat_template_kwargs},
+    {"messages", f_messages},
+    {"model", f_model},
+    {"prompt", f_prompt_tokenize},
+    {"return_token_strs", f_return_token_strs},
+};
+
+static const struct field detokenize_fields[] = {
+    {"model", f_model},
+    {"tokens", f_tokens},
+};
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+static const struct unsupported *find_unsupported(const struct unsupported *t, size_t n,
+                                                  const char *key)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(t[i].name, key)) return &t[i];
+    return NULL;
+}
+
+static void note_ignored(struct parser *p, const char *key)
+{
+    size_t kl = strlen(key);
+    size_t need = kl + (p->ignored_len ? 2 : 0);
+    if (p->ignored_len + need + 4 >= sizeof p->ignored) {
+        if (p->ignored_len + 4 < sizeof p->ignored && !strstr(p->ignored, "...")) {
+            memcpy(p->ignored + p->ignored_len, ", ...", 5);
+            p->ignored_len += 5;
+            p->ignored[sizeof p->ignored - 1] = 0;
+        }
+        return;
+    }
+    if (p->ignored_len) {
+        memcpy(p->ignored + p->ignored_len, ", ", 2);
+        p->ignored_len += 2;
+    }
+    memcpy(p->ignored + p->ignored_len, key, kl);
+    p->ignored_len += kl;
+    p->ignored[p->ignored_len] = 0;
+}
+
+// One pass over the body's keys: known fields to their parsers, unsupported
+// ones refused unless neutral, the rest noted as ignored.
+static int parse_fields(struct parser *p, json_t *root, const struct field *fields,
+                        size_t n_fields, const struct unsupported *extra, size_t n_extra)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        const struct field *f = NULL;
+        for (size_t i = 0; i < n_fields; i++)
+            if (!strcmp(fields[i].name, key)) {
+                f = &fields[i];
+                break;
+            }
+        if (f) {
+            if (json_is_null(v)) continue; // null is "not given" for every optional field
+            int rc = f->fn(p, key, v);
+            if (rc) return rc;
+            continue;
+        }
+        const struct unsupported *u = find_unsupported(extra, n_extra, key);
+        if (!u && p->gen) u = find_unsupported(unsupported_common, COUNT(unsupported_common), key);
+        if (u) {
+            if (json_is_null(v) || is_neutral(u->neutral, v)) continue;
+            return oa_errorf(p->e, MS_EUNSUPPORTED, "unsupported_parameter", key,
+                             "'%s' is not supported by moeserve yet; leave it out of the request",
+                             key);
+        }
+        note_ignored(p, key);
+    }
+    return 0;
+}
+
+static int load_root(struct parser *p, const char *body, size_t len, json_t **out)
+{
+    json_error_t jerr;
+    if (len == 0)
+        return oa_errorf(p->e, MS_EFORMAT, "invalid_json", NULL,
+                         "the request body is empty; send a JSON object");
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return oa_errorf(p->e, MS_EFORMAT, "invalid_json", NULL,
+                         "the request body is not valid JSON (line %d, column %d): %s", jerr.line,
+                         jerr.column, jerr.text);
+    if (!json_is_object(root)) {
+        oa_errorf(p->e, MS_EINVAL, "invalid_type", NULL,
+                  "the request body must be a JSON object, got %s", json_kind(root));
+        json_decref(root);
+        return MS_EINVAL;
+    }
+    *out = root;
+    return 0;
+}
+
+static void gen_init(struct oa_gen_params *g)
+{
+    memset(g, 0, sizeof *g);
+    g->temperature = 1.0f;
+    g->top_p = 1.0f;
+    g->repetition_penalty = 1.0f;
+    g->skip_special_tokens = true;
+    g->n = 1;
+    g->logprobs = -1;
+}
+
+// Sampling values the request left out come from generation_config.json, as
+// vLLM's --generation-config auto does; then the cross-field rules.
+static int gen_finish(struct parser *p)
+{
+    struct oa_gen_params *g = p->gen;
+    const struct gen_defaults *d = p->lim->gen;
+    if (d) {
+        if (!p->has_temperature && d->has_temperature) g->temperature = d->temperature;
+        if (!p->has_top_p && d->has_top_p) g->top_p = d->top_p;
+        if (!p->has_top_k && d->has_top_k) g->top_k = d->top_k > 0 ? d->top_k : 0;
+        if (!p->has_min_p && d->has_min_p) g->min_p = d->min_p;
+        if (!p->has_repetition_penalty && d->has_repetition_penalty)
+            g->repetition_penalty = d->repetition_penalty;
+    }
+    // max_completion_tokens is the newer name; when both come, it wins (as in vLLM).
+    if (p->has_max_completion_tokens) g->max_tokens = p->max_completion_tokens;
+    else if (p->has_max_tokens) g->max_tokens = p->max_tokens;
+
+    if (p->stream_options) {
+        if (!g->stream)
+            return oa_errorf(p->e, MS_EINVAL, "invalid_value", "stream_options",
+                             "'stream_options' is allowed only when 'stream' is true");
+        const char *k;
+        json_t *v;
+        json_object_foreach(p->stream_options, k, v) {
+            char key[96];
+            snprintf(key, sizeof key, "stream_options.%.60s", k);
+            int rc = 0;
+            if (json_is_null(v)) continue;
+            if (!strcmp(k, "include_usage")) rc = want_bool(p, key, v, &g->include_usage);
+            else if (!strcmp(k, "continuous_usage_stats"))
+                rc = want_bool(p, key, v, &g->continuous_usage_stats);
+            else
+                rc = oa_errorf(p->e, MS_EUNSUPPORTED, "unsupported_parameter", key,
+                               "'%s' is not supported; stream_options takes include_usage and "
+                               "continuous_usage_stats",
+                               key);
+            if (rc) return rc;
+        }
+    }
+    if (p->ep == EP_CHAT) {
+        if (p->has_top_logprobs && !p->chat_logprobs && p->top_logprobs > 0)
+            return oa_errorf(p->e, MS_EINVAL, "invalid_value", "top_logprobs",
+                             "'top_logprobs' needs 'logprobs' set to true");
+        if (p->chat_logprobs) g->logprobs = p->has_top_logprobs ? p->top_logprobs : 0;
+    }
+    if (p->has_best_of && p->best_of != g->n)
+        return oa_errorf(p->e, MS_EUNSUPPORTED, "unsupported_parameter", "best_of",
+                         "'best_of' other than n is not supported by moeserve yet (got %lld with "
+                         "n %d)",
+                         p->best_of, g->n);
+    return 0;
+}
+
+static char *finish_ignored(struct parser *p)
+{
+    return p->ignored_len ? arena_strndup(p->a, p->ignored, p->ignored_len) : NULL;
+}
+
+static void parser_init(struct parser *p, enum endpoint ep, const struct oa_limits *lim,
+                        struct arena *a, struct oa_error *e)
+{
+    memset(p, 0, sizeof *p);
+    p->ep = ep;
+    p->lim = lim;
+    p->a = a;
+    p->e = e;
+    memset(e, 0, sizeof *e);
+}
+
+int oa_parse_chat(const char *body, size_t len, const struct oa_limits *lim, struct arena *a,
+                  struct oa_chat_request *out, struct oa_error *e)
+{
+    struct parser p;
+    parser_init(&p, EP_CHAT, lim, a, e);
+    memset(out, 0, sizeof *out);
+    out->add_generation_prompt = true;
+    gen_init(&out->gen);
+    p.chat = out;
+    p.gen = &out->gen;
+    p.model = &out->model;
+    json_t *root;
+    int rc = load_root(&p, body, len, &root);
+    if (rc) return rc;
+    rc = parse_fields(&p, root, chat_fields, COUNT(chat_fields), unsupported_chat,
+                      COUNT(unsupported_chat));
+    if (!rc && !p.has_messages)
+        rc = oa_errorf(e, MS_EINVAL, "missing_required_parameter", "messages",
+                       "'messages' is required");
+    if (!rc) rc = gen_finish(&p);
+    if (!rc) out->ignored = finish_ignored(&p);
+    json_decref(root);
+    if (rc) oa_chat_request_release(out);
+    return rc;
+}
+
+int oa_parse_completion(const char *body, size_t len, const struct oa_limits *lim,
+                        struct arena *a, struct oa_completion_request *out, struct oa_error *e)
+{
+    struct parser p;
+    parser_init(&p, EP_COMPLETION, lim, a, e);
+    memset(out, 0, sizeof *out);
+    gen_init(&out->gen);
+    p.cmpl = out;
+    p.gen = &out->gen;
+    p.model = &out->model;
+    json_t *root;
+    int rc = load_root(&p, body, len, &root);
+    if (rc) return rc;
+    rc = parse_fields(&p, root, completion_fields, COUNT(completion_fields),
+                      unsupported_completion, COUNT(unsupported_completion));
+    if (!rc && !p.has_prompt)
+        rc = oa_errorf(e, MS_EINVAL, "missing_required_parameter", "prompt", "'prompt' is required");
+    if (!rc) rc = gen_finish(&p);
+    if (!rc) out->ignored = finish_ignored(&p);
+    json_decref(root);
+    return rc;
+}
+
+int oa_parse_tokenize(const char *body, size_t len, const struct oa_limits *lim, struct arena *a,
+                      struct oa_tokenize_request *out, struct oa_error *e)
+{
+    struct parser p;
+    parser_init(&p, EP_TOKENIZE, lim, a, e);
+    memset(out, 0, sizeof *out);
+    out->add_generation_prompt = true;
+    p.tokz = out;
+    p.model = &out->model;
+    json_t *root;
+    int rc = load_root(&p, body, len, &root);
+    if (rc) return rc;
+    rc = parse_fields(&p, root, tokenize_fields, COUNT(tokenize_fields), unsupported_tokenize,
+                      COUNT(unsupported_tokenize));
+    if (!rc && p.has_prompt == p.has_messages)
+        rc = oa_errorf(e, MS_EINVAL, p.has_prompt ? "invalid_value" : "missing_required_parameter",
+                       p.has_prompt ? "messages" : "prompt",
+                       "give exactly one of 'prompt' and 'messages'");
+    if (!rc) {
+        out->is_chat = p.has_messages;
+        // vLLM's defaults: special tokens added to a raw prompt, not to a rendered chat.
+        if (!p.has_add_special_tokens) out->add_special_tokens = !out->is_chat;
+    }
+    json_decref(root);
+    if (rc) oa_tokenize_request_release(out);
+    return rc;
+}
+
+int oa_parse_detokenize(const char *body, size_t len, const struct oa_limits *lim,
+                        struct arena *a, struct oa_detokenize_request *out, struct oa_error *e)
+{
+    struct parser p;
+    parser_init(&p, EP_DETOKENIZE, lim, a, e);
+    memset(out, 0, sizeof *out);
+    p.detok = out;
+    p.model = &out->model;
+    json_t *root;
+    int rc = load_root(&p, body, len, &root);
+    if (rc) return rc;
+    rc = parse_fields(&p, root, detokenize_fields, COUNT(detokenize_fields), NULL, 0);
+    if (!rc && !p.has_tokens)
+        rc = oa_errorf(e, MS_EINVAL, "missing_required_parameter", "tokens", "'tokens' is required");
+    json_decref(root);
+    return rc;
+}
+
+void oa_chat_request_release(struct oa_chat_request *r)
+{
+    json_decref(r->messages);
+    json_decref(r->chat_template_kwargs);
+    r->messages = NULL;
+    r->chat_template_kwargs = NULL;
+}
+
+void oa_tokenize_request_release(struct oa_tokenize_request *r)
+{
+    json_decref(r->messages);
+    json_decref(r->chat_template_kwargs);
+    r->messages = NULL;
+    r->chat_template_kwargs = NULL;
+}

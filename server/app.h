@@ -1,0 +1,38 @@
+// app: the model being served and the routes over it — OpenAI chat and
+// completions turned into engine requests and their output into responses
+// and streams; /tokenize, /detokenize, /v1/models, /health, /version.
+#ifndef MOESERVE_SERVER_APP_H
+#define MOESERVE_SERVER_APP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "scheduler/engine.h"
+#include "server/http.h"
+
+struct app_opts {
+    const char *model_dir;
+    const char *const *served_names; // (n_served); none: the model path as given
+    int n_served;
+    bool generation_config_vllm;     // --generation-config vllm: no sampling defaults from the checkpoint
+    struct engine_opts engine;
+    bool kv_dtype_auto;              // resolve engine.kv_dtype from the checkpoint
+    double health_timeout_s;         // /health turns 503 when work waits and no step ends for this long
+};
+
+struct app;
+
+// An app in the loading state: /health answers 503, everything else 503
+// too, until app_load has finished.
+int app_create(struct app **out, char *err, size_t errlen);
+// Loads the model, tokenizer, chat template and engine; then serves.
+int app_load(struct app *a, const struct app_opts *o, char *err, size_t errlen);
+void app_routes(const struct http_route **routes, int *n);
+// /health turns 503 and new generation requests get 503; running ones get
+// timeout_s to finish, the rest end with finish_reason abort. Returns once
+// the engine has nothing in flight.
+void app_drain(struct app *a, double timeout_s);
+// Engine and model gone; call after the HTTP server has stopped.
+void app_destroy(struct app *a);
+
+#endif

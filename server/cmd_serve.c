@@ -1,0 +1,312 @@
+// cmd_serve: `moeserve serve MODEL_DIR` — the OpenAI-compatible server:
+// flags, start-up (listen first, 503 while loading), and the drain on
+// SIGTERM/SIGINT.
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "model/base.h"
+#include "server/app.h"
+#include "server/commands.h"
+#include "server/engine_flags.h"
+#include "server/http.h"
+
+#define MAX_SERVED 16
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: moeserve serve MODEL_DIR [options]\n"
+        "\n"
+        "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models) and\n"
+        "/health, /tokenize, /detokenize, /version for the checkpoint in MODEL_DIR.\n"
+        "\n"
+        "server options:\n"
+        "  --host ADDR                   address to listen on (127.0.0.1; 0.0.0.0 for all)\n"
+        "  --port N                      TCP port (8000; 0 picks a free one)\n"
+        "  --served-model-name NAME ...  names clients use as \"model\" (the MODEL_DIR as given)\n"
+        "  --api-key KEY                 require 'Authorization: Bearer KEY' (or MOESERVE_API_KEY,\n"
+        "                                VLLM_API_KEY); /health and /metrics stay open\n"
+        "  --max-request-body BYTES      larger bodies get 413 (8MiB)\n"
+        "  --shutdown-timeout S          on SIGTERM/SIGINT, running requests get S seconds, then\n"
+        "                                end with finish_reason abort (30)\n"
+        "  --generation-config auto|vllm auto: default sampling from generation_config.json;\n"
+        "                                vllm: neutral defaults (auto)\n"
+        "  --http-threads N              HTTP event threads (4)\n"
+        "  --sse-keepalive S             SSE comment after S idle seconds in a stream (15; 0 off)\n"
+        "  --health-timeout S            /health says 503 when work waits and no engine step\n"
+        "                                ends for S seconds (120)\n"
+        "\n");
+    engine_flags_usage(f);
+}
+
+static int parse_seconds(const char *flag, const char *v, double *out, char *err, size_t errlen)
+{
+    char *end;
+    errno = 0;
+    double d = strtod(v, &end);
+    if (errno || end == v || *end || !(d >= 0) || d > 1e7)
+        return ms_err(err, errlen, MS_EINVAL, "%s takes seconds (a number >= 0), got \"%s\"", flag, v);
+    *out = d;
+    return 0;
+}
+
+static int parse_int(const char *flag, const char *v, long lo, long hi, long *out, char *err,
+                     size_t errlen)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi)
+        return ms_err(err, errlen, MS_EINVAL, "%s takes a whole number from %ld to %ld, got \"%s\"",
+                      flag, lo, hi, v);
+    *out = x;
+    return 0;
+}
+
+// "--name value" or "--name=value"; returns the value or NULL (no match).
+static const char *flag_value(const char *name, int argc, char **argv, int *i, int *rc, char *err,
+                              size_t errlen)
+{
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(a, name, n)) return NULL;
+    if (a[n] == '=') return a + n + 1;
+    if (a[n]) return NULL;
+    if (*i + 1 >= argc) {
+        *rc = ms_err(err, errlen, MS_EINVAL, "%s needs a value", name);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+struct serve_opts {
+    const char *model_dir;
+    const char *host;
+    long port;
+    const char *served[MAX_SERVED];
+    int n_served;
+    const char *api_key;
+    size_t max_body;
+    double shutdown_timeout;
+    bool gen_vllm;
+    long http_threads;
+    double keepalive;
+    double health_timeout;
+    struct engine_flags ef;
+};
+
+static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, size_t errlen)
+{
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->port = 8000;
+    o->max_body = 8u << 20;
+    o->shutdown_timeout = 30;
+    o->http_threads = 4;
+    o->keepalive = 15;
+    o->health_timeout = 120;
+    engine_flags_init(&o->ef);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int rc = 0;
+        const char *v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            exit(0);
+        }
+        int ef = engine_flags_parse_one(&o->ef, argc, argv, &i, err, errlen);
+        if (ef < 0) return ef;
+        if (ef == 1) continue;
+        if ((v = flag_value("--host", argc, argv, &i, &rc, err, errlen))) {
+            o->host = v;
+        } else if (!rc && (v = flag_value("--port", argc, argv, &i, &rc, err, errlen))) {
+            rc = parse_int("--port", v, 0, 65535, &o->port, err, errlen);
+        } else if (!rc && (v = flag_value("--served-model-name", argc, argv, &i, &rc, err, errlen))) {
+            // vLLM takes several names after one flag.
+            for (;;) {
+                if (o->n_served == MAX_SERVED)
+                    return ms_err(err, errlen, MS_EINVAL, "at most %d served model names", MAX_SERVED);
+                if (!v[0]) return ms_err(err, errlen, MS_EINVAL, "--served-model-name must not be empty");
+                o->served[o->n_served++] = v;
+                if (i + 1 < argc && argv[i + 1][0] != '-' && o->model_dir) v = argv[++i];
+                else break;
+            }
+        } else if (!rc && (v = flag_value("--api-key", argc, argv, &i, &rc, err, errlen))) {
+            o->api_key = v;
+        } else if (!rc && (v = flag_value("--max-request-body", argc, argv, &i, &rc, err, errlen))) {
+            if (engine_flags_parse_bytes(v, &o->max_body) || o->max_body < 1024)
+                rc = ms_err(err, errlen, MS_EINVAL,
+                            "--max-request-body takes a size of at least 1KiB (bytes, 8MiB, 8M...), "
+                            "got \"%s\"", v);
+        } else if (!rc && (v = flag_value("--shutdown-timeout", argc, argv, &i, &rc, err, errlen))) {
+            rc = parse_seconds("--shutdown-timeout", v, &o->shutdown_timeout, err, errlen);
+        } else if (!rc && (v = flag_value("--generation-config", argc, argv, &i, &rc, err, errlen))) {
+            if (!strcmp(v, "vllm")) o->gen_vllm = true;
+            else if (!strcmp(v, "auto")) o->gen_vllm = false;
+            else rc = ms_err(err, errlen, MS_EINVAL, "--generation-config takes auto or vllm, got \"%s\"", v);
+        } else if (!rc && (v = flag_value("--http-threads", argc, argv, &i, &rc, err, errlen))) {
+            rc = parse_int("--http-threads", v, 1, 256, &o->http_threads, err, errlen);
+        } else if (!rc && (v = flag_value("--sse-keepalive", argc, argv, &i, &rc, err, errlen))) {
+            rc = parse_seconds("--sse-keepalive", v, &o->keepalive, err, errlen);
+        } else if (!rc && (v = flag_value("--health-timeout", argc, argv, &i, &rc, err, errlen))) {
+            rc = parse_seconds("--health-timeout", v, &o->health_timeout, err, errlen);
+        } else if (!rc && a[0] == '-' && a[1]) {
+            rc = ms_err(err, errlen, MS_EINVAL, "unknown option %s (see moeserve serve --help)", a);
+        } else if (!rc) {
+            if (o->model_dir)
+                rc = ms_err(err, errlen, MS_EINVAL, "one MODEL_DIR only (got \"%s\" and \"%s\")",
+                            o->model_dir, a);
+            o->model_dir = a;
+        }
+        if (rc) return rc;
+    }
+    if (!o->model_dir) return ms_err(err, errlen, MS_EINVAL, "MODEL_DIR is missing");
+    if (!o->api_key) o->api_key = getenv("MOESERVE_API_KEY");
+    if (!o->api_key) o->api_key = getenv("VLLM_API_KEY");
+    if (o->api_key && !o->api_key[0]) o->api_key = NULL;
+    return 0;
+}
+
+// Signals go to one thread: before the model is loaded one ends the process
+// at once (nothing is running); after, the first starts the drain (main
+// waits for it on a pipe) and a second quits without waiting.
+struct sigctx {
+    sigset_t set;
+    atomic_bool loaded;
+    int pipe_w;
+    atomic_int which;
+};
+
+static void *signal_main(void *arg)
+{
+    struct sigctx *c = arg;
+    int n = 0;
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&c->set, &sig)) continue;
+        const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+        if (!atomic_load(&c->loaded)) {
+            ms_log(MS_LOG_INFO, "%s while loading: exiting", name);
+            _exit(0);
+        }
+        if (n++ > 0) {
+            ms_log(MS_LOG_WARN, "%s again: quitting without waiting for running requests", name);
+            _exit(1);
+        }
+        atomic_store(&c->which, sig);
+        char b = 1;
+        ssize_t w = write(c->pipe_w, &b, 1);
+        (void)w;
+    }
+    return NULL;
+}
+
+// Many open streams need many descriptors.
+static void raise_fd_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    struct serve_opts o;
+    char err[1024];
+    if (parse_args(argc, argv, &o, err, sizeof err)) {
+        fprintf(stderr, "moeserve serve: %s\n", err);
+        return 2;
+    }
+    raise_fd_limit();
+    // Every thread created from here on inherits the mask, so only the
+    // signal thread ever sees SIGINT and SIGTERM.
+    static struct sigctx sc;
+    sigemptyset(&sc.set);
+    sigaddset(&sc.set, SIGINT);
+    sigaddset(&sc.set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sc.set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    int sp[2];
+    pthread_t sig_th;
+    if (pipe(sp) || (sc.pipe_w = sp[1], pthread_create(&sig_th, NULL, signal_main, &sc))) {
+        fprintf(stderr, "moeserve serve: cannot start the signal thread\n");
+        return 1;
+    }
+    pthread_detach(sig_th);
+
+    struct app *app;
+    if (app_create(&app, err, sizeof err)) {
+        fprintf(stderr, "moeserve serve: %s\n", err);
+        return 1;
+    }
+    struct rlimit rl;
+    unsigned max_conn = 4096;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur > 128)
+        max_conn = rl.rlim_cur - 64 > 65536 ? 65536 : (unsigned)(rl.rlim_cur - 64);
+    struct http_opts ho = {
+        .host = o.host,
+        .port = (int)o.port,
+        .threads = (int)o.http_threads,
+        .max_body = o.max_body,
+        .api_key = o.api_key,
+        .keepalive_s = o.keepalive,
+        .connection_timeout_s = 300,
+        .max_connections = max_conn,
+        .app = app,
+    };
+    app_routes(&ho.routes, &ho.n_routes);
+    struct http_server *srv;
+    if (http_start(&ho, &srv, err, sizeof err)) {
+        fprintf(stderr, "moeserve serve: %s\n", err);
+        app_destroy(app);
+        return 1;
+    }
+    const char *shown = strchr(o.host, ':') ? "[%s]" : "%s";
+    char hostbuf[300];
+    snprintf(hostbuf, sizeof hostbuf, shown, o.host);
+    ms_log(MS_LOG_INFO, "listening on http://%s:%d (loading %s)", hostbuf, http_port(srv), o.model_dir);
+
+    struct app_opts ao = {
+        .model_dir = o.model_dir,
+        .served_names = o.served,
+        .n_served = o.n_served,
+        .generation_config_vllm = o.gen_vllm,
+        .engine = o.ef.opts,
+        .kv_dtype_auto = o.ef.kv_dtype_auto,
+        .health_timeout_s = o.health_timeout,
+    };
+    double t0 = ms_now();
+    if (app_load(app, &ao, err, sizeof err)) {
+        fprintf(stderr, "moeserve serve: %s\n", err);
+        http_stop(srv, 1);
+        app_destroy(app);
+        return 1;
+    }
+    ms_log(MS_LOG_INFO, "ready: serving %s as \"%s\" on http://%s:%d (loaded in %.1fs)%s", o.model_dir,
+           o.n_served ? o.served[0] : o.model_dir, hostbuf, http_port(srv), ms_now() - t0,
+           o.api_key ? ", API key required" : "");
+
+    atomic_store(&sc.loaded, true);
+    char b;
+    while (read(sp[0], &b, 1) != 1) {
+    }
+    ms_log(MS_LOG_INFO, "%s: draining (running requests get %.0fs; a second signal quits at once)",
+           atomic_load(&sc.which) == SIGINT ? "SIGINT" : "SIGTERM", o.shutdown_timeout);
+    app_drain(app, o.shutdown_timeout);
+    // The engine is done; let the last chunks and bodies reach their clients.
+    double end = ms_now() + 10;
+    while (http_open_async(srv) > 0 && ms_now() < end) usleep(10000);
+    http_stop(srv, 2);
+    app_destroy(app);
+    ms_log(MS_LOG_INFO, "stopped");
+    return 0;
+}

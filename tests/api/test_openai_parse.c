@@ -1,0 +1,601 @@
+// Pins request validation: every parameter's type and range, malformed and
+// hostile bodies, defaults from generation_config, and the error envelope.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "api/openai.h"
+#include "model/base.h"
+
+static const struct oa_limits limits = {.gen = NULL, .vocab_size = 1000, .max_model_len = 512};
+
+#define MSGS "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
+
+static int chat(const char *body, struct oa_chat_request *r, struct oa_error *e,
+                struct arena *a, const struct oa_limits *lim)
+{
+    return oa_parse_chat(body, strlen(body), lim ? lim : &limits, a, r, e);
+}
+
+static void expect_chat_error(const char *body, int http, const char *param)
+{
+    struct arena *a = arena_create(4096);
+    struct oa_chat_request r;
+    struct oa_error e;
+    int rc = chat(body, &r, &e, a, NULL);
+    if (rc == 0) fail_msg("accepted: %s", body);
+    if (e.http != http || strcmp(e.param, param)) {
+        fail_msg("%s: got %d param '%s' (%s), want %d '%s'", body, e.http, e.param, e.message,
+                 http, param);
+    }
+    assert_true(e.message[0] != 0);
+    arena_destroy(a);
+}
+
+static void expect_completion_error(const char *body, int http, const char *param)
+{
+    struct arena *a = arena_create(4096);
+    struct oa_completion_request r;
+    struct oa_error e;
+    int rc = oa_parse_completion(body, strlen(body), &limits, a, &r, &e);
+    if (rc == 0) fail_msg("accepted: %s", body);
+    if (e.http != http || strcmp(e.param, param))
+        fail_msg("%s: got %d param '%s' (%s), want %d '%s'", body, e.http, e.param, e.message,
+                 http, param);
+    arena_destroy(a);
+}
+
+static void malformed_json_is_400_without_param(void **state)
+{
+    (void)state;
+    const char *bodies[] = {
+        "",
+        "{",
+        "{\"messages\": [",
+        "{\"messages\": []} trailing",
+        "[1, 2]",
+        "\"just a string\"",
+        "null",
+        "{\"a\": 1, \"a\": 2}",          // duplicate keys
+        "{\"model\": \"x\" \"n\": 1}",   // missing comma
+        "{\"temperature\": NaN}",
+        "{\"temperature\": Infinity}",
+        "{\"n\": 99999999999999999999999}", // beyond any integer type
+        "{\"temperature\": 1e999}",
+    };
+    for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) expect_chat_error(bodies[i], 400, "");
+}
+
+static void invalid_utf8_is_refused(void **state)
+{
+    (void)state;
+    expect_chat_error("{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}", 400, "");
+    expect_chat_error("{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\"}]}", 400, "");
+    expect_chat_error("{\"messages\":[{\"role\":\"user\",\"content\":\"\xed\xa0\x80\"}]}", 400, "");
+    // A lone surrogate escape is invalid too.
+    expect_chat_error("{\"messages\":[{\"role\":\"user\",\"content\":\"\\ud800\"}]}", 400, "");
+    // Embedded NUL bytes in the body are not JSON.
+    const char body[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\0b\"}]}";
+    struct arena *a = arena_create(4096);
+    struct oa_chat_request r;
+    struct oa_error e;
+    assert_int_not_equal(oa_parse_chat(body, sizeof body - 1, &limits, a, &r, &e), 0);
+    assert_int_equal(e.http, 400);
+    arena_destroy(a);
+}
+
+struct wrong {
+    const char *param;
+    const char *value;
+};
+
+static void wrong_types_name_the_parameter(void **state)
+{
+    (void)state;
+    const struct wrong cases[] = {
+        {"model", "1"},
+        {"max_tokens", "\"10\""},
+        {"max_tokens", "1.5"},
+        {"max_completion_tokens", "true"},
+        {"temperature", "\"hot\""},
+        {"top_p", "[1]"},
+        {"top_k", "2.5"},
+        {"min_p", "{}"},
+        {"n", "\"2\""},
+        {"stop", "5"},
+        {"seed", "\"42\""},
+        {"presence_penalty", "false"},
+        {"frequency_penalty", "\"0\""},
+        {"repetition_penalty", "[]"},
+        {"logit_bias", "[1,2]"},
+        {"logprobs", "1"},
+        {"top_logprobs", "\"3\""},
+        {"stream", "\"yes\""},
+        {"stream_options", "true"},
+        {"ignore_eos", "0"},
+        {"chat_template_kwargs", "\"enable_thinking\""},
+        {"return_tokens_as_token_ids", "\"true\""},
+        {"user", "7"},
+        {"add_generation_prompt", "1"},
+        {"stop_token_ids", "3"},
+        {"skip_special_tokens", "\"no\""},
+        {"request_id", "12"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{" MSGS ", \"%s\": %s}", cases[i].param, cases[i].value);
+        expect_chat_error(body, 400, cases[i].param);
+    }
+    // Elements carry their index.
+    expect_chat_error("{" MSGS ", \"stop\": [\"a\", 3]}", 400, "stop[1]");
+    expect_chat_error("{" MSGS ", \"stop_token_ids\": [1, \"x\"]}", 400, "stop_token_ids[1]");
+    expect_chat_error("{" MSGS ", \"logit_bias\": {\"5\": \"x\"}}", 400, "logit_bias[5]");
+    expect_chat_error("{" MSGS ", \"stream\": true, \"stream_options\": {\"include_usage\": 1}}",
+                      400, "stream_options.include_usage");
+}
+
+static void wrong_types_in_completions(void **state)
+{
+    (void)state;
+    const struct wrong cases[] = {
+        {"prompt", "5"},
+        {"prompt", "{}"},
+        {"logprobs", "true"},
+        {"echo", "\"yes\""},
+        {"best_of", "\"2\""},
+        {"max_tokens", "\"1\""},
+        {"temperature", "null, \"temperature\": \"x\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[512];
+        if (!strcmp(cases[i].param, "prompt"))
+            snprintf(body, sizeof body, "{\"prompt\": %s}", cases[i].value);
+        else
+            snprintf(body, sizeof body, "{\"prompt\": \"hi\", \"%s\": %s}", cases[i].param,
+                     cases[i].value);
+        // Duplicate keys are malformed JSON, which names no parameter.
+        expect_completion_error(body, 400, strstr(body, "null,") ? "" : cases[i].param);
+    }
+    expect_completion_error("{\"prompt\": [\"a\", 1]}", 400, "prompt[1]");
+    expect_completion_error("{\"prompt\": [[1, 2], \"a\"]}", 400, "prompt[1]");
+    expect_completion_error("{\"prompt\": [[1, 2], []]}", 400, "prompt[1]");
+    expect_completion_error("{\"prompt\": [1, \"a\"]}", 400, "prompt[1]");
+    expect_completion_error("{\"prompt\": [1, 1000]}", 400, "prompt[1]"); // beyond the vocabulary
+    expect_completion_error("{\"prompt\": [-1]}", 400, "prompt[0]");
+    expect_completion_error("{\"prompt\": []}", 400, "prompt");
+    expect_completion_error("{\"prompt\": [true]}", 400, "prompt[0]");
+    expect_completion_error("{}", 400, "prompt");
+    expect_completion_error("{\"prompt\": \"a\", \"logprobs\": 21}", 400, "logprobs");
+    expect_completion_error("{\"prompt\": \"a\", \"best_of\": 3}", 400, "best_of");
+    expect_completion_error("{\"prompt\": \"a\", \"suffix\": \"b\"}", 400, "suffix");
+}
+
+static void out_of_range_values_are_refused(void **state)
+{
+    (void)state;
+    const struct wrong cases[] = {
+        {"max_tokens", "-1"},
+        {"max_tokens", "0"},
+        {"max_tokens", "-99999999999"},
+        {"max_tokens", "99999999999"},
+        {"max_tokens", "1e30"},
+        {"max_completion_tokens", "-5"},
+        {"temperature", "-0.1"},
+        {"temperature", "2.5"},
+        {"temperature", "1e308"},
+        {"top_p", "0"},
+        {"top_p", "1.01"},
+        {"top_k", "-2"},
+        {"top_k", "9999999999"},
+        {"min_p", "1.5"},
+        {"n", "0"},
+        {"n", "129"},
+        {"n", "-3"},
+        {"presence_penalty", "2.1"},
+        {"frequency_penalty", "-3"},
+        {"repetition_penalty", "0"},
+        {"repetition_penalty", "11"},
+        {"top_logprobs", "21"},
+        {"top_logprobs", "-1"},
+        {"stop", "\"\""},
+        {"stop", "[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\",\"k\",\"l\",\"m\","
+                 "\"n\",\"o\",\"p\",\"q\"]"},
+        {"request_id", "\"has space\""},
+        {"request_id", "\"\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{" MSGS ", \"%s\": %s}", cases[i].param, cases[i].value);
+        expect_chat_error(body, 400, cases[i].param);
+    }
+    expect_chat_error("{" MSGS ", \"stop\": [\"\"]}", 400, "stop[0]");
+    expect_chat_error("{" MSGS ", \"logit_bias\": {\"1000\": 1}}", 400, "logit_bias[1000]");
+    expect_chat_error("{" MSGS ", \"logit_bias\": {\"-1\": 1}}", 400, "logit_bias[-1]");
+    expect_chat_error("{" MSGS ", \"logit_bias\": {\"abc\": 1}}", 400, "logit_bias[abc]");
+    expect_chat_error("{" MSGS ", \"logit_bias\": {\"5\": 101}}", 400, "logit_bias[5]");
+    expect_chat_error("{" MSGS ", \"stop_token_ids\": [1000]}", 400, "stop_token_ids[0]");
+}
+
+static void max_tokens_beyond_context_says_both_numbers(void **state)
+{
+    (void)state;
+    struct arena *a = arena_create(4096);
+    struct oa_chat_request r;
+    struct oa_error e;
+    assert_int_equal(chat("{" MSGS ", \"max_tokens\": 99999999999}", &r, &e, a, NULL), MS_ETOOLONG);
+    assert_int_equal(e.http, 400);
+    assert_string_equal(e.code, "context_length_exceeded");
+    assert_non_null(strstr(e.message, "99999999999"));
+    assert_non_null(strstr(e.message, "512"));
+    arena_destroy(a);
+}
+
+static void messages_are_validated(void **state)
+{
+    (void)state;
+    expect_chat_error("{}", 400, "messages");
+    expect_chat_error("{\"messages\": []}", 400, "messages");
+    expect_chat_error("{\"messages\": null}", 400, "messages");
+    expect_chat_error("{\"messages\": {}}", 400, "messages");
+    expect_chat_error("{\"messages\": [\"hi\"]}", 400, "messages[0]");
+    expect_chat_error("{\"messages\": [{\"content\": \"hi\"}]}", 400, "messages[0].role");
+    expect_chat_error("{\"messages\": [{\"role\": 1, \"content\": \"hi\"}]}", 400,
+                      "messages[0].role");
+    expect_chat_error("{\"messages\": [{\"role\": \"wizard\", \"content\": \"hi\"}]}", 400,
+                      "messages[0].role");
+    expect_chat_error("{\"messages\": [{\"role\": \"user\"}]}", 400, "messages[0].content");
+    expect_chat_error("{\"messages\": [{\"role\": \"user\", \"content\": null}]}", 400,
+                      "messages[0].content");
+    expect_chat_error("{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", 400,
+                      "messages[0].content");
+    expect_chat_error("{\"messages\": [{\"role\": \"user\", \"content\": [5]}]}", 400,
+                      "messages[0].content[0]");
+    expect_chat_error("{\"messages\": [{\"role\": \"user\", \"content\": [{\"text\": \"a\"}]}]}",
+                      400, "messages[0].content[0].type");
+    expect_chat_error("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\"}]}]}",
+                      400, "messages[0].content[0].text");
+    expect_chat_error("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\","
+                      " \"image_url\": {\"url\": \"http://x\"}}]}]}",
+                      400, "messages[0].content[0].type");
+    expect_chat_error("{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": "
+                      "\"user\", \"content\": [{\"type\": \"text\", \"text\": 3}]}]}",
+                      400, "messages[1].content[0].text");
+}
+
+static void text_parts_join_with_newlines_and_other_keys_pass_through(void **state)
+{
+    (void)state;
+    struct arena *a = arena_create(4096);
+    struct oa_chat_request r;
+    struct oa_error e;
+    const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", "
+                       "\"text\": \"one\"}, {\"type\": \"text\", \"text\": \"two\"}]}, {\"role\": "
+                       "\"assistant\", \"content\": null, \"reasoning_content\": \"r\"}]}";
+    assert_int_equal(chat(body, &r, &e, a, NULL), 0);
+    assert_int_equal(json_array_size(r.messages), 2);
+    json_t *m0 = json_array_get(r.messages, 0);
+    assert_string_equal(json_string_value(json_object_get(m0, "content")), "one\ntwo");
+    json_t *m1 = json_array_get(r.messages, 1);
+    assert_string_equal(json_string_value(json_object_get(m1, "content")), "");
+    assert_string_equal(json_string_value(json_object_get(m1, "reasoning_content")), "r");
+    assert_true(r.add_generation_prompt);
+    oa_chat_request_release(&r);
+    arena_destroy(a);
+}
+
+static void omitted_sampling_comes_from_generation_config(void **state)
+{
+    (void)state;
+    struct gen_defaults g = {.has_temperature = true, .temperature = 0.6f, .has_top_p = true,
+                             .top_p = 0.95f, .has_top_k = true, .top_k = 20};
+    struct oa_limits lim = limits;
+    lim.gen = &g;
+    struct arena *a = arena_create(4096);
+    struct oa_chat_request r;
+    struct oa_error e;
+    assert_int_equal(chat("{" MSGS "}", &r, &e, a, &lim), 0);
+    assert_float_equal(r.gen.temperature, 0.6f, 1e-6);
+    assert_float_equal(r.gen.top_p, 0.95f, 1e-6);
+    assert_int_equal(r.gen.top_k, 20);
+    assert_float_equal(r.gen.min_p, 0.0f, 0);
+    assert_float_equal(r.gen.repetition_penalty, 1.0f, 0);
+    assert_int_equal(r.gen.max_tokens, 0);
+    assert_int_equal(r.gen.n, 1);
+    assert_int_equal(r.gen.logprobs, -1);
+    assert_true(r.gen.skip_special_tokens);
+    oa_chat_request_release(&r);
+    // What the request gives wins, null included as "not given".
+    assert_int_equal(chat("{" MSGS ", \"temperature\": 0, \"top_k\": -1, \"top_p\": null}", &r,
+                          &e, a, &lim), 0);
+    assert_float_equal(r.gen.temperature, 0.0f, 0);
+    assert_int_equal(r.gen.top_k, 0);
+    assert_float_equal(r.gen.top_p, 0.95f, 1e-6);
+    oa_chat_request_release(&r);
+    // Without generation_config: vLLM's neutral defaults.
+    assert_int_equal(chat("{" MSGS "}", &r, &e, a, NULL), 0);
+    assert_float_equal(r.gen.temperature, 1.0f, 0);
+    assert_float_equal(r.gen.top_p, 1.0f, 0);
+    assert_int_equal(r.gen.top_k, 0);
+    oa_chat_request_release(&r);
+    arena_destroy(a);
+}
+
+static void every_parameter_lands_in_the_request(void **state)
+{
+    (void)state;
+    struct arena *a = arena_create(4096);
+    struct oa_chat_request r;
+    struct oa_error e;
+    const char *body =
+        "{\"model\": \"m\", " MSGS ", \"max_tokens\": 7, \"max_completion_tokens\": 9, "
+        "\"temperature\": 0.5, \"top_p\": 0.9, \"top_k\": 5, \"min_p\": 0.1, \"n\": 3, "
+        "\"stop\": [\"x\", \"yz\"], \"seed\": -42, \"presence_penalty\": 0.5, "
+        "\"frequency_penalty\": -0.5, \"repetition_penalty\": 1.1, \"logit_bias\": {\"5\": -100, "
+        "\"7\": 2.5}, \"logprobs\": true, \"top_logprobs\": 4, \"stream\": true, "
+        "\"stream_options\": {\"include_usage\": true, \"continuous_usage_stats\": false}, "
+        "\"ignore_eos\": true, \"chat_template_kwargs\": {\"enable_thinking\": false}, "
+        "\"return_tokens_as_token_ids\": true, \"user\": \"u\", \"add_generation_prompt\": false, "
+        "\"stop_token_ids\": [3, 4], \"skip_special_tokens\": false, \"request_id\": \"abc-1\", "
+        "\"tools\": [], \"tool_choice\": \"none\", \"store\": false, \"weird_field\": 1}";
+    assert_int_equal(chat(body, &r, &e, a, NULL), 0);
+    assert_string_equal(r.model, "m");
+    assert_int_equal(r.gen.max_tokens, 9); // max_completion_tokens wins
+    assert_float_equal(r.gen.temperature, 0.5f, 1e-6);
+    assert_float_equal(r.gen.top_p, 0.9f, 1e-6);
+    assert_int_equal(r.gen.top_k, 5);
+    assert_float_equal(r.gen.min_p, 0.1f, 1e-6);
+    assert_int_equal(r.gen.n, 3);
+    assert_int_equal(r.gen.n_stop, 2);
+    assert_string_equal(r.gen.stop[1], "yz");
+    assert_true(r.gen.has_seed);
+    assert_int_equal(r.gen.seed, -42);
+    assert_float_equal(r.gen.presence_penalty, 0.5f, 1e-6);
+    assert_float_equal(r.gen.frequency_penalty, -0.5f, 1e-6);
+    assert_float_equal(r.gen.repetition_penalty, 1.1f, 1e-6);
+    assert_int_equal(r.gen.n_logit_bias, 2);
+    assert_int_equal(r.gen.logit_bias[0].id, 5);
+    assert_float_equal(r.gen.logit_bias[0].bias, -100.0f, 0);
+    assert_int_equal(r.gen.logprobs, 4);
+    assert_true(r.gen.stream);
+    assert_true(r.gen.include_usage);
+    assert_false(r.gen.continuous_usage_stats);
+    assert_true(r.gen.ignore_eos);
+    assert_true(json_is_false(json_object_get(r.chat_template_kwargs, "enable_thinking")));
+    assert_true(r.gen.return_tokens_as_token_ids);
+    assert_string_equal(r.gen.user, "u");
+    assert_false(r.add_generation_prompt);
+    assert_int_equal(r.gen.n_stop_token_ids, 2);
+    assert_int_equal(r.gen.stop_token_ids[1], 4);
+    assert_false(r.gen.skip_special_tokens);
+    assert_string_equal(r.gen.request_id, "abc-1");
+    assert_string_equal(r.ignored, "weird_field");
+    oa_chat_request_release(&r);
+    // logprobs without top_logprobs: the chosen token only.
+    assert_int_equal(chat("{" MSGS ", \"logprobs\": true}", &r, &e, a, NULL), 0);
+    assert_int_equal(r.gen.logprobs, 0);
+    assert_null(r.ignored);
+    oa_chat_request_release(&r);
+    // Integral reals count as integers.
+    assert_int_equal(chat("{" MSGS ", \"max_tokens\": 16.0, \"n\": 2.0}", &r, &e, a, NULL), 0);
+    assert_int_equal(r.gen.max_tokens, 16);
+    assert_int_equal(r.gen.n, 2);
+    oa_chat_request_release(&r);
+    arena_destroy(a);
+}
+
+static void unimplemented_parameters_are_refused_by_name(void **state)
+{
+    (void)state;
+    const struct wrong cases[] = {
+        {"response_format", "{\"type\": \"json_object\"}"},
+        {"tools", "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]"},
+        {"tool_choice", "\"auto\""},
+        {"functions", "[{\"name\": \"f\"}]"},
+        {"guided_json", "{}"},
+        {"use_beam_search", "true"},
+        {"min_tokens", "5"},
+        {"include_stop_str_in_output", "true"},
+        {"prompt_logprobs", "1"},
+        {"echo", "true"},
+        {"continue_final_message", "true"},
+        {"chat_template", "\"{{ messages }}\""},
+        {"audio", "{}"},
+        {"store", "true"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{" MSGS ", \"%s\": %s}", cases[i].param, cases[i].value);
+        expect_chat_error(body, 400, cases[i].param);
+    }
+    struct arena *a = arena_create(4096);
+    struct oa_chat_request r;
+    struct oa_error e;
+    assert_int_equal(chat("{" MSGS ", \"response_format\": {\"type\": \"json_object\"}}", &r, &e,
+                          a, NULL), MS_EUNSUPPORTED);
+    assert_string_equal(e.code, "unsupported_parameter");
+    assert_non_null(strstr(e.message, "response_format"));
+    // Their "off" values and nulls are fine.
+    assert_int_equal(chat("{" MSGS ", \"response_format\": null, \"tools\": null, \"echo\": false,"
+                          " \"min_tokens\": 0, \"use_beam_search\": false}", &r, &e, a, NULL), 0);
+    oa_chat_request_release(&r);
+    arena_destroy(a);
+}
+
+static void cross_field_rules(void **state)
+{
+    (void)state;
+    expect_chat_error("{" MSGS ", \"stream_options\": {\"include_usage\": true}}", 400,
+                      "stream_options");
+    expect_chat_error("{" MSGS ", \"stream\": false, \"stream_options\": {}}", 400, "stream_options");
+    expect_chat_error("{" MSGS ", \"stream\": true, \"stream_options\": {\"other\": true}}", 400,
+                      "stream_options.other");
+    expect_chat_error("{" MSGS ", \"top_logprobs\": 3}", 400, "top_logprobs");
+    expect_chat_error("{" MSGS ", \"logprobs\": false, \"top_logprobs\": 3}", 400, "top_logprobs");
+}
+
+static void completion_prompts_in_every_shape(void **state)
+{
+    (void)state;
+    struct arena *a = arena_create(4096);
+    struct oa_completion_request r;
+    struct oa_error e;
+    const char *b1 = "{\"prompt\": \"hello\", \"echo\": true, \"logprobs\": 2, \"n\": 2}";
+    assert_int_equal(oa_parse_completion(b1, strlen(b1), &limits, a, &r, &e), 0);
+    assert_int_equal(r.n_prompts, 1);
+    assert_string_equal(r.prompts[0].text, "hello");
+    assert_int_equal(r.prompts[0].text_len, 5);
+    assert_true(r.echo);
+    assert_int_equal(r.gen.logprobs, 2);
+    assert_int_equal(r.gen.n, 2);
+    const char *b2 = "{\"prompt\": [\"a\", \"bc\", \"\"]}";
+    assert_int_equal(oa_parse_completion(b2, strlen(b2), &limits, a, &r, &e), 0);
+    assert_int_equal(r.n_prompts, 3);
+    assert_string_equal(r.prompts[1].text, "bc");
+    assert_int_equal(r.prompts[2].text_len, 0);
+    const char *b3 = "{\"prompt\": [1, 2, 999]}";
+    assert_int_equal(oa_parse_completion(b3, strlen(b3), &limits, a, &r, &e), 0);
+    assert_int_equal(r.n_prompts, 1);
+    assert_null(r.prompts[0].text);
+    assert_int_equal(r.prompts[0].n_ids, 3);
+    assert_int_equal(r.prompts[0].ids[2], 999);
+    const char *b4 = "{\"prompt\": [[1], [2, 3]], \"best_of\": 1}";
+    assert_int_equal(oa_parse_completion(b4, strlen(b4), &limits, a, &r, &e), 0);
+    assert_int_equal(r.n_prompts, 2);
+    assert_int_equal(r.prompts[1].n_ids, 2);
+    assert_int_equal(r.prompts[1].ids[1], 3);
+    assert_int_equal(r.gen.logprobs, -1);
+    arena_destroy(a);
+}
+
+static void tokenize_and_detokenize_bodies(void **state)
+{
+    (void)state;
+    struct arena *a = arena_create(4096);
+    struct oa_tokenize_request t;
+    struct oa_detokenize_request d;
+    struct oa_error e;
+    const char *b1 = "{\"model\": \"m\", \"prompt\": \"hi there\"}";
+    assert_int_equal(oa_parse_tokenize(b1, strlen(b1), &limits, a, &t, &e), 0);
+    assert_false(t.is_chat);
+    assert_string_equal(t.prompt, "hi there");
+    assert_true(t.add_special_tokens);
+    oa_tokenize_request_release(&t);
+    const char *b2 = "{" MSGS ", \"add_generation_prompt\": false}";
+    assert_int_equal(oa_parse_tokenize(b2, strlen(b2), &limits, a, &t, &e), 0);
+    assert_true(t.is_chat);
+    assert_false(t.add_generation_prompt);
+    assert_false(t.add_special_tokens);
+    assert_int_equal(json_array_size(t.messages), 1);
+    oa_tokenize_request_release(&t);
+    const char *b3 = "{\"prompt\": \"a\", " MSGS "}";
+    assert_int_not_equal(oa_parse_tokenize(b3, strlen(b3), &limits, a, &t, &e), 0);
+    assert_int_equal(e.http, 400);
+    const char *b4 = "{\"model\": \"m\"}";
+    assert_int_not_equal(oa_parse_tokenize(b4, strlen(b4), &limits, a, &t, &e), 0);
+    assert_string_equal(e.param, "prompt");
+    const char *b5 = "{\"prompt\": 5}";
+    assert_int_not_equal(oa_parse_tokenize(b5, strlen(b5), &limits, a, &t, &e), 0);
+    assert_string_equal(e.param, "prompt");
+
+    const char *d1 = "{\"tokens\": [1, 2, 3]}";
+    assert_int_equal(oa_parse_detokenize(d1, strlen(d1), &limits, a, &d, &e), 0);
+    assert_int_equal(d.n_tokens, 3);
+    assert_int_equal(d.tokens[2], 3);
+    const char *d2 = "{\"tokens\": [1, 5000]}";
+    assert_int_not_equal(oa_parse_detokenize(d2, strlen(d2), &limits, a, &d, &e), 0);
+    assert_string_equal(e.param, "tokens[1]");
+    const char *d3 = "{\"tokens\": \"abc\"}";
+    assert_int_not_equal(oa_parse_detokenize(d3, strlen(d3), &limits, a, &d, &e), 0);
+    assert_string_equal(e.param, "tokens");
+    const char *d4 = "{}";
+    assert_int_not_equal(oa_parse_detokenize(d4, strlen(d4), &limits, a, &d, &e), 0);
+    assert_string_equal(e.param, "tokens");
+    arena_destroy(a);
+}
+
+static void error_envelope_has_openai_shape(void **state)
+{
+    (void)state;
+    struct oa_error e;
+    assert_int_equal(oa_errorf(&e, MS_EINVAL, "invalid_value", "temperature", "bad %d", 3),
+                     MS_EINVAL);
+    json_t *j = oa_error_json(&e);
+    json_t *in = json_object_get(j, "error");
+    assert_string_equal(json_string_value(json_object_get(in, "message")), "bad 3");
+    assert_string_equal(json_string_value(json_object_get(in, "type")), "invalid_request_error");
+    assert_string_equal(json_string_value(json_object_get(in, "param")), "temperature");
+    assert_string_equal(json_string_value(json_object_get(in, "code")), "invalid_value");
+    json_decref(j);
+    oa_error_http(&e, 401, "invalid_api_key", NULL, "wrong key");
+    j = oa_error_json(&e);
+    in = json_object_get(j, "error");
+    assert_true(json_is_null(json_object_get(in, "param")));
+    assert_string_equal(json_string_value(json_object_get(in, "type")), "invalid_request_error");
+    assert_string_equal(json_string_value(json_object_get(in, "code")), "invalid_api_key");
+    json_decref(j);
+    assert_int_equal(oa_http_status(MS_ENOTFOUND), 404);
+    assert_int_equal(oa_http_status(MS_EBUSY), 503);
+    assert_int_equal(oa_http_status(MS_ETOOLONG), 400);
+    assert_int_equal(oa_http_status(MS_ENOFIT), 400);
+    assert_int_equal(oa_http_status(MS_ENOMEM), 500);
+    assert_int_equal(oa_http_status(MS_EINTERNAL), 500);
+}
+
+static void deep_nesting_and_big_bodies_do_not_crash(void **state)
+{
+    (void)state;
+    // 100k nested arrays: jansson's depth limit refuses them.
+    size_t depth = 100000;
+    char *body = malloc(2 * depth + 64);
+    assert_non_null(body);
+    size_t at = (size_t)sprintf(body, "{\"messages\": ");
+    for (size_t i = 0; i < depth; i++) body[at++] = '[';
+    for (size_t i = 0; i < depth; i++) body[at++] = ']';
+    body[at++] = '}';
+    struct arena *a = arena_create(4096);
+    struct oa_chat_request r;
+    struct oa_error e;
+    assert_int_not_equal(oa_parse_chat(body, at, &limits, a, &r, &e), 0);
+    assert_int_equal(e.http, 400);
+    free(body);
+    // 10k messages are fine.
+    size_t n = 10000;
+    body = malloc(n * 48 + 64);
+    at = (size_t)sprintf(body, "{\"messages\": [");
+    for (size_t i = 0; i < n; i++)
+        at += (size_t)sprintf(body + at, "%s{\"role\":\"user\",\"content\":\"m%zu\"}", i ? "," : "", i);
+    at += (size_t)sprintf(body + at, "]}");
+    assert_int_equal(oa_parse_chat(body, at, &limits, a, &r, &e), 0);
+    assert_int_equal(json_array_size(r.messages), n);
+    oa_chat_request_release(&r);
+    free(body);
+    arena_destroy(a);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(malformed_json_is_400_without_param),
+        cmocka_unit_test(invalid_utf8_is_refused),
+        cmocka_unit_test(wrong_types_name_the_parameter),
+        cmocka_unit_test(wrong_types_in_completions),
+        cmocka_unit_test(out_of_range_values_are_refused),
+        cmocka_unit_test(max_tokens_beyond_context_says_both_numbers),
+        cmocka_unit_test(messages_are_validated),
+        cmocka_unit_test(text_parts_join_with_newlines_and_other_keys_pass_through),
+        cmocka_unit_test(omitted_sampling_comes_from_generation_config),
+        cmocka_unit_test(every_parameter_lands_in_the_request),
+        cmocka_unit_test(unimplemented_parameters_are_refused_by_name),
+        cmocka_unit_test(cross_field_rules),
+        cmocka_unit_test(completion_prompts_in_every_shape),
+        cmocka_unit_test(tokenize_and_detokenize_bodies),
+        cmocka_unit_test(error_envelope_has_openai_shape),
+        cmocka_unit_test(deep_nesting_and_big_bodies_do_not_crash),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,189 @@
+// Drives `moeserve serve` on the tiny model with the official OpenAI SDK
+// (npm `openai`) as a real client: chat and completions, streaming and not,
+// n > 1, logprobs, stop strings, include_usage, /v1/models, and the error
+// classes the SDK must raise (BadRequestError, AuthenticationError,
+// NotFoundError). Exits non-zero on the first failure.
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import OpenAI from 'openai';
+
+const bin = process.env.MOESERVE_BIN;
+const modelDir = process.env.MOESERVE_TINY_MODEL;
+if (!bin || !modelDir) {
+  console.error('MOESERVE_BIN and MOESERVE_TINY_MODEL must be set (meson test sets them)');
+  process.exit(1);
+}
+
+const KEY = 'sdk-test-key';
+const child = spawn(bin, ['serve', modelDir, '--port', '0', '--kv-cache-memory', '64MiB',
+  '--max-model-len', '2048', '--threads', '1', '--api-key', KEY,
+  '--served-model-name', 'tiny'], { stdio: ['ignore', 'inherit', 'pipe'] });
+let exited = null;
+const exitPromise = new Promise((resolve) => child.on('exit', (code, sig) => {
+  exited = { code, sig };
+  resolve(exited);
+}));
+
+const port = await new Promise((resolve, reject) => {
+  let log = '';
+  const timer = setTimeout(() => reject(new Error('the server did not get ready')), 120000);
+  child.stderr.on('data', (d) => {
+    process.stderr.write(d);
+    log += d;
+    const m = log.match(/listening on http:\/\/[^ ]*:(\d+)/);
+    if (m && log.includes('ready: serving')) {
+      clearTimeout(timer);
+      resolve(Number(m[1]));
+    }
+  });
+  exitPromise.then((e) => reject(new Error(`the server exited early: ${JSON.stringify(e)}`)));
+});
+
+const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: KEY, maxRetries: 0 });
+const greedy = { temperature: 0, ignore_eos: true };
+const messages = [{ role: 'user', content: 'Tell me about the sea.' }];
+
+const tests = [];
+const test = (name, fn) => tests.push({ name, fn });
+
+test('chat completion, not streamed', async () => {
+  const r = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 10, ...greedy });
+  assert.equal(r.object, 'chat.completion');
+  assert.match(r.id, /^chatcmpl-/);
+  assert.equal(r.model, 'tiny');
+  assert.equal(r.choices.length, 1);
+  assert.equal(r.choices[0].message.role, 'assistant');
+  assert.equal(typeof r.choices[0].message.content, 'string');
+  assert.equal(r.choices[0].finish_reason, 'length');
+  assert.equal(r.usage.completion_tokens, 10);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + 10);
+});
+
+test('chat stream concatenates to the whole answer, with include_usage', async () => {
+  const whole = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 16, ...greedy });
+  const stream = await client.chat.completions.create({
+    model: 'tiny', messages, max_tokens: 16, ...greedy, stream: true,
+    stream_options: { include_usage: true },
+  });
+  let text = '';
+  let first = true;
+  let finish = null;
+  let usage = null;
+  for await (const chunk of stream) {
+    assert.equal(chunk.object, 'chat.completion.chunk');
+    if (chunk.usage) {
+      assert.equal(chunk.choices.length, 0);
+      usage = chunk.usage;
+      continue;
+    }
+    const c = chunk.choices[0];
+    if (first) {
+      assert.equal(c.delta.role, 'assistant');
+      first = false;
+    }
+    text += c.delta.content ?? '';
+    if (c.finish_reason) finish = c.finish_reason;
+  }
+  assert.equal(text, whole.choices[0].message.content);
+  assert.equal(finish, 'length');
+  assert.equal(usage.completion_tokens, 16);
+  assert.equal(usage.prompt_tokens, whole.usage.prompt_tokens);
+});
+
+test('n > 1 gives indexed choices, streamed or not', async () => {
+  const r = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 4, n: 3, temperature: 1, seed: 3, ignore_eos: true });
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+  assert.equal(r.usage.completion_tokens, 12);
+  const stream = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 4, n: 2, ...greedy, stream: true });
+  const texts = ['', ''];
+  for await (const chunk of stream) for (const c of chunk.choices) texts[c.index] += c.delta.content ?? '';
+  assert.equal(texts[0], texts[1]); // greedy: the same twice
+});
+
+test('chat logprobs with top_logprobs', async () => {
+  const r = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 5, ...greedy, logprobs: true, top_logprobs: 2 });
+  const lp = r.choices[0].logprobs.content;
+  assert.equal(lp.length, 5);
+  for (const e of lp) {
+    assert.equal(typeof e.token, 'string');
+    assert.ok(e.logprob <= 0);
+    assert.ok(Array.isArray(e.bytes));
+    assert.equal(e.top_logprobs.length, 2);
+  }
+});
+
+test('stop strings cut the output', async () => {
+  const prompt = 'Once upon a time';
+  const full = (await client.completions.create({ model: 'tiny', prompt, max_tokens: 32, ...greedy })).choices[0].text;
+  const m = full.slice(Math.floor(full.length / 3)).match(/[!-~]{2}/);
+  assert.ok(m, `no ASCII pair in ${JSON.stringify(full)}`);
+  const stop = m[0];
+  const r = await client.completions.create({ model: 'tiny', prompt, max_tokens: 32, ...greedy, stop: [stop] });
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  assert.equal(r.choices[0].text, full.slice(0, full.indexOf(stop)));
+});
+
+test('completions: string, list, stream, legacy logprobs, echo', async () => {
+  const r = await client.completions.create({ model: 'tiny', prompt: ['a b c', 'd e f'], max_tokens: 3, ...greedy, logprobs: 1 });
+  assert.equal(r.object, 'text_completion');
+  assert.equal(r.choices.length, 2);
+  for (const c of r.choices) {
+    assert.equal(c.logprobs.tokens.length, 3);
+    assert.equal(c.logprobs.token_logprobs.length, 3);
+    assert.equal(c.logprobs.text_offset.length, 3);
+  }
+  const whole = await client.completions.create({ model: 'tiny', prompt: 'Hello', max_tokens: 8, ...greedy, echo: true });
+  assert.ok(whole.choices[0].text.startsWith('Hello'));
+  const stream = await client.completions.create({ model: 'tiny', prompt: 'Hello', max_tokens: 8, ...greedy, echo: true, stream: true });
+  let text = '';
+  for await (const chunk of stream) text += chunk.choices[0]?.text ?? '';
+  assert.equal(text, whole.choices[0].text);
+});
+
+test('models.list', async () => {
+  const ids = [];
+  for await (const m of client.models.list()) ids.push(m.id);
+  assert.deepEqual(ids, ['tiny']);
+});
+
+test('BadRequestError names the parameter', async () => {
+  await assert.rejects(client.chat.completions.create({ model: 'tiny', messages, temperature: 5 }),
+    (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === 'temperature');
+  await assert.rejects(client.chat.completions.create({ model: 'tiny', messages, max_tokens: -3 }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'max_tokens');
+  await assert.rejects(client.chat.completions.create({ model: 'tiny', messages: [] }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'messages');
+  await assert.rejects(client.chat.completions.create({ model: 'tiny', messages, response_format: { type: 'json_object' } }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'response_format');
+});
+
+test('AuthenticationError for a wrong key', async () => {
+  const bad = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: 'wrong', maxRetries: 0 });
+  await assert.rejects(bad.chat.completions.create({ model: 'tiny', messages }),
+    (e) => e instanceof OpenAI.AuthenticationError && e.status === 401);
+  await assert.rejects(bad.models.list(), (e) => e instanceof OpenAI.AuthenticationError);
+});
+
+test('NotFoundError for an unknown model', async () => {
+  await assert.rejects(client.chat.completions.create({ model: 'gpt-5', messages }),
+    (e) => e instanceof OpenAI.NotFoundError && e.status === 404 && e.code === 'model_not_found');
+});
+
+let failed = 0;
+for (const t of tests) {
+  try {
+    await t.fn();
+    console.log(`ok - ${t.name}`);
+  } catch (e) {
+    failed++;
+    console.log(`not ok - ${t.name}\n${e.stack ?? e}`);
+  }
+}
+child.kill('SIGTERM');
+const e = exited ?? await exitPromise;
+if (e.code !== 0) {
+  console.log(`not ok - the server exited with ${JSON.stringify(e)} after SIGTERM`);
+  failed++;
+}
+console.log(failed ? `${failed} failed` : 'all passed');
+process.exit(failed ? 1 : 0);

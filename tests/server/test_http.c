@@ -1,0 +1,576 @@
+// Pins the HTTP layer on loopback with libcurl and raw sockets: routing,
+// 404/405/401/413, deferred and streamed responses woken from other
+// threads, hang-up detection while suspended, keep-alive comments, bodies
+// sent slowly, malformed HTTP, and many concurrent streams on few threads.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <curl/curl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "model/base.h"
+#include "server/http.h"
+
+static atomic_int g_gone, g_released;
+static struct http_server *g_srv;
+static int g_port;
+
+// ---- a small app over the HTTP layer ---------------------------------------------
+
+struct tctx {
+    pthread_mutex_t mu;
+    int refs;
+    struct http_async *a;
+    struct http_buf pending;
+    bool done, gone;
+    int total;
+    char answer[64];
+};
+
+static struct tctx *tctx_new(void)
+{
+    struct tctx *t = calloc(1, sizeof *t);
+    pthread_mutex_init(&t->mu, NULL);
+    t->refs = 1;
+    return t;
+}
+
+static void tctx_unref(struct tctx *t)
+{
+    pthread_mutex_lock(&t->mu);
+    int left = --t->refs;
+    pthread_mutex_unlock(&t->mu);
+    if (left) return;
+    http_async_unref(t->a);
+    http_buf_free(&t->pending);
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+}
+
+static bool t_fill(void *ctx, struct http_buf *out)
+{
+    struct tctx *t = ctx;
+    pthread_mutex_lock(&t->mu);
+    if (t->pending.len) http_buf_append(out, t->pending.data, t->pending.len);
+    t->pending.len = 0;
+    bool done = t->done;
+    pthread_mutex_unlock(&t->mu);
+    return done;
+}
+
+static void t_ready(void *ctx, struct http_request *r)
+{
+    struct tctx *t = ctx;
+    pthread_mutex_lock(&t->mu);
+    char answer[64];
+    snprintf(answer, sizeof answer, "%s", t->answer);
+    pthread_mutex_unlock(&t->mu);
+    if (answer[0]) http_respond(r, 200, "text/plain", answer, strlen(answer));
+}
+
+static void t_gone(void *ctx)
+{
+    struct tctx *t = ctx;
+    pthread_mutex_lock(&t->mu);
+    t->gone = true;
+    // What an app does on a hang-up: stop the work and answer, so the connection ends.
+    snprintf(t->answer, sizeof t->answer, "cancelled");
+    t->done = true;
+    struct http_async *a = t->a;
+    pthread_mutex_unlock(&t->mu);
+    atomic_fetch_add(&g_gone, 1);
+    if (a) http_async_wake(a);
+}
+
+static void t_release(void *ctx)
+{
+    atomic_fetch_add(&g_released, 1);
+    tctx_unref(ctx);
+}
+
+static const struct http_async_ops t_ops = {t_fill, t_ready, t_gone, t_release};
+
+static void h_hello(void *app, struct http_request *r)
+{
+    (void)app;
+    http_respond(r, 200, "text/plain", "hi", 2);
+}
+
+static void h_echo(void *app, struct http_request *r)
+{
+    (void)app;
+    size_t n;
+    const char *b = http_body(r, &n);
+    http_respond(r, 200, "application/octet-stream", b, n);
+}
+
+static void *later_thread(void *arg)
+{
+    struct tctx *t = arg;
+    usleep(30000);
+    pthread_mutex_lock(&t->mu);
+    snprintf(t->answer, sizeof t->answer, "later");
+    struct http_async *a = t->a;
+    pthread_mutex_unlock(&t->mu);
+    http_async_wake(a);
+    tctx_unref(t);
+    return NULL;
+}
+
+static void h_later(void *app, struct http_request *r)
+{
+    (void)app;
+    struct tctx *t = tctx_new();
+    t->refs = 2; // the HTTP side and the producer
+    t->a = http_defer(r, &t_ops, t);
+    pthread_t th;
+    pthread_create(&th, NULL, later_thread, t);
+    pthread_detach(th);
+}
+
+static void h_never(void *app, struct http_request *r)
+{
+    (void)app;
+    struct tctx *t = tctx_new();
+    t->a = http_defer(r, &t_ops, t);
+}
+
+static void *stream_thread(void *arg)
+{
+    struct tctx *t = arg;
+    for (int i = 0; i < t->total; i++) {
+        usleep(1000);
+        char line[64];
+        int n = snprintf(line, sizeof line, "data: %d\n\n", i);
+        pthread_mutex_lock(&t->mu);
+        bool gone = t->gone;
+        if (!gone) http_buf_append(&t->pending, line, (size_t)n);
+        pthread_mutex_unlock(&t->mu);
+        if (gone) break;
+        http_async_wake(t->a);
+    }
+    pthread_mutex_lock(&t->mu);
+    http_buf_append(&t->pending, "data: [DONE]\n\n", 14);
+    t->done = true;
+    pthread_mutex_unlock(&t->mu);
+    http_async_wake(t->a);
+    tctx_unref(t);
+    return NULL;
+}
+
+static void h_stream(void *app, struct http_request *r)
+{
+    (void)app;
+    struct tctx *t = tctx_new();
+    t->refs = 2;
+    t->total = 20;
+    t->a = http_stream(r, 200, "text/event-stream", &t_ops, t);
+    pthread_t th;
+    pthread_create(&th, NULL, stream_thread, t);
+    pthread_detach(th);
+}
+
+static void h_forever(void *app, struct http_request *r)
+{
+    (void)app;
+    struct tctx *t = tctx_new();
+    t->a = http_stream(r, 200, "text/event-stream", &t_ops, t);
+}
+
+static const struct http_route routes[] = {
+    {"GET", "/hello", false, h_hello},
+    {"POST", "/echo", false, h_echo},
+    {"GET", "/later", false, h_later},
+    {"GET", "/never", false, h_never},
+    {"GET", "/stream", false, h_stream},
+    {"GET", "/forever", false, h_forever},
+    {"GET", "/open", true, h_hello},
+};
+
+// ---- clients -------------------------------------------------------------------------
+
+struct reply {
+    long status;
+    char *body;
+    size_t len;
+    char allow[128];
+};
+
+static size_t on_body(char *p, size_t sz, size_t n, void *ud)
+{
+    struct reply *r = ud;
+    r->body = realloc(r->body, r->len + sz * n + 1);
+    memcpy(r->body + r->len, p, sz * n);
+    r->len += sz * n;
+    r->body[r->len] = 0;
+    return sz * n;
+}
+
+static size_t on_header(char *p, size_t sz, size_t n, void *ud)
+{
+    struct reply *r = ud;
+    if (sz * n > 6 && !strncasecmp(p, "Allow:", 6)) snprintf(r->allow, sizeof r->allow, "%.*s", (int)(sz * n - 6), p + 6);
+    return sz * n;
+}
+
+static struct reply request(const char *method, const char *path, const char *body, size_t len,
+                            const char *key)
+{
+    struct reply r = {0};
+    CURL *c = curl_easy_init();
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", g_port, path);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, &r);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 20L);
+    struct curl_slist *h = NULL;
+    char auth[128];
+    if (key) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", key);
+        h = curl_slist_append(h, auth);
+    }
+    if (body) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    }
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    CURLcode rc = curl_easy_perform(c);
+    if (rc != CURLE_OK) fail_msg("%s %s: %s", method, path, curl_easy_strerror(rc));
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    return r;
+}
+
+static int connect_raw(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+static void send_all(int fd, const char *s)
+{
+    size_t n = strlen(s);
+    while (n) {
+        ssize_t w = send(fd, s, n, MSG_NOSIGNAL);
+        assert_true(w > 0);
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+// Reads until the buffer holds needle (or the peer closes); returns bytes read.
+static size_t read_until(int fd, char *buf, size_t cap, const char *needle)
+{
+    size_t len = 0;
+    while (len + 1 < cap) {
+        ssize_t r = recv(fd, buf + len, cap - 1 - len, 0);
+        if (r <= 0) break;
+        len += (size_t)r;
+        buf[len] = 0;
+        if (needle && strstr(buf, needle)) break;
+    }
+    buf[len] = 0;
+    return len;
+}
+
+static void wait_counter(atomic_int *c, int want)
+{
+    for (int i = 0; i < 500 && atomic_load(c) < want; i++) usleep(10000);
+    assert_true(atomic_load(c) >= want);
+}
+
+// ---- tests ----------------------------------------------------------------------------
+
+static void routes_answer_and_unknown_paths_get_404_or_405(void **state)
+{
+    (void)state;
+    struct reply r = request("GET", "/hello", NULL, 0, "k");
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.body, "hi");
+    free(r.body);
+    r = request("GET", "/nope", NULL, 0, "k");
+    assert_int_equal(r.status, 404);
+    json_t *j = json_loads(r.body, 0, NULL);
+    assert_non_null(json_object_get(json_object_get(j, "error"), "message"));
+    json_decref(j);
+    free(r.body);
+    r = request("POST", "/hello", "{}", 2, "k");
+    assert_int_equal(r.status, 405);
+    assert_non_null(strstr(r.allow, "GET"));
+    free(r.body);
+    r = request("DELETE", "/echo", NULL, 0, "k");
+    assert_int_equal(r.status, 405);
+    free(r.body);
+}
+
+static void api_key_is_required_except_on_public_routes(void **state)
+{
+    (void)state;
+    struct reply r = request("GET", "/hello", NULL, 0, NULL);
+    assert_int_equal(r.status, 401);
+    json_t *j = json_loads(r.body, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
+                        "invalid_api_key");
+    json_decref(j);
+    free(r.body);
+    r = request("GET", "/hello", NULL, 0, "wrong");
+    assert_int_equal(r.status, 401);
+    free(r.body);
+    r = request("GET", "/hello", NULL, 0, "kk");
+    assert_int_equal(r.status, 401);
+    free(r.body);
+    r = request("GET", "/open", NULL, 0, NULL);
+    assert_int_equal(r.status, 200);
+    free(r.body);
+}
+
+static void bodies_arrive_whole_and_oversized_ones_get_413(void **state)
+{
+    (void)state;
+    size_t n = 100000;
+    char *big = malloc(n);
+    for (size_t i = 0; i < n; i++) big[i] = (char)('a' + i % 26);
+    struct reply r = request("POST", "/echo", big, n, "k");
+    assert_int_equal(r.status, 200);
+    assert_int_equal(r.len, n);
+    assert_memory_equal(r.body, big, n);
+    free(r.body);
+    free(big);
+    n = 300000; // over the 256 KiB limit
+    big = calloc(1, n);
+    memset(big, 'x', n);
+    r = request("POST", "/echo", big, n, "k");
+    assert_int_equal(r.status, 413);
+    free(r.body);
+    free(big);
+    // Chunked, so the size is not known up front.
+    int fd = connect_raw();
+    send_all(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
+                 "Transfer-Encoding: chunked\r\n\r\n");
+    char chunk[70000];
+    memset(chunk, 'y', sizeof chunk);
+    char head[32];
+    for (int i = 0; i < 5; i++) {
+        snprintf(head, sizeof head, "%zx\r\n", sizeof chunk);
+        send_all(fd, head);
+        if (send(fd, chunk, sizeof chunk, MSG_NOSIGNAL) <= 0) break;
+        send_all(fd, "\r\n");
+    }
+    send(fd, "0\r\n\r\n", 5, MSG_NOSIGNAL);
+    char buf[4096];
+    read_until(fd, buf, sizeof buf, "\r\n\r\n");
+    assert_non_null(strstr(buf, " 413 "));
+    close(fd);
+}
+
+static void deferred_responses_wait_without_a_thread(void **state)
+{
+    (void)state;
+    struct reply r = request("GET", "/later", NULL, 0, "k");
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.body, "later");
+    free(r.body);
+}
+
+static void streams_deliver_every_event_in_order(void **state)
+{
+    (void)state;
+    struct reply r = request("GET", "/stream", NULL, 0, "k");
+    assert_int_equal(r.status, 200);
+    char want[1024] = "";
+    for (int i = 0; i < 20; i++) sprintf(want + strlen(want), "data: %d\n\n", i);
+    strcat(want, "data: [DONE]\n\n");
+    assert_string_equal(r.body, want);
+    free(r.body);
+}
+
+static void hangup_while_streaming_is_noticed(void **state)
+{
+    (void)state;
+    int before = atomic_load(&g_gone), rel = atomic_load(&g_released);
+    int fd = connect_raw();
+    send_all(fd, "GET /forever HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n\r\n");
+    char buf[4096];
+    read_until(fd, buf, sizeof buf, "\r\n\r\n");
+    assert_non_null(strstr(buf, " 200 "));
+    close(fd);
+    wait_counter(&g_gone, before + 1);
+    wait_counter(&g_released, rel + 1);
+}
+
+static void hangup_while_deferred_is_noticed(void **state)
+{
+    (void)state;
+    int before = atomic_load(&g_gone), rel = atomic_load(&g_released);
+    int fd = connect_raw();
+    send_all(fd, "GET /never HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n\r\n");
+    usleep(50000); // let it suspend
+    close(fd);
+    wait_counter(&g_gone, before + 1);
+    wait_counter(&g_released, rel + 1);
+}
+
+static void idle_streams_get_keepalive_comments(void **state)
+{
+    (void)state;
+    int fd = connect_raw();
+    send_all(fd, "GET /forever HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n\r\n");
+    char buf[8192];
+    read_until(fd, buf, sizeof buf, ": keep-alive\n\n");
+    assert_non_null(strstr(buf, ": keep-alive\n\n"));
+    close(fd);
+}
+
+static void slow_bodies_and_malformed_http(void **state)
+{
+    (void)state;
+    int fd = connect_raw();
+    const char *req = "POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
+                      "Content-Length: 11\r\nConnection: close\r\n\r\nhello world";
+    for (const char *p = req; *p; p++) {
+        assert_int_equal(send(fd, p, 1, MSG_NOSIGNAL), 1);
+        usleep(1000);
+    }
+    char buf[4096];
+    read_until(fd, buf, sizeof buf, NULL);
+    assert_non_null(strstr(buf, " 200 "));
+    assert_non_null(strstr(buf, "hello world"));
+    close(fd);
+
+    const char *bad[] = {
+        "GARBAGE\r\n\r\n",
+        "GET / HTTP/9.9\r\n\r\n",
+        "GET /hello HTTP/1.1\r\nNo-Colon-Header\r\n\r\n",
+        "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+        "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        "\x01\x02\x03\xff\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fd = connect_raw();
+        send(fd, bad[i], strlen(bad[i]), MSG_NOSIGNAL);
+        shutdown(fd, SHUT_WR);
+        size_t n = read_until(fd, buf, sizeof buf, NULL);
+        // Either an error status or a closed connection; never a 200.
+        if (n) assert_null(strstr(buf, " 200 "));
+        close(fd);
+    }
+    // Half a request, then silence, then gone.
+    fd = connect_raw();
+    send_all(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc");
+    close(fd);
+    struct reply r = request("GET", "/hello", NULL, 0, "k");
+    assert_int_equal(r.status, 200);
+    free(r.body);
+}
+
+static void many_concurrent_streams_on_two_threads(void **state)
+{
+    (void)state;
+    enum { N = 200 };
+    CURLM *m = curl_multi_init();
+    CURL *h[N];
+    struct reply rep[N];
+    memset(rep, 0, sizeof rep);
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/stream", g_port);
+    struct curl_slist *hdr = curl_slist_append(NULL, "Authorization: Bearer k");
+    for (int i = 0; i < N; i++) {
+        h[i] = curl_easy_init();
+        curl_easy_setopt(h[i], CURLOPT_URL, url);
+        curl_easy_setopt(h[i], CURLOPT_HTTPHEADER, hdr);
+        curl_easy_setopt(h[i], CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(h[i], CURLOPT_WRITEDATA, &rep[i]);
+        curl_easy_setopt(h[i], CURLOPT_TIMEOUT, 60L);
+        curl_multi_add_handle(m, h[i]);
+    }
+    int running = 1;
+    while (running) {
+        curl_multi_perform(m, &running);
+        if (running) curl_multi_poll(m, NULL, 0, 100, NULL);
+    }
+    for (int i = 0; i < N; i++) {
+        long st = 0;
+        curl_easy_getinfo(h[i], CURLINFO_RESPONSE_CODE, &st);
+        assert_int_equal(st, 200);
+        assert_non_null(rep[i].body);
+        assert_non_null(strstr(rep[i].body, "data: 19\n\ndata: [DONE]\n\n"));
+        curl_multi_remove_handle(m, h[i]);
+        curl_easy_cleanup(h[i]);
+        free(rep[i].body);
+    }
+    curl_slist_free_all(hdr);
+    curl_multi_cleanup(m);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    struct http_opts o = {
+        .host = "127.0.0.1",
+        .port = 0,
+        .threads = 2,
+        .max_body = 256 * 1024,
+        .api_key = "k",
+        .keepalive_s = 0.2,
+        .connection_timeout_s = 30,
+        .routes = routes,
+        .n_routes = (int)(sizeof routes / sizeof routes[0]),
+    };
+    char err[256];
+    if (http_start(&o, &g_srv, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return -1;
+    }
+    g_port = http_port(g_srv);
+    return g_port > 0 ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    // Nothing may stay open: every async was released.
+    for (int i = 0; i < 200 && http_open_async(g_srv); i++) usleep(10000);
+    int open = http_open_async(g_srv);
+    http_stop(g_srv, 5);
+    curl_global_cleanup();
+    return open == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(routes_answer_and_unknown_paths_get_404_or_405),
+        cmocka_unit_test(api_key_is_required_except_on_public_routes),
+        cmocka_unit_test(bodies_arrive_whole_and_oversized_ones_get_413),
+        cmocka_unit_test(deferred_responses_wait_without_a_thread),
+        cmocka_unit_test(streams_deliver_every_event_in_order),
+        cmocka_unit_test(hangup_while_streaming_is_noticed),
+        cmocka_unit_test(hangup_while_deferred_is_noticed),
+        cmocka_unit_test(idle_streams_get_keepalive_comments),
+        cmocka_unit_test(slow_bodies_and_malformed_http),
+        cmocka_unit_test(many_concurrent_streams_on_two_threads),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,217 @@
+// Pins the server's life cycle: the API key (flag and environment) guards
+// everything but /health; SIGTERM/SIGINT turn /health and new requests to
+// 503, let running requests finish within --shutdown-timeout, abort the rest
+// with finish_reason abort, and exit 0.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <curl/curl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/server/harness.h"
+
+static void api_key_guards_everything_but_health(void **state)
+{
+    (void)state;
+    struct srv s;
+    const char *extra[] = {"--api-key", "sekret", NULL};
+    assert_int_equal(srv_start(&s, extra), 0);
+    struct resp r = srv_request(&s, "GET", "/health", NULL, 0, NULL);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    const char *paths[][2] = {{"GET", "/v1/models"},   {"GET", "/version"},
+                              {"POST", "/tokenize"},   {"POST", "/detokenize"},
+                              {"POST", "/v1/completions"}, {"POST", "/v1/chat/completions"}};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        r = srv_request(&s, paths[i][0], paths[i][1], "{}", 2, NULL);
+        assert_int_equal(r.status, 401);
+        json_t *j = json_loads(r.body, 0, NULL);
+        assert_non_null(json_object_get(json_object_get(j, "error"), "message"));
+        json_decref(j);
+        resp_free(&r);
+        r = srv_request(&s, paths[i][0], paths[i][1], "{}", 2, "wrong");
+        assert_int_equal(r.status, 401);
+        resp_free(&r);
+    }
+    r = srv_request(&s, "GET", "/v1/models", NULL, 0, "sekret");
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    const char *body = "{\"prompt\": \"hi\", \"max_tokens\": 2}";
+    r = srv_request(&s, "POST", "/v1/completions", body, strlen(body), "sekret");
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    assert_int_equal(srv_stop(&s, SIGTERM, 30), 0);
+
+    // From the environment, as vLLM users set it.
+    setenv("VLLM_API_KEY", "fromenv", 1);
+    assert_int_equal(srv_start(&s, NULL), 0);
+    unsetenv("VLLM_API_KEY");
+    r = srv_request(&s, "GET", "/v1/models", NULL, 0, NULL);
+    assert_int_equal(r.status, 401);
+    resp_free(&r);
+    r = srv_request(&s, "GET", "/v1/models", NULL, 0, "fromenv");
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    assert_int_equal(srv_stop(&s, SIGTERM, 30), 0);
+}
+
+struct bg {
+    struct srv *s;
+    const char *body;
+    struct sse out;
+};
+
+static void *bg_stream(void *arg)
+{
+    struct bg *b = arg;
+    b->out = srv_stream(b->s, "/v1/completions", b->body);
+    return NULL;
+}
+
+static const char *last_finish(const struct sse *e)
+{
+    const char *fr = NULL;
+    size_t i;
+    json_t *ev;
+    json_array_foreach(e->events, i, ev) {
+        json_t *f = json_object_get(json_array_get(json_object_get(ev, "choices"), 0), "finish_reason");
+        if (json_is_string(f)) fr = json_string_value(f);
+    }
+    return fr;
+}
+
+static void wait_running(struct srv *s)
+{
+    for (int i = 0; i < 1000; i++) {
+        if (srv_health_field(s, "num_running") >= 1) return;
+        usleep(5000);
+    }
+    fail_msg("the request never started running");
+}
+
+static void sigterm_aborts_what_outlives_the_timeout_and_exits_zero(void **state)
+{
+    (void)state;
+    struct srv s;
+    const char *extra[] = {"--shutdown-timeout", "1", "--max-model-len", "32768", NULL};
+    assert_int_equal(srv_start(&s, extra), 0);
+    struct bg b = {&s,
+                   "{\"prompt\": \"on and on\", \"max_tokens\": 30000, \"temperature\": 0, "
+                   "\"ignore_eos\": true, \"stream\": true}",
+                   {0}};
+    pthread_t th;
+    pthread_create(&th, NULL, bg_stream, &b);
+    wait_running(&s);
+    kill(s.pid, SIGTERM);
+    // Draining: /health says so, new work is refused with Retry-After.
+    long st = 0;
+    for (int i = 0; i < 200; i++) {
+        json_t *h = srv_get_json(&s, "/health", &st);
+        json_decref(h);
+        if (st == 503) break;
+        usleep(5000);
+    }
+    assert_int_equal(st, 503);
+    const char *body = "{\"prompt\": \"hi\", \"max_tokens\": 2}";
+    struct resp r = srv_request(&s, "POST", "/v1/completions", body, strlen(body), NULL);
+    assert_int_equal(r.status, 503);
+    assert_true(r.retry_after[0] != 0);
+    resp_free(&r);
+    pthread_join(th, NULL);
+    assert_int_equal(b.out.status, 200);
+    assert_true(b.out.done);
+    assert_non_null(last_finish(&b.out));
+    assert_string_equal(last_finish(&b.out), "abort");
+    sse_free(&b.out);
+    assert_int_equal(srv_stop(&s, 0, 30), 0); // already going: just wait
+}
+
+static void sigint_lets_running_requests_finish(void **state)
+{
+    (void)state;
+    struct srv s;
+    const char *extra[] = {"--shutdown-timeout", "60", NULL};
+    assert_int_equal(srv_start(&s, extra), 0);
+    struct bg b = {&s,
+                   "{\"prompt\": \"count\", \"max_tokens\": 300, \"temperature\": 0, "
+                   "\"ignore_eos\": true, \"stream\": true, \"stream_options\": {\"include_usage\": true}}",
+                   {0}};
+    pthread_t th;
+    pthread_create(&th, NULL, bg_stream, &b);
+    wait_running(&s);
+    kill(s.pid, SIGINT);
+    pthread_join(th, NULL);
+    assert_true(b.out.done);
+    assert_string_equal(last_finish(&b.out), "length");
+    json_t *last = json_array_get(b.out.events, json_array_size(b.out.events) - 1);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(last, "usage"), "completion_tokens")), 300);
+    sse_free(&b.out);
+    assert_int_equal(srv_stop(&s, 0, 60), 0);
+}
+
+static void a_full_waiting_queue_gets_503_with_retry_after(void **state)
+{
+    (void)state;
+    struct srv s;
+    const char *extra[] = {"--max-num-seqs", "1", "--max-waiting-requests", "1",
+                           "--shutdown-timeout", "0", NULL};
+    assert_int_equal(srv_start(&s, extra), 0);
+    const char *long_body = "{\"prompt\": \"on and on\", \"max_tokens\": 2000, \"temperature\": 0, "
+                            "\"ignore_eos\": true, \"stream\": true}";
+    struct bg a = {&s, long_body, {0}}, b = {&s, long_body, {0}};
+    pthread_t ta, tb;
+    pthread_create(&ta, NULL, bg_stream, &a);
+    wait_running(&s);
+    pthread_create(&tb, NULL, bg_stream, &b);
+    for (int i = 0; i < 1000 && srv_health_field(&s, "num_waiting") < 1; i++) usleep(5000);
+    assert_int_equal(srv_health_field(&s, "num_waiting"), 1);
+    const char *body = "{\"prompt\": \"hi\", \"max_tokens\": 2}";
+    struct resp r = srv_request(&s, "POST", "/v1/completions", body, strlen(body), NULL);
+    assert_int_equal(r.status, 503);
+    assert_string_equal(r.retry_after, "1");
+    json_t *j = json_loads(r.body, 0, NULL);
+    assert_non_null(strstr(json_string_value(json_object_get(json_object_get(j, "error"), "message")),
+                           "--max-waiting-requests"));
+    json_decref(j);
+    resp_free(&r);
+    // Shutting down with a zero timeout aborts both at once.
+    assert_int_equal(srv_stop(&s, SIGTERM, 30), 0);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    assert_string_equal(last_finish(&a.out), "abort");
+    sse_free(&a.out);
+    sse_free(&b.out);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    curl_global_cleanup();
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(api_key_guards_everything_but_health),
+        cmocka_unit_test(sigterm_aborts_what_outlives_the_timeout_and_exits_zero),
+        cmocka_unit_test(sigint_lets_running_requests_finish),
+        cmocka_unit_test(a_full_waiting_queue_gets_503_with_retry_after),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
