@@ -17,6 +17,7 @@
 #include "model/forward.h"
 #include "scheduler/comm_inproc.h"
 #include "scheduler/kv_blocks.h"
+#include "scheduler/metrics.h"
 #include "scheduler/sampler.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/stop.h"
@@ -40,6 +41,8 @@ struct seq {
     struct seq *inbox_next;
     struct engine_token sampled;       // written by the rank thread
     int sample_rc;
+    // Milestones for the latency metrics (ms_now(); 0: not yet).
+    double t_submit, t_scheduled, t_first, t_last;
 };
 
 static struct seq *seq_of(struct sched_seq *q) { return (struct seq *)q; }
@@ -306,6 +309,16 @@ static void seq_emit(struct engine *e, struct seq *s, const struct engine_token 
     d.completion_tokens = s->q.n_tokens - s->q.n_prompt;
     d.cached_tokens = s->q.n_cached;
     d.error = error;
+    if (n_tok > 0 && e->o.metrics) {
+        double now = ms_now();
+        if (!s->t_first) {
+            s->t_first = now;
+            metrics_observe_first_token(e->o.metrics, now - s->t_submit);
+        } else {
+            metrics_observe_inter_token(e->o.metrics, now - s->t_last, n_tok);
+        }
+        s->t_last = now;
+    }
     s->sink.on_delta(s->sink.ctx, &d);
 }
 
@@ -317,6 +330,14 @@ static void seq_finish(struct engine *e, struct seq *s, const struct engine_toke
     sched_remove(&e->sched, &s->q);
     seq_emit(e, s, tok, n_tok, fin, stop_str, stop_id, error);
     e->request_success[fin]++;
+    if (e->o.metrics) {
+        // A phase that never began is passed as negative, and not observed.
+        double now = ms_now();
+        double queue = s->t_scheduled ? s->t_scheduled - s->t_submit : -1;
+        double prefill = s->t_first ? s->t_first - s->t_scheduled : -1;
+        double decode = s->t_first ? now - s->t_first : -1;
+        metrics_observe_request(e->o.metrics, now - s->t_submit, queue, prefill, decode);
+    }
     seq_free(s);
     pthread_mutex_lock(&e->mu);
     if (--e->in_flight == 0) pthread_cond_broadcast(&e->idle);
@@ -523,10 +544,41 @@ static void check_block_accounting(struct engine *e)
     }
 }
 
+// One step's figures for /metrics: its time, its tokens, and each rank's
+// forward, all-to-all time and cumulative expert loads.
+static void observe_step(struct engine *e, double seconds, int tokens)
+{
+    struct metrics_step ms;
+    memset(&ms, 0, sizeof ms);
+    ms.seconds = seconds;
+    ms.tokens = tokens;
+    ms.n_ranks = e->n_ranks < METRICS_MAX_RANKS ? e->n_ranks : METRICS_MAX_RANKS;
+    for (int ri = 0; ri < ms.n_ranks; ri++) {
+        struct rank_stats rs;
+        rank_get_stats(e->ranks[ri].rank, &rs);
+        ms.rank[ri].seconds = rs.last_step_seconds;
+        ms.rank[ri].a2a_seconds = rs.last_a2a_seconds;
+        ms.rank[ri].expert_tokens = rs.expert_tokens;
+        rank_expert_range(e->ranks[ri].rank, &ms.rank[ri].expert_begin, &ms.rank[ri].expert_end);
+    }
+    metrics_observe_step(e->o.metrics, &ms);
+}
+
 static void step(struct engine *e)
 {
     if (sched_plan(&e->sched) == 0) return;
+    double t0 = ms_now();
+    int tokens = 0;
+    for (int ri = 0; ri < e->n_ranks; ri++) {
+        struct sched_rank *p = e->ranks[ri].plan;
+        for (int i = 0; i < p->n_batch; i++) {
+            struct seq *s = seq_of(p->batch[i]);
+            if (!s->t_scheduled) s->t_scheduled = t0;
+            tokens += p->batch[i]->sched_new;
+        }
+    }
     run_ranks(e);
+    if (e->o.metrics) observe_step(e, ms_now() - t0, tokens);
     for (int ri = 0; ri < e->n_ranks; ri++) {
         struct sched_rank *p = e->ranks[ri].plan;
         if (e->ranks[ri].rc) {
@@ -921,6 +973,7 @@ int engine_submit(struct engine *e, const struct engine_request *r, const struct
     struct seq *s;
     int rc = seq_create(e, r, sink, &s, err, errlen);
     if (rc) return rc;
+    s->t_submit = ms_now();
     pthread_mutex_lock(&e->mu);
     if (e->draining || e->quit) {
         pthread_mutex_unlock(&e->mu);

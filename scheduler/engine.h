@@ -14,6 +14,8 @@
 
 #define ENGINE_MAX_LOGPROBS 20
 
+struct metrics; // scheduler/metrics.h
+
 struct engine_opts {
     int data_parallel_size;      // ranks (1)
     bool enable_expert_parallel; // shard experts over the ranks (required when ranks > 1)
@@ -26,6 +28,7 @@ struct engine_opts {
     bool enable_prefix_caching;  // true
     bool enable_chunked_prefill; // true
     int max_waiting_requests;    // submit fails with MS_EBUSY beyond this (0: unbounded)
+    struct metrics *metrics;     // fed every step and at each request's milestones (NULL: none)
 };
 void engine_opts_default(struct engine_opts *o);
 

@@ -18,6 +18,7 @@
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "moeserve_build.h"
+#include "scheduler/metrics.h"
 
 #define MAX_CHOICES 1024 // prompts x n in one request
 #define MAX_NAMES 16
@@ -30,6 +31,7 @@ struct app {
     struct tokenizer *tok;
     struct chat_template *tmpl;      // NULL when the checkpoint has none
     struct engine *engine;
+    struct metrics *metrics;         // what /metrics renders; the engine feeds it
     char *names[MAX_NAMES];
     int n_names;
     int max_model_len;
@@ -975,11 +977,34 @@ static void h_health(void *app, struct http_request *r)
     http_respond_json(r, status, o);
 }
 
+// Prometheus text: the engine's counters and gauges now, and the histograms
+// and MoE series the engine fed. Open without a key, like /health.
+static void h_metrics(void *app, struct http_request *r)
+{
+    struct app *a = app;
+    if (atomic_load(&a->state) == APP_LOADING || !a->metrics) {
+        http_add_header(r, "Retry-After", "1");
+        http_respond(r, 503, "text/plain; charset=utf-8", "loading\n", 8);
+        return;
+    }
+    struct engine_stats st;
+    engine_get_stats(a->engine, &st);
+    char *text = NULL, err[256];
+    size_t len = 0;
+    if (metrics_render(a->metrics, &st, &text, &len, err, sizeof err)) {
+        http_respond(r, 500, "text/plain; charset=utf-8", err, strlen(err));
+        return;
+    }
+    http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
+    free(text);
+}
+
 static const struct http_route routes[] = {
     {"POST", "/v1/chat/completions", false, h_chat},
     {"POST", "/v1/completions", false, h_completions},
     {"GET", "/v1/models", false, h_models},
     {"GET", "/health", true, h_health},
+    {"GET", "/metrics", true, h_metrics},
     {"POST", "/tokenize", false, h_tokenize},
     {"POST", "/detokenize", false, h_detokenize},
     {"GET", "/version", false, h_version},
@@ -1021,11 +1046,6 @@ int app_load(struct app *a, const struct app_opts *o, char *err, size_t errlen)
         ms_log(MS_LOG_WARN, "%s has no chat_template: /v1/chat/completions will answer 400",
                o->model_dir);
     }
-    struct engine_opts eo = o->engine;
-    if (o->kv_dtype_auto) eo.kv_dtype = a->model->cfg.torch_dtype == DTYPE_F32 ? DTYPE_F32 : DTYPE_BF16;
-    rc = engine_create(a->model, a->tok, &eo, &a->engine, err, errlen);
-    if (rc) return rc;
-    a->max_model_len = engine_max_model_len(a->engine);
     if (o->n_served > MAX_NAMES)
         return ms_err(err, errlen, MS_EINVAL, "at most %d --served-model-name values", MAX_NAMES);
     for (int i = 0; i < o->n_served; i++) {
@@ -1038,6 +1058,20 @@ int app_load(struct app *a, const struct app_opts *o, char *err, size_t errlen)
         if (!a->names[0]) return ms_err(err, errlen, MS_ENOMEM, "out of memory");
         a->n_names = 1;
     }
+    struct engine_opts eo = o->engine;
+    if (o->kv_dtype_auto) eo.kv_dtype = a->model->cfg.torch_dtype == DTYPE_F32 ? DTYPE_F32 : DTYPE_BF16;
+    struct metrics_opts mo = {
+        .model_name = a->names[0],
+        .n_ranks = eo.data_parallel_size > 0 ? eo.data_parallel_size : 1,
+        .n_experts = a->model->cfg.n_experts,
+        .imbalance_window = 100,
+    };
+    rc = metrics_create(&mo, &a->metrics, err, errlen);
+    if (rc) return rc;
+    eo.metrics = a->metrics;
+    rc = engine_create(a->model, a->tok, &eo, &a->engine, err, errlen);
+    if (rc) return rc;
+    a->max_model_len = engine_max_model_len(a->engine);
     a->use_gen = !o->generation_config_vllm;
     a->limits.gen = a->use_gen ? &a->model->cfg.gen : NULL;
     a->limits.vocab_size = tok_vocab_size(a->tok);
@@ -1063,6 +1097,7 @@ void app_destroy(struct app *a)
 {
     if (!a) return;
     if (a->engine) engine_destroy(a->engine);
+    metrics_destroy(a->metrics);
     chat_template_destroy(a->tmpl);
     if (a->tok) tok_destroy(a->tok);
     if (a->model) model_destroy(a->model);
