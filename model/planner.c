@@ -536,8 +536,12 @@ int plan_check_fit(const struct plan_device *d, char *err, size_t errlen)
     const uint64_t seq_kv = d->seq_blocks * d->kv_bytes_per_token * KV_BLOCK_TOKENS;
     const uint64_t R = d->shared_memory ? (uint64_t)d->devices : 1;
     char where[64];
-    if (d->shared_memory) snprintf(where, sizeof where, "%d ranks sharing one memory", d->devices);
-    else snprintf(where, sizeof where, "%s x%d, per device", plan_layout_name(d->layout), d->devices);
+    if (d->shared_memory && d->devices > 1)
+        snprintf(where, sizeof where, "%d ranks sharing one memory", d->devices);
+    else if (d->shared_memory)
+        snprintf(where, sizeof where, "1 rank");
+    else
+        snprintf(where, sizeof where, "%s x%d, per device", plan_layout_name(d->layout), d->devices);
     if (d->used_bytes > d->usable_bytes && d->need_bytes <= d->usable_bytes)
         return ms_err(err, errlen, MS_ENOFIT,
                       "the model does not fit (%s): weights %.2f GiB + activation "

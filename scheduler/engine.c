@@ -15,6 +15,7 @@
 #include "model/base.h"
 #include "model/cpu/threadpool.h"
 #include "model/forward.h"
+#include "model/planner.h"
 #include "scheduler/comm_inproc.h"
 #include "scheduler/kv_blocks.h"
 #include "scheduler/metrics.h"
@@ -722,6 +723,57 @@ static size_t default_kv_bytes(void)
     return b;
 }
 
+// The start-up fit check, with the planner's arithmetic (what `moeserve
+// plan` prints): the host's memory must hold the weights (mapped once for
+// every rank), each rank's activation workspace and KV pool, and at least
+// one max-model-len sequence per rank. Logs the plan either way.
+static uint64_t host_memory_bytes(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+}
+
+static int check_fit(const struct model_config *cfg, const struct engine_opts *o, int n_ranks,
+                     int max_len, size_t kv_total, char *err, size_t errlen)
+{
+    struct plan_opts po;
+    plan_opts_default(&po);
+    po.weight_dtype = plan_dtype_from_dtype(cfg->torch_dtype);
+    po.kv_dtype = plan_dtype_from_dtype(o->kv_dtype);
+    po.device_memory = host_memory_bytes();
+    po.memory_utilization = 0.9; // the rest for the OS, the HTTP side and the page cache
+    po.kv_cache_bytes = kv_total ? kv_total : 1;
+    po.shared_memory = true;
+    po.max_model_len = max_len;
+    po.max_num_batched_tokens = o->max_num_batched_tokens;
+    po.max_num_seqs = o->max_num_seqs;
+    po.activation_bytes = 4;             // the CPU computes in fp32
+    po.runtime_reserve = (uint64_t)64 << 20;
+    if (!po.device_memory) return 0;     // no way to know: the kernel will tell
+    struct plan_device d;
+    int rc = plan_device_compute(cfg, &po, PLAN_DP_EP, n_ranks, &d, err, errlen);
+    if (rc) return rc;
+    const double G = 1024.0 * 1024.0 * 1024.0;
+    ms_log(MS_LOG_INFO,
+           "memory plan: weights %.2f GiB + activation workspace %.2f GiB + KV %.2f GiB "
+           "(%d rank%s x %llu tokens) = %.2f GiB of %.2f GiB usable (90%% of RAM); one "
+           "%d-token sequence needs %llu of a rank's %llu blocks",
+           (double)d.weight_bytes / G, (double)d.workspace_bytes / G, (double)kv_total / G, n_ranks,
+           n_ranks > 1 ? "s" : "", (unsigned long long)d.kv_tokens, (double)d.used_bytes / G,
+           (double)d.usable_bytes / G, max_len, (unsigned long long)d.seq_blocks,
+           (unsigned long long)d.kv_blocks);
+    if (d.need_bytes > d.usable_bytes || d.used_bytes > d.usable_bytes)
+        return plan_check_fit(&d, err, errlen);
+    if (d.kv_blocks < d.seq_blocks)
+        // The memory holds it, but the pool the flags chose does not: serve,
+        // and refuse at submission what one rank's pool cannot hold.
+        ms_log(MS_LOG_WARN,
+               "a rank's KV pool (%llu tokens) is smaller than one --max-model-len %d sequence: "
+               "longer requests will be refused; raise --kv-cache-memory or lower --max-model-len",
+               (unsigned long long)d.kv_tokens, max_len);
+    return 0;
+}
+
 int engine_create(const struct model *m, const struct tokenizer *tok, const struct engine_opts *o,
                   struct engine **out, char *err, size_t errlen)
 {
@@ -798,6 +850,9 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
         size_t most = (size_t)o->max_num_seqs * (((size_t)max_len + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
         if (n_blocks > most) n_blocks = most;
     }
+    rc = check_fit(cfg, o, n_ranks, max_len, n_blocks * block_bytes * (size_t)n_ranks, err, errlen);
+    if (rc) goto fail;
+    if (n_blocks > (1u << 28)) n_blocks = 1u << 28; // block ids are int32; 4G tokens a rank
     if (n_blocks < 1) {
         rc = ms_err(err, errlen, MS_ENOFIT,
                     "the KV cache budget (%zu bytes, %zu per rank over %d ranks) holds no block "
@@ -805,7 +860,6 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
                     kv_bytes, per_rank, n_ranks, block_bytes, KV_BLOCK_TOKENS);
         goto fail;
     }
-    if (n_blocks > (1u << 28)) n_blocks = 1u << 28;
     e->blocks_per_rank = (int)n_blocks;
 
     if (n_ranks > 1) {
