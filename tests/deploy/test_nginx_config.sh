@@ -4,7 +4,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/nginx_env.sh"
-nginx_bin="${NGINX:-nginx}"
+nginx_bin="${MOESERVE_NGINX:-nginx}"
 dir="$(mktemp -d /tmp/moeserve-nginx-XXXXXX)"
 trap 'rm -rf "$dir"' EXIT
 nginx_prepare "$dir" 18080 18001 18002
