@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model/base.h"
+#include "model/cpu/kernels.h"
 
 // vLLM treats temperatures below this as greedy.
 #define SAMPLING_EPS 1e-5f
@@ -54,6 +55,7 @@ struct cand {
 
 struct sampler_scratch {
     int vocab;
+    const struct cpu_kernels *k; // for exp_sum, the pass over the whole vocabulary
     float *raw;      // (vocab) the logits as they came, for logprobs
     float *work;     // (vocab) selection workspace
     float *probs;    // (vocab)
@@ -68,6 +70,7 @@ struct sampler_scratch *sampler_scratch_create(int vocab)
     struct sampler_scratch *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->vocab = vocab;
+    s->k = cpu_kernels_best();
     s->raw = malloc((size_t)vocab * sizeof *s->raw);
     s->work = malloc((size_t)vocab * sizeof *s->work);
     s->probs = malloc((size_t)vocab * sizeof *s->probs);
@@ -95,16 +98,19 @@ void sampler_scratch_destroy(struct sampler_scratch *s)
 
 static float clean(float v) { return isnan(v) ? -INFINITY : v; }
 
-// log(sum(exp(x))) over a row, in double.
-static double log_sum_exp(const float *x, int n)
+static float row_max(const float *x, int n)
 {
-    double mx = -INFINITY;
-    for (int i = 0; i < n; i++)
-        if (clean(x[i]) > mx) mx = clean(x[i]);
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
+// log(sum(exp(x))) over a row of logits without NaN; tmp (n) is clobbered.
+static double log_sum_exp(const float *x, int n, struct sampler_scratch *s, float *tmp)
+{
+    float mx = row_max(x, n);
     if (!isfinite(mx)) return mx;
-    double s = 0;
-    for (int i = 0; i < n; i++) s += exp((double)clean(x[i]) - mx);
-    return mx + log(s);
+    return mx + log(s->k->exp_sum(x, mx, tmp, n));
 }
 
 // The k best of a row by (value descending, id ascending), by insertion into
@@ -136,9 +142,14 @@ static float raw_logprob(float v, double lse)
 void sampler_logprobs(const float *logits, int vocab, int32_t id, int k,
                       struct sampler_scratch *scratch, struct engine_token *out)
 {
-    (void)scratch;
     if (k > ENGINE_MAX_LOGPROBS) k = ENGINE_MAX_LOGPROBS;
-    double lse = log_sum_exp(logits, vocab);
+    out->id = id;
+    out->n_top = 0;
+    out->logprob = -INFINITY;
+    if (!scratch || vocab < 1 || vocab > scratch->vocab) return;
+    for (int i = 0; i < vocab; i++) scratch->raw[i] = clean(logits[i]);
+    double lse = log_sum_exp(scratch->raw, vocab, scratch, scratch->probs);
+    logits = scratch->raw;
     out->id = id;
     out->logprob = id >= 0 && id < vocab ? raw_logprob(logits[id], lse) : -INFINITY;
     out->n_top = 0;
@@ -215,19 +226,13 @@ static void apply_top_p(float *logits, const float *probs, int vocab, float top_
     for (int j = 0; j < keep; j++) logits[s->cand[j].id] = s->work[j];
 }
 
-// Softmax of the live (finite) logits into probs; returns the largest probability.
-static float softmax_into(const float *logits, int vocab, float *probs)
+// Softmax of the live (finite) logits, whose largest is mx, into probs.
+static void softmax_into(const float *logits, int vocab, float mx, float *probs,
+                         const struct sampler_scratch *s)
 {
-    float mx = -INFINITY;
-    for (int i = 0; i < vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
-    double sum = 0;
-    for (int i = 0; i < vocab; i++) sum += logits[i] == -INFINITY ? 0.0 : exp((double)logits[i] - mx);
-    float pmax = 0;
-    for (int i = 0; i < vocab; i++) {
-        probs[i] = logits[i] == -INFINITY ? 0.0f : (float)(exp((double)logits[i] - mx) / sum);
-        pmax = probs[i] > pmax ? probs[i] : pmax;
-    }
-    return pmax;
+    double sum = s->k->exp_sum(logits, mx, probs, vocab);
+    const float inv = (float)(1.0 / sum);
+    for (int i = 0; i < vocab; i++) probs[i] *= inv;
 }
 
 static bool valid_id(int32_t id, int vocab) { return id >= 0 && id < vocab; }
@@ -288,12 +293,12 @@ int sampler_sample(const struct engine_sampling *p, float *logits, int vocab,
     out->logprob = 0;
     double lse = 0;
     const bool want_lp = p->logprobs >= 0;
+    for (int i = 0; i < vocab; i++) logits[i] = clean(logits[i]);
     if (want_lp) {
         memcpy(s->raw, logits, (size_t)vocab * sizeof *logits);
-        lse = log_sum_exp(s->raw, vocab);
+        lse = log_sum_exp(s->raw, vocab, s, s->probs);
         if (p->logprobs > 0) top_alternatives(s->raw, vocab, p->logprobs, lse, out);
     }
-    for (int i = 0; i < vocab; i++) logits[i] = clean(logits[i]);
     for (int i = 0; i < p->n_logit_bias; i++) logits[p->logit_bias[i].id] += p->logit_bias[i].bias;
     apply_penalties(p, logits, vocab, prompt, n_prompt, output, n_output, s);
 
@@ -301,14 +306,28 @@ int sampler_sample(const struct engine_sampling *p, float *logits, int vocab,
     if (p->temperature < SAMPLING_EPS || p->top_k == 1) {
         id = argmax_lowest(logits, vocab);
     } else {
+        // Scale, and find the best token (lowest id among equal maxima),
+        // which survives every filter below, in one pass.
         const float inv_t = 1.0f / p->temperature;
-        for (int i = 0; i < vocab; i++) logits[i] *= inv_t;
-        // The best token always survives every filter below.
-        const int best = argmax_lowest(logits, vocab);
+        float mx = -INFINITY;
+        int best = 0;
+        for (int i = 0; i < vocab; i++) {
+            float v = logits[i] * inv_t;
+            logits[i] = v;
+            if (v > mx) {
+                mx = v;
+                best = i;
+            }
+        }
+        if (!isfinite(mx)) {
+            id = best; // nothing live (or an infinite logit): no distribution to draw from
+            goto done;
+        }
         if (p->min_p > 0) {
-            float pmax = softmax_into(logits, vocab, s->probs), thr = pmax * p->min_p;
+            // probs[i] < min_p * max(probs) is x[i] - mx < log(min_p): no softmax needed.
+            const float thr = mx + logf(p->min_p);
             for (int i = 0; i < vocab; i++)
-                if (s->probs[i] < thr && i != best) logits[i] = -INFINITY;
+                if (logits[i] < thr && i != best) logits[i] = -INFINITY;
         }
         if (p->top_k > 0 && p->top_k < vocab) {
             memcpy(s->work, logits, (size_t)vocab * sizeof *logits);
@@ -317,12 +336,12 @@ int sampler_sample(const struct engine_sampling *p, float *logits, int vocab,
                 if (logits[i] < kth) logits[i] = -INFINITY;
         }
         if (p->top_p < 1.0f) {
-            softmax_into(logits, vocab, s->probs);
+            softmax_into(logits, vocab, mx, s->probs, s);
             apply_top_p(logits, s->probs, vocab, p->top_p, s);
         }
-        softmax_into(logits, vocab, s->probs);
-        double total = 0;
-        for (int i = 0; i < vocab; i++) total += s->probs[i];
+        // The draw: unnormalised weights and their total from one pass, then
+        // a walk to the first token whose running sum passes u * total.
+        const double total = s->k->exp_sum(logits, mx, s->probs, vocab);
         const double target = sampler_rng_uniform(rng) * total;
         double acc = 0;
         id = best;
@@ -333,6 +352,7 @@ int sampler_sample(const struct engine_sampling *p, float *logits, int vocab,
             if (acc > target) break;
         }
     }
+done:
     out->id = id;
     if (want_lp) out->logprob = raw_logprob(s->raw[id], lse);
     return 0;

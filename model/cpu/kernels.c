@@ -90,6 +90,16 @@ static void scalar_axpy(float *y, float a, const float *x, int n)
     for (int i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 
+static double scalar_exp_sum(const float *x, float shift, float *out, int n)
+{
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        out[i] = x[i] == -INFINITY ? 0.0f : expf(x[i] - shift);
+        sum += out[i];
+    }
+    return sum;
+}
+
 static float scalar_stream_sum(const float *p, size_t n)
 {
     float s[4] = {0, 0, 0, 0};
@@ -121,6 +131,7 @@ static const struct cpu_kernels scalar_table = {
     .silu_mul = scalar_silu_mul,
     .rmsnorm = scalar_rmsnorm,
     .axpy = scalar_axpy,
+    .exp_sum = scalar_exp_sum,
     .stream_sum = scalar_stream_sum,
     .fma_burn = scalar_fma_burn,
 };

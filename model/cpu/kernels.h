@@ -71,6 +71,10 @@ struct cpu_kernels {
     void (*rmsnorm)(const float *x, const void *w, enum dtype wt, int n, float eps, float *out);
     // y[i] = a * x[i] + y[i], one rounding (FMA)
     void (*axpy)(float *y, float a, const float *x, int n);
+    // out[i] = exp(x[i] - shift), exactly 0 where x[i] is -inf; returns the
+    // sum of out. A softmax's numerators and denominator in one pass: the
+    // sampler's hot loop over the whole vocabulary.
+    double (*exp_sum)(const float *x, float shift, float *out, int n);
     // For the benchmarks: the sum of n floats read once, and iters rounds of
     // FMAs on CPU_FMA_CHAINS independent vectors (iters * CPU_FMA_CHAINS *
     // lanes * 2 FLOPs); both return a value so that nothing is optimised away.

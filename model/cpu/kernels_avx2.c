@@ -83,6 +83,9 @@ static inline __m256 vexp(__m256 x)
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+// Lanes where a > b keep v, the others are 0.
+#define VKEEP_GT(v, a, b) _mm256_and_ps((v), _mm256_cmp_ps((a), (b), _CMP_GT_OQ))
+
 #include "model/cpu/kernels_simd.inc"
 
 static const struct cpu_kernels avx2_table = {
@@ -94,6 +97,7 @@ static const struct cpu_kernels avx2_table = {
     .silu_mul = simd_silu_mul,
     .rmsnorm = simd_rmsnorm,
     .axpy = simd_axpy,
+    .exp_sum = simd_exp_sum,
     .stream_sum = simd_stream_sum,
     .fma_burn = simd_fma_burn,
 };

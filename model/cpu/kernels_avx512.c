@@ -82,6 +82,9 @@ static inline __m512 vexp(__m512 x)
     return _mm512_scalef_ps(p, n);
 }
 
+// Lanes where a > b keep v, the others are 0.
+#define VKEEP_GT(v, a, b) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask((a), (b), _CMP_GT_OQ), (v))
+
 #include "model/cpu/kernels_simd.inc"
 
 static const struct cpu_kernels avx512_table = {
@@ -93,6 +96,7 @@ static const struct cpu_kernels avx512_table = {
     .silu_mul = simd_silu_mul,
     .rmsnorm = simd_rmsnorm,
     .axpy = simd_axpy,
+    .exp_sum = simd_exp_sum,
     .stream_sum = simd_stream_sum,
     .fma_burn = simd_fma_burn,
 };

@@ -259,6 +259,45 @@ static void simd_silu_mul_matches_scalar_and_ignores_where_n_ends(void **state)
         }
 }
 
+// The sampler's softmax pass: every SIMD table against the scalar one (and
+// expf) over a vocabulary-sized row with masked (-inf) entries, long enough
+// to cross the fp32 partial-sum blocks, and at tails of every length.
+static void simd_exp_sum_matches_scalar_and_zeroes_masked_entries(void **state)
+{
+    (void)state;
+    const int ns[] = {1, 5, 16, 17, 1023, 1025, 4099, 151936};
+    for (int t = 0; t < n_simd; t++)
+        for (int i = 0; i < 8; i++) {
+            int n = ns[i];
+            float *x = random_floats((size_t)n);
+            for (int j = 0; j < n; j++) x[j] = j % 13 == 3 ? -INFINITY : x[j] * 40.0f;
+            float *ref = xmalloc((size_t)n * 4), *got = xmalloc((size_t)n * 4);
+            const float shift = 35.0f;
+            double sref = cpu_kernels_scalar()->exp_sum(x, shift, ref, n);
+            double sgot = simd_tables[t]->exp_sum(x, shift, got, n);
+            double direct = 0;
+            for (int j = 0; j < n; j++) {
+                if (x[j] == -INFINITY) {
+                    if (got[j] != 0.0f || ref[j] != 0.0f)
+                        fail_msg("%s exp_sum n %d [%d]: masked entry gave %g", simd_tables[t]->name, n,
+                                 j, got[j]);
+                    continue;
+                }
+                double e = exp((double)(x[j] - shift)); // the argument rounded as the kernels round it
+                direct += e;
+                if (fabs(got[j] - e) > 4e-7 * e + 1e-37 || fabs(ref[j] - e) > 4e-7 * e + 1e-37)
+                    fail_msg("%s exp_sum n %d [%d]: %g, scalar %g, exp %g", simd_tables[t]->name, n, j,
+                             got[j], ref[j], e);
+            }
+            if (fabs(sgot - direct) > 1e-6 * direct || fabs(sref - direct) > 1e-6 * direct)
+                fail_msg("%s exp_sum n %d: sum %.9g, scalar %.9g, direct %.9g", simd_tables[t]->name, n,
+                         sgot, sref, direct);
+            free(x);
+            free(ref);
+            free(got);
+        }
+}
+
 static void simd_rmsnorm_and_axpy_match_scalar(void **state)
 {
     (void)state;
@@ -429,6 +468,7 @@ int main(void)
         cmocka_unit_test(matmul_outputs_do_not_depend_on_batch_or_split),
         cmocka_unit_test(simd_attention_matches_scalar),
         cmocka_unit_test(simd_silu_mul_matches_scalar_and_ignores_where_n_ends),
+        cmocka_unit_test(simd_exp_sum_matches_scalar_and_zeroes_masked_entries),
         cmocka_unit_test(simd_rmsnorm_and_axpy_match_scalar),
         cmocka_unit_test(threadpool_runs_every_range_exactly_once),
         cmocka_unit_test(threaded_matmul_matches_single_thread),
