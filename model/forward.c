@@ -124,6 +124,12 @@ struct rank {
     float *send, *recv, *res;   // (T*topk, hidden), (max_recv, hidden) x 2; expert parallel only
     float *ret;                 // (T * topk, hidden) expert outputs back at their tokens
     float *xl;                  // (T, hidden) normed rows that want logits
+    // Expert parallel only: the lm_head split by vocabulary over the ranks.
+    int *first_vocab;           // (R + 1): rank p computes logits [first_vocab[p], first_vocab[p+1])
+    int32_t *head_counts;       // (R) rows wanting logits on each rank this step
+    float *xg;                  // (R * T, hidden) every rank's xl rows, rank-major
+    float *slab;                // (R * T, vocab slice) this rank's slice of every gathered row
+    float *lrecv;               // (T, vocab) this rank's rows, slice by slice, rank-major
     int32_t *logit_rows;        // (T)
     struct cpu_mm *jobs;        // (2 * E + 4)
     float *scratch;             // (threads, scratch stride)
@@ -200,6 +206,14 @@ static void carve_all(struct rank *r, struct carver *c)
     }
     r->ret = carve(c, (P ? P : 1) * hd, sizeof(float));
     r->xl = carve(c, T * hd, sizeof(float));
+    if (r->comm) {
+        const size_t R = (size_t)r->R, V = (size_t)cfg->vocab_size, slice = (V + R - 1) / R;
+        r->first_vocab = carve(c, R + 1, sizeof(int));
+        r->head_counts = carve(c, R, sizeof(int32_t));
+        r->xg = carve(c, R * T * hd, sizeof(float));
+        r->slab = carve(c, R * T * slice, sizeof(float));
+        r->lrecv = carve(c, T * V, sizeof(float));
+    }
     r->logit_rows = carve(c, T, sizeof(int32_t));
     r->jobs = carve(c, 2 * E + 4, sizeof(struct cpu_mm));
     r->scratch = carve(c, (size_t)threadpool_size(r->pool) * r->ex.scratch_stride, sizeof(float));
@@ -310,6 +324,9 @@ int rank_create(const struct model *m, struct kv_pool *kv, const struct rank_opt
     c = (struct carver){.base = r->ws};
     carve_all(r, &c);
     r->ex.scratch = r->scratch;
+    if (r->comm)
+        for (int p = 0; p <= r->R; p++)
+            r->first_vocab[p] = (int)((long long)cfg->vocab_size * p / r->R);
     *out = r;
     return 0;
 fail:
@@ -763,6 +780,81 @@ static int moe_block(struct rank *r, int T, char *err, size_t errlen)
     return rc;
 }
 
+// The lm_head under expert parallelism. Replicated, it would be read whole
+// by every rank each step (N ranks sharing one memory read it N times, and a
+// rank with more sequences waits longest); instead each rank computes one
+// slice of the vocabulary for every rank's rows: the rows are gathered, the
+// slices computed, and each rank's slices sent back to it. A logit is the
+// same function of its x row and weight row whichever rank computes it, so
+// results do not depend on the number of ranks. Every rank joins both
+// exchanges, with or without rows (all of them skip when no rank has any).
+static int vocab_parallel_head(struct rank *r, int n_logits, float *logits, char *err, size_t errlen)
+{
+    const int R = r->R, me = r->me;
+    const size_t hd = (size_t)r->cfg->hidden_size, V = (size_t)r->cfg->vocab_size;
+    int32_t mine = n_logits;
+    double t0 = ms_now();
+    int rc = comm_all_gather(r->comm, &mine, sizeof mine, r->head_counts);
+    r->a2a_time += ms_now() - t0;
+    if (rc) return ms_err(err, errlen, rc, "rank %d: exchanging the logit row counts failed (%s)",
+                          me, ms_status_name(rc));
+    size_t total = 0;
+    for (int p = 0; p < R; p++) {
+        if (r->head_counts[p] < 0 || r->head_counts[p] > r->max_tokens)
+            return ms_err(err, errlen, MS_ENOFIT, "rank %d wants logits for %d rows; a rank's "
+                          "workspace holds %d", p, (int)r->head_counts[p], r->max_tokens);
+        total += (size_t)r->head_counts[p];
+    }
+    if (total == 0) return 0;
+    size_t *sb = r->a2a, *so = sb + R, *rb = so + R, *ro = rb + R;
+    // 1. Every rank's rows to every rank.
+    size_t at = 0;
+    for (int p = 0; p < R; p++) {
+        sb[p] = (size_t)n_logits * hd * sizeof(float);
+        so[p] = 0;
+        rb[p] = (size_t)r->head_counts[p] * hd * sizeof(float);
+        ro[p] = at;
+        at += rb[p];
+    }
+    if ((rc = comm_timed_a2a(r, r->xl, sb, so, r->xg, rb, ro)))
+        return ms_err(err, errlen, rc, "rank %d: gathering the rows for the lm_head failed (%s)", me,
+                      ms_status_name(rc));
+    // 2. This rank's slice of the vocabulary for all of them.
+    const int v0 = r->first_vocab[me], v1 = r->first_vocab[me + 1];
+    const size_t slice = (size_t)(v1 - v0);
+    if (slice > 0) {
+        struct cpu_wmat w = wmat(&r->m->lm_head);
+        w.data = (const char *)w.data + (size_t)v0 * hd * dtype_size(w.dtype);
+        w.out = (int)slice;
+        struct cpu_mm head = {.w = w, .x = r->xg, .ldx = hd, .y = r->slab, .ldy = slice,
+                              .rows = (int)total};
+        cpu_matmul(&r->ex, &head, 1);
+    }
+    // 3. Each rank's rows of the slice back to it; this rank's from every slice.
+    size_t row0 = 0;
+    at = 0;
+    for (int p = 0; p < R; p++) {
+        sb[p] = (size_t)r->head_counts[p] * slice * sizeof(float);
+        so[p] = row0 * slice * sizeof(float);
+        row0 += (size_t)r->head_counts[p];
+        const size_t ps = (size_t)(r->first_vocab[p + 1] - r->first_vocab[p]);
+        rb[p] = (size_t)n_logits * ps * sizeof(float);
+        ro[p] = at;
+        at += rb[p];
+    }
+    if ((rc = comm_timed_a2a(r, r->slab, sb, so, r->lrecv, rb, ro)))
+        return ms_err(err, errlen, rc, "rank %d: returning the logit slices failed (%s)", me,
+                      ms_status_name(rc));
+    for (int p = 0; p < R; p++) {
+        const size_t ps = (size_t)(r->first_vocab[p + 1] - r->first_vocab[p]);
+        const float *src = r->lrecv + ro[p] / sizeof(float);
+        for (int i = 0; i < n_logits; i++)
+            memcpy(logits + (size_t)i * V + (size_t)r->first_vocab[p], src + (size_t)i * ps,
+                   ps * sizeof(float));
+    }
+    return 0;
+}
+
 static void final_norm_rows(struct rank *r, int b, int e, int tid)
 {
     (void)tid;
@@ -819,8 +911,11 @@ int rank_forward(struct rank *r, const struct fwd_batch *b, float *logits, char 
             dense_mlp(r, T);
         }
     }
-    if (n_logits > 0) {
-        par_for(r, n_logits, final_norm_rows);
+    if (n_logits > 0) par_for(r, n_logits, final_norm_rows);
+    if (r->comm) {
+        int c = vocab_parallel_head(r, n_logits, logits, crc || rc ? NULL : err, errlen);
+        if (c && !crc) crc = c;
+    } else if (n_logits > 0) {
         const size_t hd = (size_t)r->cfg->hidden_size;
         struct cpu_mm head = {.w = wmat(&r->m->lm_head), .x = r->xl, .ldx = hd, .y = logits,
                               .ldy = (size_t)r->cfg->vocab_size, .rows = n_logits};
