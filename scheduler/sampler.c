@@ -62,6 +62,7 @@ struct sampler_scratch {
     int32_t *count;  // (vocab) occurrences in the output so far; zero between calls
     uint8_t *seen;   // (vocab) in prompt or output; zero between calls
     struct cand *cand; // (vocab) top_p candidates
+    double *blocks;    // (CPU_EXP_BLOCKS(vocab)) sums of the draw's weights, block by block
 };
 
 struct sampler_scratch *sampler_scratch_create(int vocab)
@@ -77,7 +78,8 @@ struct sampler_scratch *sampler_scratch_create(int vocab)
     s->count = calloc((size_t)vocab, sizeof *s->count);
     s->seen = calloc((size_t)vocab, 1);
     s->cand = malloc((size_t)vocab * sizeof *s->cand);
-    if (!s->raw || !s->work || !s->probs || !s->count || !s->seen || !s->cand) {
+    s->blocks = malloc((size_t)CPU_EXP_BLOCKS(vocab) * sizeof *s->blocks);
+    if (!s->raw || !s->work || !s->probs || !s->count || !s->seen || !s->cand || !s->blocks) {
         sampler_scratch_destroy(s);
         return NULL;
     }
@@ -93,6 +95,7 @@ void sampler_scratch_destroy(struct sampler_scratch *s)
     free(s->count);
     free(s->seen);
     free(s->cand);
+    free(s->blocks);
     free(s);
 }
 
@@ -110,7 +113,7 @@ static double log_sum_exp(const float *x, int n, struct sampler_scratch *s, floa
 {
     float mx = row_max(x, n);
     if (!isfinite(mx)) return mx;
-    return mx + log(s->k->exp_sum(x, mx, tmp, n));
+    return mx + log(s->k->exp_sum(x, mx, tmp, n, NULL));
 }
 
 // The k best of a row by (value descending, id ascending), by insertion into
@@ -230,7 +233,7 @@ static void apply_top_p(float *logits, const float *probs, int vocab, float top_
 static void softmax_into(const float *logits, int vocab, float mx, float *probs,
                          const struct sampler_scratch *s)
 {
-    double sum = s->k->exp_sum(logits, mx, probs, vocab);
+    double sum = s->k->exp_sum(logits, mx, probs, vocab, NULL);
     const float inv = (float)(1.0 / sum);
     for (int i = 0; i < vocab; i++) probs[i] *= inv;
 }
@@ -293,9 +296,10 @@ int sampler_sample(const struct engine_sampling *p, float *logits, int vocab,
     out->logprob = 0;
     double lse = 0;
     const bool want_lp = p->logprobs >= 0;
-    for (int i = 0; i < vocab; i++) logits[i] = clean(logits[i]);
     if (want_lp) {
-        memcpy(s->raw, logits, (size_t)vocab * sizeof *logits);
+        // NaN stays in logits for now: the bias and penalties keep it NaN, and
+        // the greedy argmax or scale_max below turn it into -inf.
+        for (int i = 0; i < vocab; i++) s->raw[i] = clean(logits[i]);
         lse = log_sum_exp(s->raw, vocab, s, s->probs);
         if (p->logprobs > 0) top_alternatives(s->raw, vocab, p->logprobs, lse, out);
     }
@@ -306,19 +310,11 @@ int sampler_sample(const struct engine_sampling *p, float *logits, int vocab,
     if (p->temperature < SAMPLING_EPS || p->top_k == 1) {
         id = argmax_lowest(logits, vocab);
     } else {
-        // Scale, and find the best token (lowest id among equal maxima),
-        // which survives every filter below, in one pass.
-        const float inv_t = 1.0f / p->temperature;
-        float mx = -INFINITY;
+        // Scale (NaN to -inf) and find the largest in one vector pass; the
+        // best token (lowest id among equal maxima) survives every filter.
+        const float mx = s->k->scale_max(logits, 1.0f / p->temperature, vocab);
         int best = 0;
-        for (int i = 0; i < vocab; i++) {
-            float v = logits[i] * inv_t;
-            logits[i] = v;
-            if (v > mx) {
-                mx = v;
-                best = i;
-            }
-        }
+        while (best < vocab - 1 && !(logits[best] == mx)) best++;
         if (!isfinite(mx)) {
             id = best; // nothing live (or an infinite logit): no distribution to draw from
             goto done;
@@ -339,13 +335,17 @@ int sampler_sample(const struct engine_sampling *p, float *logits, int vocab,
             softmax_into(logits, vocab, mx, s->probs, s);
             apply_top_p(logits, s->probs, vocab, p->top_p, s);
         }
-        // The draw: unnormalised weights and their total from one pass, then
-        // a walk to the first token whose running sum passes u * total.
-        const double total = s->k->exp_sum(logits, mx, s->probs, vocab);
+        // The draw: unnormalised weights, their total and block sums from one
+        // pass; whole blocks below u * total are skipped, then a walk to the
+        // first token whose running sum passes it.
+        const double total = s->k->exp_sum(logits, mx, s->probs, vocab, s->blocks);
         const double target = sampler_rng_uniform(rng) * total;
+        const int nb = CPU_EXP_BLOCKS(vocab);
         double acc = 0;
+        int b = 0;
+        for (; b < nb - 1 && acc + s->blocks[b] <= target; b++) acc += s->blocks[b];
         id = best;
-        for (int i = 0; i < vocab; i++) {
+        for (int i = b * CPU_EXP_BLOCK; i < vocab; i++) {
             if (s->probs[i] <= 0) continue;
             acc += s->probs[i];
             id = i;

@@ -90,14 +90,30 @@ static void scalar_axpy(float *y, float a, const float *x, int n)
     for (int i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 
-static double scalar_exp_sum(const float *x, float shift, float *out, int n)
+static double scalar_exp_sum(const float *x, float shift, float *out, int n, double *block_sums)
 {
     double sum = 0;
-    for (int i = 0; i < n; i++) {
-        out[i] = x[i] == -INFINITY ? 0.0f : expf(x[i] - shift);
-        sum += out[i];
+    for (int b = 0; b * CPU_EXP_BLOCK < n; b++) {
+        const int end = n - b * CPU_EXP_BLOCK > CPU_EXP_BLOCK ? (b + 1) * CPU_EXP_BLOCK : n;
+        double bs = 0;
+        for (int i = b * CPU_EXP_BLOCK; i < end; i++) {
+            out[i] = x[i] == -INFINITY ? 0.0f : expf(x[i] - shift);
+            bs += out[i];
+        }
+        if (block_sums) block_sums[b] = bs;
+        sum += bs;
     }
     return sum;
+}
+
+static float scalar_scale_max(float *x, float scale, int n)
+{
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        x[i] = isnan(x[i]) ? -INFINITY : x[i] * scale;
+        mx = x[i] > mx ? x[i] : mx;
+    }
+    return mx;
 }
 
 static float scalar_stream_sum(const float *p, size_t n)
@@ -132,6 +148,7 @@ static const struct cpu_kernels scalar_table = {
     .rmsnorm = scalar_rmsnorm,
     .axpy = scalar_axpy,
     .exp_sum = scalar_exp_sum,
+    .scale_max = scalar_scale_max,
     .stream_sum = scalar_stream_sum,
     .fma_burn = scalar_fma_burn,
 };

@@ -73,14 +73,21 @@ struct cpu_kernels {
     void (*axpy)(float *y, float a, const float *x, int n);
     // out[i] = exp(x[i] - shift), exactly 0 where x[i] is -inf; returns the
     // sum of out. A softmax's numerators and denominator in one pass: the
-    // sampler's hot loop over the whole vocabulary.
-    double (*exp_sum)(const float *x, float shift, float *out, int n);
+    // sampler's hot loop over the whole vocabulary. block_sums (NULL, or
+    // CPU_EXP_BLOCKS(n) entries) receives the sum of each CPU_EXP_BLOCK
+    // consecutive entries, so that a draw can skip to its block.
+    double (*exp_sum)(const float *x, float shift, float *out, int n, double *block_sums);
+    // x[i] = x[i] * scale, NaN becoming -inf; returns the largest result.
+    float (*scale_max)(float *x, float scale, int n);
     // For the benchmarks: the sum of n floats read once, and iters rounds of
     // FMAs on CPU_FMA_CHAINS independent vectors (iters * CPU_FMA_CHAINS *
     // lanes * 2 FLOPs); both return a value so that nothing is optimised away.
     float (*stream_sum)(const float *p, size_t n);
     float (*fma_burn)(long iters, float seed);
 };
+
+#define CPU_EXP_BLOCK 1024
+#define CPU_EXP_BLOCKS(n) (((n) + CPU_EXP_BLOCK - 1) / CPU_EXP_BLOCK)
 
 // Enough independent chains to cover the FMA latency on every port.
 #define CPU_FMA_CHAINS 12

@@ -86,6 +86,9 @@ static inline __m256 vexp(__m256 x)
 // Lanes where a > b keep v, the others are 0.
 #define VKEEP_GT(v, a, b) _mm256_and_ps((v), _mm256_cmp_ps((a), (b), _CMP_GT_OQ))
 
+// Lanes where a == b (ordered: not NaN) keep v, the others take other.
+#define VSEL_EQ(v, a, b, other) _mm256_blendv_ps((other), (v), _mm256_cmp_ps((a), (b), _CMP_EQ_OQ))
+
 #include "model/cpu/kernels_simd.inc"
 
 static const struct cpu_kernels avx2_table = {
@@ -98,6 +101,7 @@ static const struct cpu_kernels avx2_table = {
     .rmsnorm = simd_rmsnorm,
     .axpy = simd_axpy,
     .exp_sum = simd_exp_sum,
+    .scale_max = simd_scale_max,
     .stream_sum = simd_stream_sum,
     .fma_burn = simd_fma_burn,
 };

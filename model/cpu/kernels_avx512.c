@@ -85,6 +85,9 @@ static inline __m512 vexp(__m512 x)
 // Lanes where a > b keep v, the others are 0.
 #define VKEEP_GT(v, a, b) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask((a), (b), _CMP_GT_OQ), (v))
 
+// Lanes where a == b (ordered: not NaN) keep v, the others take other.
+#define VSEL_EQ(v, a, b, other) _mm512_mask_blend_ps(_mm512_cmp_ps_mask((a), (b), _CMP_EQ_OQ), (other), (v))
+
 #include "model/cpu/kernels_simd.inc"
 
 static const struct cpu_kernels avx512_table = {
@@ -97,6 +100,7 @@ static const struct cpu_kernels avx512_table = {
     .rmsnorm = simd_rmsnorm,
     .axpy = simd_axpy,
     .exp_sum = simd_exp_sum,
+    .scale_max = simd_scale_max,
     .stream_sum = simd_stream_sum,
     .fma_burn = simd_fma_burn,
 };

@@ -273,8 +273,20 @@ static void simd_exp_sum_matches_scalar_and_zeroes_masked_entries(void **state)
             for (int j = 0; j < n; j++) x[j] = j % 13 == 3 ? -INFINITY : x[j] * 40.0f;
             float *ref = xmalloc((size_t)n * 4), *got = xmalloc((size_t)n * 4);
             const float shift = 35.0f;
-            double sref = cpu_kernels_scalar()->exp_sum(x, shift, ref, n);
-            double sgot = simd_tables[t]->exp_sum(x, shift, got, n);
+            const int nb = CPU_EXP_BLOCKS(n);
+            double *bref = xmalloc((size_t)nb * sizeof(double)), *bgot = xmalloc((size_t)nb * sizeof(double));
+            double sref = cpu_kernels_scalar()->exp_sum(x, shift, ref, n, bref);
+            double sgot = simd_tables[t]->exp_sum(x, shift, got, n, bgot);
+            assert_true(simd_tables[t]->exp_sum(x, shift, got, n, NULL) == sgot);
+            for (int b = 0; b < nb; b++) {
+                double direct_b = 0;
+                for (int j = b * CPU_EXP_BLOCK; j < n && j < (b + 1) * CPU_EXP_BLOCK; j++) direct_b += got[j];
+                if (fabs(bgot[b] - direct_b) > 1e-6 * direct_b || fabs(bref[b] - bgot[b]) > 2e-6 * direct_b)
+                    fail_msg("%s exp_sum n %d block %d: %.9g, scalar %.9g, direct %.9g",
+                             simd_tables[t]->name, n, b, bgot[b], bref[b], direct_b);
+            }
+            free(bref);
+            free(bgot);
             double direct = 0;
             for (int j = 0; j < n; j++) {
                 if (x[j] == -INFINITY) {
@@ -295,6 +307,33 @@ static void simd_exp_sum_matches_scalar_and_zeroes_masked_entries(void **state)
             free(x);
             free(ref);
             free(got);
+        }
+}
+
+// The sampler's scale pass: NaN becomes -inf, the rest is scaled, and the
+// returned maximum is the largest scaled value, at every tail length.
+static void simd_scale_max_matches_scalar_and_clears_nan(void **state)
+{
+    (void)state;
+    const int ns[] = {1, 7, 16, 17, 33, 151936};
+    for (int t = 0; t < n_simd; t++)
+        for (int i = 0; i < 6; i++) {
+            int n = ns[i];
+            float *a = random_floats((size_t)n), *b = xmalloc((size_t)n * 4);
+            for (int j = 0; j < n; j++) a[j] = j % 11 == 5 ? NAN : j % 17 == 2 ? -INFINITY : a[j] * 9;
+            memcpy(b, a, (size_t)n * 4);
+            float mref = cpu_kernels_scalar()->scale_max(a, 1.0f / 0.7f, n);
+            float mgot = simd_tables[t]->scale_max(b, 1.0f / 0.7f, n);
+            assert_memory_equal(a, b, (size_t)n * 4);
+            if (mref != mgot) fail_msg("%s scale_max n %d: %g vs scalar %g", simd_tables[t]->name, n, mgot, mref);
+            float want = -INFINITY;
+            for (int j = 0; j < n; j++) {
+                assert_false(isnan(b[j]));
+                want = b[j] > want ? b[j] : want;
+            }
+            assert_true(mgot == want);
+            free(a);
+            free(b);
         }
 }
 
@@ -469,6 +508,7 @@ int main(void)
         cmocka_unit_test(simd_attention_matches_scalar),
         cmocka_unit_test(simd_silu_mul_matches_scalar_and_ignores_where_n_ends),
         cmocka_unit_test(simd_exp_sum_matches_scalar_and_zeroes_masked_entries),
+        cmocka_unit_test(simd_scale_max_matches_scalar_and_clears_nan),
         cmocka_unit_test(simd_rmsnorm_and_axpy_match_scalar),
         cmocka_unit_test(threadpool_runs_every_range_exactly_once),
         cmocka_unit_test(threaded_matmul_matches_single_thread),

@@ -334,9 +334,57 @@ static void a_seed_reproduces_the_draws(void **state)
     sampler_scratch_destroy(s);
 }
 
+// A vocabulary spanning many of the draw's blocks: frequencies follow the
+// softmax (mass placed in early, middle and last blocks), NaN logits are
+// never drawn, and the mass per block matches.
+static void draws_over_a_large_vocabulary_follow_the_softmax(void **state)
+{
+    (void)state;
+    enum { V = 151936, DRAWS = 20000 };
+    float *logits = malloc(V * sizeof *logits), *buf = malloc(V * sizeof *buf);
+    for (int i = 0; i < V; i++) logits[i] = -10.0f + (float)(i % 7) * 0.1f; // together about a third of the mass
+    const int hot[] = {3, 1500, 70001, 151935};
+    const float hl[] = {2.0f, 1.0f, 1.5f, 0.5f};
+    for (int i = 0; i < 4; i++) logits[hot[i]] = hl[i];
+    for (int i = 200; i < V; i += 997) logits[i] = NAN;
+    double z = 0;
+    for (int i = 0; i < V; i++)
+        if (!isnan(logits[i])) z += exp((double)logits[i]);
+    struct sampler_scratch *s = sampler_scratch_create(V);
+    struct engine_sampling p = random_sampling();
+    struct sampler_rng rng;
+    sampler_rng_seed(&rng, 7);
+    int count[4] = {0}, other = 0;
+    for (int d = 0; d < DRAWS; d++) {
+        memcpy(buf, logits, V * sizeof *buf);
+        struct engine_token t;
+        assert_int_equal(sampler_sample(&p, buf, V, NULL, 0, NULL, 0, &rng, s, &t), 0);
+        assert_false(isnan(logits[t.id]));
+        int k = -1;
+        for (int i = 0; i < 4; i++)
+            if (t.id == hot[i]) k = i;
+        if (k >= 0) count[k]++;
+        else other++;
+    }
+    double p_other = 1;
+    for (int i = 0; i < 4; i++) {
+        double want = exp((double)hl[i]) / z, got = (double)count[i] / DRAWS;
+        p_other -= want;
+        if (fabs(got - want) > 4 * sqrt(want * (1 - want) / DRAWS) + 1e-3)
+            fail_msg("token %d: frequency %.4f, softmax %.4f", hot[i], got, want);
+    }
+    double got_other = (double)other / DRAWS;
+    if (fabs(got_other - p_other) > 4 * sqrt(p_other * (1 - p_other) / DRAWS) + 1e-3)
+        fail_msg("the cold tokens: frequency %.4f, softmax %.4f", got_other, p_other);
+    sampler_scratch_destroy(s);
+    free(logits);
+    free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(draws_over_a_large_vocabulary_follow_the_softmax),
         cmocka_unit_test(rng_is_seeded_and_uniform),
         cmocka_unit_test(greedy_takes_the_lowest_id_among_equal_maxima),
         cmocka_unit_test(temperature_scales_the_softmax),
