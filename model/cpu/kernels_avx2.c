@@ -36,6 +36,8 @@
 // Attention rows per group: their score accumulators fill the registers.
 #define ATT_RB 6
 #define GEMM_MIN_ROWS 4
+#define GV_STREAM_MAX_ROWS (GEMM_MIN_ROWS - 1)
+#define GV_STREAM_MIN_BYTES 1u
 
 // The canonical lane-sum tree: adjacent pairs, then pairs of pairs, then the
 // two 128-bit halves. reduce4 computes exactly this tree for four vectors.
