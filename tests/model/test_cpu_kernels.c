@@ -155,6 +155,33 @@ static void matmul_outputs_do_not_depend_on_batch_or_split(void **state)
         }
 }
 
+// A matrix too big for the caches streams as stored for more rows than a
+// small one does: each output is still the same whichever path and row count
+// computes it (rows 1, 12, 16 streamed; 17 and 24 packed).
+static void big_matrix_outputs_do_not_depend_on_rows(void **state)
+{
+    (void)state;
+    const int in = 512, out = 4160, maxr = 24; // 4160 x 512 bf16: a little over 4 MiB
+    struct cpu_wmat w = {random_weights(DTYPE_BF16, (size_t)out * in), DTYPE_BF16, out, in};
+    float *x = random_floats((size_t)maxr * in);
+    float *ref = xmalloc((size_t)maxr * out * 4), *got = xmalloc((size_t)maxr * out * 4);
+    for (int t = 0; t < n_simd; t++) {
+        for (int r = 0; r < maxr; r++) run_matmul(simd_tables[t], &w, x + (size_t)r * in, 1, ref + (size_t)r * out, false);
+        const int rows[] = {12, 16, 17, 24};
+        for (int i = 0; i < 4; i++) {
+            run_matmul(simd_tables[t], &w, x, rows[i], got, false);
+            for (int r = 0; r < rows[i]; r++)
+                if (memcmp(got + (size_t)r * out, ref + (size_t)r * out, (size_t)out * 4))
+                    fail_msg("%s: row %d of a %d-row batch differs from the row alone", simd_tables[t]->name,
+                             r, rows[i]);
+        }
+    }
+    free((void *)w.data);
+    free(x);
+    free(ref);
+    free(got);
+}
+
 static void fill_kv(void *p, enum dtype dt, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -505,6 +532,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(simd_matmul_matches_scalar_at_every_shape_and_dtype),
         cmocka_unit_test(matmul_outputs_do_not_depend_on_batch_or_split),
+        cmocka_unit_test(big_matrix_outputs_do_not_depend_on_rows),
         cmocka_unit_test(simd_attention_matches_scalar),
         cmocka_unit_test(simd_silu_mul_matches_scalar_and_ignores_where_n_ends),
         cmocka_unit_test(simd_exp_sum_matches_scalar_and_zeroes_masked_entries),
