@@ -28,8 +28,8 @@
 
 // Packed tiles: MM_MR rows x MM_NR outputs of accumulators, the x rows in L1
 // across a whole packed chunk of MM_PACK_FLOATS weights (in L2).
-#define MM_MR 12
-#define MM_NR 2
+#define MM_MR 6
+#define MM_NR 4
 #define MM_PACK_FLOATS 65536
 #define MM_UNIT 16
 #define GV_MR 8
