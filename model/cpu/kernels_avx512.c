@@ -67,6 +67,29 @@ static inline void reduce4(__m512 a, __m512 b, __m512 c, __m512 d, float out[4])
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
 }
 
+// reduce1 of sixteen vectors at once: out[k] is reduce1(v[k]) exactly — the
+// same pairs added in the same order (lane i + lane i+8, then adjacent
+// pairs, then pairs of pairs, then the two halves), by shuffling two
+// vectors' lanes side by side at each level instead of folding one vector.
+#define HAVE_REDUCE16 1
+static inline void reduce16(const __m512 *v, float *out)
+{
+    __m512 c[8], e[4], g[2];
+    for (int p = 0; p < 8; p++) // lanes 0-7: v[2p]'s i + (i+8); lanes 8-15: v[2p+1]'s
+        c[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0xEE));
+    for (int q = 0; q < 4; q++) // adjacent pairs, per 128-bit block: [c, c, c', c']
+        e[q] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * q], c[2 * q + 1], 0x88),
+                             _mm512_shuffle_ps(c[2 * q], c[2 * q + 1], 0xDD));
+    for (int t = 0; t < 2; t++) // pairs of pairs: block k lane i is c[4t + i]'s block k
+        g[t] = _mm512_add_ps(_mm512_shuffle_ps(e[2 * t], e[2 * t + 1], 0x88),
+                             _mm512_shuffle_ps(e[2 * t], e[2 * t + 1], 0xDD));
+    // The halves: blocks 0+1 and 2+3 of each g; then lanes back in order.
+    __m512 h = _mm512_add_ps(_mm512_shuffle_f32x4(g[0], g[1], 0x88), _mm512_shuffle_f32x4(g[0], g[1], 0xDD));
+    const __m512i idx = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+    _mm512_storeu_ps(out, _mm512_permutexvar_ps(idx, h));
+}
+
 static inline float hmax1(__m512 v) { return _mm512_reduce_max_ps(v); }
 
 // exp as in kernels_avx2.c, with scalef for the 2^n.
