@@ -278,7 +278,10 @@ static void completions_stream_with_usage_under_a_concurrency_cap(void **state)
         const struct bench_request *q = &r.reqs[i];
         assert_true(q->success);
         assert_null(q->error);
-        assert_true(q->ttft >= 0.030); // the server waits 30 ms before the first token
+        // The server waits 30 ms before the first token; node's timers count
+        // from the event loop's cached clock, so they can fire a few ms
+        // early by ours (seen once: a failure of a strict >= 30 ms).
+        if (!(q->ttft >= 0.025)) fail_msg("request %d: TTFT %.4f s, the server waits 0.030", i, q->ttft);
         assert_true(q->latency >= q->ttft);
         assert_int_equal(q->n_itl, 7);
         assert_int_equal(q->output_tokens, 8);
@@ -286,7 +289,7 @@ static void completions_stream_with_usage_under_a_concurrency_cap(void **state)
     assert_int_equal(r.ttft.n, 12);
     assert_int_equal(r.itl.n, 12 * 7);
     assert_int_equal(r.tpot.n, 12);
-    assert_true(r.ttft.mean >= 30.0 && r.ttft.p99 >= r.ttft.median);
+    assert_true(r.ttft.mean >= 25.0 && r.ttft.p99 >= r.ttft.median);
     assert_true(r.output_throughput > 0 && r.request_throughput > 0);
     assert_true(fabs(r.total_token_throughput - (double)(12 * 24) / r.duration) < 1e-6 * r.total_token_throughput);
     json_t *st = fixture_stats();
@@ -332,8 +335,10 @@ static void chat_ttft_counts_content_not_the_role_chunk(void **state)
     assert_int_equal(r.completed, 6);
     assert_int_equal(r.total_output, 30);
     assert_int_equal(r.total_input, 60); // the fixture counts words
-    // The role chunk comes at once; the first content 40 ms later.
-    for (int i = 0; i < 6; i++) assert_true(r.reqs[i].ttft >= 0.040);
+    // The role chunk comes at once; the first content 40 ms later (less a
+    // few ms of node's timer slack, as above): TTFT counts the content.
+    for (int i = 0; i < 6; i++)
+        if (!(r.reqs[i].ttft >= 0.035)) fail_msg("request %d: TTFT %.4f s, the content comes 0.040 s after the role", i, r.reqs[i].ttft);
     json_t *st = fixture_stats();
     json_t *b = json_array_get(json_object_get(st, "bodies"), 1);
     assert_int_equal(json_integer_value(json_object_get(b, "max_completion_tokens")), 5);
