@@ -55,7 +55,7 @@ struct cand {
 
 struct sampler_scratch {
     int vocab;
-    const struct cpu_kernels *k; // for exp_sum, the pass over the whole vocabulary
+    const struct cpu_kernels *k; // scale_max and exp_sum: the passes over the whole vocabulary
     float *raw;      // (vocab) the logits as they came, for logprobs
     float *work;     // (vocab) selection workspace
     float *probs;    // (vocab)
@@ -101,19 +101,14 @@ void sampler_scratch_destroy(struct sampler_scratch *s)
 
 static float clean(float v) { return isnan(v) ? -INFINITY : v; }
 
-static float row_max(const float *x, int n)
+// Copies a row of logits into s->raw with NaN as -inf and returns its
+// log(sum(exp)): the raw distribution the logprobs come from.
+static double raw_log_sum_exp(const float *logits, int vocab, struct sampler_scratch *s)
 {
-    float mx = -INFINITY;
-    for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-    return mx;
-}
-
-// log(sum(exp(x))) over a row of logits without NaN; tmp (n) is clobbered.
-static double log_sum_exp(const float *x, int n, struct sampler_scratch *s, float *tmp)
-{
-    float mx = row_max(x, n);
+    memcpy(s->raw, logits, (size_t)vocab * sizeof *logits);
+    const float mx = s->k->scale_max(s->raw, 1.0f, vocab); // x * 1 is exact: only NaN changes
     if (!isfinite(mx)) return mx;
-    return mx + log(s->k->exp_sum(x, mx, tmp, n, NULL));
+    return mx + log(s->k->exp_sum(s->raw, mx, s->probs, vocab, NULL));
 }
 
 // The k best of a row by (value descending, id ascending), by insertion into
@@ -150,13 +145,9 @@ void sampler_logprobs(const float *logits, int vocab, int32_t id, int k,
     out->n_top = 0;
     out->logprob = -INFINITY;
     if (!scratch || vocab < 1 || vocab > scratch->vocab) return;
-    for (int i = 0; i < vocab; i++) scratch->raw[i] = clean(logits[i]);
-    double lse = log_sum_exp(scratch->raw, vocab, scratch, scratch->probs);
-    logits = scratch->raw;
-    out->id = id;
-    out->logprob = id >= 0 && id < vocab ? raw_logprob(logits[id], lse) : -INFINITY;
-    out->n_top = 0;
-    if (k > 0) top_alternatives(logits, vocab, k, lse, out);
+    const double lse = raw_log_sum_exp(logits, vocab, scratch);
+    if (id >= 0 && id < vocab) out->logprob = raw_logprob(scratch->raw[id], lse);
+    if (k > 0) top_alternatives(scratch->raw, vocab, k, lse, out);
 }
 
 static int argmax_lowest(const float *x, int n)
@@ -299,8 +290,7 @@ int sampler_sample(const struct engine_sampling *p, float *logits, int vocab,
     if (want_lp) {
         // NaN stays in logits for now: the bias and penalties keep it NaN, and
         // the greedy argmax or scale_max below turn it into -inf.
-        for (int i = 0; i < vocab; i++) s->raw[i] = clean(logits[i]);
-        lse = log_sum_exp(s->raw, vocab, s, s->probs);
+        lse = raw_log_sum_exp(logits, vocab, s);
         if (p->logprobs > 0) top_alternatives(s->raw, vocab, p->logprobs, lse, out);
     }
     for (int i = 0; i < p->n_logit_bias; i++) logits[p->logit_bias[i].id] += p->logit_bias[i].bias;
