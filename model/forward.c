@@ -141,6 +141,7 @@ struct rank {
     int mlp_width_now;          // that layer's MLP width (dense or per expert)
     uint64_t steps, tokens;
     double last_step, a2a_time;
+    double phase_time[FWD_PHASES], a2a_total, forward_total; // cumulative (rank_stats)
 };
 
 void rank_expert_range(const struct rank *r, int *begin, int *end)
@@ -351,6 +352,9 @@ void rank_get_stats(const struct rank *r, struct rank_stats *out)
     out->last_step_seconds = r->last_step;
     out->last_a2a_seconds = r->a2a_time;
     out->expert_tokens = r->expert_tokens;
+    memcpy(out->phase_seconds, r->phase_time, sizeof out->phase_seconds);
+    out->a2a_seconds_total = r->a2a_total;
+    out->forward_seconds_total = r->forward_total;
 }
 
 // ---- parallel helpers ----------------------------------------------------------
@@ -898,10 +902,13 @@ int rank_forward(struct rank *r, const struct fwd_batch *b, float *logits, char 
     r->n_tok = T;
     par_for(r, T, embed_rows);
     int crc = 0;
+    double tp = t0, tq; // the batch setup and embedding count with the first attention
     for (int l = 0; l < r->cfg->n_layers; l++) {
         r->layer = l;
         attention_block(r, T);
         par_for(r, T, ffn_norm_rows);
+        tq = ms_now();
+        r->phase_time[FWD_PHASE_ATTENTION] += tq - tp;
         if (r->m->layers[l].is_moe) {
             // After a failed exchange keep stepping through the layers, so
             // that the ranks stay in lockstep; report the first failure.
@@ -910,6 +917,8 @@ int rank_forward(struct rank *r, const struct fwd_batch *b, float *logits, char 
         } else {
             dense_mlp(r, T);
         }
+        tp = ms_now();
+        r->phase_time[FWD_PHASE_MOE] += tp - tq;
     }
     if (n_logits > 0) par_for(r, n_logits, final_norm_rows);
     if (r->comm) {
@@ -923,6 +932,10 @@ int rank_forward(struct rank *r, const struct fwd_batch *b, float *logits, char 
     }
     r->steps++;
     r->tokens += (uint64_t)T;
-    r->last_step = ms_now() - t0;
+    const double t1 = ms_now();
+    r->phase_time[FWD_PHASE_LM_HEAD] += t1 - tp;
+    r->last_step = t1 - t0;
+    r->forward_total += r->last_step;
+    r->a2a_total += r->a2a_time;
     return rc ? rc : crc;
 }

@@ -68,6 +68,12 @@ struct fwd_batch {
 int rank_forward(struct rank *r, const struct fwd_batch *b, float *logits,
                  char *err, size_t errlen);
 
+// The parts of a step whose wall time rank_stats accumulates: the embedding,
+// attention and the norms before each MLP; the MLP or MoE layers with their
+// exchanges; the final norm and the lm_head (with its exchanges under
+// expert parallelism).
+enum fwd_phase { FWD_PHASE_ATTENTION, FWD_PHASE_MOE, FWD_PHASE_LM_HEAD, FWD_PHASES };
+
 // Counters the metrics read; updated by rank_forward.
 struct rank_stats {
     uint64_t steps;
@@ -75,6 +81,11 @@ struct rank_stats {
     double last_step_seconds;   // wall time of the last rank_forward
     double last_a2a_seconds;    // time in all-to-all exchanges during the last step
     const uint64_t *expert_tokens; // (n_experts) tokens this rank's local experts processed, all layers
+    // Cumulative over all steps, in seconds: each phase, the exchanges
+    // (inside the MoE and lm_head phases), and whole forward passes.
+    double phase_seconds[FWD_PHASES];
+    double a2a_seconds_total;
+    double forward_seconds_total;
 };
 void rank_get_stats(const struct rank *r, struct rank_stats *out);
 

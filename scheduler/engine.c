@@ -48,6 +48,13 @@ struct seq {
 
 static struct seq *seq_of(struct sched_seq *q) { return (struct seq *)q; }
 
+const char *const engine_phase_names[ENGINE_PHASES] = {"attention", "moe", "lm_head", "sampling"};
+_Static_assert((int)ENGINE_PHASE_ATTENTION == (int)FWD_PHASE_ATTENTION &&
+                   (int)ENGINE_PHASE_MOE == (int)FWD_PHASE_MOE &&
+                   (int)ENGINE_PHASE_LM_HEAD == (int)FWD_PHASE_LM_HEAD &&
+                   (int)ENGINE_PHASE_SAMPLING == (int)FWD_PHASES,
+               "the engine's phases extend the forward pass's, in its order");
+
 struct rank_slot {
     int index;
     struct engine *e;
@@ -65,6 +72,7 @@ struct rank_slot {
     struct sched_rank *plan;           // this rank's batch in the scheduler
     int rc;                            // of the last step
     char err[256];
+    double sample_seconds;             // cumulative wall time sampling this rank's rows
     pthread_t thread;
     bool thread_started;
 };
@@ -471,6 +479,7 @@ static void rank_run_step(struct rank_slot *r)
     r->err[0] = 0;
     r->rc = rank_forward(r->rank, &b, r->logits, r->err, sizeof r->err);
     if (r->rc) return;
+    const double t0 = ms_now();
     int with_rows = 0;
     for (int i = 0; i < p->n_batch; i++) with_rows += p->batch[i]->sched_rows > 0;
     if (with_rows > 1 && r->n_sample_threads > 1) {
@@ -479,6 +488,7 @@ static void rank_run_step(struct rank_slot *r)
     } else {
         for (int i = 0; i < p->n_batch; i++) sample_seq(r, p->batch[i], r->scratch[0]);
     }
+    r->sample_seconds += ms_now() - t0;
 }
 
 static void *rank_worker(void *arg)
@@ -629,6 +639,12 @@ static void publish_stats(struct engine *e)
         st->rank[i].kv_blocks_used = kvb_num_used(e->ranks[i].blocks);
         st->rank[i].kv_blocks_cached = kvb_num_cached(e->ranks[i].blocks);
         st->rank[i].num_running = e->sched.ranks[i].n_running;
+        struct rank_stats rs;
+        rank_get_stats(e->ranks[i].rank, &rs);
+        for (int f = 0; f < FWD_PHASES; f++) st->rank[i].phase_seconds[f] = rs.phase_seconds[f];
+        st->rank[i].phase_seconds[ENGINE_PHASE_SAMPLING] = e->ranks[i].sample_seconds;
+        st->rank[i].exchange_seconds = rs.a2a_seconds_total;
+        st->rank[i].forward_seconds = rs.forward_seconds_total;
     }
     st->prefix_cache_queries = e->sched.prefix_queries;
     st->prefix_cache_hits = e->sched.prefix_hits;

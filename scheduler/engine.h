@@ -140,11 +140,26 @@ int engine_max_model_len(const struct engine *e);
 
 #define ENGINE_MAX_RANKS 64
 
+// Where a rank's step time goes: the forward pass's phases (model/forward.h's
+// enum fwd_phase, in its order), then sampling.
+enum engine_phase {
+    ENGINE_PHASE_ATTENTION,      // embedding, attention, the norms before each MLP
+    ENGINE_PHASE_MOE,            // the MLP / MoE layers, their exchanges included
+    ENGINE_PHASE_LM_HEAD,        // final norm and lm_head, its exchanges included
+    ENGINE_PHASE_SAMPLING,
+    ENGINE_PHASES
+};
+extern const char *const engine_phase_names[ENGINE_PHASES]; // "attention", "moe", "lm_head", "sampling"
+
 struct engine_rank_stats {
     int kv_blocks_total;
     int kv_blocks_used;          // referenced by running sequences
     int kv_blocks_cached;        // unreferenced, held by the prefix cache
     int num_running;
+    // Cumulative wall time over all steps, in seconds.
+    double phase_seconds[ENGINE_PHASES];
+    double exchange_seconds;     // in MoE and lm_head exchanges (inside those phases)
+    double forward_seconds;      // whole forward passes
 };
 
 struct engine_stats {

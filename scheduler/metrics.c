@@ -366,6 +366,15 @@ int metrics_render(struct metrics *m, const struct engine_stats *st, char **out,
         snprintf(extra, sizeof extra, ",rank=\"%d\"", r);
         hist_render(&b, ml, "all_to_all_seconds", extra, &m->a2a[r]);
     }
+    // Where the step time goes, per rank: a counter per phase, so that
+    // rate() over any window gives each phase's share of the wall time.
+    head(&b, "step_phase_seconds_total", "counter",
+         "Wall time of each rank's steps by phase: attention, moe (with its exchanges), "
+         "lm_head, sampling.");
+    for (int r = 0; r < st->n_ranks && r < ENGINE_MAX_RANKS; r++)
+        for (int f = 0; f < ENGINE_PHASES; f++)
+            put(&b, "moeserve:step_phase_seconds_total{model_name=\"%s\",rank=\"%d\",phase=\"%s\"} %.6f\n",
+                ml, r, engine_phase_names[f], st->rank[r].phase_seconds[f]);
     if (m->n_experts) {
         head(&b, "expert_tokens_total", "counter",
              "Tokens routed to each expert on each rank, summed over MoE layers.");

@@ -75,9 +75,17 @@ static uint64_t xorshift(uint64_t *x)
     return *x;
 }
 
+// The ranks whose step breakdown a pass reports.
+#define SHOWN_RANKS 8
+
 struct pass_result {
     int concurrency;
     double seconds;
+    uint64_t steps;
+    int n_ranks;
+    // Per rank over the pass, in seconds: each engine phase, the exchanges.
+    double phase[SHOWN_RANKS][ENGINE_PHASES];
+    double exchange[SHOWN_RANKS];
     int done, failed;
     long long input_tokens, output_tokens;
 };
@@ -95,6 +103,8 @@ static int run_pass(struct engine *e, int vocab, int n_prompts, int input_len, i
     uint64_t x = seed * 0x9e3779b97f4a7c15ull + 0x1234567u;
     struct engine_sink sink = {bench_on_delta, &b};
     int rc = 0, submitted = 0;
+    struct engine_stats s0, s1;
+    engine_get_stats(e, &s0);
     double t0 = ms_now();
     while (submitted < n_prompts) {
         pthread_mutex_lock(&b.mu);
@@ -124,9 +134,17 @@ static int run_pass(struct engine *e, int vocab, int n_prompts, int input_len, i
     while (b.done < submitted) pthread_cond_wait(&b.cv, &b.mu);
     pthread_mutex_unlock(&b.mu);
     double t1 = ms_now();
+    engine_get_stats(e, &s1);
     free(prompt);
     pr->concurrency = concurrency;
     pr->seconds = t1 - t0;
+    pr->steps = s1.steps - s0.steps;
+    pr->n_ranks = s1.n_ranks < SHOWN_RANKS ? s1.n_ranks : SHOWN_RANKS;
+    for (int ri = 0; ri < pr->n_ranks; ri++) {
+        for (int f = 0; f < ENGINE_PHASES; f++)
+            pr->phase[ri][f] = s1.rank[ri].phase_seconds[f] - s0.rank[ri].phase_seconds[f];
+        pr->exchange[ri] = s1.rank[ri].exchange_seconds - s0.rank[ri].exchange_seconds;
+    }
     pr->done = b.done - b.failed;
     pr->failed = b.failed;
     pr->input_tokens = (long long)input_len * b.done;
@@ -137,6 +155,11 @@ static int run_pass(struct engine *e, int vocab, int n_prompts, int input_len, i
     pthread_mutex_destroy(&b.mu);
     pthread_cond_destroy(&b.cv);
     return rc;
+}
+
+static double step_ms(const struct pass_result *r, double seconds)
+{
+    return r->steps ? seconds * 1e3 / (double)r->steps : 0.0;
 }
 
 static void print_pass(const struct pass_result *r, const struct engine_opts *o, int n_prompts,
@@ -150,15 +173,29 @@ static void print_pass(const struct pass_result *r, const struct engine_opts *o,
                "\"output_len\": %d, \"data_parallel_size\": %d, \"threads\": %d, "
                "\"elapsed_time\": %.4f, \"num_requests\": %d, \"total_num_tokens\": %lld, "
                "\"requests_per_second\": %.4f, \"tokens_per_second\": %.2f, "
-               "\"output_tokens_per_second\": %.2f}\n",
+               "\"output_tokens_per_second\": %.2f, \"steps\": %llu, \"step_ms\": [",
                r->concurrency, n_prompts, input_len, output_len, o->data_parallel_size,
                o->n_threads, r->seconds, r->done, r->output_tokens + r->input_tokens, rps, tot_tps,
-               out_tps);
+               out_tps, (unsigned long long)r->steps);
+        for (int ri = 0; ri < r->n_ranks; ri++) {
+            printf("%s{", ri ? ", " : "");
+            for (int f = 0; f < ENGINE_PHASES; f++)
+                printf("\"%s\": %.3f, ", engine_phase_names[f], step_ms(r, r->phase[ri][f]));
+            printf("\"exchange\": %.3f}", step_ms(r, r->exchange[ri]));
+        }
+        printf("]}\n");
     } else {
         printf("max-concurrency %d: Throughput: %.2f requests/s, %.2f total tokens/s, "
                "%.2f output tokens/s (%d requests, %lld tokens in %.2f s)\n",
                r->concurrency, rps, tot_tps, out_tps, r->done, r->output_tokens + r->input_tokens,
                r->seconds);
+        // Where a step's time went, so that a figure comes with its reason.
+        for (int ri = 0; ri < r->n_ranks; ri++) {
+            printf("  rank %d, ms per step over %llu steps:", ri, (unsigned long long)r->steps);
+            for (int f = 0; f < ENGINE_PHASES; f++)
+                printf(" %s %.2f", engine_phase_names[f], step_ms(r, r->phase[ri][f]));
+            printf(" (exchanges %.2f)\n", step_ms(r, r->exchange[ri]));
+        }
     }
     fflush(stdout);
 }

@@ -342,6 +342,46 @@ static void greedy_is_the_same_on_a_prefix_cache_hit(void **state)
     work_free(&w);
 }
 
+// Each rank's step time is split into attention, MoE, lm_head and sampling:
+// the forward pass's three phases add up to its whole time, the exchanges
+// fit inside the MoE and lm_head phases, and nothing exceeds the wall time.
+static void step_time_is_split_into_phases_on_every_rank(void **state)
+{
+    (void)state;
+    struct work w;
+    work_make(&w, 6, 0, 9);
+    struct engine_opts o;
+    base_opts(&o);
+    o.data_parallel_size = 2;
+    o.enable_expert_parallel = true;
+    struct engine *e = make_engine(&o);
+    struct engine_stats st0;
+    engine_get_stats(e, &st0);
+    for (int r = 0; r < 2; r++)
+        for (int f = 0; f < ENGINE_PHASES; f++) assert_true(st0.rank[r].phase_seconds[f] == 0);
+    const double t0 = ms_now();
+    struct h_batch *got = run_work(e, &w, false, NULL);
+    const double wall = ms_now() - t0;
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    assert_true(st.steps > 0);
+    for (int r = 0; r < 2; r++) {
+        const double *ph = st.rank[r].phase_seconds;
+        for (int f = 0; f < ENGINE_PHASES; f++)
+            if (!(ph[f] > 0)) fail_msg("rank %d: no time in %s", r, engine_phase_names[f]);
+        const double fwd = ph[ENGINE_PHASE_ATTENTION] + ph[ENGINE_PHASE_MOE] + ph[ENGINE_PHASE_LM_HEAD];
+        if (fabs(fwd - st.rank[r].forward_seconds) > 1e-9 * (double)st.steps + 1e-12)
+            fail_msg("rank %d: phases add to %.9f s, forward passes took %.9f s", r, fwd,
+                     st.rank[r].forward_seconds);
+        assert_true(st.rank[r].exchange_seconds > 0);
+        assert_true(st.rank[r].exchange_seconds <= ph[ENGINE_PHASE_MOE] + ph[ENGINE_PHASE_LM_HEAD]);
+        assert_true(fwd + ph[ENGINE_PHASE_SAMPLING] <= wall);
+    }
+    engine_destroy(e);
+    h_batch_free(got);
+    work_free(&w);
+}
+
 static void greedy_is_the_same_on_two_expert_parallel_ranks(void **state)
 {
     (void)state;
@@ -763,6 +803,7 @@ int main(void)
         cmocka_unit_test(greedy_is_the_same_after_preemption_and_recompute),
         cmocka_unit_test(greedy_is_the_same_on_a_prefix_cache_hit),
         cmocka_unit_test(greedy_is_the_same_on_two_expert_parallel_ranks),
+        cmocka_unit_test(step_time_is_split_into_phases_on_every_rank),
         cmocka_unit_test(seeded_sampling_is_the_same_alone_and_batched),
         cmocka_unit_test(prompt_logprobs_agree_with_generated_logprobs),
         cmocka_unit_test(requests_too_long_or_too_big_for_one_rank_are_refused),

@@ -89,7 +89,8 @@ static void a_fresh_engine_renders_every_series_at_zero(void **state)
                            "request_success_total", "time_to_first_token_seconds",
                            "inter_token_latency_seconds", "e2e_request_latency_seconds",
                            "request_queue_time_seconds", "iteration_tokens_total",
-                           "all_to_all_seconds", "step_duration_seconds", "expert_load_imbalance"};
+                           "all_to_all_seconds", "step_duration_seconds", "expert_load_imbalance",
+                           "step_phase_seconds_total"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char type[128];
         snprintf(type, sizeof type, "# TYPE moeserve:%s ", names[i]);
@@ -98,6 +99,7 @@ static void a_fresh_engine_renders_every_series_at_zero(void **state)
     assert_line(t, "moeserve:kv_cache_usage_perc{model_name=\"qwen3\",rank=\"1\"} 0");
     assert_line(t, "moeserve:request_success_total{model_name=\"qwen3\",finished_reason=\"length\"} 0");
     assert_line(t, "moeserve:all_to_all_seconds_count{model_name=\"qwen3\",rank=\"1\"} 0");
+    assert_line(t, "moeserve:step_phase_seconds_total{model_name=\"qwen3\",rank=\"1\",phase=\"sampling\"} 0.000000");
     promtool_accepts(t);
     free(t);
     metrics_destroy(m);
@@ -137,7 +139,12 @@ static void observations_move_the_series(void **state)
     st.request_success[FINISH_ABORT] = 1;
     st.prefix_cache_queries = 1000;
     st.prefix_cache_hits = 250;
+    st.rank[1].phase_seconds[ENGINE_PHASE_LM_HEAD] = 1.25;
+    st.rank[0].phase_seconds[ENGINE_PHASE_MOE] = 0.5;
     char *t = render(m, &st);
+    assert_line(t, "moeserve:step_phase_seconds_total{model_name=\"qwen3\",rank=\"1\",phase=\"lm_head\"} 1.250000");
+    assert_line(t, "moeserve:step_phase_seconds_total{model_name=\"qwen3\",rank=\"0\",phase=\"moe\"} 0.500000");
+    assert_line(t, "moeserve:step_phase_seconds_total{model_name=\"qwen3\",rank=\"0\",phase=\"attention\"} 0.000000");
     assert_line(t, "moeserve:num_requests_running{model_name=\"qwen3\"} 3");
     assert_line(t, "moeserve:kv_cache_usage_perc{model_name=\"qwen3\",rank=\"0\"} 0.25");
     assert_line(t, "moeserve:prompt_tokens_total{model_name=\"qwen3\"} 1234");

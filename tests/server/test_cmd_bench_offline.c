@@ -64,6 +64,15 @@ static void json_passes_count_every_token(void **state)
                          passes == 0 ? 1 : 4);
         assert_true(json_real_value(json_object_get(j, "output_tokens_per_second")) > 0);
         assert_true(json_real_value(json_object_get(j, "requests_per_second")) > 0);
+        // 9 tokens each: at least 9 steps; one rank's split of them.
+        assert_true(json_integer_value(json_object_get(j, "steps")) >= 9);
+        json_t *ranks = json_object_get(j, "step_ms");
+        assert_int_equal(json_array_size(ranks), 1);
+        const char *phases[] = {"attention", "moe", "lm_head", "sampling"};
+        for (int f = 0; f < 4; f++)
+            if (!(json_real_value(json_object_get(json_array_get(ranks, 0), phases[f])) > 0))
+                fail_msg("no %s time in: %s", phases[f], line);
+        assert_true(json_real_value(json_object_get(json_array_get(ranks, 0), "exchange")) == 0);
         json_decref(j);
         passes++;
     }
@@ -85,6 +94,11 @@ static void text_output_on_two_expert_parallel_ranks(void **state)
     assert_non_null(strstr(out, "output tokens/s"));
     assert_non_null(strstr(out, "(4 requests, 100 tokens in"));
     assert_non_null(strstr(out, "over 2 rounds"));
+    // Each pass's step split, for each of the two ranks.
+    assert_non_null(strstr(out, "\n  rank 0, ms per step over "));
+    assert_non_null(strstr(out, "\n  rank 1, ms per step over "));
+    assert_non_null(strstr(out, " lm_head "));
+    assert_non_null(strstr(out, "(exchanges "));
     free(out);
 }
 
