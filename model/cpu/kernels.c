@@ -3,13 +3,20 @@
 #include "model/cpu/kernels.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #if defined(__x86_64__)
 // Defined in kernels_avx2.c / kernels_avx512.c, compiled with their own flags.
 const struct cpu_kernels *cpu_kernels_avx2_table(void);
 const struct cpu_kernels *cpu_kernels_avx512_table(void);
+const struct cpu_kernels *cpu_kernels_amx_table(void);
 #endif
 
 static void scalar_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
@@ -171,9 +178,39 @@ const struct cpu_kernels *cpu_kernels_avx512(void)
         return NULL;
     return cpu_kernels_avx512_table();
 }
+
+// CPUID.(7,0).EDX: AMX-BF16 (bit 22), AMX-TILE (bit 24); CPUID.(7,1).EAX:
+// AVX512-BF16 (bit 5); XCR0 bits 17-18: the OS saves tile state. Linux
+// then hands out the 8 KiB of tile data per thread only on request.
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+static bool amx_usable;
+
+static void amx_probe(void)
+{
+    unsigned a, b, c, d;
+    if (!cpu_kernels_avx512()) return;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24))) return;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return; // OSXSAVE
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return;
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return;
+    amx_usable = true;
+}
+
+const struct cpu_kernels *cpu_kernels_amx(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, amx_probe);
+    return amx_usable ? cpu_kernels_amx_table() : NULL;
+}
 #else
 const struct cpu_kernels *cpu_kernels_avx2(void) { return NULL; }
 const struct cpu_kernels *cpu_kernels_avx512(void) { return NULL; }
+const struct cpu_kernels *cpu_kernels_amx(void) { return NULL; }
 #endif
 
 const struct cpu_kernels *cpu_kernels_best(void)
@@ -182,6 +219,9 @@ const struct cpu_kernels *cpu_kernels_best(void)
     if (want && !strcmp(want, "scalar")) return cpu_kernels_scalar();
     const struct cpu_kernels *k = NULL;
     if (want && !strcmp(want, "avx2")) k = cpu_kernels_avx2();
+    // amx only when asked: it trades batch-1 decode (the lm_head 2x slower)
+    // for throughput at 16 and more sequences (see kernels_amx.c).
+    if (want && !strcmp(want, "amx")) k = cpu_kernels_amx();
     if (!k) k = cpu_kernels_avx512();
     if (!k) k = cpu_kernels_avx2();
     return k ? k : cpu_kernels_scalar();
@@ -193,6 +233,9 @@ size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
     // A packed chunk of weight rows (65536 floats or 4 rows), 4 rows of
     // slack, and a packed block of up to 16 x rows.
     size_t mm = (65536 > 4 * kp ? 65536 : 4 * kp) + 4 * kp + 16 * kp;
+    // The amx matmul: x as B tiles (32 words per k), four C tiles, two
+    // padded 16-row weight tiles.
+    if (mm < 48 * kp + 1024) mm = 48 * kp + 1024;
     // K transposed and V of one block, then per row: accumulator, scores, max, sum.
     size_t rows = (size_t)max_q * CPU_ATTN_TILE;
     size_t at = 2 * 16 * (size_t)head_dim + rows * ((size_t)head_dim + 2) + (size_t)head_dim + 16 * 16 + 64;

@@ -1,6 +1,7 @@
 // kernels: the single-threaded CPU kernels behind the forward pass, one table
 // per instruction set (portable scalar reference, AVX2+FMA, AVX-512), picked
-// at run time from what the CPU supports.
+// at run time from what the CPU supports (and AVX-512 with the AMX tile unit
+// for the big bf16 matmuls).
 #ifndef MOESERVE_MODEL_CPU_KERNELS_H
 #define MOESERVE_MODEL_CPU_KERNELS_H
 
@@ -96,8 +97,11 @@ const struct cpu_kernels *cpu_kernels_scalar(void);
 // NULL when this CPU (or this build) lacks the instructions.
 const struct cpu_kernels *cpu_kernels_avx2(void);
 const struct cpu_kernels *cpu_kernels_avx512(void);
-// The fastest table this CPU runs; MOESERVE_CPU_KERNELS=scalar|avx2|avx512
-// picks one (falling back to the best available when the CPU lacks it).
+// Also needs Linux to grant this process the tile state (arch_prctl).
+const struct cpu_kernels *cpu_kernels_amx(void);
+// The fastest table this CPU runs (avx512, else avx2, else scalar);
+// MOESERVE_CPU_KERNELS=scalar|avx2|avx512|amx picks one (falling back to the
+// best available when the CPU lacks it). amx is never picked unasked.
 const struct cpu_kernels *cpu_kernels_best(void);
 
 // Per-thread scratch any table needs for matmuls with in <= max_in and

@@ -53,7 +53,7 @@ static float *random_floats(size_t n)
     return x;
 }
 
-static const struct cpu_kernels *simd_tables[2];
+static const struct cpu_kernels *simd_tables[3];
 static int n_simd;
 
 static int setup(void **state)
@@ -62,6 +62,8 @@ static int setup(void **state)
     n_simd = 0;
     if (cpu_kernels_avx2()) simd_tables[n_simd++] = cpu_kernels_avx2();
     if (cpu_kernels_avx512()) simd_tables[n_simd++] = cpu_kernels_avx512();
+    if (cpu_kernels_amx()) simd_tables[n_simd++] = cpu_kernels_amx();
+    else fprintf(stderr, "note: no AMX tile unit usable here; the amx table is not tested\n");
     if (n_simd == 0) fprintf(stderr, "note: this CPU has no SIMD tables; only scalar is tested\n");
     return 0;
 }
@@ -69,6 +71,8 @@ static int setup(void **state)
 static const int shapes[][3] = { // rows, in, out
     {1, 1, 1}, {1, 7, 5}, {2, 8, 4}, {3, 33, 17}, {4, 64, 12}, {5, 96, 50},
     {6, 16, 16}, {7, 130, 33}, {13, 100, 37}, {1, 512, 300}, {64, 256, 96}, {19, 1000, 7},
+    // in a multiple of 32: the amx table's tiles, with every tail of rows and outputs
+    {16, 32, 64}, {17, 64, 70}, {32, 128, 129}, {33, 96, 15}, {45, 64, 200}, {3, 2048, 65},
 };
 
 static void run_matmul(const struct cpu_kernels *k, const struct cpu_wmat *w, const float *x,
@@ -117,14 +121,15 @@ static void simd_matmul_matches_scalar_at_every_shape_and_dtype(void **state)
 static void matmul_outputs_do_not_depend_on_batch_or_split(void **state)
 {
     (void)state;
-    const struct cpu_kernels *tables[3] = {cpu_kernels_scalar(), NULL, NULL};
+    const struct cpu_kernels *tables[4] = {cpu_kernels_scalar(), NULL, NULL, NULL};
     int nt = 1;
     for (int t = 0; t < n_simd; t++) tables[nt++] = simd_tables[t];
     const enum dtype dts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
     for (int t = 0; t < nt; t++)
-        for (int d = 0; d < 3; d++) {
-            const int in = 77, out = 45, rows = 23;
-            struct cpu_wmat w = {random_weights(dts[d], (size_t)out * in), dts[d], out, in};
+        for (int d = 0; d < 6; d++) {
+            // in 77, then 96 (a multiple of 32, which the amx tiles take)
+            const int in = d < 3 ? 77 : 96, out = 45, rows = 23;
+            struct cpu_wmat w = {random_weights(dts[d % 3], (size_t)out * in), dts[d % 3], out, in};
             float *x = random_floats((size_t)rows * in);
             float *all = xmalloc((size_t)rows * out * 4), *one = xmalloc((size_t)out * 4);
             float *scratch = xmalloc(cpu_kernels_scratch_floats(in, 1, 1) * 4);
@@ -156,30 +161,54 @@ static void matmul_outputs_do_not_depend_on_batch_or_split(void **state)
 }
 
 // A matrix too big for the caches streams as stored for more rows than a
-// small one does: each output is still the same whichever path and row count
-// computes it (rows 1, 12, 16 streamed; 17 and 24 packed).
+// small one does (avx512, avx2), or goes to the AMX tile unit (amx): each
+// output is still the same whichever path, row count, row order or split
+// of the outputs computes it (rows 1, 12, 16 streamed; 17, 24, 33 packed or
+// in blocks of 32 tile columns), and it matches the scalar reference. 4150
+// outputs: the tile groups of 64 end in a tail of 54.
 static void big_matrix_outputs_do_not_depend_on_rows(void **state)
 {
     (void)state;
-    const int in = 512, out = 4160, maxr = 24; // 4160 x 512 bf16: a little over 4 MiB
+    const int in = 512, out = 4150, maxr = 33; // 4150 x 512 bf16: a little over 4 MiB
     struct cpu_wmat w = {random_weights(DTYPE_BF16, (size_t)out * in), DTYPE_BF16, out, in};
     float *x = random_floats((size_t)maxr * in);
     float *ref = xmalloc((size_t)maxr * out * 4), *got = xmalloc((size_t)maxr * out * 4);
+    float *scalar = xmalloc((size_t)maxr * out * 4);
+    float *scratch = xmalloc(cpu_kernels_scratch_floats(in, 1, 1) * 4);
+    run_matmul(cpu_kernels_scalar(), &w, x, maxr, scalar, false);
     for (int t = 0; t < n_simd; t++) {
+        const char *name = simd_tables[t]->name;
         for (int r = 0; r < maxr; r++) run_matmul(simd_tables[t], &w, x + (size_t)r * in, 1, ref + (size_t)r * out, false);
-        const int rows[] = {12, 16, 17, 24};
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < maxr * out; i++)
+            if (fabs(ref[i] - scalar[i]) > 1e-6 * in + 1e-6 * fabs(scalar[i]))
+                fail_msg("%s: [%d] %g vs scalar %g", name, i, ref[i], scalar[i]);
+        const int rows[] = {12, 16, 17, 24, 33};
+        for (int i = 0; i < 5; i++) {
             run_matmul(simd_tables[t], &w, x, rows[i], got, false);
             for (int r = 0; r < rows[i]; r++)
                 if (memcmp(got + (size_t)r * out, ref + (size_t)r * out, (size_t)out * 4))
-                    fail_msg("%s: row %d of a %d-row batch differs from the row alone", simd_tables[t]->name,
-                             r, rows[i]);
+                    fail_msg("%s: row %d of a %d-row batch differs from the row alone", name, r, rows[i]);
         }
+        // Rows gathered in reverse, outputs cut at odd points, accumulated
+        // onto what y held: y + the row's outputs, exactly.
+        int32_t idx[33];
+        for (int r = 0; r < maxr; r++) idx[r] = maxr - 1 - r;
+        for (int i = 0; i < maxr * out; i++) got[i] = (float)(i % 7) * 0.5f;
+        struct cpu_mm m = {.w = w, .x = x, .ldx = in, .x_rows = idx, .y = got, .ldy = out, .y_rows = idx,
+                           .rows = maxr, .accumulate = true};
+        const int cuts[] = {0, 1, 63, 64, 1001, 4096, out};
+        for (int c = 0; c + 1 < 7; c++) simd_tables[t]->matmul(&m, cuts[c], cuts[c + 1], scratch);
+        for (int i = 0; i < maxr * out; i++)
+            if (got[i] != (float)(i % 7) * 0.5f + ref[i])
+                fail_msg("%s: accumulated, gathered and split, [%d] is %g, not %g + %g", name, i, got[i],
+                         (float)(i % 7) * 0.5f, ref[i]);
     }
     free((void *)w.data);
     free(x);
     free(ref);
     free(got);
+    free(scalar);
+    free(scratch);
 }
 
 static void fill_kv(void *p, enum dtype dt, size_t n)
