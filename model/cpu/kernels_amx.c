@@ -11,8 +11,10 @@
 // renamed) leave memory latency exposed, so where a matmul is bound by
 // reading its weights (decode at a few rows) it reaches 60-75% of a core's
 // read bandwidth against the AVX-512 stream's 100%. Above 4 MiB that cost
-// is small at batch 1 and repaid many times over once the rows make the
-// matmul compute-bound (the lm_head at 16 rows: 1.9x).
+// is small at batch 1 for a big model and repaid once the rows make the
+// matmul compute-bound (the lm_head at 16 rows alone, one core: 1.9x).
+// For the demo model, whose lm_head is most of a decode step, it is not:
+// hence a table only chosen by name.
 //
 // Why the split activations: TDPBF16PS multiplies bf16 by bf16. The weights
 // are bf16 already, so they are exact; an fp32 activation x is written as
@@ -202,8 +204,6 @@ static void rows16(const struct cpu_mm *m, int o0, int o1, int r0, int mb, const
                 const uint16_t *ak = a + kb * KB;
                 if (next)
                     for (size_t p = 0; p < pf_step; p += 64) _mm_prefetch(next + kb * pf_step + p, _MM_HINT_T1);
-                if (kb + 1 < nkb)
-                    for (int r = 0; r < 64; r++) _mm_prefetch((const char *)(ak + KB + (size_t)r * K), _MM_HINT_T0);
                 _tile_loadd(6, b, 64);
                 _tile_loadd(7, b + BT_WORDS, 64);
                 _tile_stream_loadd(4, ak, ws);
