@@ -169,6 +169,23 @@ static void scatter_c(const struct cpu_mm *m, const float *st, int o, int no, in
 
 #define PF_GROUPS 2
 
+// The four accumulators: cleared, and stored to st (tile t at st + 256 t).
+static inline void zero4(void)
+{
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+}
+
+static inline void store4(float *st)
+{
+    _tile_stored(0, st, 64);
+    _tile_stored(1, st + 256, 64);
+    _tile_stored(2, st + 512, 64);
+    _tile_stored(3, st + 768, 64);
+}
+
 #define DP2(c, a) \
     do {                           \
         _tile_dpbf16ps(c, a, 6);   \
@@ -195,10 +212,7 @@ static void rows16(const struct cpu_mm *m, int o0, int o1, int r0, int mb, const
             const char *next =
                 o + 64 * (PF_GROUPS + 1) <= o1 ? (const char *)(a + 64 * (size_t)PF_GROUPS * K) : NULL;
             const size_t pf_step = (size_t)64 * K * 2 / nkb;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
+            zero4();
             for (int kb = 0; kb < nkb; kb++) {
                 const uint32_t *b = xp + (size_t)kb * 4 * BT_WORDS;
                 const uint16_t *ak = a + kb * KB;
@@ -215,10 +229,7 @@ static void rows16(const struct cpu_mm *m, int o0, int o1, int r0, int mb, const
                 DP2(2, 4);
                 DP2(3, 5);
             }
-            _tile_stored(0, st, 64);
-            _tile_stored(1, st + 256, 64);
-            _tile_stored(2, st + 512, 64);
-            _tile_stored(3, st + 768, 64);
+            store4(st);
             for (int t = 0; t < 4; t++) scatter_c(m, st + 256 * t, o + 16 * t, 16, r0, 0, mb);
             continue;
         }
@@ -255,10 +266,7 @@ static void rows32(const struct cpu_mm *m, int o0, int o1, int r0, int mb, const
         const uint16_t *a1 = n1 == 16 ? w + (size_t)(o + 16) * K
                              : n1 > 0 ? pad_rows(w, o + 16, n1, K, pad + 16 * (size_t)K)
                                       : a0; // unused outputs: any readable rows
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        zero4();
         for (int kb = 0; kb < nkb; kb++) {
             const uint32_t *b = xp + (size_t)kb * 4 * BT_WORDS;
             _tile_loadd(4, a0 + kb * KB, ws);
@@ -272,10 +280,7 @@ static void rows32(const struct cpu_mm *m, int o0, int o1, int r0, int mb, const
             DP2(2, 4);
             DP2(3, 5);
         }
-        _tile_stored(0, st, 64);
-        _tile_stored(1, st + 256, 64);
-        _tile_stored(2, st + 512, 64);
-        _tile_stored(3, st + 768, 64);
+        store4(st);
         scatter_c(m, st, o, n0, r0, 0, 16);
         scatter_c(m, st + 512, o, n0, r0, 16, mb - 16);
         if (n1 > 0) {
