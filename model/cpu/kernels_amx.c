@@ -83,8 +83,8 @@ static inline void transpose16(__m512i v[16])
         v[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
         v[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
     }
-    // v[4a + b] now holds, in 128-bit block c, rows 4c..4c+3 of column
-    // 4c'+b... of row group a: regroup the blocks across the four groups.
+    // Now each 128-bit block holds a 4x4 square of the result: gather the
+    // squares of four vectors four apart into place, two blocks at a time.
     for (int i = 0; i < 4; i++) {
         t[i] = _mm512_shuffle_i32x4(v[i], v[i + 4], 0x88);
         t[i + 4] = _mm512_shuffle_i32x4(v[i], v[i + 4], 0xDD);

@@ -71,7 +71,8 @@ static int setup(void **state)
 static const int shapes[][3] = { // rows, in, out
     {1, 1, 1}, {1, 7, 5}, {2, 8, 4}, {3, 33, 17}, {4, 64, 12}, {5, 96, 50},
     {6, 16, 16}, {7, 130, 33}, {13, 100, 37}, {1, 512, 300}, {64, 256, 96}, {19, 1000, 7},
-    // in a multiple of 32: the amx table's tiles, with every tail of rows and outputs
+    // in a multiple of 32, rows on both sides of 16 and 32 (the amx table takes
+    // these to its avx512 path: its tiles start at 4 MiB, see the big-matrix test)
     {16, 32, 64}, {17, 64, 70}, {32, 128, 129}, {33, 96, 15}, {45, 64, 200}, {3, 2048, 65},
 };
 
@@ -127,7 +128,7 @@ static void matmul_outputs_do_not_depend_on_batch_or_split(void **state)
     const enum dtype dts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
     for (int t = 0; t < nt; t++)
         for (int d = 0; d < 6; d++) {
-            // in 77, then 96 (a multiple of 32, which the amx tiles take)
+            // in 77 (a K tail in every SIMD table), then 96 (none)
             const int in = d < 3 ? 77 : 96, out = 45, rows = 23;
             struct cpu_wmat w = {random_weights(dts[d % 3], (size_t)out * in), dts[d % 3], out, in};
             float *x = random_floats((size_t)rows * in);
