@@ -325,9 +325,15 @@ int rank_create(const struct model *m, struct kv_pool *kv, const struct rank_opt
     c = (struct carver){.base = r->ws};
     carve_all(r, &c);
     r->ex.scratch = r->scratch;
-    if (r->comm)
-        for (int p = 0; p <= r->R; p++)
-            r->first_vocab[p] = (int)((long long)cfg->vocab_size * p / r->R);
+    // Vocabulary slices of whole 16-output blocks, so that each keeps the
+    // lm_head's packing (kernels.h).
+    if (r->comm) {
+        const long long nb = ((long long)cfg->vocab_size + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
+        for (int p = 0; p <= r->R; p++) {
+            const long long v = nb * p / r->R * CPU_PACK_OUTS;
+            r->first_vocab[p] = (int)(v < cfg->vocab_size ? v : cfg->vocab_size);
+        }
+    }
     *out = r;
     return 0;
 fail:
@@ -411,8 +417,8 @@ static void par_for_dynamic(struct rank *r, int n, int chunk, range_fn fn)
 
 static struct cpu_wmat wmat(const struct tensor *t)
 {
-    return (struct cpu_wmat){.data = t->data, .dtype = t->dtype, .out = (int)t->shape[0],
-                             .in = (int)t->shape[1]};
+    return (struct cpu_wmat){.data = t->data, .packed = t->packed, .dtype = t->dtype,
+                             .out = (int)t->shape[0], .in = (int)t->shape[1]};
 }
 
 // ---- the step's pieces -----------------------------------------------------------
@@ -827,9 +833,8 @@ static int vocab_parallel_head(struct rank *r, int n_logits, float *logits, char
     const int v0 = r->first_vocab[me], v1 = r->first_vocab[me + 1];
     const size_t slice = (size_t)(v1 - v0);
     if (slice > 0) {
-        struct cpu_wmat w = wmat(&r->m->lm_head);
-        w.data = (const char *)w.data + (size_t)v0 * hd * dtype_size(w.dtype);
-        w.out = (int)slice;
+        const struct cpu_wmat whole = wmat(&r->m->lm_head);
+        const struct cpu_wmat w = cpu_wmat_slice(&whole, v0, (int)slice);
         struct cpu_mm head = {.w = w, .x = r->xg, .ldx = hd, .y = r->slab, .ldy = slice,
                               .rows = (int)total};
         cpu_matmul(&r->ex, &head, 1);

@@ -7,7 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "model/base.h"
+#include "model/cpu/kernels.h"
 #include "model/safetensors.h"
 
 struct binder {
@@ -188,6 +192,87 @@ static int bind_all(struct binder *b, char *err, size_t errlen)
     return 0;
 }
 
+// ---- packing for the CPU kernels -------------------------------------------------
+
+typedef void (*matrix_fn)(struct tensor *t, void *ctx);
+
+// Every matrix the forward pass multiplies by.
+static void for_each_matrix(struct model *m, matrix_fn fn, void *ctx)
+{
+    for (int i = 0; i < m->cfg.n_layers; i++) {
+        struct layer_weights *L = &m->layers[i];
+        fn(&L->wq, ctx);
+        fn(&L->wk, ctx);
+        fn(&L->wv, ctx);
+        fn(&L->wo, ctx);
+        if (L->is_moe) {
+            fn(&L->router, ctx);
+            for (int e = 0; e < m->cfg.n_experts; e++) {
+                fn(&L->experts[e].gate, ctx);
+                fn(&L->experts[e].up, ctx);
+                fn(&L->experts[e].down, ctx);
+            }
+        } else {
+            fn(&L->gate, ctx);
+            fn(&L->up, ctx);
+            fn(&L->down, ctx);
+        }
+    }
+    fn(&m->lm_head, ctx);
+}
+
+struct pack_ctx {
+    const struct cpu_kernels *k;
+    const void *keep;  // the embedding, which lookups still read from the file
+    size_t bytes;      // sizing pass: the total; packing pass: the offset reached
+    char *base;        // NULL on the sizing pass
+};
+
+static struct cpu_wmat tensor_wmat(const struct tensor *t)
+{
+    return (struct cpu_wmat){.data = t->data, .dtype = t->dtype, .out = (int)t->shape[0],
+                             .in = (int)t->shape[1]};
+}
+
+static void pack_one(struct tensor *t, void *arg)
+{
+    struct pack_ctx *c = arg;
+    const struct cpu_wmat w = tensor_wmat(t);
+    if (!c->k->wants_packed(&w)) return;
+    const size_t n = (cpu_pack_bytes(&w) + 63) / 64 * 64;
+    if (c->base) {
+        cpu_pack_blocks(&w, 0, (w.out + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS, c->base + c->bytes);
+        t->packed = c->base + c->bytes;
+        // The file's copy is not read again (except by a tied embedding):
+        // give its whole pages back to the page cache.
+        if (t->data != c->keep) {
+            const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)t->data;
+            const uintptr_t lo = (a + pg - 1) / pg * pg, hi = (a + tensor_bytes(t)) / pg * pg;
+            if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+        }
+    }
+    c->bytes += n;
+}
+
+static int pack_matrices(struct model *m, char *err, size_t errlen)
+{
+    const struct cpu_kernels *k = cpu_kernels_best();
+    if (!k->wants_packed) return 0;
+    struct pack_ctx c = {.k = k, .keep = m->embed.data};
+    for_each_matrix(m, pack_one, &c);
+    if (c.bytes == 0) return 0;
+    void *p = mmap(NULL, c.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return ms_err(err, errlen, MS_ENOMEM, "cannot map %.1f MiB for the weights packed for the "
+                      "%s kernels", (double)c.bytes / (1 << 20), k->name);
+    m->packed = p;
+    m->packed_bytes = c.bytes;
+    c.base = p;
+    c.bytes = 0;
+    for_each_matrix(m, pack_one, &c);
+    return 0;
+}
+
 int model_load(const char *dir, struct model **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -238,6 +323,10 @@ int model_load(const char *dir, struct model **out, char *err, size_t errlen)
     if (!m->cfg.tie_word_embeddings) total += tensor_bytes(&m->lm_head);
     for (int i = 0; i < m->cfg.n_layers; i++) total += layer_bytes(&m->layers[i], &m->cfg, true);
     m->weight_bytes = total;
+    if ((rc = pack_matrices(m, err, errlen))) {
+        model_destroy(m);
+        return rc;
+    }
     *out = m;
     return 0;
 }
@@ -248,6 +337,7 @@ void model_destroy(struct model *m)
     if (m->layers)
         for (int i = 0; i < m->cfg.n_layers; i++) free(m->layers[i].experts);
     free(m->layers);
+    if (m->packed) munmap(m->packed, m->packed_bytes);
     safetensors_close(m->storage);
     free(m);
 }

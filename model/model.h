@@ -13,6 +13,7 @@
 // outermost dimension (for a Linear weight: (out_features, in_features)).
 struct tensor {
     const void *data;
+    const void *packed; // NULL, or this matrix in the CPU kernels' packed layout (model_load)
     enum dtype dtype;
     int ndim;
     int64_t shape[4];
@@ -50,6 +51,8 @@ struct model {
     struct tensor lm_head;        // (vocab, hidden)  lm_head, or embed when tied
     struct layer_weights *layers; // (n_layers)
     size_t weight_bytes;          // sum over all tensors
+    void *packed;                 // every matrix repacked for the CPU kernels, one mapping (or NULL)
+    size_t packed_bytes;
     void *storage;                // the safetensors set (opaque to callers)
     char dir[4096];
 };
@@ -57,7 +60,9 @@ struct model {
 // Loads DIR's config.json (+ generation_config.json) and maps its
 // safetensors (single file or model.safetensors.index.json shards). Checks
 // every tensor the config implies for presence, dtype and shape, printing
-// expected against actual in err.
+// expected against actual in err. When the CPU kernel table in use reads
+// the packed layout faster (model/cpu/kernels.h), every matrix is repacked
+// into one anonymous mapping and the file's pages for it are let go.
 int model_load(const char *dir, struct model **out, char *err, size_t errlen);
 void model_destroy(struct model *m);
 

@@ -227,12 +227,71 @@ const struct cpu_kernels *cpu_kernels_best(void)
     return k ? k : cpu_kernels_scalar();
 }
 
+size_t cpu_pack_block_bytes(enum dtype dt, int in)
+{
+    const size_t k = in > 0 ? (size_t)in : 0;
+    if (dt == DTYPE_BF16) return (k + 1) / 2 * CPU_PACK_OUTS * 4;
+    return k * CPU_PACK_OUTS * dtype_size(dt);
+}
+
+size_t cpu_pack_bytes(const struct cpu_wmat *w)
+{
+    if (w->out <= 0 || w->in <= 0) return 0;
+    return (size_t)((w->out + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS) * cpu_pack_block_bytes(w->dtype, w->in);
+}
+
+void cpu_pack_blocks(const struct cpu_wmat *w, int b0, int b1, void *dst)
+{
+    const size_t K = (size_t)w->in, esz = dtype_size(w->dtype);
+    char *d = dst;
+    for (int b = b0; b < b1; b++) {
+        for (int j = 0; j < CPU_PACK_OUTS; j++) {
+            const int o = b * CPU_PACK_OUTS + j;
+            const char *row = (const char *)w->data + (size_t)o * K * esz;
+            if (w->dtype == DTYPE_BF16) {
+                const uint16_t *src = (const uint16_t *)row;
+                uint32_t *pd = (uint32_t *)d + j;
+                for (size_t p = 0; p < (K + 1) / 2; p++) {
+                    uint32_t lo = 0, hi = 0;
+                    if (o < w->out) {
+                        lo = src[2 * p];
+                        if (2 * p + 1 < K) hi = src[2 * p + 1];
+                    }
+                    pd[p * CPU_PACK_OUTS] = lo | hi << 16;
+                }
+            } else {
+                for (size_t k = 0; k < K; k++) {
+                    char *e = d + (k * CPU_PACK_OUTS + (size_t)j) * esz;
+                    if (o < w->out) memcpy(e, row + k * esz, esz);
+                    else memset(e, 0, esz);
+                }
+            }
+        }
+        d += cpu_pack_block_bytes(w->dtype, w->in);
+    }
+}
+
+struct cpu_wmat cpu_wmat_slice(const struct cpu_wmat *w, int o0, int n)
+{
+    struct cpu_wmat s = *w;
+    s.data = (const char *)w->data + (size_t)o0 * (size_t)w->in * dtype_size(w->dtype);
+    s.out = n;
+    s.packed = NULL;
+    if (w->packed && o0 % CPU_PACK_OUTS == 0)
+        s.packed = (const char *)w->packed +
+                   (size_t)(o0 / CPU_PACK_OUTS) * cpu_pack_block_bytes(w->dtype, w->in);
+    return s;
+}
+
 size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
 {
     size_t kp = ((size_t)(max_in > 0 ? max_in : 1) + 15) / 16 * 16;
     // A packed chunk of weight rows (65536 floats or 4 rows), 4 rows of
     // slack, and a packed block of up to 16 x rows.
     size_t mm = (65536 > 4 * kp ? 65536 : 4 * kp) + 4 * kp + 16 * kp;
+    // The avx512 matmul on weights not packed at load: a chunk of packed
+    // blocks (at least one f32 block, 16 floats per k).
+    if (mm < 65536 + 16 * kp) mm = 65536 + 16 * kp;
     // The amx matmul: x as B tiles (32 words per k), four C tiles, two
     // padded 16-row weight tiles.
     if (mm < 48 * kp + 1024) mm = 48 * kp + 1024;

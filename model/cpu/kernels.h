@@ -12,12 +12,31 @@
 #include "model/base.h"
 #include "model/config.h"
 
-// A weight matrix as stored in the checkpoint (bf16, f16 or f32), never copied.
+// A weight matrix as stored in the checkpoint (bf16, f16 or f32), and
+// optionally the same weights repacked once at load time for the tables that
+// read the packed layout (see cpu_pack_bytes).
 struct cpu_wmat {
-    const void *data; // (out, in) row-major
+    const void *data;   // (out, in) row-major
+    const void *packed; // NULL, or (ceil(out / 16), the block) in the packed layout
     enum dtype dtype;
     int out, in;
 };
+
+// The packed layout: outputs in blocks of CPU_PACK_OUTS, block b holding
+// outputs 16b..16b+15 for every k, k-major, so that one vector load gives one
+// k's weights for 16 outputs (what a broadcast-and-FMA kernel wants):
+//   bf16: ceil(in / 2) pairs of 16 dwords; dword j of pair p is
+//         w[16b + j][2p] | w[16b + j][2p + 1] << 16 (a shift or a mask makes fp32)
+//   f16:  in rows of 16 halves;  f32: in rows of 16 floats.
+// Outputs past out in the last block and the k past an odd in are zero.
+#define CPU_PACK_OUTS 16
+size_t cpu_pack_block_bytes(enum dtype dt, int in);
+size_t cpu_pack_bytes(const struct cpu_wmat *w);
+// Blocks [b0, b1) of w into dst (their cpu_pack_block_bytes each, in order).
+void cpu_pack_blocks(const struct cpu_wmat *w, int b0, int b1, void *dst);
+// Outputs [o0, o0 + n) of w as a matrix of their own; a packed w keeps its
+// packing only when o0 is a multiple of CPU_PACK_OUTS.
+struct cpu_wmat cpu_wmat_slice(const struct cpu_wmat *w, int o0, int n);
 
 // One matmul problem: y (rows, w.out) = x (rows, w.in) . w^T, in fp32.
 // Rows may be gathered and scattered through index lists, which is how the
@@ -65,6 +84,9 @@ struct cpu_kernels {
     // taken), so results do not depend on how a batch is composed or split.
     // scratch: cpu_kernels_scratch_floats(...) floats, 64-byte aligned.
     void (*matmul)(const struct cpu_mm *m, int o0, int o1, float *scratch);
+    // Whether this table reads w faster in the packed layout (NULL: never).
+    // Results are the same either way; this is only where the time goes.
+    bool (*wants_packed)(const struct cpu_wmat *w);
     void (*attend)(const struct cpu_attn *a, float *scratch);
     // g[i] = silu(g[i]) * u[i]
     void (*silu_mul)(float *g, const float *u, int n);

@@ -295,6 +295,16 @@ static void rows32(const struct cpu_mm *m, int o0, int o1, int r0, int mb, const
     }
 }
 
+// The tile path reads its matrices as stored; the rest go to the avx512
+// matmul, which wants them packed.
+static bool amx_takes(const struct cpu_wmat *w)
+{
+    return w->dtype == DTYPE_BF16 && w->in % KB == 0 && w->in > 0 &&
+           (size_t)w->out * (size_t)w->in * 2 >= AMX_MIN_BYTES;
+}
+
+static bool amx_wants_packed(const struct cpu_wmat *w) { return !amx_takes(w); }
+
 // Row blocks of 32 (then 16) x rows, each meeting all outputs [o0, o1).
 // An output element gets the same sequence of tile operations — k-blocks in
 // order, hi then lo — in rows16 and rows32 alike, so it depends only on its
@@ -302,8 +312,7 @@ static void rows32(const struct cpu_mm *m, int o0, int o1, int r0, int mb, const
 static void amx_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
 {
     const int K = m->w.in;
-    const size_t wbytes = (size_t)m->w.out * (size_t)K * 2;
-    if (m->w.dtype != DTYPE_BF16 || K % KB != 0 || K == 0 || wbytes < AMX_MIN_BYTES) {
+    if (!amx_takes(&m->w)) {
         cpu_kernels_avx512_table()->matmul(m, o0, o1, scratch);
         return;
     }
@@ -336,6 +345,7 @@ static void amx_table_init(void)
     amx_table = *cpu_kernels_avx512_table();
     amx_table.name = "amx";
     amx_table.matmul = amx_matmul;
+    amx_table.wants_packed = amx_wants_packed;
 }
 
 const struct cpu_kernels *cpu_kernels_amx_table(void)

@@ -26,23 +26,12 @@
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define VLOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 
-// Packed tiles: MM_MR rows x MM_NR outputs of accumulators, the x rows in L1
-// across a whole packed chunk of MM_PACK_FLOATS weights (in L2).
-#define MM_MR 6
-#define MM_NR 4
-#define MM_PACK_FLOATS 65536
+// The matmul is below, over the packed layout (kernels.h); the rest of the
+// table comes from kernels_simd.inc.
+#define SIMD_OWN_MATMUL 1
 #define MM_UNIT 16
-#define GV_MR 8
-#define GV_NR 3
 // Attention rows per group: their score accumulators fill the registers.
 #define ATT_RB 8
-#define GEMM_MIN_ROWS 6
-// Up to this many rows a matrix too big for the caches is still streamed as
-// stored: 8 x 3 tiles keep the FMAs busy while the weights arrive, where
-// packing would read them from memory and then again from L2 (the lm_head
-// at batch 16: 34 ms instead of 48 on one core).
-#define GV_STREAM_MAX_ROWS 16
-#define GV_STREAM_MIN_BYTES (4u << 20)
 
 // The canonical tree: lane i + lane i+8, then the AVX2 tree on the 8 sums.
 static inline __m256 fold512(__m512 v)
@@ -119,11 +108,210 @@ static inline __m512 vexp(__m512 x)
 
 #include "model/cpu/kernels_simd.inc"
 
+// ---- the matmul over packed weights ------------------------------------------
+//
+// Every output is one FMA chain over k in order, from 0: y = fma(x[K-1],
+// w[K-1], ... fma(x[0], w[0], 0)), then y_old + that when accumulating. A
+// tile of MR rows x NB blocks of 16 outputs holds MR x NB such chains in
+// registers and feeds each k's 16-output weight vector to MR broadcast x
+// values, so no lane sums are needed and any MR, NB, row gathering or output
+// split gives every output the same bits.
+
+#define PK_MAX_MR 6
+#define PK_NB 4                     // blocks of 16 outputs per tile: 6 x 4 = 24 accumulators
+#define PK_CHUNK_BYTES (192u << 10) // packed weights each row block meets while they sit in L2
+#define PK_PF 2048                  // how far ahead in its block the first row block prefetches
+
+AI __mmask16 lane_mask(int o, int o0, int o1)
+{
+    // Lanes o..o+15 that fall in [o0, o1).
+    int lo = o0 - o, hi = o1 - o;
+    if (lo < 0) lo = 0;
+    if (hi > 16) hi = 16;
+    if (hi <= lo) return 0;
+    return (__mmask16)(((1u << (hi - lo)) - 1u) << lo);
+}
+
+AI void pk_tile(const int MR, const int NB, const enum dtype dt, const float *const *xr,
+                const char *wp, size_t bb, int K, float *const *yr, int o, int o0, int o1,
+                bool accumulate, bool pf)
+{
+    __m512 acc[PK_MAX_MR][PK_NB];
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int n = 0; n < NB; n++) acc[r][n] = _mm512_setzero_ps();
+    if (dt == DTYPE_BF16) {
+        // A pair's dword holds k = 2p in its low half and 2p + 1 in its high
+        // half: a shift and a mask make the two fp32 vectors.
+        const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+        const int np = K / 2;
+        for (int p = 0; p < np; p++) {
+            __m512 we[PK_NB], wo[PK_NB];
+#pragma GCC unroll 4
+            for (int n = 0; n < NB; n++) {
+                const char *a = wp + (size_t)n * bb + (size_t)p * 64;
+                if (pf) _mm_prefetch(a + PK_PF, _MM_HINT_T0);
+                const __m512i v = _mm512_loadu_si512(a);
+                we[n] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+                wo[n] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+            }
+#pragma GCC unroll 6
+            for (int r = 0; r < MR; r++) {
+                const __m512 xb = _mm512_set1_ps(xr[r][2 * p]);
+#pragma GCC unroll 4
+                for (int n = 0; n < NB; n++) acc[r][n] = _mm512_fmadd_ps(xb, we[n], acc[r][n]);
+            }
+#pragma GCC unroll 6
+            for (int r = 0; r < MR; r++) {
+                const __m512 xb = _mm512_set1_ps(xr[r][2 * p + 1]);
+#pragma GCC unroll 4
+                for (int n = 0; n < NB; n++) acc[r][n] = _mm512_fmadd_ps(xb, wo[n], acc[r][n]);
+            }
+        }
+        if (K & 1) {
+#pragma GCC unroll 4
+            for (int n = 0; n < NB; n++) {
+                const __m512i v = _mm512_loadu_si512(wp + (size_t)n * bb + (size_t)np * 64);
+                const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+#pragma GCC unroll 6
+                for (int r = 0; r < MR; r++)
+                    acc[r][n] = _mm512_fmadd_ps(_mm512_set1_ps(xr[r][K - 1]), we, acc[r][n]);
+            }
+        }
+    } else {
+        const size_t kb = dt == DTYPE_F16 ? 32 : 64; // bytes of one k's 16 weights
+        for (int k = 0; k < K; k++) {
+            __m512 wv[PK_NB];
+#pragma GCC unroll 4
+            for (int n = 0; n < NB; n++) {
+                const char *a = wp + (size_t)n * bb + (size_t)k * kb;
+                if (pf && (((size_t)k * kb) & 63) == 0) _mm_prefetch(a + PK_PF, _MM_HINT_T0);
+                wv[n] = dt == DTYPE_F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)a))
+                                        : _mm512_loadu_ps((const float *)a);
+            }
+#pragma GCC unroll 6
+            for (int r = 0; r < MR; r++) {
+                const __m512 xb = _mm512_set1_ps(xr[r][k]);
+#pragma GCC unroll 4
+                for (int n = 0; n < NB; n++) acc[r][n] = _mm512_fmadd_ps(xb, wv[n], acc[r][n]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int n = 0; n < NB; n++) {
+        const int on = o + 16 * n;
+        const __mmask16 mk = lane_mask(on, o0, o1);
+        if (mk == 0xFFFF) {
+#pragma GCC unroll 6
+            for (int r = 0; r < MR; r++) {
+                float *y = yr[r] + on;
+                __m512 v = acc[r][n];
+                if (accumulate) v = _mm512_add_ps(_mm512_loadu_ps(y), v);
+                _mm512_storeu_ps(y, v);
+            }
+        } else if (mk) {
+            for (int r = 0; r < MR; r++) {
+                float *y = yr[r] + on;
+                __m512 v = acc[r][n];
+                if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, y), v);
+                _mm512_mask_storeu_ps(y, mk, v);
+            }
+        }
+    }
+}
+
+#define PK_CASE(DT, MR)                                                                        \
+    case MR:                                                                                 \
+        if (nb == PK_NB) pk_tile(MR, PK_NB, DT, xr, wp, bb, K, yr, o, o0, o1, acc, pf); \
+        else pk_tile(MR, 1, DT, xr, wp, bb, K, yr, o, o0, o1, acc, pf);                         \
+        break;
+// nb is PK_NB, or 1 for the blocks left over at the end of a range.
+#define PK_TILES(NAME, DT)                                                                   \
+    static void NAME(int mr, int nb, const float *const *xr, const char *wp, size_t bb, int K,  \
+                     float *const *yr, int o, int o0, int o1, bool acc, bool pf)              \
+    {                                                                                        \
+        switch (mr) {                                                                        \
+            PK_CASE(DT, 1) PK_CASE(DT, 2) PK_CASE(DT, 3)                                 \
+            PK_CASE(DT, 4) PK_CASE(DT, 5) PK_CASE(DT, 6)                                 \
+        }                                                                                    \
+    }
+PK_TILES(pk_tiles_bf16, DTYPE_BF16)
+PK_TILES(pk_tiles_f16, DTYPE_F16)
+PK_TILES(pk_tiles_f32, DTYPE_F32)
+
+typedef void (*pk_tiles_fn)(int mr, int nb, const float *const *xr, const char *wp, size_t bb, int K,
+                            float *const *yr, int o, int o0, int o1, bool acc, bool pf);
+
+// The height of equal row blocks of at most PK_MAX_MR rows (16 rows as
+// 6 + 5 + 5, not 6 + 6 + 4: a short block has too few chains to hide the FMA
+// latency). Six rows, not more: their six x pointers, the weights' and the
+// loop's stay in general registers, where twelve spill (measured: 6 x 4
+// tiles 122 GFLOP/s on one core against 83 for 12 x 2).
+AI int pk_block_height(int rows)
+{
+    const int n_blocks = (rows + PK_MAX_MR - 1) / PK_MAX_MR;
+    return (rows + n_blocks - 1) / n_blocks;
+}
+
+// Outputs [o0, o1) of every row. Chunks of packed blocks (read from memory
+// once, by the first row block, then from L2) meet every row block in turn;
+// weights not packed at load are packed chunk by chunk into scratch.
+static void pk_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
+{
+    if (m->rows <= 0 || o0 >= o1) return;
+    const int K = m->w.in;
+    const size_t bb = cpu_pack_block_bytes(m->w.dtype, K);
+    const pk_tiles_fn tiles = m->w.dtype == DTYPE_BF16  ? pk_tiles_bf16
+                              : m->w.dtype == DTYPE_F16 ? pk_tiles_f16
+                                                        : pk_tiles_f32;
+    const int bh = pk_block_height(m->rows);
+    int chunk = (int)(PK_CHUNK_BYTES / (bb ? bb : 1)) / PK_NB * PK_NB;
+    if (chunk < PK_NB) chunk = PK_NB;
+    // Packing here needs the chunk in scratch: 256 KiB, or one block of any
+    // size (cpu_kernels_scratch_floats).
+    const int fits = (int)((256u << 10) / (bb ? bb : 1));
+    if (!m->w.packed && chunk > fits) chunk = fits > 1 ? fits : 1;
+    const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
+    const float *xr[PK_MAX_MR];
+    float *yr[PK_MAX_MR];
+    for (int cb = b0; cb < b1; cb += chunk) {
+        const int ce = b1 - cb < chunk ? b1 : cb + chunk;
+        const char *wc;
+        if (m->w.packed) {
+            wc = (const char *)m->w.packed + (size_t)cb * bb;
+        } else {
+            cpu_pack_blocks(&m->w, cb, ce, scratch);
+            wc = (const char *)scratch;
+        }
+        for (int rb = 0; rb < m->rows; rb += bh) {
+            const int mr = m->rows - rb < bh ? m->rows - rb : bh;
+            for (int r = 0; r < mr; r++) {
+                const int xi = m->x_rows ? m->x_rows[rb + r] : rb + r;
+                const int yi = m->y_rows ? m->y_rows[rb + r] : rb + r;
+                xr[r] = m->x + (size_t)xi * m->ldx;
+                yr[r] = m->y + (size_t)yi * m->ldy;
+            }
+            const bool pf = rb == 0 && m->w.packed;
+            int b = cb;
+            for (; b + PK_NB <= ce; b += PK_NB)
+                tiles(mr, PK_NB, xr, wc + (size_t)(b - cb) * bb, bb, K, yr, b * CPU_PACK_OUTS, o0, o1,
+                      m->accumulate, pf);
+            for (; b < ce; b++)
+                tiles(mr, 1, xr, wc + (size_t)(b - cb) * bb, bb, K, yr, b * CPU_PACK_OUTS, o0, o1,
+                      m->accumulate, pf);
+        }
+    }
+}
+
+static bool pk_wants_packed(const struct cpu_wmat *w) { return w->out > 0 && w->in > 0; }
+
 static const struct cpu_kernels avx512_table = {
     .name = "avx512",
     .lanes = W,
     .unit = MM_UNIT,
-    .matmul = simd_matmul,
+    .matmul = pk_matmul,
+    .wants_packed = pk_wants_packed,
     .attend = simd_attend,
     .silu_mul = simd_silu_mul,
     .rmsnorm = simd_rmsnorm,

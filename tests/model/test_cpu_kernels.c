@@ -94,7 +94,7 @@ static void simd_matmul_matches_scalar_at_every_shape_and_dtype(void **state)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int d = 0; d < 3; d++) {
                 int rows = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
-                struct cpu_wmat w = {random_weights(dts[d], (size_t)out * in), dts[d], out, in};
+                struct cpu_wmat w = {.data = random_weights(dts[d], (size_t)out * in), .dtype = dts[d], .out = out, .in = in};
                 float *x = random_floats((size_t)rows * in);
                 float *ref = xmalloc((size_t)rows * out * 4), *got = xmalloc((size_t)rows * out * 4);
                 for (int acc = 0; acc < 2; acc++) {
@@ -130,7 +130,7 @@ static void matmul_outputs_do_not_depend_on_batch_or_split(void **state)
         for (int d = 0; d < 6; d++) {
             // in 77 (a K tail in every SIMD table), then 96 (none)
             const int in = d < 3 ? 77 : 96, out = 45, rows = 23;
-            struct cpu_wmat w = {random_weights(dts[d % 3], (size_t)out * in), dts[d % 3], out, in};
+            struct cpu_wmat w = {.data = random_weights(dts[d % 3], (size_t)out * in), .dtype = dts[d % 3], .out = out, .in = in};
             float *x = random_floats((size_t)rows * in);
             float *all = xmalloc((size_t)rows * out * 4), *one = xmalloc((size_t)out * 4);
             float *scratch = xmalloc(cpu_kernels_scratch_floats(in, 1, 1) * 4);
@@ -171,7 +171,7 @@ static void big_matrix_outputs_do_not_depend_on_rows(void **state)
 {
     (void)state;
     const int in = 512, out = 4150, maxr = 33; // 4150 x 512 bf16: a little over 4 MiB
-    struct cpu_wmat w = {random_weights(DTYPE_BF16, (size_t)out * in), DTYPE_BF16, out, in};
+    struct cpu_wmat w = {.data = random_weights(DTYPE_BF16, (size_t)out * in), .dtype = DTYPE_BF16, .out = out, .in = in};
     float *x = random_floats((size_t)maxr * in);
     float *ref = xmalloc((size_t)maxr * out * 4), *got = xmalloc((size_t)maxr * out * 4);
     float *scalar = xmalloc((size_t)maxr * out * 4);
@@ -470,8 +470,8 @@ static void threaded_matmul_matches_single_thread(void **state)
 {
     (void)state;
     const struct cpu_kernels *k = cpu_kernels_best();
-    struct cpu_wmat w1 = {random_weights(DTYPE_BF16, 300 * 64), DTYPE_BF16, 300, 64};
-    struct cpu_wmat w2 = {random_weights(DTYPE_BF16, 5 * 64), DTYPE_BF16, 5, 64};
+    struct cpu_wmat w1 = {.data = random_weights(DTYPE_BF16, 300 * 64), .dtype = DTYPE_BF16, .out = 300, .in = 64};
+    struct cpu_wmat w2 = {.data = random_weights(DTYPE_BF16, 5 * 64), .dtype = DTYPE_BF16, .out = 5, .in = 64};
     float *x = random_floats(9 * 64);
     float *y[2][2];
     for (int n = 0; n < 2; n++) {
