@@ -161,6 +161,143 @@ static void matmul_outputs_do_not_depend_on_batch_or_split(void **state)
         }
 }
 
+// The packed layout as kernels.h draws it: block b, k-major, 16 outputs per
+// k (bf16: two k per dword, low half first), zeros past out and past an odd in.
+static void packed_layout_holds_16_outputs_per_k(void **state)
+{
+    (void)state;
+    const enum dtype dts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+    for (int d = 0; d < 3; d++) {
+        const int out = 21, in = 5, nb = 2;
+        struct cpu_wmat w = {.data = random_weights(dts[d], (size_t)out * in), .dtype = dts[d], .out = out, .in = in};
+        const size_t bb = cpu_pack_block_bytes(dts[d], in);
+        assert_int_equal(bb, dts[d] == DTYPE_BF16 ? 3 * 16 * 4 : (size_t)in * 16 * dtype_size(dts[d]));
+        assert_int_equal(cpu_pack_bytes(&w), nb * bb);
+        unsigned char *p = xmalloc(nb * bb);
+        memset(p, 0xAB, nb * bb);
+        cpu_pack_blocks(&w, 0, nb, p);
+        for (int b = 0; b < nb; b++)
+            for (int j = 0; j < 16; j++)
+                for (int k = 0; k < in + 1; k++) {
+                    const int o = 16 * b + j;
+                    float want = o < out && k < in ? cpu_load_weight(w.data, dts[d], (size_t)o * in + k) : 0.0f;
+                    float got;
+                    if (dts[d] == DTYPE_BF16) {
+                        uint32_t dw;
+                        memcpy(&dw, p + b * bb + ((size_t)(k / 2) * 16 + j) * 4, 4);
+                        got = ms_bf16_to_f32((uint16_t)(k % 2 ? dw >> 16 : dw & 0xFFFF));
+                    } else if (k < in) {
+                        got = cpu_load_weight(p + b * bb, dts[d], (size_t)k * 16 + j);
+                    } else {
+                        continue; // no padding k for f16 and f32
+                    }
+                    if (got != want || (want == 0.0f && signbit(got)))
+                        fail_msg("%s block %d output %d k %d: %g, not %g", dtype_name(dts[d]), b, j, k, got, want);
+                }
+        // A slice on a block edge keeps the packing; elsewhere it drops it.
+        w.packed = p;
+        struct cpu_wmat s16 = cpu_wmat_slice(&w, 16, 5), s5 = cpu_wmat_slice(&w, 5, 11);
+        assert_ptr_equal(s16.packed, p + bb);
+        assert_null(s5.packed);
+        assert_ptr_equal(s5.data, (const char *)w.data + 5 * in * dtype_size(dts[d]));
+        assert_int_equal(s5.out, 11);
+        free(p);
+        free((void *)w.data);
+    }
+}
+
+// The tables that read the packed layout (avx512, and amx below its tile
+// sizes) give each output exactly one FMA chain over k in order from 0 —
+// packed at load or not, at any batch size, with gathered rows, accumulated,
+// and in any split of the outputs, on a block edge or not.
+static void packed_matmul_is_one_fma_chain_per_output(void **state)
+{
+    (void)state;
+    const enum dtype dts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+    const int shapes_p[][3] = {{1, 1, 1}, {2, 7, 5}, {6, 33, 16}, {7, 77, 17}, {13, 96, 45},
+                               {16, 512, 300}, {33, 130, 70}, {5, 2, 64}, {1, 512, 1000}};
+    int tested = 0;
+    for (int t = 0; t < n_simd; t++)
+        for (size_t si = 0; si < sizeof shapes_p / sizeof shapes_p[0]; si++)
+            for (int d = 0; d < 3; d++) {
+                const int rows = shapes_p[si][0], in = shapes_p[si][1], out = shapes_p[si][2];
+                struct cpu_wmat w = {.data = random_weights(dts[d], (size_t)out * in), .dtype = dts[d],
+                                     .out = out, .in = in};
+                const struct cpu_kernels *k = simd_tables[t];
+                if (!k->wants_packed || !k->wants_packed(&w)) {
+                    free((void *)w.data);
+                    continue;
+                }
+                tested++;
+                void *pk = xmalloc(cpu_pack_bytes(&w));
+                cpu_pack_blocks(&w, 0, (out + 15) / 16, pk);
+                struct cpu_wmat wp = w;
+                wp.packed = pk;
+                float *x = random_floats((size_t)rows * in);
+                float *want = xmalloc((size_t)rows * out * 4), *got = xmalloc((size_t)rows * out * 4);
+                float *scratch = xmalloc(cpu_kernels_scratch_floats(in, 1, 1) * 4);
+                for (int r = 0; r < rows; r++)
+                    for (int o = 0; o < out; o++) {
+                        float acc = 0.0f;
+                        for (int kk = 0; kk < in; kk++)
+                            acc = fmaf(x[(size_t)r * in + kk], cpu_load_weight(w.data, dts[d], (size_t)o * in + kk), acc);
+                        want[(size_t)r * out + o] = acc;
+                    }
+                const struct cpu_wmat *ws[2] = {&w, &wp};
+                for (int v = 0; v < 2; v++) {
+                    const char *how = v ? "packed" : "as stored";
+                    run_matmul(k, ws[v], x, rows, got, false);
+                    for (int i = 0; i < rows * out; i++)
+                        if (got[i] != want[i])
+                            fail_msg("%s %s %s rows %d in %d out %d: [%d] %.9g, not the FMA chain's %.9g", k->name,
+                                     how, dtype_name(dts[d]), rows, in, out, i, got[i], want[i]);
+                    for (int r = 0; r < rows; r += 5) { // each row alone
+                        run_matmul(k, ws[v], x + (size_t)r * in, 1, got, false);
+                        assert_memory_equal(got, want + (size_t)r * out, (size_t)out * 4);
+                    }
+                    // Rows gathered in reverse, outputs cut off the block edges,
+                    // accumulated onto what y held.
+                    int32_t idx[33];
+                    for (int r = 0; r < rows; r++) idx[r] = rows - 1 - r;
+                    for (int i = 0; i < rows * out; i++) got[i] = (float)(i % 5) - 1.5f;
+                    struct cpu_mm m = {.w = *ws[v], .x = x, .ldx = in, .x_rows = idx, .y = got, .ldy = out,
+                                       .y_rows = idx, .rows = rows, .accumulate = true};
+                    int cuts[] = {0, out / 3, out / 3 + 1, out / 2 / 16 * 16, out};
+                    for (int c = 1; c < 5; c++) // ascending, so that each output is done once
+                        for (int e = c; e > 0 && cuts[e] < cuts[e - 1]; e--) {
+                            int tmp = cuts[e];
+                            cuts[e] = cuts[e - 1];
+                            cuts[e - 1] = tmp;
+                        }
+                    if (cuts[3] > out) cuts[3] = out;
+                    for (int c = 0; c + 1 < 5; c++)
+                        if (cuts[c] < cuts[c + 1]) k->matmul(&m, cuts[c], cuts[c + 1], scratch);
+                    for (int i = 0; i < rows * out; i++)
+                        if (got[i] != ((float)(i % 5) - 1.5f) + want[i])
+                            fail_msg("%s %s %s rows %d in %d out %d, gathered, split, accumulated: [%d] %.9g",
+                                     k->name, how, dtype_name(dts[d]), rows, in, out, i, got[i]);
+                    // A slice of the outputs as a matrix of its own, on a block edge and off it.
+                    const int s0[2] = {out > 16 ? 16 : 0, out > 1 ? 1 : 0};
+                    for (int c = 0; c < 2; c++) {
+                        struct cpu_wmat sl = cpu_wmat_slice(ws[v], s0[c], out - s0[c]);
+                        float *ys = xmalloc((size_t)rows * sl.out * 4);
+                        run_matmul(k, &sl, x, rows, ys, false);
+                        for (int r = 0; r < rows; r++)
+                            assert_memory_equal(ys + (size_t)r * sl.out, want + (size_t)r * out + s0[c],
+                                                (size_t)sl.out * 4);
+                        free(ys);
+                    }
+                }
+                free(pk);
+                free((void *)w.data);
+                free(x);
+                free(want);
+                free(got);
+                free(scratch);
+            }
+    if (!tested) fprintf(stderr, "note: no table here reads the packed layout; nothing to test\n");
+}
+
 // A matrix too big for the caches streams as stored for more rows than a
 // small one does (avx512, avx2), or goes to the AMX tile unit (amx): each
 // output is still the same whichever path, row count, row order or split
@@ -563,6 +700,8 @@ int main(void)
         cmocka_unit_test(simd_matmul_matches_scalar_at_every_shape_and_dtype),
         cmocka_unit_test(matmul_outputs_do_not_depend_on_batch_or_split),
         cmocka_unit_test(big_matrix_outputs_do_not_depend_on_rows),
+        cmocka_unit_test(packed_layout_holds_16_outputs_per_k),
+        cmocka_unit_test(packed_matmul_is_one_fma_chain_per_output),
         cmocka_unit_test(simd_attention_matches_scalar),
         cmocka_unit_test(simd_silu_mul_matches_scalar_and_ignores_where_n_ends),
         cmocka_unit_test(simd_exp_sum_matches_scalar_and_zeroes_masked_entries),
