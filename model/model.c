@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -221,11 +223,18 @@ static void for_each_matrix(struct model *m, matrix_fn fn, void *ctx)
     fn(&m->lm_head, ctx);
 }
 
+struct pack_job {
+    struct tensor *t;
+    size_t off;        // into the packed mapping
+};
+
 struct pack_ctx {
     const struct cpu_kernels *k;
     const void *keep;  // the embedding, which lookups still read from the file
-    size_t bytes;      // sizing pass: the total; packing pass: the offset reached
-    char *base;        // NULL on the sizing pass
+    struct pack_job *jobs; // NULL on the counting pass
+    size_t n_jobs, bytes;
+    char *base;
+    atomic_size_t next;    // the next job a packing thread takes
 };
 
 static struct cpu_wmat tensor_wmat(const struct tensor *t)
@@ -234,15 +243,24 @@ static struct cpu_wmat tensor_wmat(const struct tensor *t)
                              .in = (int)t->shape[1]};
 }
 
-static void pack_one(struct tensor *t, void *arg)
+static void plan_one(struct tensor *t, void *arg)
 {
     struct pack_ctx *c = arg;
     const struct cpu_wmat w = tensor_wmat(t);
     if (!c->k->wants_packed(&w)) return;
-    const size_t n = (cpu_pack_bytes(&w) + 63) / 64 * 64;
-    if (c->base) {
-        cpu_pack_blocks(&w, 0, (w.out + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS, c->base + c->bytes);
-        t->packed = c->base + c->bytes;
+    if (c->jobs) c->jobs[c->n_jobs] = (struct pack_job){.t = t, .off = c->bytes};
+    c->n_jobs++;
+    c->bytes += (cpu_pack_bytes(&w) + 63) / 64 * 64;
+}
+
+static void *pack_worker(void *arg)
+{
+    struct pack_ctx *c = arg;
+    for (size_t i; (i = atomic_fetch_add(&c->next, 1)) < c->n_jobs;) {
+        struct tensor *t = c->jobs[i].t;
+        const struct cpu_wmat w = tensor_wmat(t);
+        cpu_pack_blocks(&w, 0, (w.out + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS, c->base + c->jobs[i].off);
+        t->packed = c->base + c->jobs[i].off;
         // The file's copy is not read again (except by a tied embedding):
         // give its whole pages back to the page cache.
         if (t->data != c->keep) {
@@ -251,25 +269,42 @@ static void pack_one(struct tensor *t, void *arg)
             if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
         }
     }
-    c->bytes += n;
+    return NULL;
 }
 
+// On every core: a 30B checkpoint is tens of GB to reorder.
 static int pack_matrices(struct model *m, char *err, size_t errlen)
 {
     const struct cpu_kernels *k = cpu_kernels_best();
     if (!k->wants_packed) return 0;
     struct pack_ctx c = {.k = k, .keep = m->embed.data};
-    for_each_matrix(m, pack_one, &c);
+    for_each_matrix(m, plan_one, &c);
     if (c.bytes == 0) return 0;
+    const double t0 = ms_now();
+    c.jobs = calloc(c.n_jobs, sizeof *c.jobs);
     void *p = mmap(NULL, c.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
+    if (!c.jobs || p == MAP_FAILED) {
+        free(c.jobs);
+        if (p != MAP_FAILED) munmap(p, c.bytes);
         return ms_err(err, errlen, MS_ENOMEM, "cannot map %.1f MiB for the weights packed for the "
                       "%s kernels", (double)c.bytes / (1 << 20), k->name);
-    m->packed = p;
+    }
+    m->packed = c.base = p;
     m->packed_bytes = c.bytes;
-    c.base = p;
-    c.bytes = 0;
-    for_each_matrix(m, pack_one, &c);
+    c.n_jobs = c.bytes = 0;
+    for_each_matrix(m, plan_one, &c);
+    long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int n_threads = n_cpu < 1 ? 1 : n_cpu > 64 ? 64 : (int)n_cpu;
+    if ((size_t)n_threads > c.n_jobs) n_threads = (int)c.n_jobs;
+    pthread_t th[64];
+    int started = 0;
+    for (; started < n_threads - 1; started++)
+        if (pthread_create(&th[started], NULL, pack_worker, &c)) break;
+    pack_worker(&c); // and whatever threads could not be started leave to this one
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    free(c.jobs);
+    ms_log(MS_LOG_INFO, "packed %zu matrices (%.1f MiB) for the %s kernels in %.2f s on %d threads",
+           c.n_jobs, (double)c.bytes / (1 << 20), k->name, ms_now() - t0, started + 1);
     return 0;
 }
 
