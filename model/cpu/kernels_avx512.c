@@ -118,6 +118,8 @@ static inline __m512 vexp(__m512 x)
 // split gives every output the same bits.
 
 #define PK_MAX_MR 6
+#define PK_XP_MAX_ROWS 16           // rows a transposed-x tile takes (one block wide)
+#define PK_XP_MIN_BLOCKS 64         // blocks of outputs that pay for transposing x
 #define PK_NB 4                     // blocks of 16 outputs per tile: 6 x 4 = 24 accumulators
 #define PK_CHUNK_BYTES (192u << 10) // packed weights each row block meets while they sit in L2
 #define PK_PF 2048                  // how far ahead in its block the first row block prefetches
@@ -132,12 +134,17 @@ AI __mmask16 lane_mask(int o, int o0, int o1)
     return (__mmask16)(((1u << (hi - lo)) - 1u) << lo);
 }
 
-AI void pk_tile(const int MR, const int NB, const enum dtype dt, const float *const *xr,
-                const char *wp, size_t bb, int K, float *const *yr, int o, int o0, int o1,
+// x from row pointers (xr[r][k]), or, when XP, from one buffer holding the
+// rows transposed (xp[k * MR + r]): the broadcasts then need no pointer
+// registers, which lets a tile be 16 rows tall.
+#define PK_X(r, k) (XP ? xp[(size_t)(k) * MR + (r)] : xr[r][k])
+
+AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, const float *const *xr,
+                const float *xp, const char *wp, size_t bb, int K, float *const *yr, int o, int o0, int o1,
                 bool accumulate, bool pf)
 {
-    __m512 acc[PK_MAX_MR][PK_NB];
-#pragma GCC unroll 6
+    __m512 acc[PK_XP_MAX_ROWS][PK_NB];
+#pragma GCC unroll 16
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 4
         for (int n = 0; n < NB; n++) acc[r][n] = _mm512_setzero_ps();
@@ -156,15 +163,15 @@ AI void pk_tile(const int MR, const int NB, const enum dtype dt, const float *co
                 we[n] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
                 wo[n] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
             }
-#pragma GCC unroll 6
+#pragma GCC unroll 16
             for (int r = 0; r < MR; r++) {
-                const __m512 xb = _mm512_set1_ps(xr[r][2 * p]);
+                const __m512 xb = _mm512_set1_ps(PK_X(r, 2 * p));
 #pragma GCC unroll 4
                 for (int n = 0; n < NB; n++) acc[r][n] = _mm512_fmadd_ps(xb, we[n], acc[r][n]);
             }
-#pragma GCC unroll 6
+#pragma GCC unroll 16
             for (int r = 0; r < MR; r++) {
-                const __m512 xb = _mm512_set1_ps(xr[r][2 * p + 1]);
+                const __m512 xb = _mm512_set1_ps(PK_X(r, 2 * p + 1));
 #pragma GCC unroll 4
                 for (int n = 0; n < NB; n++) acc[r][n] = _mm512_fmadd_ps(xb, wo[n], acc[r][n]);
             }
@@ -174,9 +181,9 @@ AI void pk_tile(const int MR, const int NB, const enum dtype dt, const float *co
             for (int n = 0; n < NB; n++) {
                 const __m512i v = _mm512_loadu_si512(wp + (size_t)n * bb + (size_t)np * 64);
                 const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-#pragma GCC unroll 6
+#pragma GCC unroll 16
                 for (int r = 0; r < MR; r++)
-                    acc[r][n] = _mm512_fmadd_ps(_mm512_set1_ps(xr[r][K - 1]), we, acc[r][n]);
+                    acc[r][n] = _mm512_fmadd_ps(_mm512_set1_ps(PK_X(r, K - 1)), we, acc[r][n]);
             }
         }
     } else {
@@ -190,9 +197,9 @@ AI void pk_tile(const int MR, const int NB, const enum dtype dt, const float *co
                 wv[n] = dt == DTYPE_F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)a))
                                         : _mm512_loadu_ps((const float *)a);
             }
-#pragma GCC unroll 6
+#pragma GCC unroll 16
             for (int r = 0; r < MR; r++) {
-                const __m512 xb = _mm512_set1_ps(xr[r][k]);
+                const __m512 xb = _mm512_set1_ps(PK_X(r, k));
 #pragma GCC unroll 4
                 for (int n = 0; n < NB; n++) acc[r][n] = _mm512_fmadd_ps(xb, wv[n], acc[r][n]);
             }
@@ -203,7 +210,7 @@ AI void pk_tile(const int MR, const int NB, const enum dtype dt, const float *co
         const int on = o + 16 * n;
         const __mmask16 mk = lane_mask(on, o0, o1);
         if (mk == 0xFFFF) {
-#pragma GCC unroll 6
+#pragma GCC unroll 16
             for (int r = 0; r < MR; r++) {
                 float *y = yr[r] + on;
                 __m512 v = acc[r][n];
@@ -223,8 +230,8 @@ AI void pk_tile(const int MR, const int NB, const enum dtype dt, const float *co
 
 #define PK_CASE(DT, MR)                                                                        \
     case MR:                                                                                 \
-        if (nb == PK_NB) pk_tile(MR, PK_NB, DT, xr, wp, bb, K, yr, o, o0, o1, acc, pf); \
-        else pk_tile(MR, 1, DT, xr, wp, bb, K, yr, o, o0, o1, acc, pf);                         \
+        if (nb == PK_NB) pk_tile(MR, PK_NB, false, DT, xr, NULL, wp, bb, K, yr, o, o0, o1, acc, pf); \
+        else pk_tile(MR, 1, false, DT, xr, NULL, wp, bb, K, yr, o, o0, o1, acc, pf);                         \
         break;
 // nb is PK_NB, or 1 for the blocks left over at the end of a range.
 #define PK_TILES(NAME, DT)                                                                   \
@@ -239,6 +246,48 @@ AI void pk_tile(const int MR, const int NB, const enum dtype dt, const float *co
 PK_TILES(pk_tiles_bf16, DTYPE_BF16)
 PK_TILES(pk_tiles_f16, DTYPE_F16)
 PK_TILES(pk_tiles_f32, DTYPE_F32)
+
+// Transposed-x tiles: MR rows (up to 16) x one block.
+#define PK_XCASE(DT, MR) \
+    case MR: pk_tile(MR, 1, true, DT, NULL, xp, wp, 0, K, yr, o, o0, o1, acc, pf); break;
+#define PK_XTILES(NAME, DT)                                                                       \
+    static void NAME(int mr, const float *xp, const char *wp, int K, float *const *yr, int o,       \
+                     int o0, int o1, bool acc, bool pf)                                            \
+    {                                                                                             \
+        switch (mr) {                                                                             \
+            PK_XCASE(DT, 7) PK_XCASE(DT, 8) PK_XCASE(DT, 9) PK_XCASE(DT, 10) PK_XCASE(DT, 11)     \
+            PK_XCASE(DT, 12) PK_XCASE(DT, 13) PK_XCASE(DT, 14) PK_XCASE(DT, 15) PK_XCASE(DT, 16)  \
+        }                                                                                         \
+    }
+PK_XTILES(pk_xtiles_bf16, DTYPE_BF16)
+PK_XTILES(pk_xtiles_f16, DTYPE_F16)
+PK_XTILES(pk_xtiles_f32, DTYPE_F32)
+
+typedef void (*pk_xtiles_fn)(int mr, const float *xp, const char *wp, int K, float *const *yr, int o,
+                             int o0, int o1, bool acc, bool pf);
+
+// 7 to 16 rows against a big packed matrix (the lm_head of a decode step):
+// all rows in one tile, so that each weight byte is read from memory once
+// and meets every row (a block of 6 rows would be bound by memory, the
+// others by L2), with x transposed once into scratch for the broadcasts.
+static void pk_matmul_xp(const struct cpu_mm *m, int o0, int o1, float *xp)
+{
+    const int K = m->w.in, mr = m->rows;
+    const size_t bb = cpu_pack_block_bytes(m->w.dtype, K);
+    const pk_xtiles_fn tiles = m->w.dtype == DTYPE_BF16  ? pk_xtiles_bf16
+                               : m->w.dtype == DTYPE_F16 ? pk_xtiles_f16
+                                                         : pk_xtiles_f32;
+    float *yr[PK_XP_MAX_ROWS];
+    for (int r = 0; r < mr; r++) {
+        const float *x = m->x + (size_t)(m->x_rows ? m->x_rows[r] : r) * m->ldx;
+        yr[r] = m->y + (size_t)(m->y_rows ? m->y_rows[r] : r) * m->ldy;
+        for (int k = 0; k < K; k++) xp[(size_t)k * mr + r] = x[k];
+    }
+    const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
+    for (int b = b0; b < b1; b++)
+        tiles(mr, xp, (const char *)m->w.packed + (size_t)b * bb, K, yr, b * CPU_PACK_OUTS, o0, o1,
+              m->accumulate, true);
+}
 
 typedef void (*pk_tiles_fn)(int mr, int nb, const float *const *xr, const char *wp, size_t bb, int K,
                             float *const *yr, int o, int o0, int o1, bool acc, bool pf);
@@ -261,6 +310,11 @@ static void pk_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
 {
     if (m->rows <= 0 || o0 >= o1) return;
     const int K = m->w.in;
+    if (m->w.packed && m->rows > PK_MAX_MR && m->rows <= PK_XP_MAX_ROWS &&
+        (o1 - o0) / CPU_PACK_OUTS >= PK_XP_MIN_BLOCKS) {
+        pk_matmul_xp(m, o0, o1, scratch);
+        return;
+    }
     const size_t bb = cpu_pack_block_bytes(m->w.dtype, K);
     const pk_tiles_fn tiles = m->w.dtype == DTYPE_BF16  ? pk_tiles_bf16
                               : m->w.dtype == DTYPE_F16 ? pk_tiles_f16

@@ -208,6 +208,7 @@ static void packed_layout_holds_16_outputs_per_k(void **state)
 
 // The tables that read the packed layout (avx512, and amx below its tile
 // sizes) give each output exactly one FMA chain over k in order from 0 —
+// row-pointer tiles and transposed-x tiles alike —
 // packed at load or not, at any batch size, with gathered rows, accumulated,
 // and in any split of the outputs, on a block edge or not.
 static void packed_matmul_is_one_fma_chain_per_output(void **state)
@@ -215,7 +216,9 @@ static void packed_matmul_is_one_fma_chain_per_output(void **state)
     (void)state;
     const enum dtype dts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
     const int shapes_p[][3] = {{1, 1, 1}, {2, 7, 5}, {6, 33, 16}, {7, 77, 17}, {13, 96, 45},
-                               {16, 512, 300}, {33, 130, 70}, {5, 2, 64}, {1, 512, 1000}};
+                               {16, 512, 300}, {33, 130, 70}, {5, 2, 64}, {1, 512, 1000},
+                               // 7 to 16 rows and 64 blocks or more: the transposed-x tiles
+                               {16, 77, 1030}, {9, 64, 1024}, {7, 2, 1040}, {12, 512, 2100}};
     int tested = 0;
     for (int t = 0; t < n_simd; t++)
         for (size_t si = 0; si < sizeof shapes_p / sizeof shapes_p[0]; si++)
