@@ -287,11 +287,11 @@ size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
 {
     size_t kp = ((size_t)(max_in > 0 ? max_in : 1) + 15) / 16 * 16;
     // A packed chunk of weight rows (65536 floats or 4 rows), 4 rows of
-    // slack, and a packed block of up to 16 x rows.
+    // slack, and a packed block of up to 16 x rows. This also holds what
+    // the avx512 matmul needs: 256 KiB of packed blocks or one f32 block
+    // (16 floats per k) for weights not packed at load, or 16 x rows
+    // transposed.
     size_t mm = (65536 > 4 * kp ? 65536 : 4 * kp) + 4 * kp + 16 * kp;
-    // The avx512 matmul on weights not packed at load: a chunk of packed
-    // blocks (at least one f32 block, 16 floats per k).
-    if (mm < 65536 + 16 * kp) mm = 65536 + 16 * kp;
     // The amx matmul: x as B tiles (32 words per k), four C tiles, two
     // padded 16-row weight tiles.
     if (mm < 48 * kp + 1024) mm = 48 * kp + 1024;
