@@ -219,9 +219,8 @@ const struct cpu_kernels *cpu_kernels_best(void)
     if (want && !strcmp(want, "scalar")) return cpu_kernels_scalar();
     const struct cpu_kernels *k = NULL;
     if (want && !strcmp(want, "avx2")) k = cpu_kernels_avx2();
-    // amx only when asked: it trades batch-1 decode (the lm_head 2x slower)
-    // for throughput at 16 and more sequences (see kernels_amx.c).
-    if (want && !strcmp(want, "amx")) k = cpu_kernels_amx();
+    if (want && !strcmp(want, "avx512")) k = cpu_kernels_avx512();
+    if (!k) k = cpu_kernels_amx();
     if (!k) k = cpu_kernels_avx512();
     if (!k) k = cpu_kernels_avx2();
     return k ? k : cpu_kernels_scalar();
@@ -292,9 +291,10 @@ size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
     // (16 floats per k) for weights not packed at load, or 16 x rows
     // transposed.
     size_t mm = (65536 > 4 * kp ? 65536 : 4 * kp) + 4 * kp + 16 * kp;
-    // The amx matmul: x as B tiles (32 words per k), four C tiles, two
-    // padded 16-row weight tiles.
-    if (mm < 48 * kp + 1024) mm = 48 * kp + 1024;
+    // The amx matmul: 256 KiB of packed blocks, a group of x rows split in
+    // two (32768 floats, or one 16-row tile when K is larger), four C tiles.
+    const size_t amx = 65536 + (16 * kp > 32768 ? 16 * kp : 32768) + 1024;
+    if (mm < amx) mm = amx;
     // K transposed and V of one block, then per row: accumulator, scores, max, sum.
     size_t rows = (size_t)max_q * CPU_ATTN_TILE;
     size_t at = 2 * 16 * (size_t)head_dim + rows * ((size_t)head_dim + 2) + (size_t)head_dim + 16 * 16 + 64;

@@ -1,7 +1,7 @@
 // kernels: the single-threaded CPU kernels behind the forward pass, one table
 // per instruction set (portable scalar reference, AVX2+FMA, AVX-512), picked
 // at run time from what the CPU supports (and AVX-512 with the AMX tile unit
-// for the big bf16 matmuls).
+// for the bf16 matmuls).
 #ifndef MOESERVE_MODEL_CPU_KERNELS_H
 #define MOESERVE_MODEL_CPU_KERNELS_H
 
@@ -76,7 +76,7 @@ struct cpu_attn {
 };
 
 struct cpu_kernels {
-    const char *name;      // "scalar", "avx2", "avx512"
+    const char *name;      // "scalar", "avx2", "avx512", "amx"
     int lanes;             // fp32 lanes per vector (also the matmul's reduction width)
     int unit;              // the matmul's natural split of outputs between threads
     // Outputs [o0, o1) of every row of m. Each output element depends only on
@@ -121,9 +121,15 @@ const struct cpu_kernels *cpu_kernels_avx2(void);
 const struct cpu_kernels *cpu_kernels_avx512(void);
 // Also needs Linux to grant this process the tile state (arch_prctl).
 const struct cpu_kernels *cpu_kernels_amx(void);
-// The fastest table this CPU runs (avx512, else avx2, else scalar);
-// MOESERVE_CPU_KERNELS=scalar|avx2|avx512|amx picks one (falling back to the
-// best available when the CPU lacks it). amx is never picked unasked.
+// The matrices the amx table runs on the tile unit (the rest go to its
+// avx512 matmul): bf16 whose k fill whole 32-value tile rows.
+static inline bool cpu_kernels_amx_takes(const struct cpu_wmat *w)
+{
+    return w->dtype == DTYPE_BF16 && w->in > 0 && w->in % 32 == 0 && w->out > 0;
+}
+// The fastest table this CPU runs (amx, else avx512, else avx2, else
+// scalar); MOESERVE_CPU_KERNELS=scalar|avx2|avx512|amx picks one (falling
+// back to the best available when the CPU lacks it).
 const struct cpu_kernels *cpu_kernels_best(void);
 
 // Per-thread scratch any table needs for matmuls with in <= max_in and

@@ -1,20 +1,23 @@
-// kernels_amx: the AVX-512 table with its big bf16 matmuls on the AMX tile
-// unit (Sapphire Rapids and later). Compiled with the avx512 flags plus
+// kernels_amx: the AVX-512 table with its bf16 matmuls on the AMX tile unit
+// (Sapphire Rapids and later). Compiled with the avx512 flags plus
 // -mamx-tile -mamx-bf16 -mavx512bf16; reached only after cpu_kernels_amx()
 // checked the CPU and got the kernel's permission to use tile state.
 //
-// Which matrices: bf16, K a multiple of 32, at least AMX_MIN_BYTES — the
-// lm_head, and a big model's attention projections. The choice depends on
-// the matrix alone, never on the rows, so a row's outputs stay the same in
-// any batch. Smaller matrices keep the AVX-512 kernels: the tile unit's
-// loads (16 rows of a weight matrix each, into tile registers that are not
-// renamed) leave memory latency exposed, so where a matmul is bound by
-// reading its weights (decode at a few rows) it reaches 60-75% of a core's
-// read bandwidth against the AVX-512 stream's 100%. Above 4 MiB that cost
-// is small at batch 1 for a big model and repaid once the rows make the
-// matmul compute-bound (the lm_head at 16 rows alone, one core: 1.9x).
-// For the demo model, whose lm_head is most of a decode step, it is not:
-// hence a table only chosen by name.
+// Which matrices: bf16 with K a multiple of 32 — every matrix of the Qwen3
+// family. The rest (f16, f32, odd K) keep the AVX-512 matmul. The choice
+// depends on the matrix alone, never on the rows, so a row's outputs stay
+// the same in any batch.
+//
+// The layout: the weights are read in the packed layout of kernels.h, which
+// for bf16 is already what the tile unit wants of its second operand. In a
+// block of 16 outputs, the 32 k of k-block kb are 16 pairs of 16 dwords
+// (pair p, output j: w[j][2p] | w[j][2p+1] << 16), 1 KiB at kb KiB: one B
+// tile, read as one contiguous run. The x rows (up to 16) are the A tile,
+// row-major, and the accumulator C holds 16 x rows by 16 outputs, stored
+// straight to their y rows. A weight tile is so read from memory once for
+// up to 16 rows, in sequential runs the hardware prefetcher follows (weights
+// as A tiles, 16 lines a row apart, left memory latency exposed: 60-75% of
+// a core's read bandwidth at batch 1).
 //
 // Why the split activations: TDPBF16PS multiplies bf16 by bf16. The weights
 // are bf16 already, so they are exact; an fp32 activation x is written as
@@ -24,318 +27,229 @@
 // roundings of the fp32 matmul. Not bit-identical to any FMA chain: the unit
 // has its own order and internal rounding (checked against sequential,
 // pairwise and single-rounding sums on random tiles: none match), so no
-// other table can stand in for it on some rows. Measured here, one core
-// issues about 1.37 TFLOP/s of tile products (10x its AVX-512 FMA peak),
-// half of that useful with hi and lo.
+// other table can stand in for it on some rows. Each output gets the same
+// sequence of tile products whatever the rows around it: for kb in order,
+// hi then lo, into one accumulator that starts at zero.
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include "model/cpu/kernels.h"
 
 const struct cpu_kernels *cpu_kernels_avx512_table(void);
 const struct cpu_kernels *cpu_kernels_amx_table(void);
 
-// Matrices from this size on go to the tile unit (the avx512 table streams
-// them as stored up to 16 rows from the same size).
-#define AMX_MIN_BYTES (4u << 20)
-
-// One k-block is 32 bf16 values: a tile row of 64 bytes.
+// One k-block is 32 bf16 values: a tile row of 64 bytes, and in the packed
+// layout 1 KiB of a block (16 pairs of 16 dwords).
 #define KB 32
-// A B tile (16 k-pairs x 16 x rows of bf16 pairs) in 32-bit words.
-#define BT_WORDS 256
+#define KB_BYTES 1024
+// x rows per A tile, and output blocks per group: four accumulators.
+#define AMX_MR 16
+#define AMX_NB 4
+// Packed weights a group of x rows meets while they sit in L2; weights not
+// packed at load are packed chunk by chunk into the first 256 KiB of scratch.
+#define AMX_CHUNK_BYTES (256u << 10)
+// The split x rows of one group (hi and lo: one float per k per row); at
+// least one tile of 16 rows whatever K.
+#define AMX_X_FLOATS 32768
+// How far ahead in each of a group's four block streams the first row tile
+// prefetches.
+#ifndef AMX_PF
+#define AMX_PF 2048
+#endif
+#ifndef AMX_HINT
+#define AMX_HINT _MM_HINT_T0
+#endif
 
-// The tile register file: 0-3 accumulators (C), 4-5 weights (A), 6-7 the
-// split activations (B hi, B lo). Every tile is 16 rows of 64 bytes.
+// The tile register file: 0-3 accumulators (C), 4-5 the split x rows (A hi,
+// A lo), 6-7 weights (B). A and C have as many rows as the tile has x rows;
+// B is always 16 k-pairs.
 struct tile_config {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
     uint8_t rows[16];
 };
 
-static void tiles_begin(void)
+static void tiles_config(int mr)
 {
     struct tile_config c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int t = 0; t < 8; t++) {
         c.colsb[t] = 64;
-        c.rows[t] = 16;
+        c.rows[t] = (uint8_t)(t < 6 ? mr : 16);
     }
     _tile_loadconfig(&c);
 }
 
-// r[j] lane i = v[i] lane j, for sixteen vectors of sixteen 32-bit lanes:
-// pairs, then quads, then 128-bit blocks twice.
-static inline void transpose16(__m512i v[16])
+// x rows r0..r0+mr-1 split into hi and lo, row i at xh + i K and xl + i K.
+static void split_x(const struct cpu_mm *m, int r0, int mr, int K, uint16_t *xh, uint16_t *xl)
 {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        v[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        v[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        v[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        v[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    // Now each 128-bit block holds a 4x4 square of the result: gather the
-    // squares of four vectors four apart into place, two blocks at a time.
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_i32x4(v[i], v[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_i32x4(v[i], v[i + 4], 0xDD);
-        t[i + 8] = _mm512_shuffle_i32x4(v[i + 8], v[i + 12], 0x88);
-        t[i + 12] = _mm512_shuffle_i32x4(v[i + 8], v[i + 12], 0xDD);
-    }
-    for (int i = 0; i < 4; i++) {
-        v[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-        v[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
-        v[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
-        v[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
-    }
-}
-
-// x rows r0..r0+mb-1 (mb <= 32) as B tiles: for k-block kb and column tile
-// mt, hi at xp + (kb * 2 + mt) * 2 * BT_WORDS and lo one tile after it.
-// Word k2 of column c holds the bf16 pair for k = kb*32 + 2*k2, +1 of x row
-// mt*16 + c: the pair order TDPBF16PS reads. Missing rows are zero. Each
-// row's sixteen pairs are one vector; sixteen rows transposed give the
-// tile's rows.
-static void pack_x(const struct cpu_mm *m, int r0, int mb, int K, uint32_t *xp)
-{
-    const int nkb = K / KB;
     const __m512 inf = _mm512_set1_ps(__builtin_inff());
-    for (int mt = 0; mt * 16 < mb; mt++) {
-        const float *x[16];
-        for (int c = 0; c < 16; c++) {
-            const int i = mt * 16 + c, r = r0 + i;
-            x[c] = i < mb ? m->x + (size_t)(m->x_rows ? m->x_rows[r] : r) * m->ldx : NULL;
-        }
-        for (int kb = 0; kb < nkb; kb++) {
-            __m512i hi[16], lo[16];
-            for (int c = 0; c < 16; c++) {
-                if (!x[c]) {
-                    hi[c] = lo[c] = _mm512_setzero_si512();
-                    continue;
-                }
-                __m512 x0 = _mm512_loadu_ps(x[c] + kb * KB), x1 = _mm512_loadu_ps(x[c] + kb * KB + 16);
-                hi[c] = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
-                // hi back in fp32: bf16 is the top half of an fp32.
-                __m512 h0 = _mm512_castsi512_ps(
-                    _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi[c])), 16));
-                __m512 h1 = _mm512_castsi512_ps(
-                    _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi[c], 1)), 16));
-                // x - hi is exact; where x is not finite, lo is 0 (not NaN).
-                __m512 d0 = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(_mm512_abs_ps(x0), inf, _CMP_LT_OQ), x0, h0);
-                __m512 d1 = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(_mm512_abs_ps(x1), inf, _CMP_LT_OQ), x1, h1);
-                lo[c] = (__m512i)_mm512_cvtne2ps_pbh(d1, d0);
-            }
-            transpose16(hi);
-            transpose16(lo);
-            uint32_t *b = xp + (size_t)(kb * 2 + mt) * 2 * BT_WORDS;
-            for (int k2 = 0; k2 < 16; k2++) {
-                _mm512_storeu_si512(b + k2 * 16, hi[k2]);
-                _mm512_storeu_si512(b + BT_WORDS + k2 * 16, lo[k2]);
-            }
+    for (int i = 0; i < mr; i++) {
+        const int r = r0 + i;
+        const float *x = m->x + (size_t)(m->x_rows ? m->x_rows[r] : r) * m->ldx;
+        uint16_t *h = xh + (size_t)i * K, *l = xl + (size_t)i * K;
+        for (int k = 0; k < K; k += KB) {
+            const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+            const __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+            // hi back in fp32: bf16 is the top half of an fp32.
+            const __m512 h0 =
+                _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
+            const __m512 h1 =
+                _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
+            // x - hi is exact; where x is not finite, lo is 0 (not NaN).
+            const __m512 d0 = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(_mm512_abs_ps(x0), inf, _CMP_LT_OQ), x0, h0);
+            const __m512 d1 = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(_mm512_abs_ps(x1), inf, _CMP_LT_OQ), x1, h1);
+            _mm512_storeu_si512(h + k, hi);
+            _mm512_storeu_si512(l + k, (__m512i)_mm512_cvtne2ps_pbh(d1, d0));
         }
     }
 }
 
-// Weight rows o..o+n-1 (n < 16) copied into a zero-padded 16-row tile
-// source, so that a tail never reads past the matrix.
-static const uint16_t *pad_rows(const uint16_t *w, int o, int n, int K, uint16_t *pad)
+static inline __mmask16 lane_mask(int o, int o0, int o1)
 {
-    memcpy(pad, w + (size_t)o * K, (size_t)n * K * 2);
-    memset(pad + (size_t)n * K, 0, (size_t)(16 - n) * K * 2);
-    return pad;
+    // Lanes o..o+15 that fall in [o0, o1).
+    int lo = o0 - o, hi = o1 - o;
+    if (lo < 0) lo = 0;
+    if (hi > 16) hi = 16;
+    if (hi <= lo) return 0;
+    return (__mmask16)(((1u << (hi - lo)) - 1u) << lo);
 }
 
-// Accumulator tile (16 outputs o.. x 16 x rows from r0 + col0) into y.
-// st: the tile as stored, st[i * 16 + j] = output o + i of x row col0 + j;
-// transposed, each x row's outputs are one vector.
-static void scatter_c(const struct cpu_mm *m, const float *st, int o, int no, int r0, int col0, int nrows)
+// A stored accumulator (st[i * 16 + j]: x row r0 + i, output o + j) into y.
+static void store_c(const struct cpu_mm *m, const float *st, int o, int o0, int o1, int r0, int mr)
 {
-    __m512i v[16];
-    for (int i = 0; i < 16; i++) v[i] = _mm512_loadu_si512(st + 16 * i);
-    transpose16(v);
-    const __mmask16 keep = (__mmask16)((1u << no) - 1u);
-    for (int j = 0; j < nrows; j++) {
-        const int r = r0 + col0 + j;
+    const __mmask16 keep = lane_mask(o, o0, o1);
+    if (!keep) return;
+    for (int i = 0; i < mr; i++) {
+        const int r = r0 + i;
         float *y = m->y + (size_t)(m->y_rows ? m->y_rows[r] : r) * m->ldy + o;
-        __m512 t = _mm512_castsi512_ps(v[j]);
+        __m512 t = _mm512_loadu_ps(st + 16 * i);
         if (m->accumulate) t = _mm512_add_ps(t, _mm512_maskz_loadu_ps(keep, y));
         _mm512_mask_storeu_ps(y, keep, t);
     }
 }
 
-#define PF_GROUPS 2
+#define DP2(c, b)                  \
+    do {                           \
+        _tile_dpbf16ps(c, 4, b);   \
+        _tile_dpbf16ps(c, 5, b);   \
+    } while (0)
 
-// The four accumulators: cleared, and stored to st (tile t at st + 256 t).
-static inline void zero4(void)
+static inline void prefetch_kb(const char *p)
+{
+    for (int l = 0; l < KB_BYTES; l += 64) _mm_prefetch(p + AMX_PF + l, AMX_HINT);
+}
+
+// Four blocks of 16 outputs (wp, wp + bb, ...) against the x tile: st gets
+// the four accumulators, block n at st + 256 n.
+static void group4(const char *wp, size_t bb, int nkb, const uint16_t *xh, const uint16_t *xl, size_t xs,
+                   float *st, bool pf)
 {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-}
-
-static inline void store4(float *st)
-{
+    for (int kb = 0; kb < nkb; kb++) {
+        const char *b = wp + (size_t)kb * KB_BYTES;
+        if (AMX_PF && pf) {
+            prefetch_kb(b);
+            prefetch_kb(b + bb);
+            prefetch_kb(b + 2 * bb);
+            prefetch_kb(b + 3 * bb);
+        }
+        _tile_loadd(4, xh + kb * KB, xs);
+        _tile_loadd(5, xl + kb * KB, xs);
+        _tile_loadd(6, b, 64);
+        _tile_loadd(7, b + bb, 64);
+        DP2(0, 6);
+        DP2(1, 7);
+        _tile_loadd(6, b + 2 * bb, 64);
+        _tile_loadd(7, b + 3 * bb, 64);
+        DP2(2, 6);
+        DP2(3, 7);
+    }
     _tile_stored(0, st, 64);
     _tile_stored(1, st + 256, 64);
     _tile_stored(2, st + 512, 64);
     _tile_stored(3, st + 768, 64);
 }
 
-#define DP2(c, a) \
-    do {                           \
-        _tile_dpbf16ps(c, a, 6);   \
-        _tile_dpbf16ps(c, a, 7);   \
-    } while (0)
-
-// Up to 16 x rows: groups of 64 outputs (four accumulators, one column
-// tile), each k-block's B tiles loaded once for the four.
-static void rows16(const struct cpu_mm *m, int o0, int o1, int r0, int mb, const uint32_t *xp, uint16_t *pad,
-                   float *st)
+// One block: the same products in the same order as group4's.
+static void group1(const char *wp, int nkb, const uint16_t *xh, const uint16_t *xl, size_t xs, float *st)
 {
-    const int K = m->w.in, nkb = K / KB;
-    const uint16_t *w = m->w.data;
-    const size_t ws = (size_t)K * 2;
-    for (int o = o0; o < o1; o += 64) {
-        const int no = o1 - o < 64 ? o1 - o : 64;
-        if (no == 64) {
-            const uint16_t *a = w + (size_t)o * K;
-            // A tile load takes 16 lines a row apart, which the hardware
-            // prefetcher does not follow: the group PF_GROUPS ahead (64
-            // contiguous rows) is fetched into L2, 1/nkb of it per k-block
-            // (1 or 2 ahead: 80-88% of one core's read bandwidth on the
-            // lm_head; none: 69-77%).
-            const char *next =
-                o + 64 * (PF_GROUPS + 1) <= o1 ? (const char *)(a + 64 * (size_t)PF_GROUPS * K) : NULL;
-            const size_t pf_step = (size_t)64 * K * 2 / nkb;
-            zero4();
-            for (int kb = 0; kb < nkb; kb++) {
-                const uint32_t *b = xp + (size_t)kb * 4 * BT_WORDS;
-                const uint16_t *ak = a + kb * KB;
-                if (next)
-                    for (size_t p = 0; p < pf_step; p += 64) _mm_prefetch(next + kb * pf_step + p, _MM_HINT_T1);
-                _tile_loadd(6, b, 64);
-                _tile_loadd(7, b + BT_WORDS, 64);
-                _tile_stream_loadd(4, ak, ws);
-                _tile_stream_loadd(5, ak + 16 * (size_t)K, ws);
-                DP2(0, 4);
-                DP2(1, 5);
-                _tile_stream_loadd(4, ak + 32 * (size_t)K, ws);
-                _tile_stream_loadd(5, ak + 48 * (size_t)K, ws);
-                DP2(2, 4);
-                DP2(3, 5);
-            }
-            store4(st);
-            for (int t = 0; t < 4; t++) scatter_c(m, st + 256 * t, o + 16 * t, 16, r0, 0, mb);
-            continue;
-        }
-        // The tail, one 16-output tile at a time (the same arithmetic).
-        for (int t = 0; t * 16 < no; t++) {
-            const int n = no - 16 * t < 16 ? no - 16 * t : 16;
-            const uint16_t *a = n == 16 ? w + (size_t)(o + 16 * t) * K : pad_rows(w, o + 16 * t, n, K, pad);
-            _tile_zero(0);
-            for (int kb = 0; kb < nkb; kb++) {
-                const uint32_t *b = xp + (size_t)kb * 4 * BT_WORDS;
-                _tile_loadd(6, b, 64);
-                _tile_loadd(7, b + BT_WORDS, 64);
-                _tile_stream_loadd(4, a + kb * KB, ws);
-                DP2(0, 4);
-            }
-            _tile_stored(0, st, 64);
-            scatter_c(m, st, o + 16 * t, n, r0, 0, mb);
-        }
+    _tile_zero(0);
+    for (int kb = 0; kb < nkb; kb++) {
+        _tile_loadd(4, xh + kb * KB, xs);
+        _tile_loadd(5, xl + kb * KB, xs);
+        _tile_loadd(6, wp + (size_t)kb * KB_BYTES, 64);
+        DP2(0, 6);
     }
+    _tile_stored(0, st, 64);
 }
 
-// 17 to 32 x rows: groups of 32 outputs x two column tiles (four
-// accumulators), each weight tile meeting both column tiles.
-static void rows32(const struct cpu_mm *m, int o0, int o1, int r0, int mb, const uint32_t *xp, uint16_t *pad,
-                   float *st)
-{
-    const int K = m->w.in, nkb = K / KB;
-    const uint16_t *w = m->w.data;
-    const size_t ws = (size_t)K * 2;
-    for (int o = o0; o < o1; o += 32) {
-        const int no = o1 - o < 32 ? o1 - o : 32;
-        const int n0 = no < 16 ? no : 16, n1 = no - n0;
-        const uint16_t *a0 = n0 == 16 ? w + (size_t)o * K : pad_rows(w, o, n0, K, pad);
-        const uint16_t *a1 = n1 == 16 ? w + (size_t)(o + 16) * K
-                             : n1 > 0 ? pad_rows(w, o + 16, n1, K, pad + 16 * (size_t)K)
-                                      : a0; // unused outputs: any readable rows
-        zero4();
-        for (int kb = 0; kb < nkb; kb++) {
-            const uint32_t *b = xp + (size_t)kb * 4 * BT_WORDS;
-            _tile_loadd(4, a0 + kb * KB, ws);
-            _tile_loadd(5, a1 + kb * KB, ws);
-            _tile_loadd(6, b, 64);
-            _tile_loadd(7, b + BT_WORDS, 64);
-            DP2(0, 4);
-            DP2(1, 5);
-            _tile_loadd(6, b + 2 * BT_WORDS, 64);
-            _tile_loadd(7, b + 3 * BT_WORDS, 64);
-            DP2(2, 4);
-            DP2(3, 5);
-        }
-        store4(st);
-        scatter_c(m, st, o, n0, r0, 0, 16);
-        scatter_c(m, st + 512, o, n0, r0, 16, mb - 16);
-        if (n1 > 0) {
-            scatter_c(m, st + 256, o + 16, n1, r0, 0, 16);
-            scatter_c(m, st + 768, o + 16, n1, r0, 16, mb - 16);
-        }
-    }
-}
-
-// The tile path reads its matrices as stored; the rest go to the avx512
-// matmul, which wants them packed.
-static bool amx_takes(const struct cpu_wmat *w)
-{
-    return w->dtype == DTYPE_BF16 && w->in % KB == 0 && w->in > 0 &&
-           (size_t)w->out * (size_t)w->in * 2 >= AMX_MIN_BYTES;
-}
-
-static bool amx_wants_packed(const struct cpu_wmat *w) { return !amx_takes(w); }
-
-// Row blocks of 32 (then 16) x rows, each meeting all outputs [o0, o1).
-// An output element gets the same sequence of tile operations — k-blocks in
-// order, hi then lo — in rows16 and rows32 alike, so it depends only on its
-// x row and w row.
+// Groups of up to AMX_X_FLOATS / K x rows (split once), each meeting the
+// weights chunk by chunk, one tile of 16 rows at a time, four blocks of
+// outputs at a time. The first tile of a group reads a chunk from memory
+// (prefetching ahead), the others from L2.
 static void amx_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
 {
-    const int K = m->w.in;
-    if (!amx_takes(&m->w)) {
+    if (!cpu_kernels_amx_takes(&m->w)) {
         cpu_kernels_avx512_table()->matmul(m, o0, o1, scratch);
         return;
     }
     if (o1 <= o0 || m->rows <= 0) return;
-    uint32_t *xp = (uint32_t *)scratch;                            // K / 32 x 4 B tiles
-    float *st = scratch + (size_t)K / KB * 4 * BT_WORDS;           // four stored C tiles
-    uint16_t *pad = (uint16_t *)(st + 4 * 256);                    // two 16-row weight tiles
-    {
-        // The first groups, which the loop's prefetch ahead does not reach.
-        const char *w0 = (const char *)m->w.data + (size_t)o0 * K * 2;
-        const int n = o1 - o0 < 64 * PF_GROUPS ? o1 - o0 : 64 * PF_GROUPS;
-        for (size_t p = 0; p < (size_t)n * K * 2; p += 64) _mm_prefetch(w0 + p, _MM_HINT_T1);
+    const int K = m->w.in, nkb = K / KB;
+    const size_t bb = cpu_pack_block_bytes(DTYPE_BF16, K), xs = (size_t)K * 2;
+    int group = AMX_X_FLOATS / K / AMX_MR * AMX_MR;
+    if (group < AMX_MR) group = AMX_MR;
+    char *wbuf = (char *)scratch;                                  // AMX_CHUNK_BYTES
+    uint16_t *xh = (uint16_t *)(scratch + AMX_CHUNK_BYTES / 4);    // (group, K) bf16
+    uint16_t *xl = xh + (size_t)group * K;                         // (group, K) bf16
+    float *st = scratch + AMX_CHUNK_BYTES / 4 + (size_t)group * K; // four C tiles
+    const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
+    int chunk = (int)(AMX_CHUNK_BYTES / bb) / AMX_NB * AMX_NB;
+    if (chunk < AMX_NB) chunk = AMX_CHUNK_BYTES / bb >= 1 ? (int)(AMX_CHUNK_BYTES / bb) : 1;
+    // Packed weights and one tile of rows: no chunk needs to stay in L2.
+    if (m->w.packed && m->rows <= AMX_MR) chunk = b1 - b0;
+    int config_rows = 0;
+    for (int g0 = 0; g0 < m->rows; g0 += group) {
+        const int gn = m->rows - g0 < group ? m->rows - g0 : group;
+        split_x(m, g0, gn, K, xh, xl);
+        for (int cb = b0; cb < b1; cb += chunk) {
+            const int ce = b1 - cb < chunk ? b1 : cb + chunk;
+            const char *wc;
+            if (m->w.packed) {
+                wc = (const char *)m->w.packed + (size_t)cb * bb;
+            } else {
+                cpu_pack_blocks(&m->w, cb, ce, wbuf);
+                wc = wbuf;
+            }
+            for (int t0 = 0; t0 < gn; t0 += AMX_MR) {
+                const int mr = gn - t0 < AMX_MR ? gn - t0 : AMX_MR;
+                if (mr != config_rows) {
+                    tiles_config(mr);
+                    config_rows = mr;
+                }
+                const uint16_t *th = xh + (size_t)t0 * K, *tl = xl + (size_t)t0 * K;
+                const bool pf = t0 == 0 && m->w.packed;
+                int b = cb;
+                for (; b + AMX_NB <= ce; b += AMX_NB) {
+                    // Prefetching past the last group would read past the matrix.
+                    group4(wc + (size_t)(b - cb) * bb, bb, nkb, th, tl, xs, st, pf && b + 2 * AMX_NB <= ce);
+                    for (int n = 0; n < AMX_NB; n++)
+                        store_c(m, st + 256 * n, (b + n) * CPU_PACK_OUTS, o0, o1, g0 + t0, mr);
+                }
+                for (; b < ce; b++) {
+                    group1(wc + (size_t)(b - cb) * bb, nkb, th, tl, xs, st);
+                    store_c(m, st, b * CPU_PACK_OUTS, o0, o1, g0 + t0, mr);
+                }
+            }
+        }
     }
-    tiles_begin();
-    for (int r0 = 0; r0 < m->rows; r0 += 32) {
-        const int mb = m->rows - r0 < 32 ? m->rows - r0 : 32;
-        pack_x(m, r0, mb, K, xp);
-        if (mb > 16)
-            rows32(m, o0, o1, r0, mb, xp, pad, st);
-        else
-            rows16(m, o0, o1, r0, mb, xp, pad, st);
-    }
-    _tile_release();
+    if (config_rows) _tile_release();
 }
 
 static struct cpu_kernels amx_table;
@@ -345,7 +259,6 @@ static void amx_table_init(void)
     amx_table = *cpu_kernels_avx512_table();
     amx_table.name = "amx";
     amx_table.matmul = amx_matmul;
-    amx_table.wants_packed = amx_wants_packed;
 }
 
 const struct cpu_kernels *cpu_kernels_amx_table(void)

@@ -71,8 +71,7 @@ static int setup(void **state)
 static const int shapes[][3] = { // rows, in, out
     {1, 1, 1}, {1, 7, 5}, {2, 8, 4}, {3, 33, 17}, {4, 64, 12}, {5, 96, 50},
     {6, 16, 16}, {7, 130, 33}, {13, 100, 37}, {1, 512, 300}, {64, 256, 96}, {19, 1000, 7},
-    // in a multiple of 32, rows on both sides of 16 and 32 (the amx table takes
-    // these to its avx512 path: its tiles start at 4 MiB, see the big-matrix test)
+    // in a multiple of 32 (the amx table's tiles), rows on both sides of 16 and 32
     {16, 32, 64}, {17, 64, 70}, {32, 128, 129}, {33, 96, 15}, {45, 64, 200}, {3, 2048, 65},
 };
 
@@ -206,11 +205,14 @@ static void packed_layout_holds_16_outputs_per_k(void **state)
     }
 }
 
-// The tables that read the packed layout (avx512, and amx below its tile
-// sizes) give each output exactly one FMA chain over k in order from 0 —
-// row-pointer tiles and transposed-x tiles alike —
+// The tables that read the packed layout (avx512, and amx for the matrices
+// it leaves to avx512) give each output exactly one FMA chain over k in
+// order from 0 — row-pointer tiles and transposed-x tiles alike —
 // packed at load or not, at any batch size, with gathered rows, accumulated,
-// and in any split of the outputs, on a block edge or not.
+// and in any split of the outputs, on a block edge or not. What amx puts on
+// the tile unit is no FMA chain: there each output must be, in all the same
+// cases, exactly what its row alone gives through the weights as stored, and
+// within fp32 rounding of the chain.
 static void packed_matmul_is_one_fma_chain_per_output(void **state)
 {
     (void)state;
@@ -218,7 +220,10 @@ static void packed_matmul_is_one_fma_chain_per_output(void **state)
     const int shapes_p[][3] = {{1, 1, 1}, {2, 7, 5}, {6, 33, 16}, {7, 77, 17}, {13, 96, 45},
                                {16, 512, 300}, {33, 130, 70}, {5, 2, 64}, {1, 512, 1000},
                                // 7 to 16 rows and 64 blocks or more: the transposed-x tiles
-                               {16, 77, 1030}, {9, 64, 1024}, {7, 2, 1040}, {12, 512, 2100}};
+                               {16, 77, 1030}, {9, 64, 1024}, {7, 2, 1040}, {12, 512, 2100},
+                               // amx: rows on both sides of its 16-row tiles and of a
+                               // 64-row group of x (in 512), blocks past its chunks
+                               {17, 32, 40}, {31, 64, 100}, {70, 512, 70}, {40, 1024, 4200}};
     int tested = 0;
     for (int t = 0; t < n_simd; t++)
         for (size_t si = 0; si < sizeof shapes_p / sizeof shapes_p[0]; si++)
@@ -246,6 +251,18 @@ static void packed_matmul_is_one_fma_chain_per_output(void **state)
                             acc = fmaf(x[(size_t)r * in + kk], cpu_load_weight(w.data, dts[d], (size_t)o * in + kk), acc);
                         want[(size_t)r * out + o] = acc;
                     }
+                if (!strcmp(k->name, "amx") && cpu_kernels_amx_takes(&w)) {
+                    for (int r = 0; r < rows; r++) {
+                        run_matmul(k, &w, x + (size_t)r * in, 1, got + (size_t)r * out, false);
+                        for (int o = 0; o < out; o++) {
+                            const float c = want[(size_t)r * out + o], a = got[(size_t)r * out + o];
+                            if (fabs(a - c) > 1e-6 * in + 1e-6 * fabs(c))
+                                fail_msg("amx rows %d in %d out %d: [%d][%d] %.9g, FMA chain %.9g", rows, in,
+                                         out, r, o, a, c);
+                        }
+                    }
+                    memcpy(want, got, (size_t)rows * out * 4);
+                }
                 const struct cpu_wmat *ws[2] = {&w, &wp};
                 for (int v = 0; v < 2; v++) {
                     const char *how = v ? "packed" : "as stored";
@@ -260,7 +277,7 @@ static void packed_matmul_is_one_fma_chain_per_output(void **state)
                     }
                     // Rows gathered in reverse, outputs cut off the block edges,
                     // accumulated onto what y held.
-                    int32_t idx[33];
+                    int32_t idx[70];
                     for (int r = 0; r < rows; r++) idx[r] = rows - 1 - r;
                     for (int i = 0; i < rows * out; i++) got[i] = (float)(i % 5) - 1.5f;
                     struct cpu_mm m = {.w = *ws[v], .x = x, .ldx = in, .x_rows = idx, .y = got, .ldy = out,
@@ -302,11 +319,11 @@ static void packed_matmul_is_one_fma_chain_per_output(void **state)
 }
 
 // A matrix too big for the caches streams as stored for more rows than a
-// small one does (avx512, avx2), or goes to the AMX tile unit (amx): each
-// output is still the same whichever path, row count, row order or split
-// of the outputs computes it (rows 1, 12, 16 streamed; 17, 24, 33 packed or
-// in blocks of 32 tile columns), and it matches the scalar reference. 4150
-// outputs: the tile groups of 64 end in a tail of 54.
+// small one does (avx512, avx2), or goes to the AMX tile unit in 16-row
+// tiles (amx): each output is still the same whichever path, row count, row
+// order or split of the outputs computes it (rows 1, 12, 16 one pass; 17,
+// 24, 33 in blocks or tiles), and it matches the scalar reference. 4150
+// outputs: groups of 64 end in a tail of 54.
 static void big_matrix_outputs_do_not_depend_on_rows(void **state)
 {
     (void)state;
