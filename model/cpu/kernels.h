@@ -87,6 +87,10 @@ struct cpu_kernels {
     // Whether this table reads w faster in the packed layout (NULL: never).
     // Results are the same either way; this is only where the time goes.
     bool (*wants_packed)(const struct cpu_wmat *w);
+    // The time of a matmul per weight and per output, in units of one FMA
+    // pass of one row, for splitting matmuls between threads (NULL: the
+    // weights' read counts two passes, each row one: rows + 2).
+    uint64_t (*row_cost)(const struct cpu_mm *m);
     void (*attend)(const struct cpu_attn *a, float *scratch);
     // g[i] = silu(g[i]) * u[i]
     void (*silu_mul)(float *g, const float *u, int n);

@@ -10,8 +10,9 @@ struct mm_ctx {
     uint64_t total;
 };
 
-static uint64_t unit_cost(const struct cpu_mm *m, int unit)
+static uint64_t unit_cost(const struct cpu_kernels *k, const struct cpu_mm *m, int unit)
 {
+    if (k->row_cost) return (uint64_t)unit * (uint64_t)m->w.in * k->row_cost(m);
     // Streaming the weights costs about as much as two FMA passes per row.
     return (uint64_t)unit * (uint64_t)m->w.in * ((uint64_t)m->rows + 2);
 }
@@ -32,7 +33,7 @@ static void mm_worker(void *arg, int tid, int n_threads)
     for (int j = 0; j < c->n_jobs && start < hi; j++) {
         const struct cpu_mm *m = &c->jobs[j];
         if (m->rows <= 0 || m->w.out <= 0) continue;
-        uint64_t cu = unit_cost(m, unit);
+        uint64_t cu = unit_cost(c->e->k, m, unit);
         uint64_t nu = (uint64_t)n_units(m, unit), end = start + nu * cu;
         if (end > lo) {
             uint64_t u0 = lo > start ? ceil_div_u64(lo - start, cu) : 0;
@@ -53,7 +54,7 @@ void cpu_matmul(const struct cpu_exec *e, const struct cpu_mm *jobs, int n_jobs)
     struct mm_ctx c = {.e = e, .jobs = jobs, .n_jobs = n_jobs};
     for (int j = 0; j < n_jobs; j++)
         if (jobs[j].rows > 0 && jobs[j].w.out > 0)
-            c.total += (uint64_t)n_units(&jobs[j], e->k->unit) * unit_cost(&jobs[j], e->k->unit);
+            c.total += (uint64_t)n_units(&jobs[j], e->k->unit) * unit_cost(e->k, &jobs[j], e->k->unit);
     if (c.total == 0) return;
     // Below this (a router at batch 1, say) waking the threads costs more
     // than the work; the split does not change any result.
