@@ -514,6 +514,20 @@ static void store_kv(void *dst, enum dtype t, const float *src, int n)
     }
 }
 
+// Key slot of a block stored transposed (kernels.h): dimension d of the
+// block's 16 keys are adjacent.
+static void store_key(void *block, size_t slot, enum dtype t, const float *src, int n)
+{
+    if (t == DTYPE_F32) {
+        float *d = block;
+        for (int i = 0; i < n; i++) d[(size_t)i * KV_BLOCK_TOKENS + slot] = src[i];
+    } else {
+        uint16_t *d = block;
+        for (int i = 0; i < n; i++)
+            d[(size_t)i * KV_BLOCK_TOKENS + slot] = t == DTYPE_BF16 ? ms_f32_to_bf16(src[i]) : ms_f32_to_f16(src[i]);
+    }
+}
+
 // Per token: q_norm / k_norm over each head, RoPE at the token's position,
 // and K/V into the sequence's block for that position.
 static void qk_rope_store(struct rank *r, int b, int e, int tid)
@@ -543,9 +557,9 @@ static void qk_rope_store(struct rank *r, int b, int e, int tid)
             r->ex.k->rmsnorm(kh, L->k_norm.data, L->k_norm.dtype, D, cfg->rms_norm_eps, tmp);
             memcpy(kh, tmp, (size_t)D * sizeof(float));
             cpu_rope_apply(kh, half, cs, sn);
-            size_t at = ((blk * KVH + (size_t)h) * KV_BLOCK_TOKENS + slot) * D * esz;
-            store_kv(kl + at, r->kv->dtype, kh, D);
-            store_kv(vl + at, r->kv->dtype, v + (size_t)h * D, D);
+            const size_t at = (blk * KVH + (size_t)h) * KV_BLOCK_TOKENS * D * esz;
+            store_key(kl + at, slot, r->kv->dtype, kh, D);
+            store_kv(vl + at + slot * D * esz, r->kv->dtype, v + (size_t)h * D, D);
         }
     }
 }

@@ -21,7 +21,7 @@ struct kv_pool {
     int n_blocks;
     int n_layers, n_kv_heads, head_dim;
     size_t block_bytes;    // K and V of one block over all layers
-    void *k;               // (n_layers, n_blocks, n_kv_heads, KV_BLOCK_TOKENS, head_dim)
+    void *k;               // (n_layers, n_blocks, n_kv_heads, head_dim, KV_BLOCK_TOKENS): transposed
     void *v;               // (n_layers, n_blocks, n_kv_heads, KV_BLOCK_TOKENS, head_dim)
 };
 

@@ -36,12 +36,23 @@ static void scalar_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch
     }
 }
 
-static const void *kv_row(const struct cpu_attn *a, const void *base, int pos)
+// Where position pos's block starts for this head: (head_dim, 16) keys,
+// (16, head_dim) values.
+static size_t kv_block_at(const struct cpu_attn *a, int pos)
 {
     size_t blk = (size_t)a->blocks[pos / 16];
-    size_t idx = ((blk * (size_t)a->n_kv_heads + (size_t)a->kv_head) * 16 + (size_t)(pos % 16)) *
-                 (size_t)a->head_dim;
-    return (const char *)base + idx * dtype_size(a->kv_dtype);
+    return (blk * (size_t)a->n_kv_heads + (size_t)a->kv_head) * 16 * (size_t)a->head_dim;
+}
+
+static float key_at(const struct cpu_attn *a, int pos, int d)
+{
+    return cpu_load_weight(a->k, a->kv_dtype, kv_block_at(a, pos) + (size_t)d * 16 + (size_t)(pos % 16));
+}
+
+static const void *value_row(const struct cpu_attn *a, int pos)
+{
+    size_t idx = kv_block_at(a, pos) + (size_t)(pos % 16) * (size_t)a->head_dim;
+    return (const char *)a->v + idx * dtype_size(a->kv_dtype);
 }
 
 // Two passes in double per row (the maximum, then the normalised sum):
@@ -58,18 +69,17 @@ static void scalar_attend(const struct cpu_attn *a, float *scratch)
             const int n_ctx = a->first_pos + i + 1;
             double mx = -INFINITY;
             for (int p = 0; p < n_ctx; p++) {
-                const void *kr = kv_row(a, a->k, p);
                 double s = 0;
-                for (int d = 0; d < D; d++) s += (double)q[d] * cpu_load_weight(kr, a->kv_dtype, d);
+                for (int d = 0; d < D; d++) s += (double)q[d] * key_at(a, p, d);
                 s *= a->scale;
                 if (s > mx) mx = s;
             }
             double sum = 0;
             for (int d = 0; d < D; d++) acc[d] = 0;
             for (int p = 0; p < n_ctx; p++) {
-                const void *kr = kv_row(a, a->k, p), *vr = kv_row(a, a->v, p);
+                const void *vr = value_row(a, p);
                 double s = 0;
-                for (int d = 0; d < D; d++) s += (double)q[d] * cpu_load_weight(kr, a->kv_dtype, d);
+                for (int d = 0; d < D; d++) s += (double)q[d] * key_at(a, p, d);
                 double w = exp(s * a->scale - mx);
                 sum += w;
                 for (int d = 0; d < D; d++) acc[d] += w * cpu_load_weight(vr, a->kv_dtype, d);

@@ -70,7 +70,10 @@ struct cpu_attn {
     int head_dim;
     float scale;           // 1 / sqrt(head_dim)
     const int32_t *blocks; // the sequence's block table
-    const void *k, *v;     // one layer of the pool: (n_blocks, n_kv_heads, 16, head_dim)
+    // One layer of the pool. Keys are transposed within their block, so that
+    // one vector load gives one dimension of 16 keys (no transpose per step):
+    const void *k;         // (n_blocks, n_kv_heads, head_dim, 16)
+    const void *v;         // (n_blocks, n_kv_heads, 16, head_dim)
     enum dtype kv_dtype;   // DTYPE_BF16, DTYPE_F16 or DTYPE_F32
     int n_kv_heads, kv_head;
 };

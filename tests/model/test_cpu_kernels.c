@@ -369,6 +369,12 @@ static void big_matrix_outputs_do_not_depend_on_rows(void **state)
     free(scratch);
 }
 
+static void poison_kv(void *p, enum dtype dt, size_t i)
+{
+    if (dt == DTYPE_F32) ((float *)p)[i] = NAN;
+    else ((uint16_t *)p)[i] = 0x7e00; // a quiet NaN in both bf16 and f16
+}
+
 static void fill_kv(void *p, enum dtype dt, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -432,6 +438,28 @@ static void simd_attention_matches_scalar(void **state)
                             b1.first_pos = first + i;
                             simd_tables[t]->attend(&b1, scratch);
                             assert_memory_equal(one, got + i * stride, (size_t)G * D * 4);
+                        }
+                        // Whatever the last block holds past the context (NaN here)
+                        // changes nothing: keys are (D, 16) per block, values (16, D).
+                        const int end = first + nq;
+                        for (int pos = end; pos % 16; pos++) {
+                            const size_t at = ((size_t)blocks[pos / 16] * n_kv + 1) * 16 * D;
+                            for (int e = 0; e < D; e++) {
+                                poison_kv(k, dts[d], at + (size_t)e * 16 + pos % 16);
+                                poison_kv(v, dts[d], at + (size_t)(pos % 16) * D + e);
+                            }
+                        }
+                        a.out = one;
+                        for (int i = 0; i < nq; i++) {
+                            struct cpu_attn b1 = a;
+                            b1.q = q + i * stride;
+                            b1.n_tok = 1;
+                            b1.first_pos = first + i;
+                            simd_tables[t]->attend(&b1, scratch);
+                            assert_memory_equal(one, got + i * stride, (size_t)G * D * 4);
+                            cpu_kernels_scalar()->attend(&b1, scratch);
+                            for (int e = 0; e < G * D; e++)
+                                if (isnan(one[e])) fail_msg("scalar attention read past the context");
                         }
                         free(k);
                         free(v);
