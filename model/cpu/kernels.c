@@ -280,6 +280,13 @@ void cpu_pack_blocks(const struct cpu_wmat *w, int b0, int b1, void *dst)
     }
 }
 
+const char *cpu_packed_blocks(const struct cpu_wmat *w, int b0, int b1, void *buf)
+{
+    if (w->packed) return (const char *)w->packed + (size_t)b0 * cpu_pack_block_bytes(w->dtype, w->in);
+    cpu_pack_blocks(w, b0, b1, buf);
+    return buf;
+}
+
 struct cpu_wmat cpu_wmat_slice(const struct cpu_wmat *w, int o0, int n)
 {
     struct cpu_wmat s = *w;

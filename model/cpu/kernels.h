@@ -34,6 +34,9 @@ size_t cpu_pack_block_bytes(enum dtype dt, int in);
 size_t cpu_pack_bytes(const struct cpu_wmat *w);
 // Blocks [b0, b1) of w into dst (their cpu_pack_block_bytes each, in order).
 void cpu_pack_blocks(const struct cpu_wmat *w, int b0, int b1, void *dst);
+// Blocks [b0, b1) of w packed: where they lie when w was packed at load,
+// else packed now into buf.
+const char *cpu_packed_blocks(const struct cpu_wmat *w, int b0, int b1, void *buf);
 // Outputs [o0, o0 + n) of w as a matrix of their own; a packed w keeps its
 // packing only when o0 is a multiple of CPU_PACK_OUTS.
 struct cpu_wmat cpu_wmat_slice(const struct cpu_wmat *w, int o0, int n);

@@ -274,13 +274,7 @@ static void amx_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
         split_x(m, g0, gn, K, xh, xl);
         for (int cb = b0; cb < b1; cb += chunk) {
             const int ce = b1 - cb < chunk ? b1 : cb + chunk;
-            const char *wc;
-            if (m->w.packed) {
-                wc = (const char *)m->w.packed + (size_t)cb * bb;
-            } else {
-                cpu_pack_blocks(&m->w, cb, ce, wbuf);
-                wc = wbuf;
-            }
+            const char *wc = cpu_packed_blocks(&m->w, cb, ce, wbuf);
             for (int t0 = 0; t0 < gn; t0 += AMX_MR) {
                 const int mr = gn - t0 < AMX_MR ? gn - t0 : AMX_MR;
                 const int cfg = mr <= AMX_SHORT ? -mr : mr;

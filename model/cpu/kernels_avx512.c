@@ -331,13 +331,7 @@ static void pk_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
     float *yr[PK_MAX_MR];
     for (int cb = b0; cb < b1; cb += chunk) {
         const int ce = b1 - cb < chunk ? b1 : cb + chunk;
-        const char *wc;
-        if (m->w.packed) {
-            wc = (const char *)m->w.packed + (size_t)cb * bb;
-        } else {
-            cpu_pack_blocks(&m->w, cb, ce, scratch);
-            wc = (const char *)scratch;
-        }
+        const char *wc = cpu_packed_blocks(&m->w, cb, ce, scratch);
         for (int rb = 0; rb < m->rows; rb += bh) {
             const int mr = m->rows - rb < bh ? m->rows - rb : bh;
             for (int r = 0; r < mr; r++) {
