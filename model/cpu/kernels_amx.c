@@ -17,7 +17,9 @@
 // straight to their y rows. A weight tile is so read from memory once for
 // up to 16 rows, in sequential runs the hardware prefetcher follows (weights
 // as A tiles, 16 lines a row apart, left memory latency exposed: 60-75% of
-// a core's read bandwidth at batch 1).
+// a core's read bandwidth at batch 1). Measured on one core against the
+// avx512 matmul, the demo lm_head (151936 x 512): 0.85-0.92x at one row,
+// 1.5-1.7x at 16; a 2048 x 512 matrix at 512 rows (prefill): 3.6x.
 //
 // Why the split activations: TDPBF16PS multiplies bf16 by bf16. The weights
 // are bf16 already, so they are exact; an fp32 activation x is written as
