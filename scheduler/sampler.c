@@ -158,6 +158,21 @@ static int argmax_lowest(const float *x, int n)
     return b;
 }
 
+// The first i with x[i] == v, else n - 1. Blocks of 64 without an early
+// exit inside, which the compiler turns into vector compares: a scalar scan
+// to the maximum took about a third of sampling a 152k vocabulary.
+__attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic"))) static int first_equal(const float *x, int n, float v)
+{
+    int i = 0;
+    for (; i + 64 <= n; i += 64) {
+        int hit = 0;
+        for (int j = 0; j < 64; j++) hit |= x[i + j] == v;
+        if (hit) break;
+    }
+    while (i < n - 1 && !(x[i] == v)) i++;
+    return i;
+}
+
 // The k-th largest of n values (1-based), by quickselect on a copy.
 static float kth_largest(float *a, int n, int k)
 {
@@ -303,8 +318,7 @@ int sampler_sample(const struct engine_sampling *p, float *logits, int vocab,
         // Scale (NaN to -inf) and find the largest in one vector pass; the
         // best token (lowest id among equal maxima) survives every filter.
         const float mx = s->k->scale_max(logits, 1.0f / p->temperature, vocab);
-        int best = 0;
-        while (best < vocab - 1 && !(logits[best] == mx)) best++;
+        const int best = first_equal(logits, vocab, mx);
         if (!isfinite(mx)) {
             id = best; // nothing live (or an infinite logit): no distribution to draw from
             goto done;
