@@ -86,10 +86,10 @@ static void greedy_takes_the_lowest_id_among_equal_maxima(void **state)
     sampler_scratch_destroy(s);
 }
 
-// Sampling with a nucleus too small for anything but the best token: the
-// best is the lowest id among equal maxima wherever they fall (inside, at
-// the edges of and past the scan's blocks of 64, at the last id).
-static void a_tight_nucleus_keeps_the_lowest_id_at_the_maximum(void **state)
+// An infinite logit leaves no distribution to draw from: sampling takes the
+// lowest id at +inf wherever it falls (inside, at the edges of and past the
+// scan's blocks of 64, at the last id), as greedy would.
+static void an_infinite_logit_is_taken_at_its_lowest_id(void **state)
 {
     (void)state;
     const int n = 300, firsts[] = {0, 1, 63, 64, 65, 127, 128, 200, 255, 256, 298, 299};
@@ -99,11 +99,10 @@ static void a_tight_nucleus_keeps_the_lowest_id_at_the_maximum(void **state)
     float *l = malloc((size_t)n * sizeof *l);
     assert_non_null(l);
     struct engine_sampling p = random_sampling();
-    p.top_p = 1e-6f;
     for (size_t f = 0; f < sizeof firsts / sizeof firsts[0]; f++) {
         for (int i = 0; i < n; i++) l[i] = (float)(i % 7) * 0.1f;
-        l[firsts[f]] = 5.0f;
-        if (firsts[f] + 1 < n) l[n - 1] = 5.0f; // a later tie
+        l[firsts[f]] = INFINITY;
+        if (firsts[f] + 1 < n) l[n - 1] = INFINITY; // a later tie
         struct engine_token t;
         assert_int_equal(sampler_sample(&p, l, n, NULL, 0, NULL, 0, &rng, s, &t), 0);
         assert_int_equal(t.id, firsts[f]);
@@ -413,7 +412,7 @@ int main(void)
         cmocka_unit_test(draws_over_a_large_vocabulary_follow_the_softmax),
         cmocka_unit_test(rng_is_seeded_and_uniform),
         cmocka_unit_test(greedy_takes_the_lowest_id_among_equal_maxima),
-        cmocka_unit_test(a_tight_nucleus_keeps_the_lowest_id_at_the_maximum),
+        cmocka_unit_test(an_infinite_logit_is_taken_at_its_lowest_id),
         cmocka_unit_test(temperature_scales_the_softmax),
         cmocka_unit_test(top_k_keeps_the_k_best_and_their_ties),
         cmocka_unit_test(top_p_keeps_the_smallest_nucleus),
