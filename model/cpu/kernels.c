@@ -312,8 +312,9 @@ size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
     // two (32768 floats, or one 16-row tile when K is larger), four C tiles.
     const size_t amx = 65536 + (16 * kp > 32768 ? 16 * kp : 32768) + 1024;
     if (mm < amx) mm = amx;
-    // K transposed and V of one block, then per row: accumulator, scores, max, sum.
+    // Attention, per row: accumulator, max, sum; a padding row's accumulator;
+    // a row group's 16 probabilities each.
     size_t rows = (size_t)max_q * CPU_ATTN_TILE;
-    size_t at = 2 * 16 * (size_t)head_dim + rows * ((size_t)head_dim + 2) + (size_t)head_dim + 16 * 16 + 64;
+    size_t at = rows * ((size_t)head_dim + 2) + (size_t)head_dim + 16 * 16 + 64;
     return (mm > at ? mm : at) + 16;
 }
