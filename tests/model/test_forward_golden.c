@@ -154,15 +154,20 @@ static void moe_stays_close_with_bf16_kv(void **state)
     assert_true(st.token_mismatches <= st.tokens / 20);
 }
 
-// The portable fallback and the AVX2 table meet the reference too (the
-// rank picks its table at creation from MOESERVE_CPU_KERNELS).
+// Every table this CPU has meets the reference, not just the default one
+// the tests above use (the rank picks its table at creation from
+// MOESERVE_CPU_KERNELS): the portable fallback, AVX2, and whichever of
+// avx512 and amx is not the default here.
 static void every_kernel_table_matches_reference(void **state)
 {
     (void)state;
-    const char *tables[] = {"scalar", "avx2"};
-    for (int i = 0; i < 2; i++) {
-        if (i == 1 && !cpu_kernels_avx2()) continue;
+    const char *tables[] = {"scalar", "avx2", "avx512", "amx"};
+    const bool have[] = {true, cpu_kernels_avx2() != NULL, cpu_kernels_avx512() != NULL,
+                         cpu_kernels_amx() != NULL};
+    for (int i = 0; i < 4; i++) {
+        if (!have[i]) continue;
         setenv("MOESERVE_CPU_KERNELS", tables[i], 1);
+        assert_string_equal(cpu_kernels_best()->name, tables[i]);
         struct golden_stats st;
         check_golden("qwen3moe-v2048", DTYPE_F32, 64, 1.0, true, &st);
         check_golden("qwen3-dense-v2048", DTYPE_F32, 64, 1.0, true, &st);
