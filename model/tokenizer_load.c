@@ -723,9 +723,12 @@ static int load_config(struct tokenizer *t, json_t *cfg, bool *split_special, ch
     // lacks, transformers would add with a new id; we refuse instead.
     static const char *named[] = {"bos_token", "eos_token", "unk_token", "pad_token", "sep_token",
                                   "cls_token", "mask_token"};
-    for (size_t i = 0; i <= sizeof named / sizeof named[0]; i++) {
-        json_t *list = i < sizeof named / sizeof named[0] ? NULL : json_object_get(cfg, "additional_special_tokens");
+    const size_t n_named = sizeof named / sizeof named[0];
+    for (size_t i = 0; i <= n_named; i++) {
+        // Pass n_named is the list additional_special_tokens, when there is one.
+        json_t *list = i < n_named ? NULL : json_object_get(cfg, "additional_special_tokens");
         if (list && json_is_null(list)) list = NULL;
+        if (i == n_named && !list) break;
         if (list && !json_is_array(list))
             FAIL(MS_EFORMAT, "tokenizer_config.json: additional_special_tokens must be a list");
         size_t n = list ? json_array_size(list) : 1;
