@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "api/openai.h"
 #include "model/base.h"
@@ -388,6 +389,76 @@ static void every_parameter_lands_in_the_request(void **state)
     arena_destroy(a);
 }
 
+// Values of every JSON type and at the edges of every numeric range.
+static const char *hostile[] = {
+    "null", "true", "false", "0", "-1", "1", "2147483647", "2147483648", "-2147483649",
+    "9223372036854775807", "-9223372036854775808", "1e308", "-1e308", "0.5", "-0.0", "1e-320",
+    "\"\"", "\"x\"", "\"\\u0000\"", "[]", "[null]", "[1, \"a\", {}]", "{}", "{\"a\": {\"b\": []}}",
+};
+
+// Every parameter of a request that sets them all (and each field of its
+// message) replaced in turn by every hostile value: the request is either
+// taken or refused as a 4xx with a message — never a crash, which the
+// AddressSanitizer pass of the test command checks for memory errors too.
+static void every_parameter_replaced_by_a_hostile_value_is_taken_or_refused(void **state)
+{
+    (void)state;
+    const char *body =
+        "{\"model\": \"m\", " MSGS ", \"max_tokens\": 7, \"max_completion_tokens\": 9, "
+        "\"temperature\": 0.5, \"top_p\": 0.9, \"top_k\": 5, \"min_p\": 0.1, \"n\": 3, "
+        "\"stop\": [\"x\", \"yz\"], \"seed\": -42, \"presence_penalty\": 0.5, "
+        "\"frequency_penalty\": -0.5, \"repetition_penalty\": 1.1, \"logit_bias\": {\"5\": -100}, "
+        "\"logprobs\": true, \"top_logprobs\": 4, \"stream\": true, "
+        "\"stream_options\": {\"include_usage\": true}, \"ignore_eos\": true, "
+        "\"chat_template_kwargs\": {\"enable_thinking\": false}, \"return_tokens_as_token_ids\": true, "
+        "\"user\": \"u\", \"add_generation_prompt\": false, \"stop_token_ids\": [3, 4], "
+        "\"skip_special_tokens\": false, \"request_id\": \"abc-1\", \"tools\": [], "
+        "\"tool_choice\": \"none\"}";
+    json_t *root = json_loads(body, 0, NULL);
+    assert_non_null(root);
+    {
+        struct arena *a = arena_create(4096);
+        struct oa_chat_request r;
+        struct oa_error e;
+        if (chat(body, &r, &e, a, NULL)) fail_msg("the unedited request is refused: %s", e.message);
+        oa_chat_request_release(&r);
+        arena_destroy(a);
+    }
+    int taken = 0, refused = 0;
+    const char *key;
+    json_t *val;
+    void *tmp;
+    // Top-level keys, then the message's own fields (index -1: the message).
+    json_t *msg = json_array_get(json_object_get(root, "messages"), 0);
+    json_t *targets[2] = {root, msg};
+    for (int t = 0; t < 2; t++)
+        json_object_foreach_safe(targets[t], tmp, key, val) {
+            json_t *keep = json_incref(val);
+            for (size_t h = 0; h < sizeof hostile / sizeof hostile[0]; h++) {
+                json_object_set_new(targets[t], key, json_loads(hostile[h], JSON_DECODE_ANY, NULL));
+                char *text = json_dumps(root, 0);
+                assert_non_null(text);
+                struct arena *a = arena_create(4096);
+                struct oa_chat_request r;
+                struct oa_error e;
+                memset(&e, 0, sizeof e);
+                if (chat(text, &r, &e, a, NULL) == 0) {
+                    taken++;
+                    oa_chat_request_release(&r);
+                } else {
+                    refused++;
+                    if (e.http < 400 || e.http > 499 || !e.message[0])
+                        fail_msg("%s = %s: http %d, message '%s'", key, hostile[h], e.http, e.message);
+                }
+                arena_destroy(a);
+                free(text);
+            }
+            json_object_set_new(targets[t], key, keep);
+        }
+    assert_true(taken > 0 && refused > 0);
+    json_decref(root);
+}
+
 static void unimplemented_parameters_are_refused_by_name(void **state)
 {
     (void)state;
@@ -590,6 +661,7 @@ int main(void)
         cmocka_unit_test(text_parts_join_with_newlines_and_other_keys_pass_through),
         cmocka_unit_test(omitted_sampling_comes_from_generation_config),
         cmocka_unit_test(every_parameter_lands_in_the_request),
+        cmocka_unit_test(every_parameter_replaced_by_a_hostile_value_is_taken_or_refused),
         cmocka_unit_test(unimplemented_parameters_are_refused_by_name),
         cmocka_unit_test(cross_field_rules),
         cmocka_unit_test(completion_prompts_in_every_shape),

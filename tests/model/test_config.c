@@ -311,6 +311,58 @@ static void malformed_generation_configs_are_refused(void **state)
     }
 }
 
+// Values of every JSON type and at the edges of every numeric range.
+static const char *hostile[] = {
+    "null", "true", "false", "0", "-1", "1", "3", "2147483647", "2147483648", "-2147483649",
+    "9223372036854775807", "1e308", "-1e308", "0.5", "-0.0", "1e-320", "\"\"", "\"x\"",
+    "\"bfloat16\"", "[]", "[null]", "[1, \"a\", {}]", "[0, 1, 2]", "{}",
+    "{\"rope_type\": \"yarn\", \"factor\": 4.0}", "{\"type\": [], \"factor\": \"x\"}",
+};
+
+// Every field of Qwen3-30B-A3B's config.json, and of a generation_config.json,
+// replaced in turn by every hostile value: parsed, or refused with a reason
+// — never a crash, which the AddressSanitizer pass of the test command also
+// checks for memory errors.
+static void every_field_replaced_by_a_hostile_value_is_parsed_or_refused(void **state)
+{
+    (void)state;
+    const char *gen = "{\"bos_token_id\": 151643, \"do_sample\": true, \"eos_token_id\": [151645, 151643],"
+                      " \"pad_token_id\": 151643, \"temperature\": 0.6, \"top_k\": 20, \"top_p\": 0.95,"
+                      " \"min_p\": 0.0, \"repetition_penalty\": 1.0, \"max_new_tokens\": 256}";
+    const char *bases[2] = {A3B, gen};
+    int parsed = 0, refused = 0;
+    for (int b = 0; b < 2; b++) {
+        json_t *root = json_loads(bases[b], 0, NULL);
+        assert_non_null(root);
+        const char *key;
+        json_t *val;
+        void *tmp;
+        json_object_foreach_safe(root, tmp, key, val) {
+            json_t *keep = json_incref(val);
+            for (size_t h = 0; h < sizeof hostile / sizeof hostile[0]; h++) {
+                json_object_set_new(root, key, json_loads(hostile[h], JSON_DECODE_ANY, NULL));
+                char *text = json_dumps(root, 0);
+                assert_non_null(text);
+                struct model_config c;
+                char err[512] = "";
+                int rc = config_parse(b ? A3B : text, strlen(b ? A3B : text), &c, err, sizeof err);
+                assert_true(b == 0 || rc == 0);
+                if (b == 1) rc = config_parse_generation(text, strlen(text), &c, err, sizeof err);
+                if (rc == 0) {
+                    parsed++;
+                } else {
+                    refused++;
+                    if (rc > 0 || !err[0]) fail_msg("%s = %s: rc %d with no reason", key, hostile[h], rc);
+                }
+                free(text);
+            }
+            json_object_set_new(root, key, keep);
+        }
+        json_decref(root);
+    }
+    assert_true(parsed > 0 && refused > 0);
+}
+
 static void config_load_reads_a_directory_or_a_file(void **state)
 {
     (void)state;
@@ -359,6 +411,7 @@ int main(void)
         cmocka_unit_test(generation_config_sets_eos_list_and_sampling_defaults),
         cmocka_unit_test(generation_eos_outside_the_vocabulary_is_dropped),
         cmocka_unit_test(malformed_generation_configs_are_refused),
+        cmocka_unit_test(every_field_replaced_by_a_hostile_value_is_parsed_or_refused),
         cmocka_unit_test(config_load_reads_a_directory_or_a_file),
         cmocka_unit_test(dtype_names_and_sizes),
     };

@@ -614,6 +614,61 @@ static void tiny_tokenizer_loads_and_encodes(void **state)
     json_decref(tok);
 }
 
+// Values of every JSON type and at the edges of every numeric range.
+static const char *hostile[] = {
+    "null", "true", "false", "0", "-1", "1", "2147483647", "2147483648", "-2147483649", "1e308",
+    "0.5", "\"\"", "\"x\"", "\"<|end|>\"", "\"BPE\"", "\"ByteLevel\"", "[]", "[null]",
+    "[1, \"a\", {}]", "[\"h e\"]", "[[\"h\", \"e\"]]", "{}", "{\"type\": \"ByteLevel\"}",
+    "{\"content\": 5}", "{\"content\": \"<tool>\"}",
+};
+
+// Replaces each field of obj in turn by each hostile value, loading the
+// files each time (via root, the tokenizer.json, or as tokenizer_config.json
+// when cfg): loaded, or refused with a reason (load_case checks that).
+static void sweep_fields(json_t *root, json_t *obj, bool cfg, int *loaded, int *refused)
+{
+    const char *key;
+    json_t *val;
+    void *tmp;
+    json_object_foreach_safe(obj, tmp, key, val) {
+        json_t *keep = json_incref(val);
+        for (size_t h = 0; h < sizeof hostile / sizeof hostile[0]; h++) {
+            json_object_set_new(obj, key, json_loads(hostile[h], JSON_DECODE_ANY, NULL));
+            char err[1024];
+            char *c = cfg ? json_dumps(obj, 0) : NULL;
+            int rc = load_case(root, NULL, c, err, sizeof err);
+            free(c);
+            if (rc == 0) ++*loaded;
+            else ++*refused;
+        }
+        json_object_set_new(obj, key, keep);
+    }
+}
+
+// Every field of tokenizer.json (at the top, in the model, in an added
+// token) and of tokenizer_config.json replaced in turn by every hostile
+// value: loaded or refused with a reason, never a crash (the AddressSanitizer
+// pass of the test command found a read past the end this way).
+static void every_field_replaced_by_a_hostile_value_is_loaded_or_refused(void **state)
+{
+    (void)state;
+    int loaded = 0, refused = 0;
+    json_t *tok = tiny_tokenizer();
+    sweep_fields(tok, tok, false, &loaded, &refused);
+    sweep_fields(tok, json_object_get(tok, "model"), false, &loaded, &refused);
+    sweep_fields(tok, json_object_get(tok, "pre_tokenizer"), false, &loaded, &refused);
+    sweep_fields(tok, json_array_get(json_object_get(tok, "added_tokens"), 1), false, &loaded, &refused);
+    json_t *cfg = json_pack("{s:s, s:s, s:n, s:[s], s:b, s:b, s:i, s:s}", "bos_token", "<|end|>",
+                            "eos_token", "<|end|>", "unk_token", "additional_special_tokens", "<tool>",
+                            "clean_up_tokenization_spaces", 0, "split_special_tokens", 0,
+                            "model_max_length", 131072, "tokenizer_class", "Qwen2Tokenizer");
+    assert_non_null(cfg);
+    sweep_fields(tok, cfg, true, &loaded, &refused);
+    json_decref(cfg);
+    json_decref(tok);
+    assert_true(loaded > 0 && refused > 0);
+}
+
 static void malformed_files_are_refused_with_a_reason(void **state)
 {
     (void)state;
@@ -772,6 +827,7 @@ int main(void)
         cmocka_unit_test(split_behaviours_follow_the_hugging_face_examples),
         cmocka_unit_test(tiny_tokenizer_loads_and_encodes),
         cmocka_unit_test(malformed_files_are_refused_with_a_reason),
+        cmocka_unit_test(every_field_replaced_by_a_hostile_value_is_loaded_or_refused),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
