@@ -133,12 +133,6 @@ static void store_c(const struct cpu_mm *m, const float *st, int o, int o0, int 
     }
 }
 
-#define DP2(c, b)                  \
-    do {                           \
-        _tile_dpbf16ps(c, 4, b);   \
-        _tile_dpbf16ps(c, 5, b);   \
-    } while (0)
-
 static inline void prefetch_kb(const char *p)
 {
     for (int l = 0; l < KB_BYTES; l += 64) _mm_prefetch(p + AMX_PF + l, _MM_HINT_T0);
