@@ -308,9 +308,10 @@ size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
     // (16 floats per k) for weights not packed at load, or 16 x rows
     // transposed.
     size_t mm = (65536 > 4 * kp ? 65536 : 4 * kp) + 4 * kp + 16 * kp;
-    // The amx matmul: 256 KiB of packed blocks, a group of x rows split in
-    // two (32768 floats, or one 16-row tile when K is larger), four C tiles.
-    const size_t amx = 65536 + (16 * kp > 32768 ? 16 * kp : 32768) + 1024;
+    // The amx matmul: 256 KiB of packed blocks (or one bf16 block, 8 floats
+    // per k, when that is more), a group of x rows split in two (32768
+    // floats, or one 16-row tile when K is larger), four C tiles.
+    const size_t amx = (8 * kp > 65536 ? 8 * kp : 65536) + (16 * kp > 32768 ? 16 * kp : 32768) + 1024;
     if (mm < amx) mm = amx;
     // Attention, per row: accumulator, max, sum; a padding row's accumulator;
     // a row group's 16 probabilities each.

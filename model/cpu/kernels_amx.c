@@ -50,7 +50,7 @@ const struct cpu_kernels *cpu_kernels_amx_table(void);
 #define AMX_MR 16
 #define AMX_NB 4
 // Packed weights a group of x rows meets while they sit in L2; weights not
-// packed at load are packed chunk by chunk into the first 256 KiB of scratch.
+// packed at load are packed chunk by chunk into the start of scratch.
 #define AMX_CHUNK_BYTES (256u << 10)
 // The split x rows of one group (hi and lo: one float per k per row); at
 // least one tile of 16 rows whatever K.
@@ -255,10 +255,13 @@ static void amx_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
     const size_t bb = cpu_pack_block_bytes(DTYPE_BF16, K), xs = (size_t)K * 2;
     int group = AMX_X_FLOATS / K / AMX_MR * AMX_MR;
     if (group < AMX_MR) group = AMX_MR;
-    char *wbuf = (char *)scratch;                                  // AMX_CHUNK_BYTES
-    uint16_t *xh = (uint16_t *)(scratch + AMX_CHUNK_BYTES / 4);    // (group, K) bf16
-    uint16_t *xl = xh + (size_t)group * K;                         // (group, K) bf16
-    float *st = scratch + AMX_CHUNK_BYTES / 4 + (size_t)group * K; // four C tiles
+    // Weights not packed at load are packed here a chunk at a time: 256 KiB,
+    // or one block when a block is bigger (K above 8192).
+    const size_t wfloats = (bb > AMX_CHUNK_BYTES ? bb : AMX_CHUNK_BYTES) / 4;
+    char *wbuf = (char *)scratch;                               // (wfloats) floats
+    uint16_t *xh = (uint16_t *)(scratch + wfloats);             // (group, K) bf16
+    uint16_t *xl = xh + (size_t)group * K;                      // (group, K) bf16
+    float *st = scratch + wfloats + (size_t)group * K;          // four C tiles
     const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
     int chunk = (int)(AMX_CHUNK_BYTES / bb) / AMX_NB * AMX_NB;
     if (chunk < AMX_NB) chunk = AMX_CHUNK_BYTES / bb >= 1 ? (int)(AMX_CHUNK_BYTES / bb) : 1;

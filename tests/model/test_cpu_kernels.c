@@ -223,7 +223,10 @@ static void packed_matmul_is_one_fma_chain_per_output(void **state)
                                {16, 77, 1030}, {9, 64, 1024}, {7, 2, 1040}, {12, 512, 2100},
                                // amx: rows on both sides of its 16-row tiles and of a
                                // 64-row group of x (in 512), blocks past its chunks
-                               {17, 32, 40}, {31, 64, 100}, {70, 512, 70}, {40, 1024, 4200}};
+                               {17, 32, 40}, {31, 64, 100}, {70, 512, 70}, {40, 1024, 4200},
+                               // one packed block bigger than a 256 KiB chunk (a dense
+                               // Qwen3's down projection has K up to 25600)
+                               {3, 9216, 20}};
     int tested = 0;
     for (int t = 0; t < n_simd; t++)
         for (size_t si = 0; si < sizeof shapes_p / sizeof shapes_p[0]; si++)
