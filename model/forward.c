@@ -501,30 +501,18 @@ static void ffn_norm_rows(struct rank *r, int b, int e, int tid)
     norm_rows(r, b, e, &r->m->layers[r->layer].ffn_norm, r->xn);
 }
 
-static void store_kv(void *dst, enum dtype t, const float *src, int n)
+// n values into the pool's dtype, element i at dst[i * stride]: a value row
+// is contiguous (stride 1), a key is a column of its block (stride
+// KV_BLOCK_TOKENS: keys are stored transposed, kernels.h).
+static void store_kv(void *dst, enum dtype t, const float *src, int n, size_t stride)
 {
     if (t == DTYPE_F32) {
-        memcpy(dst, src, (size_t)n * sizeof(float));
-    } else if (t == DTYPE_BF16) {
-        uint16_t *d = dst;
-        for (int i = 0; i < n; i++) d[i] = ms_f32_to_bf16(src[i]);
+        float *d = dst;
+        for (int i = 0; i < n; i++) d[(size_t)i * stride] = src[i];
     } else {
         uint16_t *d = dst;
-        for (int i = 0; i < n; i++) d[i] = ms_f32_to_f16(src[i]);
-    }
-}
-
-// Key slot of a block stored transposed (kernels.h): dimension d of the
-// block's 16 keys are adjacent.
-static void store_key(void *block, size_t slot, enum dtype t, const float *src, int n)
-{
-    if (t == DTYPE_F32) {
-        float *d = block;
-        for (int i = 0; i < n; i++) d[(size_t)i * KV_BLOCK_TOKENS + slot] = src[i];
-    } else {
-        uint16_t *d = block;
         for (int i = 0; i < n; i++)
-            d[(size_t)i * KV_BLOCK_TOKENS + slot] = t == DTYPE_BF16 ? ms_f32_to_bf16(src[i]) : ms_f32_to_f16(src[i]);
+            d[(size_t)i * stride] = t == DTYPE_BF16 ? ms_f32_to_bf16(src[i]) : ms_f32_to_f16(src[i]);
     }
 }
 
@@ -558,8 +546,8 @@ static void qk_rope_store(struct rank *r, int b, int e, int tid)
             memcpy(kh, tmp, (size_t)D * sizeof(float));
             cpu_rope_apply(kh, half, cs, sn);
             const size_t at = (blk * KVH + (size_t)h) * KV_BLOCK_TOKENS * D * esz;
-            store_key(kl + at, slot, r->kv->dtype, kh, D);
-            store_kv(vl + at + slot * D * esz, r->kv->dtype, v + (size_t)h * D, D);
+            store_kv(kl + at + slot * esz, r->kv->dtype, kh, D, KV_BLOCK_TOKENS);
+            store_kv(vl + at + slot * D * esz, r->kv->dtype, v + (size_t)h * D, D, 1);
         }
     }
 }
