@@ -37,6 +37,16 @@ void cpu_pack_blocks(const struct cpu_wmat *w, int b0, int b1, void *dst);
 // Blocks [b0, b1) of w packed: where they lie when w was packed at load,
 // else packed now into buf.
 const char *cpu_packed_blocks(const struct cpu_wmat *w, int b0, int b1, void *buf);
+// Of the 16 outputs of the block starting at o, those in [o0, o1): bit j
+// for output o + j (the store mask of a vector of 16 outputs).
+static inline uint16_t cpu_lane_mask16(int o, int o0, int o1)
+{
+    int lo = o0 - o, hi = o1 - o;
+    if (lo < 0) lo = 0;
+    if (hi > 16) hi = 16;
+    if (hi <= lo) return 0;
+    return (uint16_t)(((1u << (hi - lo)) - 1u) << lo);
+}
 // Outputs [o0, o0 + n) of w as a matrix of their own; a packed w keeps its
 // packing only when o0 is a multiple of CPU_PACK_OUTS.
 struct cpu_wmat cpu_wmat_slice(const struct cpu_wmat *w, int o0, int n);

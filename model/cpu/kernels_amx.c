@@ -109,20 +109,10 @@ static void split_x(const struct cpu_mm *m, int r0, int mr, int K, uint16_t *xh,
     }
 }
 
-static inline __mmask16 lane_mask(int o, int o0, int o1)
-{
-    // Lanes o..o+15 that fall in [o0, o1).
-    int lo = o0 - o, hi = o1 - o;
-    if (lo < 0) lo = 0;
-    if (hi > 16) hi = 16;
-    if (hi <= lo) return 0;
-    return (__mmask16)(((1u << (hi - lo)) - 1u) << lo);
-}
-
 // A stored accumulator (st[i * 16 + j]: x row r0 + i, output o + j) into y.
 static void store_c(const struct cpu_mm *m, const float *st, int o, int o0, int o1, int r0, int mr)
 {
-    const __mmask16 keep = lane_mask(o, o0, o1);
+    const __mmask16 keep = cpu_lane_mask16(o, o0, o1);
     if (!keep) return;
     for (int i = 0; i < mr; i++) {
         const int r = r0 + i;

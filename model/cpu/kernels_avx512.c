@@ -124,16 +124,6 @@ static inline __m512 vexp(__m512 x)
 #define PK_CHUNK_BYTES (192u << 10) // packed weights each row block meets while they sit in L2
 #define PK_PF 2048                  // how far ahead in its block the first row block prefetches
 
-AI __mmask16 lane_mask(int o, int o0, int o1)
-{
-    // Lanes o..o+15 that fall in [o0, o1).
-    int lo = o0 - o, hi = o1 - o;
-    if (lo < 0) lo = 0;
-    if (hi > 16) hi = 16;
-    if (hi <= lo) return 0;
-    return (__mmask16)(((1u << (hi - lo)) - 1u) << lo);
-}
-
 // x from row pointers (xr[r][k]), or, when XP, from one buffer holding the
 // rows transposed (xp[k * MR + r]): the broadcasts then need no pointer
 // registers, which lets a tile be 16 rows tall.
@@ -208,7 +198,7 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
 #pragma GCC unroll 4
     for (int n = 0; n < NB; n++) {
         const int on = o + 16 * n;
-        const __mmask16 mk = lane_mask(on, o0, o1);
+        const __mmask16 mk = cpu_lane_mask16(on, o0, o1);
         if (mk == 0xFFFF) {
 #pragma GCC unroll 16
             for (int r = 0; r < MR; r++) {
