@@ -12,6 +12,7 @@
 
 #include "api/openai.h"
 #include "model/base.h"
+#include "tests/hostile_json.h"
 
 static const struct oa_limits limits = {.gen = NULL, .vocab_size = 1000, .max_model_len = 512};
 
@@ -396,6 +397,34 @@ static const char *hostile[] = {
     "\"\"", "\"x\"", "\"\\u0000\"", "[]", "[null]", "[1, \"a\", {}]", "{}", "{\"a\": {\"b\": []}}",
 };
 
+struct chat_sweep {
+    json_t *root;
+    int taken, refused;
+};
+
+// The request as it stands after one edit of the sweep: taken, or refused
+// as a 4xx with a message.
+static void parse_swept(const char *key, const char *value, void *ctx)
+{
+    struct chat_sweep *c = ctx;
+    char *text = json_dumps(c->root, 0);
+    assert_non_null(text);
+    struct arena *a = arena_create(4096);
+    struct oa_chat_request r;
+    struct oa_error e;
+    memset(&e, 0, sizeof e);
+    if (chat(text, &r, &e, a, NULL) == 0) {
+        c->taken++;
+        oa_chat_request_release(&r);
+    } else {
+        c->refused++;
+        if (e.http < 400 || e.http > 499 || !e.message[0])
+            fail_msg("%s = %s: http %d, message '%s'", key, value, e.http, e.message);
+    }
+    arena_destroy(a);
+    free(text);
+}
+
 // Every parameter of a request that sets them all (and each field of its
 // message) replaced in turn by every hostile value: the request is either
 // taken or refused as a 4xx with a message — never a crash, which the
@@ -424,38 +453,12 @@ static void every_parameter_replaced_by_a_hostile_value_is_taken_or_refused(void
         oa_chat_request_release(&r);
         arena_destroy(a);
     }
-    int taken = 0, refused = 0;
-    const char *key;
-    json_t *val;
-    void *tmp;
-    // Top-level keys, then the message's own fields (index -1: the message).
+    struct chat_sweep c = {.root = root};
+    // Top-level keys, then the message's own fields.
     json_t *msg = json_array_get(json_object_get(root, "messages"), 0);
-    json_t *targets[2] = {root, msg};
-    for (int t = 0; t < 2; t++)
-        json_object_foreach_safe(targets[t], tmp, key, val) {
-            json_t *keep = json_incref(val);
-            for (size_t h = 0; h < sizeof hostile / sizeof hostile[0]; h++) {
-                json_object_set_new(targets[t], key, json_loads(hostile[h], JSON_DECODE_ANY, NULL));
-                char *text = json_dumps(root, 0);
-                assert_non_null(text);
-                struct arena *a = arena_create(4096);
-                struct oa_chat_request r;
-                struct oa_error e;
-                memset(&e, 0, sizeof e);
-                if (chat(text, &r, &e, a, NULL) == 0) {
-                    taken++;
-                    oa_chat_request_release(&r);
-                } else {
-                    refused++;
-                    if (e.http < 400 || e.http > 499 || !e.message[0])
-                        fail_msg("%s = %s: http %d, message '%s'", key, hostile[h], e.http, e.message);
-                }
-                arena_destroy(a);
-                free(text);
-            }
-            json_object_set_new(targets[t], key, keep);
-        }
-    assert_true(taken > 0 && refused > 0);
+    hostile_json_sweep(root, hostile, sizeof hostile / sizeof hostile[0], parse_swept, &c);
+    hostile_json_sweep(msg, hostile, sizeof hostile / sizeof hostile[0], parse_swept, &c);
+    assert_true(c.taken > 0 && c.refused > 0);
     json_decref(root);
 }
 

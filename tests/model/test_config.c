@@ -12,6 +12,7 @@
 
 #include "model/base.h"
 #include "model/config.h"
+#include "tests/hostile_json.h"
 
 // Qwen3-30B-A3B's config.json, as published.
 static const char *A3B =
@@ -319,6 +320,35 @@ static const char *hostile[] = {
     "{\"rope_type\": \"yarn\", \"factor\": 4.0}", "{\"type\": [], \"factor\": \"x\"}",
 };
 
+struct config_sweep {
+    json_t *root;
+    bool generation; // root is a generation_config.json (read after A3B)
+    int parsed, refused;
+};
+
+static void parse_swept(const char *key, const char *value, void *ctx)
+{
+    struct config_sweep *c = ctx;
+    char *text = json_dumps(c->root, 0);
+    assert_non_null(text);
+    struct model_config cfg;
+    char err[512] = "";
+    int rc;
+    if (c->generation) {
+        assert_int_equal(config_parse(A3B, strlen(A3B), &cfg, err, sizeof err), 0);
+        rc = config_parse_generation(text, strlen(text), &cfg, err, sizeof err);
+    } else {
+        rc = config_parse(text, strlen(text), &cfg, err, sizeof err);
+    }
+    if (rc == 0) {
+        c->parsed++;
+    } else {
+        c->refused++;
+        if (rc > 0 || !err[0]) fail_msg("%s = %s: rc %d with no reason", key, value, rc);
+    }
+    free(text);
+}
+
 // Every field of Qwen3-30B-A3B's config.json, and of a generation_config.json,
 // replaced in turn by every hostile value: parsed, or refused with a reason
 // — never a crash, which the AddressSanitizer pass of the test command also
@@ -330,37 +360,15 @@ static void every_field_replaced_by_a_hostile_value_is_parsed_or_refused(void **
                       " \"pad_token_id\": 151643, \"temperature\": 0.6, \"top_k\": 20, \"top_p\": 0.95,"
                       " \"min_p\": 0.0, \"repetition_penalty\": 1.0, \"max_new_tokens\": 256}";
     const char *bases[2] = {A3B, gen};
-    int parsed = 0, refused = 0;
+    struct config_sweep c = {0};
     for (int b = 0; b < 2; b++) {
-        json_t *root = json_loads(bases[b], 0, NULL);
-        assert_non_null(root);
-        const char *key;
-        json_t *val;
-        void *tmp;
-        json_object_foreach_safe(root, tmp, key, val) {
-            json_t *keep = json_incref(val);
-            for (size_t h = 0; h < sizeof hostile / sizeof hostile[0]; h++) {
-                json_object_set_new(root, key, json_loads(hostile[h], JSON_DECODE_ANY, NULL));
-                char *text = json_dumps(root, 0);
-                assert_non_null(text);
-                struct model_config c;
-                char err[512] = "";
-                int rc = config_parse(b ? A3B : text, strlen(b ? A3B : text), &c, err, sizeof err);
-                assert_true(b == 0 || rc == 0);
-                if (b == 1) rc = config_parse_generation(text, strlen(text), &c, err, sizeof err);
-                if (rc == 0) {
-                    parsed++;
-                } else {
-                    refused++;
-                    if (rc > 0 || !err[0]) fail_msg("%s = %s: rc %d with no reason", key, hostile[h], rc);
-                }
-                free(text);
-            }
-            json_object_set_new(root, key, keep);
-        }
-        json_decref(root);
+        c.root = json_loads(bases[b], 0, NULL);
+        assert_non_null(c.root);
+        c.generation = b == 1;
+        hostile_json_sweep(c.root, hostile, sizeof hostile / sizeof hostile[0], parse_swept, &c);
+        json_decref(c.root);
     }
-    assert_true(parsed > 0 && refused > 0);
+    assert_true(c.parsed > 0 && c.refused > 0);
 }
 
 static void config_load_reads_a_directory_or_a_file(void **state)

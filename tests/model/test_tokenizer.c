@@ -20,6 +20,7 @@
 #include "model/tokenizer.h"
 #include "model/tokenizer_internal.h"
 #include "moeserve_build.h"
+#include "tests/hostile_json.h"
 
 static struct tokenizer *qwen;
 static char **corpus;
@@ -622,27 +623,24 @@ static const char *hostile[] = {
     "{\"content\": 5}", "{\"content\": \"<tool>\"}",
 };
 
-// Replaces each field of obj in turn by each hostile value, loading the
-// files each time (via root, the tokenizer.json, or as tokenizer_config.json
-// when cfg): loaded, or refused with a reason (load_case checks that).
-static void sweep_fields(json_t *root, json_t *obj, bool cfg, int *loaded, int *refused)
+// Loads the files as they stand after each edit of the sweep: root as
+// tokenizer.json, and cfg (when not NULL) as tokenizer_config.json; loaded,
+// or refused with a reason (load_case checks that).
+struct tok_sweep {
+    json_t *root, *cfg;
+    int loaded, refused;
+};
+
+static void load_swept(const char *key, const char *value, void *ctx)
 {
-    const char *key;
-    json_t *val;
-    void *tmp;
-    json_object_foreach_safe(obj, tmp, key, val) {
-        json_t *keep = json_incref(val);
-        for (size_t h = 0; h < sizeof hostile / sizeof hostile[0]; h++) {
-            json_object_set_new(obj, key, json_loads(hostile[h], JSON_DECODE_ANY, NULL));
-            char err[1024];
-            char *c = cfg ? json_dumps(obj, 0) : NULL;
-            int rc = load_case(root, NULL, c, err, sizeof err);
-            free(c);
-            if (rc == 0) ++*loaded;
-            else ++*refused;
-        }
-        json_object_set_new(obj, key, keep);
-    }
+    (void)key;
+    (void)value;
+    struct tok_sweep *t = ctx;
+    char err[1024];
+    char *c = t->cfg ? json_dumps(t->cfg, 0) : NULL;
+    if (load_case(t->root, NULL, c, err, sizeof err) == 0) t->loaded++;
+    else t->refused++;
+    free(c);
 }
 
 // Every field of tokenizer.json (at the top, in the model, in an added
@@ -652,21 +650,22 @@ static void sweep_fields(json_t *root, json_t *obj, bool cfg, int *loaded, int *
 static void every_field_replaced_by_a_hostile_value_is_loaded_or_refused(void **state)
 {
     (void)state;
-    int loaded = 0, refused = 0;
     json_t *tok = tiny_tokenizer();
-    sweep_fields(tok, tok, false, &loaded, &refused);
-    sweep_fields(tok, json_object_get(tok, "model"), false, &loaded, &refused);
-    sweep_fields(tok, json_object_get(tok, "pre_tokenizer"), false, &loaded, &refused);
-    sweep_fields(tok, json_array_get(json_object_get(tok, "added_tokens"), 1), false, &loaded, &refused);
-    json_t *cfg = json_pack("{s:s, s:s, s:n, s:[s], s:b, s:b, s:i, s:s}", "bos_token", "<|end|>",
-                            "eos_token", "<|end|>", "unk_token", "additional_special_tokens", "<tool>",
-                            "clean_up_tokenization_spaces", 0, "split_special_tokens", 0,
-                            "model_max_length", 131072, "tokenizer_class", "Qwen2Tokenizer");
-    assert_non_null(cfg);
-    sweep_fields(tok, cfg, true, &loaded, &refused);
-    json_decref(cfg);
+    struct tok_sweep t = {.root = tok};
+    const size_t n = sizeof hostile / sizeof hostile[0];
+    hostile_json_sweep(tok, hostile, n, load_swept, &t);
+    hostile_json_sweep(json_object_get(tok, "model"), hostile, n, load_swept, &t);
+    hostile_json_sweep(json_object_get(tok, "pre_tokenizer"), hostile, n, load_swept, &t);
+    hostile_json_sweep(json_array_get(json_object_get(tok, "added_tokens"), 1), hostile, n, load_swept, &t);
+    t.cfg = json_pack("{s:s, s:s, s:n, s:[s], s:b, s:b, s:i, s:s}", "bos_token", "<|end|>",
+                      "eos_token", "<|end|>", "unk_token", "additional_special_tokens", "<tool>",
+                      "clean_up_tokenization_spaces", 0, "split_special_tokens", 0,
+                      "model_max_length", 131072, "tokenizer_class", "Qwen2Tokenizer");
+    assert_non_null(t.cfg);
+    hostile_json_sweep(t.cfg, hostile, n, load_swept, &t);
+    json_decref(t.cfg);
     json_decref(tok);
-    assert_true(loaded > 0 && refused > 0);
+    assert_true(t.loaded > 0 && t.refused > 0);
 }
 
 static void malformed_files_are_refused_with_a_reason(void **state)
