@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "api/jinja.h"
-#include "model/base.h"
+#include "base/base.h"
 
 struct chat_template {
     struct jinja_template *jt;

@@ -11,7 +11,7 @@
 #include <utf8proc.h>
 
 #include "api/jinja_impl.h"
-#include "model/base.h"
+#include "base/base.h"
 
 // ---- helpers --------------------------------------------------------------------------------
 static struct jv mkfunc(struct jrender *r, const char *name, jfn_t fn, struct jv self)

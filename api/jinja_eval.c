@@ -9,7 +9,7 @@
 #include <utf8proc.h>
 
 #include "api/jinja_impl.h"
-#include "model/base.h"
+#include "base/base.h"
 
 int jb_percent_format(struct jrender *r, struct jstr fmt, struct jv args, struct jv *out);
 

@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "api/jinja.h"
-#include "model/arena.h"
-#include "model/utf8.h"
+#include "base/arena.h"
+#include "base/utf8.h"
 
 // Nesting of statements plus expressions the parser accepts; it bounds the
 // evaluator's C recursion for any template.
@@ -362,7 +362,7 @@ int jv_to_json(struct jrender *r, struct jv v, const struct jjson_opts *o, struc
 int jv_iterate(struct jrender *r, struct jv v, struct jlist **out);
 
 // UTF-8 helpers.
-// The shared codec (model/utf8.h) over the engine's char strings; invalid
+// The shared codec (base/utf8.h) over the engine's char strings; invalid
 // bytes decode as U+FFFD, one byte at a time. n == 0 decodes nothing.
 static inline size_t ju_decode(const char *p, size_t n, uint32_t *cp)
 {

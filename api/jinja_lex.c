@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "api/jinja_impl.h"
-#include "model/base.h"
+#include "base/base.h"
 
 struct lexer {
     struct arena *a;

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "api/jinja_impl.h"
-#include "model/base.h"
+#include "base/base.h"
 
 struct open_block {
     const char *name;

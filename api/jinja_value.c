@@ -10,7 +10,7 @@
 #include <utf8proc.h>
 
 #include "api/jinja_impl.h"
-#include "model/base.h"
+#include "base/base.h"
 
 // ---- render plumbing ---------------------------------------------------------------
 int jr_fail(struct jrender *r, const char *fmt, ...)

@@ -10,9 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/arena.h"
+#include "base/arena.h"
 #include "model/config.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #define OA_MAX_LOGPROBS 20      // top_logprobs / logprobs at most (vLLM's max_logprobs)
 #define OA_MAX_N 128            // choices per prompt (OpenAI's bound)

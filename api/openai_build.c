@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "api/openai.h"
-#include "model/base.h"
+#include "base/base.h"
 
 // ---- UTF-8 -----------------------------------------------------------------------
 

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "api/openai.h"
-#include "model/base.h"
+#include "base/base.h"
 
 // ---- errors ------------------------------------------------------------------
 

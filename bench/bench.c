@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "bench/sse.h"
-#include "model/base.h"
+#include "base/base.h"
 
 #define MAX_EVENT_BYTES (4u << 20)   // one SSE event; chunks are a few hundred bytes
 #define MAX_ERROR_BODY 4096          // bytes of a non-200 body kept for the message

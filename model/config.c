@@ -10,7 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "model/base.h"
+#include "base/base.h"
 
 // config.json of the largest real models is a few KiB; anything past this is not a config.
 #define CONFIG_MAX_FILE_BYTES (16u << 20)

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "model/cpu/kernels.h"
 #include "model/cpu/ops.h"
 #include "model/cpu/threadpool.h"

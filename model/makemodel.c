@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "model/base.h"
+#include "base/base.h"
 
 #define QWEN3_VOCAB 151936
 #define QWEN3_BOS 151643     // <|endoftext|>

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "model/forward.h"
 
 #define GiB (1024.0 * 1024.0 * 1024.0)

@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "model/base.h"
+#include "base/base.h"
 
 #define INDEX_NAME "model.safetensors.index.json"
 #define SINGLE_NAME "model.safetensors"

@@ -13,7 +13,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "model/base.h"
+#include "base/base.h"
 
 #define SPIN_ITERS 4000
 

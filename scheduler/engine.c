@@ -12,7 +12,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "model/cpu/threadpool.h"
 #include "model/forward.h"
 #include "model/planner.h"

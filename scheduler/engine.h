@@ -10,7 +10,7 @@
 
 #include "model/config.h"
 #include "model/model.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #define ENGINE_MAX_LOGPROBS 20
 

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/base.h"
+#include "base/base.h"
 
 struct kv_blocks {
     int n_blocks;

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/base.h"
+#include "base/base.h"
 
 // Bucket bounds: vLLM's for the series it has (so dashboards built for it
 // read the same), our own for the MoE ones (steps are milliseconds on a GPU).

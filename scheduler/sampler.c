@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "model/cpu/kernels.h"
 
 // vLLM treats temperatures below this as greedy.

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/base.h"
+#include "base/base.h"
 
 static void list_remove(struct sched_list *l, struct sched_seq *q)
 {

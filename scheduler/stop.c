@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/base.h"
+#include "base/base.h"
 
 bool stop_utf8_valid(const char *str, size_t len)
 {

@@ -13,10 +13,10 @@
 
 #include "api/chat_template.h"
 #include "api/openai.h"
-#include "model/arena.h"
-#include "model/base.h"
+#include "base/arena.h"
+#include "base/base.h"
 #include "model/model.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "moeserve_build.h"
 #include "scheduler/metrics.h"
 

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "bench/bench.h"
-#include "model/base.h"
+#include "base/base.h"
 #include "server/commands.h"
 
 static void usage(FILE *f)

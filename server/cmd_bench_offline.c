@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "model/model.h"
 #include "scheduler/engine.h"
 #include "server/commands.h"

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "api/chat_template.h"
-#include "model/base.h"
+#include "base/base.h"
 #include "server/commands.h"
 
 #define MAX_TEMPLATE_BYTES ((size_t)16 << 20)

@@ -11,13 +11,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "model/cpu/kernels.h"
 #include "model/cpu/probe.h"
 #include "model/cpu/threadpool.h"
 #include "model/forward.h"
 #include "model/model.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "scheduler/sampler.h"
 #include "server/commands.h"
 

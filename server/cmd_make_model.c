@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "model/makemodel.h"
 #include "moeserve_build.h"
 #include "server/commands.h"

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "model/config.h"
 #include "model/planner.h"
 #include "server/commands.h"

@@ -11,7 +11,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "server/app.h"
 #include "server/commands.h"
 #include "server/engine_flags.h"

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/base.h"
-#include "model/tokenizer.h"
+#include "base/base.h"
+#include "tokenizer/tokenizer.h"
 #include "server/commands.h"
 
 static void usage(FILE *f)

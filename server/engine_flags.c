@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/base.h"
+#include "base/base.h"
 
 void engine_flags_init(struct engine_flags *f)
 {

@@ -19,7 +19,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "model/base.h"
+#include "base/base.h"
 
 #define MAX_EXTRA_HEADERS 4
 #define STREAM_BLOCK 16384

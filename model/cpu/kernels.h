@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "model/config.h"
 
 // A weight matrix as stored in the checkpoint (bf16, f16 or f32), and

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "model/base.h"
+#include "base/base.h"
 
 int cpu_read_probe_create(size_t bytes, struct cpu_read_probe *p, char *err, size_t errlen)
 {

@@ -14,7 +14,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "model/base.h"
+#include "base/base.h"
 
 // About 20-50 microseconds of pause instructions: long enough to bridge the
 // gap between two kernels of a step, short enough not to steal a shared core.

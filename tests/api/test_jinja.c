@@ -16,7 +16,7 @@
 
 #include "api/chat_template.h"
 #include "api/jinja.h"
-#include "model/base.h"
+#include "base/base.h"
 
 static char err[2048];
 

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "api/openai.h"
-#include "model/base.h"
+#include "base/base.h"
 #include "moeserve_build.h"
 
 static struct tokenizer *tok;

@@ -11,7 +11,7 @@
 #include <jansson.h>
 
 #include "api/openai.h"
-#include "model/base.h"
+#include "base/base.h"
 #include "tests/hostile_json.h"
 
 static const struct oa_limits limits = {.gen = NULL, .vocab_size = 1000, .max_model_len = 512};

@@ -20,7 +20,7 @@
 
 #include "bench/bench.h"
 #include "bench/sse.h"
-#include "model/base.h"
+#include "base/base.h"
 
 // ---- SSE ---------------------------------------------------------------------------------
 struct events {

@@ -10,7 +10,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "model/config.h"
 #include "tests/hostile_json.h"
 

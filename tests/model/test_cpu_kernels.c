@@ -13,7 +13,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "model/cpu/kernels.h"
 #include "model/cpu/ops.h"
 #include "model/cpu/threadpool.h"

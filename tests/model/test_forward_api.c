@@ -9,7 +9,7 @@
 #include <cmocka.h>
 
 #include "fwd_harness.h"
-#include "model/base.h"
+#include "base/base.h"
 
 static char dir[1024];
 

@@ -15,7 +15,7 @@
 #include <jansson.h>
 
 #include "fwd_harness.h"
-#include "model/base.h"
+#include "base/base.h"
 #include "scheduler/comm_inproc.h"
 
 #define N_SEQS 4

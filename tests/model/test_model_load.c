@@ -14,7 +14,7 @@
 #include <jansson.h>
 #include <math.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "model/cpu/kernels.h"
 #include "model/makemodel.h"
 #include "model/model.h"

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "model/planner.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "model/config.h"
 #include "model/forward.h"
 #include "model/model.h"

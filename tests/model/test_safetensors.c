@@ -10,7 +10,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "model/safetensors.h"
 
 static char tmpdir[256];

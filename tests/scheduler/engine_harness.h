@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "scheduler/engine.h"
 #include "scheduler/stop.h"
 

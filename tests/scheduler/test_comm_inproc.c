@@ -11,7 +11,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "scheduler/comm_inproc.h"
 
 #define MAX_R 5

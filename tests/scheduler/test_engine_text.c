@@ -11,7 +11,7 @@
 #include "engine_harness.h"
 #include "model/forward.h"
 #include "model/model.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 static struct model *g_model;
 static struct tokenizer *g_tok;

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "scheduler/kv_blocks.h"
 
 #define B KV_BLOCK_TOKENS

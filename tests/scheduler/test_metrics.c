@@ -14,7 +14,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "scheduler/metrics.h"
 
 // Runs promtool on text; fails on a parse error or on any lint other than

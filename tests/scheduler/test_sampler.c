@@ -11,7 +11,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "scheduler/sampler.h"
 
 static struct engine_sampling greedy(void)

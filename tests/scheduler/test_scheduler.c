@@ -11,7 +11,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "scheduler/scheduler.h"
 
 struct sim_seq {

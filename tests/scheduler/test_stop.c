@@ -10,7 +10,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "scheduler/stop.h"
 
 struct collected {

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "server/engine_flags.h"
 
 static int parse_all(struct engine_flags *f, int argc, char **argv, char *err, size_t errlen)

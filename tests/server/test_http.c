@@ -19,7 +19,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "model/base.h"
+#include "base/base.h"
 #include "server/http.h"
 
 static atomic_int g_gone, g_released;

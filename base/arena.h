@@ -1,7 +1,7 @@
 // arena: bump allocation for memory that lives exactly as long as one
 // request (parsed JSON fields, token arrays, rendered prompts), freed at once.
-#ifndef MOESERVE_MODEL_ARENA_H
-#define MOESERVE_MODEL_ARENA_H
+#ifndef MOESERVE_BASE_ARENA_H
+#define MOESERVE_BASE_ARENA_H
 
 #include <stddef.h>
 

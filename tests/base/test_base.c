@@ -6,8 +6,8 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "model/arena.h"
-#include "model/base.h"
+#include "base/arena.h"
+#include "base/base.h"
 
 static void bf16_rounds_to_nearest_even(void **state)
 {

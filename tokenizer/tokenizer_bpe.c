@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/base.h"
-#include "model/tokenizer_internal.h"
+#include "base/base.h"
+#include "tokenizer/tokenizer_internal.h"
 
 // ---- the merge table ----
 

@@ -1,8 +1,8 @@
 // tokenizer: Hugging Face tokenizer.json (byte-level BPE) and
 // tokenizer_config.json — encoding, decoding, and the streaming decoder.
 // Immutable after tok_load, so any number of threads may share one.
-#ifndef MOESERVE_MODEL_TOKENIZER_H
-#define MOESERVE_MODEL_TOKENIZER_H
+#ifndef MOESERVE_TOKENIZER_TOKENIZER_H
+#define MOESERVE_TOKENIZER_TOKENIZER_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,11 +1,11 @@
 // arena: a linked list of malloc'd chunks; allocation bumps a pointer.
-#include "model/arena.h"
+#include "base/arena.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/base.h"
+#include "base/base.h"
 
 struct arena_chunk {
     struct arena_chunk *next;

@@ -1,7 +1,7 @@
 // utf8: the one UTF-8 codec the tokenizer, the chat-template engine and the
 // API share — validation, decoding and encoding of code points.
-#ifndef MOESERVE_MODEL_UTF8_H
-#define MOESERVE_MODEL_UTF8_H
+#ifndef MOESERVE_BASE_UTF8_H
+#define MOESERVE_BASE_UTF8_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,7 +1,7 @@
-// tokenizer_internal: the loaded tokenizer's layout, shared by model/tokenizer*.c
-// only (the public interface is model/tokenizer.h).
-#ifndef MOESERVE_MODEL_TOKENIZER_INTERNAL_H
-#define MOESERVE_MODEL_TOKENIZER_INTERNAL_H
+// tokenizer_internal: the loaded tokenizer's layout, shared by tokenizer/tokenizer*.c
+// only (the public interface is tokenizer/tokenizer.h).
+#ifndef MOESERVE_TOKENIZER_TOKENIZER_INTERNAL_H
+#define MOESERVE_TOKENIZER_TOKENIZER_INTERNAL_H
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -10,8 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/tokenizer.h"
-#include "model/utf8.h"
+#include "tokenizer/tokenizer.h"
+#include "base/utf8.h"
 
 // A growable buffer of bytes or int32 ids; every push is checked.
 struct tok_buf {

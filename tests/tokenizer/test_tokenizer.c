@@ -16,9 +16,9 @@
 #include <unistd.h>
 #include <utf8proc.h>
 
-#include "model/base.h"
-#include "model/tokenizer.h"
-#include "model/tokenizer_internal.h"
+#include "base/base.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_internal.h"
 #include "moeserve_build.h"
 #include "tests/hostile_json.h"
 

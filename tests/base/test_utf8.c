@@ -8,7 +8,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "model/utf8.h"
+#include "base/utf8.h"
 
 static void every_scalar_value_round_trips(void **state)
 {

@@ -1,7 +1,7 @@
 // base: error codes, error-buffer formatting, overflow-checked size arithmetic,
 // the monotonic clock, bf16/f16 conversion and logging. The bottom of the tree.
-#ifndef MOESERVE_MODEL_BASE_H
-#define MOESERVE_MODEL_BASE_H
+#ifndef MOESERVE_BASE_BASE_H
+#define MOESERVE_BASE_BASE_H
 
 #include <stdarg.h>
 #include <stdbool.h>

@@ -4,8 +4,8 @@
 #include <string.h>
 #include <utf8proc.h>
 
-#include "model/base.h"
-#include "model/tokenizer_internal.h"
+#include "base/base.h"
+#include "tokenizer/tokenizer_internal.h"
 
 // ---- growable buffers ----
 

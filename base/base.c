@@ -1,5 +1,5 @@
 // base: error sentences, clocks, half-precision conversion, logging, whole-file reads.
-#include "model/base.h"
+#include "base/base.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/base.h"
-#include "model/tokenizer_internal.h"
+#include "base/base.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #define TOK_JSON_MAX ((size_t)1 << 30)
 #define TOK_CONFIG_MAX ((size_t)64 << 20)

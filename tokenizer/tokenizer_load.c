@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/base.h"
-#include "model/tokenizer_internal.h"
+#include "base/base.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #define FAIL(code, ...) return ms_err(err, errlen, (code), __VA_ARGS__)
 

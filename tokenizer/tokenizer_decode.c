@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/base.h"
-#include "model/tokenizer_internal.h"
+#include "base/base.h"
+#include "tokenizer/tokenizer_internal.h"
 
 static const uint8_t REPLACEMENT[3] = {0xef, 0xbf, 0xbd};
 

@@ -1,5 +1,5 @@
 // utf8: validation, decoding and encoding of UTF-8 (see utf8.h).
-#include "model/utf8.h"
+#include "base/utf8.h"
 
 // Bytes in the sequence that lead byte c starts, with the range its second
 // byte must fall in (the tighter ranges rule out overlong forms, surrogates
