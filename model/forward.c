@@ -1,90 +1,23 @@
 // forward: one rank's batched Qwen3 / Qwen3-MoE forward pass over its paged
 // KV cache (the computation of Hugging Face's modeling code, in fp32 on the
-// weights as stored), with each MoE layer as dispatch -> local experts -> combine.
+// weights as stored), with each MoE layer as dispatch -> local experts ->
+// combine. This file is the choreography only — batch checks, flattening
+// the batch into the step's layout, the layer loop, expert bucketing, the
+// exchanges, the vocabulary-parallel head and the statistics; every byte of
+// arithmetic goes through the rank's backend (model/backend.h).
 #include "model/forward.h"
 
-#include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "base/base.h"
-#include "model/cpu/kernels.h"
-#include "model/cpu/ops.h"
-#include "model/cpu/threadpool.h"
-
-// ---- KV pool ------------------------------------------------------------------
-
-static bool kv_dtype_ok(enum dtype t) { return t == DTYPE_BF16 || t == DTYPE_F16 || t == DTYPE_F32; }
-
-// Elements of K (or V) in one layer of one block, over all KV heads.
-static bool kv_block_elems(const struct model_config *cfg, size_t *out)
-{
-    return !ms_mul_overflow((size_t)cfg->n_kv_heads, (size_t)KV_BLOCK_TOKENS, out) &&
-           !ms_mul_overflow(*out, (size_t)cfg->head_dim, out);
-}
-
-size_t kv_block_bytes(const struct model_config *cfg, enum dtype dtype)
-{
-    size_t n;
-    if (!kv_block_elems(cfg, &n) || ms_mul_overflow(n, (size_t)cfg->n_layers, &n) ||
-        ms_mul_overflow(n, 2 * dtype_size(dtype), &n))
-        return 0;
-    return n;
-}
-
-int kv_pool_create(const struct model_config *cfg, enum dtype dtype, int n_blocks,
-                   struct kv_pool **out, char *err, size_t errlen)
-{
-    *out = NULL;
-    if (!kv_dtype_ok(dtype))
-        return ms_err(err, errlen, MS_EINVAL, "the KV cache dtype must be bfloat16, float16 or "
-                      "float32, not %s", dtype_name(dtype));
-    if (n_blocks < 1)
-        return ms_err(err, errlen, MS_EINVAL, "a KV pool needs at least one block of %d tokens, "
-                      "not %d blocks", KV_BLOCK_TOKENS, n_blocks);
-    size_t per_layer_block, bytes;
-    if (!kv_block_elems(cfg, &per_layer_block) ||
-        ms_mul_overflow(per_layer_block, (size_t)n_blocks, &bytes) ||
-        ms_mul_overflow(bytes, (size_t)cfg->n_layers, &bytes) ||
-        ms_mul_overflow(bytes, dtype_size(dtype), &bytes))
-        return ms_err(err, errlen, MS_ENOFIT, "a KV pool of %d blocks overflows the address space",
-                      n_blocks);
-    struct kv_pool *kv = calloc(1, sizeof *kv);
-    if (!kv) return ms_err(err, errlen, MS_ENOMEM, "out of memory for the KV pool");
-    kv->k = calloc(1, bytes);
-    kv->v = kv->k ? calloc(1, bytes) : NULL;
-    if (!kv->v) {
-        free(kv->k);
-        free(kv);
-        return ms_err(err, errlen, MS_ENOMEM, "cannot allocate a KV pool of %d blocks "
-                      "(2 x %.1f MiB)", n_blocks, (double)bytes / (1 << 20));
-    }
-    kv->dtype = dtype;
-    kv->n_blocks = n_blocks;
-    kv->n_layers = cfg->n_layers;
-    kv->n_kv_heads = cfg->n_kv_heads;
-    kv->head_dim = cfg->head_dim;
-    kv->block_bytes = kv_block_bytes(cfg, dtype);
-    *out = kv;
-    return 0;
-}
-
-void kv_pool_destroy(struct kv_pool *kv)
-{
-    if (!kv) return;
-    free(kv->k);
-    free(kv->v);
-    free(kv);
-}
-
-// ---- the rank -------------------------------------------------------------------
 
 struct rank {
     const struct model *m;
     const struct model_config *cfg;
+    struct backend *b;
+    struct backend_weights *w;
     struct kv_pool *kv;
     struct rank_opts o;
     struct comm *comm;          // NULL when every expert is local
@@ -92,20 +25,16 @@ struct rank {
     int E, topk;
     int *first_expert;          // (R + 1): rank p owns [first_expert[p], first_expert[p+1])
     int e_begin, e_end;
-    struct threadpool *pool;
-    struct cpu_exec ex;
-    double *inv_freq;           // (head_dim / 2) rotary frequencies
-    size_t kv_layer_elems;      // K elements of one layer: n_blocks * n_kv_heads * 16 * head_dim
 
     // Sizes the workspace was carved for.
-    int max_tokens, max_seqs, max_pairs, max_recv, mlp_rows, mlp_width;
+    int max_tokens, max_seqs, max_pairs, max_recv, mlp_rows, mlp_width, max_bt;
 
-    // The workspace: one mapping, carved once.
+    // The workspace in backend memory: one allocation, carved once.
     void *ws;
     size_t ws_bytes;
     int32_t *tok_id, *tok_pos, *tok_seq; // (T)
-    int32_t *tiles;             // (T, 2) attention tiles: first token, tokens
-    int n_tiles;
+    int32_t *seq_start, *bt_start;       // (S + 1)
+    int32_t *bt;                         // (max_bt) block tables, sequence by sequence
     float *x, *xn;              // (T, hidden) residual stream, normed input
     float *q, *kn, *vn;         // (T, n_heads * head_dim), (T, n_kv * head_dim) x 2
     float *att;                 // (T, n_heads * head_dim)
@@ -115,30 +44,38 @@ struct rank {
     float *top_w;               // (T, topk)
     int32_t *pair_slot;         // (T * topk) where pair (t, j)'s expert output lands
     int32_t *exp_x;             // (max_recv) x row of each expert-sorted row
-    int32_t *exp_y;             // (max_recv) output row of each expert-sorted row
-    int *exp_off;               // (E + 1) start of each expert's rows
-    int *exp_fill;              // (E)
+    int32_t *exp_y;             // (max_recv) expert parallel: received row of each local expert row
+    int32_t *exp_off;           // (E + 1) start of each expert's rows
+    int32_t *local_off;         // (E + 1) expert parallel: offsets of the local experts' rows
     int32_t *gather;            // (R, E + 1): pairs per expert from each rank, then its capacity
     int32_t *gather_send;       // (E + 1) this rank's part of gather
-    size_t *a2a;                // (4, R): send bytes, send offsets, recv bytes, recv offsets
     float *send, *recv, *res;   // (T*topk, hidden), (max_recv, hidden) x 2; expert parallel only
     float *ret;                 // (T * topk, hidden) expert outputs back at their tokens
     float *xl;                  // (T, hidden) normed rows that want logits
+    int32_t *logit_rows;        // (T)
     // Expert parallel only: the lm_head split by vocabulary over the ranks.
-    int *first_vocab;           // (R + 1): rank p computes logits [first_vocab[p], first_vocab[p+1])
     int32_t *head_counts;       // (R) rows wanting logits on each rank this step
+    int32_t *head_send;         // (1)
     float *xg;                  // (R * T, hidden) every rank's xl rows, rank-major
     float *slab;                // (R * T, vocab slice) this rank's slice of every gathered row
     float *lrecv;               // (T, vocab) this rank's rows, slice by slice, rank-major
-    int32_t *logit_rows;        // (T)
-    struct cpu_mm *jobs;        // (2 * E + 4)
-    float *scratch;             // (threads, scratch stride)
-    uint64_t *expert_tokens;    // (E)
 
-    const struct fwd_batch *batch;
-    int n_tok, n_logit_rows;
-    int layer;                  // the layer the parallel pieces are working on
-    int mlp_width_now;          // that layer's MLP width (dense or per expert)
+    // Host memory: the step's layout as built, and what the exchanges count.
+    struct host {
+        int32_t *tok_id, *tok_pos, *tok_seq, *seq_start, *bt_start, *bt, *logit_rows;
+        int32_t *exp_off, *local_off, *exp_y; // (E + 1) x 2, (max_recv)
+        int32_t *gather, *gather_send;        // (R, E + 1), (E + 1)
+        int32_t *head_counts;                 // (R)
+        size_t *a2a;                          // (4, R): send bytes, send offsets, recv bytes, recv offsets
+        int *first_vocab;                     // (R + 1): rank p computes logits [first_vocab[p], first_vocab[p+1])
+    } h;
+    void *host_block;
+    struct backend_step step;
+    uint64_t *expert_tokens;    // (E) host
+
+    int layer;                  // the layer being computed
+    int op_rc;                  // the first failed op of this step
+    char op_err[640];
     uint64_t steps, tokens;
     double last_step, a2a_time;
     double phase_time[FWD_PHASES], a2a_total, forward_total; // cumulative (rank_stats)
@@ -148,6 +85,16 @@ void rank_expert_range(const struct rank *r, int *begin, int *end)
 {
     *begin = r->e_begin;
     *end = r->e_end;
+}
+
+// Records an op's failure (the first of the step); the step goes on so that
+// expert-parallel peers still meet this rank in every exchange.
+static void op(struct rank *r, int rc)
+{
+    if (rc && !r->op_rc) {
+        r->op_rc = rc;
+        snprintf(r->op_err, sizeof r->op_err, "layer %d: %s", r->layer, r->b->err);
+    }
 }
 
 struct carver {
@@ -171,16 +118,20 @@ static void *carve(struct carver *c, size_t count, size_t size)
     return c->base ? c->base + off : NULL;
 }
 
-static void carve_all(struct rank *r, struct carver *c)
+// The backend workspace. Expert-parallel receive buffers are sized for the
+// worst routing but touched only as far as a step uses them.
+static void carve_backend(struct rank *r, struct carver *c)
 {
     const struct model_config *cfg = r->cfg;
-    const size_t T = (size_t)r->max_tokens, hd = (size_t)cfg->hidden_size;
+    const size_t T = (size_t)r->max_tokens, S = (size_t)r->max_seqs, hd = (size_t)cfg->hidden_size;
     const size_t qd = (size_t)cfg->n_heads * cfg->head_dim, kvd = (size_t)cfg->n_kv_heads * cfg->head_dim;
     const size_t E = (size_t)r->E, P = (size_t)r->max_pairs;
     r->tok_id = carve(c, T, sizeof(int32_t));
     r->tok_pos = carve(c, T, sizeof(int32_t));
     r->tok_seq = carve(c, T, sizeof(int32_t));
-    r->tiles = carve(c, 2 * T, sizeof(int32_t));
+    r->seq_start = carve(c, S + 1, sizeof(int32_t));
+    r->bt_start = carve(c, S + 1, sizeof(int32_t));
+    r->bt = carve(c, (size_t)r->max_bt, sizeof(int32_t));
     r->x = carve(c, T * hd, sizeof(float));
     r->xn = carve(c, T * hd, sizeof(float));
     r->q = carve(c, T * qd, sizeof(float));
@@ -195,11 +146,10 @@ static void carve_all(struct rank *r, struct carver *c)
     r->pair_slot = carve(c, P ? P : 1, sizeof(int32_t));
     r->exp_x = carve(c, (size_t)r->max_recv + 1, sizeof(int32_t));
     r->exp_y = carve(c, (size_t)r->max_recv + 1, sizeof(int32_t));
-    r->exp_off = carve(c, E + 1, sizeof(int));
-    r->exp_fill = carve(c, E + 1, sizeof(int));
+    r->exp_off = carve(c, E + 1, sizeof(int32_t));
+    r->local_off = carve(c, E + 1, sizeof(int32_t));
     r->gather = carve(c, (size_t)r->R * (E + 1), sizeof(int32_t));
     r->gather_send = carve(c, E + 1, sizeof(int32_t));
-    r->a2a = carve(c, 4 * (size_t)r->R, sizeof(size_t));
     if (r->comm) {
         r->send = carve(c, P * hd, sizeof(float));
         r->recv = carve(c, (size_t)r->max_recv * hd, sizeof(float));
@@ -207,27 +157,46 @@ static void carve_all(struct rank *r, struct carver *c)
     }
     r->ret = carve(c, (P ? P : 1) * hd, sizeof(float));
     r->xl = carve(c, T * hd, sizeof(float));
+    r->logit_rows = carve(c, T, sizeof(int32_t));
     if (r->comm) {
         const size_t R = (size_t)r->R, V = (size_t)cfg->vocab_size, slice = (V + R - 1) / R;
-        r->first_vocab = carve(c, R + 1, sizeof(int));
         r->head_counts = carve(c, R, sizeof(int32_t));
+        r->head_send = carve(c, 1, sizeof(int32_t));
         r->xg = carve(c, R * T * hd, sizeof(float));
         r->slab = carve(c, R * T * slice, sizeof(float));
         r->lrecv = carve(c, T * V, sizeof(float));
     }
-    r->logit_rows = carve(c, T, sizeof(int32_t));
-    r->jobs = carve(c, 2 * E + 4, sizeof(struct cpu_mm));
-    r->scratch = carve(c, (size_t)threadpool_size(r->pool) * r->ex.scratch_stride, sizeof(float));
+}
+
+static void carve_host(struct rank *r, struct carver *c)
+{
+    const size_t T = (size_t)r->max_tokens, S = (size_t)r->max_seqs, E = (size_t)r->E;
+    const size_t R = (size_t)r->R;
+    r->h.tok_id = carve(c, T, sizeof(int32_t));
+    r->h.tok_pos = carve(c, T, sizeof(int32_t));
+    r->h.tok_seq = carve(c, T, sizeof(int32_t));
+    r->h.seq_start = carve(c, S + 1, sizeof(int32_t));
+    r->h.bt_start = carve(c, S + 1, sizeof(int32_t));
+    r->h.bt = carve(c, (size_t)r->max_bt, sizeof(int32_t));
+    r->h.logit_rows = carve(c, T, sizeof(int32_t));
+    r->h.exp_off = carve(c, E + 1, sizeof(int32_t));
+    r->h.local_off = carve(c, E + 1, sizeof(int32_t));
+    r->h.exp_y = carve(c, (size_t)r->max_recv + 1, sizeof(int32_t));
+    r->h.gather = carve(c, R * (E + 1), sizeof(int32_t));
+    r->h.gather_send = carve(c, E + 1, sizeof(int32_t));
+    r->h.head_counts = carve(c, R, sizeof(int32_t));
+    r->h.a2a = carve(c, 4 * R, sizeof(size_t));
+    r->h.first_vocab = carve(c, R + 1, sizeof(int));
     r->expert_tokens = carve(c, E ? E : 1, sizeof(uint64_t));
 }
 
 static int max_int(int a, int b) { return a > b ? a : b; }
 
-int rank_create(const struct model *m, struct kv_pool *kv, const struct rank_opts *o,
-                struct rank **out, char *err, size_t errlen)
+static int check_opts(const struct model *m, struct backend *b, const struct kv_pool *kv,
+                      const struct rank_opts *o, char *err, size_t errlen)
 {
-    *out = NULL;
     const struct model_config *cfg = &m->cfg;
+    if (!b) return ms_err(err, errlen, MS_EINVAL, "a rank needs a backend; none was given");
     if (o->n_ranks < 1 || o->rank < 0 || o->rank >= o->n_ranks)
         return ms_err(err, errlen, MS_EINVAL, "rank %d of %d ranks does not exist", o->rank,
                       o->n_ranks);
@@ -242,17 +211,27 @@ int rank_create(const struct model *m, struct kv_pool *kv, const struct rank_opt
         return ms_err(err, errlen, MS_EINVAL, "max_batch_tokens (%d) and max_batch_seqs (%d) "
                       "must be at least 1", o->max_batch_tokens, o->max_batch_seqs);
     if (!kv || kv->n_layers != cfg->n_layers || kv->n_kv_heads != cfg->n_kv_heads ||
-        kv->head_dim != cfg->head_dim || !kv_dtype_ok(kv->dtype))
+        kv->head_dim != cfg->head_dim)
         return ms_err(err, errlen, MS_EINVAL, "the KV pool does not match the model (layers, KV "
                       "heads or head_dim differ)");
     if (cfg->n_heads % cfg->n_kv_heads != 0)
         return ms_err(err, errlen, MS_EUNSUPPORTED, "num_attention_heads (%d) is not a multiple "
                       "of num_key_value_heads (%d)", cfg->n_heads, cfg->n_kv_heads);
+    return 0;
+}
 
+int rank_create(const struct model *m, struct backend *b, struct kv_pool *kv,
+                const struct rank_opts *o, struct rank **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    const struct model_config *cfg = &m->cfg;
+    int rc = check_opts(m, b, kv, o, err, errlen);
+    if (rc) return rc;
     struct rank *r = calloc(1, sizeof *r);
     if (!r) return ms_err(err, errlen, MS_ENOMEM, "out of memory creating rank %d", o->rank);
     r->m = m;
     r->cfg = cfg;
+    r->b = b;
     r->kv = kv;
     r->o = *o;
     r->R = o->n_ranks;
@@ -266,72 +245,74 @@ int rank_create(const struct model *m, struct kv_pool *kv, const struct rank_opt
     r->E = any_moe ? cfg->n_experts : 0;
     r->topk = any_moe ? cfg->n_experts_per_tok : 0;
     r->first_expert = calloc((size_t)r->R + 1, sizeof *r->first_expert);
-    r->inv_freq = calloc((size_t)cfg->head_dim / 2 + 1, sizeof *r->inv_freq);
-    int rc = MS_ENOMEM;
-    if (!r->first_expert || !r->inv_freq) {
+    rc = MS_ENOMEM;
+    if (!r->first_expert) {
         ms_err(err, errlen, MS_ENOMEM, "out of memory creating rank %d", o->rank);
         goto fail;
     }
     for (int p = 0; p <= r->R; p++) r->first_expert[p] = (int)((long long)r->E * p / r->R);
     r->e_begin = r->first_expert[r->me];
     r->e_end = r->first_expert[r->me + 1];
-    // As Hugging Face computes them: theta^(-2i / head_dim).
-    for (int i = 0; i < cfg->head_dim / 2; i++)
-        r->inv_freq[i] = pow(cfg->rope_theta, -2.0 * i / cfg->head_dim);
-    r->kv_layer_elems = (size_t)kv->n_blocks * cfg->n_kv_heads * KV_BLOCK_TOKENS * cfg->head_dim;
-
-    if ((rc = threadpool_create(o->n_threads, &r->pool, err, errlen))) goto fail;
-    r->ex.pool = r->pool;
-    r->ex.k = cpu_kernels_best();
-    int max_in = max_int(max_int(cfg->hidden_size, cfg->n_heads * cfg->head_dim),
-                         max_int(any_moe ? cfg->moe_intermediate_size : 0,
-                                 any_dense ? cfg->intermediate_size : 0));
-    r->ex.scratch_stride = (cpu_kernels_scratch_floats(max_in, cfg->n_heads / cfg->n_kv_heads,
-                                                        cfg->head_dim) + 15) / 16 * 16;
+    if ((rc = b->ops->prepare_weights(b, m, r->e_begin, r->e_end, &r->w))) {
+        ms_err(err, errlen, rc, "rank %d: %s", o->rank, b->err);
+        goto fail;
+    }
 
     rc = MS_ENOFIT;
     r->max_tokens = o->max_batch_tokens;
     r->max_seqs = o->max_batch_seqs;
     long long pairs = (long long)r->max_tokens * r->topk, recv = pairs * (r->comm ? r->R : 1);
-    if (recv > INT32_MAX / 2) {
-        ms_err(err, errlen, MS_ENOFIT, "max_batch_tokens %d x top-k %d x %d ranks is too large "
-               "for one step", r->max_tokens, r->topk, r->R);
+    // Every sequence of a step may hold a whole context's block table.
+    long long bt = (long long)r->max_seqs *
+                   ((cfg->max_position_embeddings + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+    if (recv > INT32_MAX / 2 || bt > INT32_MAX / 2) {
+        ms_err(err, errlen, MS_ENOFIT, "max_batch_tokens %d x top-k %d x %d ranks (or %d sequences "
+               "of %d positions) is too large for one step", r->max_tokens, r->topk, r->R,
+               r->max_seqs, cfg->max_position_embeddings);
         goto fail;
     }
     r->max_pairs = (int)pairs;
     r->max_recv = (int)recv;
+    r->max_bt = (int)bt;
     r->mlp_rows = max_int(any_dense ? r->max_tokens : 0, any_moe ? r->max_recv : 0);
     r->mlp_width = max_int(any_dense ? cfg->intermediate_size : 0,
                            any_moe ? cfg->moe_intermediate_size : 0);
-    struct carver c = {0};
-    carve_all(r, &c);
-    if (c.overflow) {
+    struct carver c = {0}, hc = {0};
+    carve_backend(r, &c);
+    carve_host(r, &hc);
+    if (c.overflow || hc.overflow) {
         ms_err(err, errlen, MS_ENOFIT, "the workspace for max_batch_tokens %d overflows the "
                "address space", r->max_tokens);
         goto fail;
     }
-    // Expert-parallel receive buffers are sized for the worst routing but
-    // touched only as far as a step uses them: the pages stay virtual.
     r->ws_bytes = c.off;
-    r->ws = mmap(NULL, r->ws_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                 -1, 0);
-    if (r->ws == MAP_FAILED) {
-        r->ws = NULL;
-        ms_err(err, errlen, MS_ENOMEM, "cannot map a %.1f MiB workspace for rank %d",
-               (double)r->ws_bytes / (1 << 20), o->rank);
-        rc = MS_ENOMEM;
+    if ((rc = b->ops->alloc(b, r->ws_bytes, &r->ws))) {
+        ms_err(err, errlen, rc, "rank %d's workspace of %.1f MiB: %s", o->rank,
+               (double)r->ws_bytes / (1 << 20), b->err);
         goto fail;
     }
+    r->host_block = aligned_alloc(64, (hc.off + 63) / 64 * 64);
+    if (!r->host_block) {
+        rc = ms_err(err, errlen, MS_ENOMEM, "out of memory for rank %d's step tables", o->rank);
+        goto fail;
+    }
+    memset(r->host_block, 0, hc.off);
     c = (struct carver){.base = r->ws};
-    carve_all(r, &c);
-    r->ex.scratch = r->scratch;
-    // Vocabulary slices of whole 16-output blocks, so that each keeps the
-    // lm_head's packing (kernels.h).
+    carve_backend(r, &c);
+    hc = (struct carver){.base = r->host_block};
+    carve_host(r, &hc);
+    r->step = (struct backend_step){.tok_pos = r->tok_pos, .tok_seq = r->tok_seq,
+                                    .seq_start = r->seq_start, .bt_start = r->bt_start, .bt = r->bt,
+                                    .h_tok_pos = r->h.tok_pos, .h_tok_seq = r->h.tok_seq,
+                                    .h_seq_start = r->h.seq_start, .h_bt_start = r->h.bt_start,
+                                    .h_bt = r->h.bt};
+    // Vocabulary slices of whole 16-output blocks, so that each keeps a
+    // 16-row blocked weight layout intact (the CPU backend's packing).
     if (r->comm) {
-        const long long nb = ((long long)cfg->vocab_size + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
+        const long long nb = ((long long)cfg->vocab_size + 15) / 16;
         for (int p = 0; p <= r->R; p++) {
-            const long long v = nb * p / r->R * CPU_PACK_OUTS;
-            r->first_vocab[p] = (int)(v < cfg->vocab_size ? v : cfg->vocab_size);
+            const long long v = nb * p / r->R * 16;
+            r->h.first_vocab[p] = (int)(v < cfg->vocab_size ? v : cfg->vocab_size);
         }
     }
     *out = r;
@@ -344,10 +325,10 @@ fail:
 void rank_destroy(struct rank *r)
 {
     if (!r) return;
-    if (r->ws) munmap(r->ws, r->ws_bytes);
-    threadpool_destroy(r->pool);
+    if (r->ws) r->b->ops->free(r->b, r->ws);
+    if (r->w) r->b->ops->release_weights(r->b, r->w);
+    free(r->host_block);
     free(r->first_expert);
-    free(r->inv_freq);
     free(r);
 }
 
@@ -363,65 +344,7 @@ void rank_get_stats(const struct rank *r, struct rank_stats *out)
     out->forward_seconds_total = r->forward_total;
 }
 
-// ---- parallel helpers ----------------------------------------------------------
-
-typedef void (*range_fn)(struct rank *r, int begin, int end, int tid);
-
-struct par_ctx {
-    struct rank *r;
-    range_fn fn;
-    int n;
-    _Atomic int next;  // dynamic scheduling: the next item to take
-    int chunk;
-};
-
-static void par_static(void *arg, int tid, int n_threads)
-{
-    struct par_ctx *c = arg;
-    int b, e;
-    threadpool_range(c->n, tid, n_threads, &b, &e);
-    if (b < e) c->fn(c->r, b, e, tid);
-}
-
-// Splits [0, n) into equal contiguous ranges, one per thread.
-static void par_for(struct rank *r, int n, range_fn fn)
-{
-    if (n <= 0) return;
-    // One row (a decode step) is not worth waking the other threads for.
-    if (n == 1) {
-        fn(r, 0, 1, 0);
-        return;
-    }
-    struct par_ctx c = {.r = r, .fn = fn, .n = n};
-    threadpool_run(r->pool, par_static, &c);
-}
-
-static void par_dynamic(void *arg, int tid, int n_threads)
-{
-    (void)n_threads;
-    struct par_ctx *c = arg;
-    for (;;) {
-        int b = atomic_fetch_add(&c->next, c->chunk);
-        if (b >= c->n) return;
-        c->fn(c->r, b, b + c->chunk < c->n ? b + c->chunk : c->n, tid);
-    }
-}
-
-// Items of unequal cost (attention rows of a prefill), taken chunk by chunk.
-static void par_for_dynamic(struct rank *r, int n, int chunk, range_fn fn)
-{
-    if (n <= 0) return;
-    struct par_ctx c = {.r = r, .fn = fn, .n = n, .chunk = chunk};
-    threadpool_run(r->pool, par_dynamic, &c);
-}
-
-static struct cpu_wmat wmat(const struct tensor *t)
-{
-    return (struct cpu_wmat){.data = t->data, .packed = t->packed, .dtype = t->dtype,
-                             .out = (int)t->shape[0], .in = (int)t->shape[1]};
-}
-
-// ---- the step's pieces -----------------------------------------------------------
+// ---- the step's layout ----------------------------------------------------------
 
 static int check_batch(const struct rank *r, const struct fwd_batch *b, const float *logits,
                        int *n_tok_out, int *n_logits_out, char *err, size_t errlen)
@@ -469,229 +392,107 @@ static int check_batch(const struct rank *r, const struct fwd_batch *b, const fl
     return 0;
 }
 
-static void embed_rows(struct rank *r, int b, int e, int tid)
+// Flattens a checked batch into the step's layout on the host, then hands it
+// to the backend in one upload per array.
+static void layout_step(struct rank *r, const struct fwd_batch *b, int T, int n_logits)
 {
-    (void)tid;
-    const struct tensor *emb = &r->m->embed;
-    const int hd = r->cfg->hidden_size;
-    for (int t = b; t < e; t++) {
-        float *x = r->x + (size_t)t * hd;
-        size_t base = (size_t)r->tok_id[t] * hd;
-        for (int i = 0; i < hd; i++) x[i] = cpu_load_weight(emb->data, emb->dtype, base + i);
-    }
-}
-
-static void norm_rows(struct rank *r, int b, int e, const struct tensor *w, float *out)
-{
-    const int hd = r->cfg->hidden_size;
-    for (int t = b; t < e; t++)
-        r->ex.k->rmsnorm(r->x + (size_t)t * hd, w->data, w->dtype, hd, r->cfg->rms_norm_eps,
-                         out + (size_t)t * hd);
-}
-
-static void attn_norm_rows(struct rank *r, int b, int e, int tid)
-{
-    (void)tid;
-    norm_rows(r, b, e, &r->m->layers[r->layer].attn_norm, r->xn);
-}
-
-static void ffn_norm_rows(struct rank *r, int b, int e, int tid)
-{
-    (void)tid;
-    norm_rows(r, b, e, &r->m->layers[r->layer].ffn_norm, r->xn);
-}
-
-// n values into the pool's dtype, element i at dst[i * stride]: a value row
-// is contiguous (stride 1), a key is a column of its block (stride
-// KV_BLOCK_TOKENS: keys are stored transposed, kernels.h).
-static void store_kv(void *dst, enum dtype t, const float *src, int n, size_t stride)
-{
-    if (t == DTYPE_F32) {
-        float *d = dst;
-        for (int i = 0; i < n; i++) d[(size_t)i * stride] = src[i];
-    } else {
-        uint16_t *d = dst;
-        for (int i = 0; i < n; i++)
-            d[(size_t)i * stride] = t == DTYPE_BF16 ? ms_f32_to_bf16(src[i]) : ms_f32_to_f16(src[i]);
-    }
-}
-
-// Per token: q_norm / k_norm over each head, RoPE at the token's position,
-// and K/V into the sequence's block for that position.
-static void qk_rope_store(struct rank *r, int b, int e, int tid)
-{
-    const struct model_config *cfg = r->cfg;
-    const struct layer_weights *L = &r->m->layers[r->layer];
-    const int D = cfg->head_dim, half = D / 2, H = cfg->n_heads, KVH = cfg->n_kv_heads;
-    float *cs = cpu_exec_scratch(&r->ex, tid), *sn = cs + half, *tmp = sn + half;
-    const size_t esz = dtype_size(r->kv->dtype);
-    char *kl = (char *)r->kv->k + (size_t)r->layer * r->kv_layer_elems * esz;
-    char *vl = (char *)r->kv->v + (size_t)r->layer * r->kv_layer_elems * esz;
-    for (int t = b; t < e; t++) {
-        const int pos = r->tok_pos[t];
-        cpu_rope_angles(pos, r->inv_freq, half, cs, sn);
-        float *q = r->q + (size_t)t * H * D, *k = r->kn + (size_t)t * KVH * D;
-        const float *v = r->vn + (size_t)t * KVH * D;
-        for (int h = 0; h < H; h++) {
-            float *qh = q + (size_t)h * D;
-            r->ex.k->rmsnorm(qh, L->q_norm.data, L->q_norm.dtype, D, cfg->rms_norm_eps, tmp);
-            memcpy(qh, tmp, (size_t)D * sizeof(float));
-            cpu_rope_apply(qh, half, cs, sn);
-        }
-        const struct fwd_seq *sq = &r->batch->seqs[r->tok_seq[t]];
-        const size_t blk = (size_t)sq->blocks[pos / KV_BLOCK_TOKENS], slot = (size_t)(pos % KV_BLOCK_TOKENS);
-        for (int h = 0; h < KVH; h++) {
-            float *kh = k + (size_t)h * D;
-            r->ex.k->rmsnorm(kh, L->k_norm.data, L->k_norm.dtype, D, cfg->rms_norm_eps, tmp);
-            memcpy(kh, tmp, (size_t)D * sizeof(float));
-            cpu_rope_apply(kh, half, cs, sn);
-            const size_t at = (blk * KVH + (size_t)h) * KV_BLOCK_TOKENS * D * esz;
-            store_kv(kl + at + slot * esz, r->kv->dtype, kh, D, KV_BLOCK_TOKENS);
-            store_kv(vl + at + slot * D * esz, r->kv->dtype, v + (size_t)h * D, D, 1);
+    int t = 0, nl = 0, nb = 0, max_ctx = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const struct fwd_seq *q = &b->seqs[s];
+        r->h.seq_start[s] = t;
+        r->h.bt_start[s] = nb;
+        const int ctx = q->n_past + q->n_new, blocks = (ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+        memcpy(r->h.bt + nb, q->blocks, (size_t)blocks * sizeof *q->blocks);
+        nb += blocks;
+        if (ctx > max_ctx) max_ctx = ctx;
+        for (int i = 0; i < q->n_new; i++, t++) {
+            r->h.tok_id[t] = q->tokens[i];
+            r->h.tok_pos[t] = q->n_past + i;
+            r->h.tok_seq[t] = s;
+            if (i >= q->n_new - q->n_logits) r->h.logit_rows[nl++] = t;
         }
     }
+    r->h.seq_start[b->n_seqs] = t;
+    r->h.bt_start[b->n_seqs] = nb;
+    r->step.n_tokens = T;
+    r->step.n_seqs = b->n_seqs;
+    r->step.max_ctx = max_ctx;
+    struct backend *bk = r->b;
+    const size_t i4 = sizeof(int32_t), S1 = (size_t)b->n_seqs + 1;
+    op(r, bk->ops->upload(bk, r->tok_id, r->h.tok_id, (size_t)T * i4));
+    op(r, bk->ops->upload(bk, r->tok_pos, r->h.tok_pos, (size_t)T * i4));
+    op(r, bk->ops->upload(bk, r->tok_seq, r->h.tok_seq, (size_t)T * i4));
+    op(r, bk->ops->upload(bk, r->seq_start, r->h.seq_start, S1 * i4));
+    op(r, bk->ops->upload(bk, r->bt_start, r->h.bt_start, S1 * i4));
+    op(r, bk->ops->upload(bk, r->bt, r->h.bt, (size_t)nb * i4));
+    op(r, bk->ops->upload(bk, r->logit_rows, r->h.logit_rows, (size_t)n_logits * i4));
 }
 
-// Items are (tile, KV head): up to CPU_ATTN_TILE consecutive tokens of one
-// sequence with the query heads of one group share each converted K/V block.
-static void attend_items(struct rank *r, int b, int e, int tid)
-{
-    const struct model_config *cfg = r->cfg;
-    const int D = cfg->head_dim, H = cfg->n_heads, KVH = cfg->n_kv_heads, G = H / KVH;
-    const size_t esz = dtype_size(r->kv->dtype);
-    struct cpu_attn a = {
-        .q_stride = (size_t)H * D,
-        .out_stride = (size_t)H * D,
-        .n_q = G,
-        .head_dim = D,
-        .scale = 1.0f / sqrtf((float)D),
-        .k = (const char *)r->kv->k + (size_t)r->layer * r->kv_layer_elems * esz,
-        .v = (const char *)r->kv->v + (size_t)r->layer * r->kv_layer_elems * esz,
-        .kv_dtype = r->kv->dtype,
-        .n_kv_heads = KVH,
-    };
-    float *scratch = cpu_exec_scratch(&r->ex, tid);
-    for (int i = b; i < e; i++) {
-        const int tile = i / KVH, h = i % KVH, t0 = r->tiles[2 * tile], n = r->tiles[2 * tile + 1];
-        a.q = r->q + ((size_t)t0 * H + (size_t)h * G) * D;
-        a.out = r->att + ((size_t)t0 * H + (size_t)h * G) * D;
-        a.n_tok = n;
-        a.first_pos = r->tok_pos[t0];
-        a.blocks = r->batch->seqs[r->tok_seq[t0]].blocks;
-        a.kv_head = h;
-        r->ex.k->attend(&a, scratch);
-    }
-}
+// ---- the layers -----------------------------------------------------------------
 
 static void attention_block(struct rank *r, int T)
 {
     const struct model_config *cfg = r->cfg;
-    const struct layer_weights *L = &r->m->layers[r->layer];
+    const struct backend_layer *L = &r->w->layers[r->layer];
+    struct backend *b = r->b;
     const size_t hd = (size_t)cfg->hidden_size, qd = (size_t)cfg->n_heads * cfg->head_dim;
     const size_t kvd = (size_t)cfg->n_kv_heads * cfg->head_dim;
-    par_for(r, T, attn_norm_rows);
-    struct cpu_mm qkv[3] = {
-        {.w = wmat(&L->wq), .x = r->xn, .ldx = hd, .y = r->q, .ldy = qd, .rows = T},
-        {.w = wmat(&L->wk), .x = r->xn, .ldx = hd, .y = r->kn, .ldy = kvd, .rows = T},
-        {.w = wmat(&L->wv), .x = r->xn, .ldx = hd, .y = r->vn, .ldy = kvd, .rows = T},
+    op(r, b->ops->rmsnorm(b, r->x, hd, NULL, T, &L->attn_norm, cfg->rms_norm_eps, r->xn));
+    const struct backend_mm qkv[3] = {
+        {.w = &L->wq, .x = r->xn, .ldx = hd, .y = r->q, .ldy = qd, .rows = T},
+        {.w = &L->wk, .x = r->xn, .ldx = hd, .y = r->kn, .ldy = kvd, .rows = T},
+        {.w = &L->wv, .x = r->xn, .ldx = hd, .y = r->vn, .ldy = kvd, .rows = T},
     };
-    cpu_matmul(&r->ex, qkv, 3);
-    par_for(r, T, qk_rope_store);
-    par_for_dynamic(r, r->n_tiles * cfg->n_kv_heads, 1, attend_items);
-    struct cpu_mm o = {.w = wmat(&L->wo), .x = r->att, .ldx = qd, .y = r->x, .ldy = hd, .rows = T,
-                       .accumulate = true};
-    cpu_matmul(&r->ex, &o, 1);
-}
-
-static void silu_rows(struct rank *r, int b, int e, int tid)
-{
-    (void)tid;
-    const size_t w = (size_t)r->mlp_width_now;
-    r->ex.k->silu_mul(r->g + (size_t)b * w, r->u + (size_t)b * w, (int)((size_t)(e - b) * w));
+    op(r, b->ops->matmul(b, qkv, 3));
+    op(r, b->ops->qk_norm_rope_store(b, r->w, r->layer, &r->step, r->kv, r->q, r->kn, r->vn));
+    op(r, b->ops->attention(b, r->w, r->layer, &r->step, r->kv, r->q, r->att));
+    const struct backend_mm o = {.w = &L->wo, .x = r->att, .ldx = qd, .y = r->x, .ldy = hd,
+                                 .rows = T, .accumulate = true};
+    op(r, b->ops->matmul(b, &o, 1));
+    op(r, b->ops->rmsnorm(b, r->x, hd, NULL, T, &L->ffn_norm, cfg->rms_norm_eps, r->xn));
 }
 
 static void dense_mlp(struct rank *r, int T)
 {
-    const struct layer_weights *L = &r->m->layers[r->layer];
+    const struct backend_layer *L = &r->w->layers[r->layer];
+    struct backend *b = r->b;
     const size_t hd = (size_t)r->cfg->hidden_size, F = (size_t)r->cfg->intermediate_size;
-    r->mlp_width_now = (int)F;
-    struct cpu_mm gu[2] = {
-        {.w = wmat(&L->gate), .x = r->xn, .ldx = hd, .y = r->g, .ldy = F, .rows = T},
-        {.w = wmat(&L->up), .x = r->xn, .ldx = hd, .y = r->u, .ldy = F, .rows = T},
+    const struct backend_mm gu[2] = {
+        {.w = &L->gate, .x = r->xn, .ldx = hd, .y = r->g, .ldy = F, .rows = T},
+        {.w = &L->up, .x = r->xn, .ldx = hd, .y = r->u, .ldy = F, .rows = T},
     };
-    cpu_matmul(&r->ex, gu, 2);
-    par_for(r, T, silu_rows);
-    struct cpu_mm down = {.w = wmat(&L->down), .x = r->g, .ldx = F, .y = r->x, .ldy = hd, .rows = T,
-                          .accumulate = true};
-    cpu_matmul(&r->ex, &down, 1);
+    op(r, b->ops->matmul(b, gu, 2));
+    op(r, b->ops->silu_mul(b, r->g, r->u, (size_t)T * F));
+    const struct backend_mm down = {.w = &L->down, .x = r->g, .ldx = F, .y = r->x, .ldy = hd,
+                                    .rows = T, .accumulate = true};
+    op(r, b->ops->matmul(b, &down, 1));
 }
 
-static void router_rows(struct rank *r, int b, int e, int tid)
-{
-    (void)tid;
-    const int E = r->E, k = r->topk;
-    for (int t = b; t < e; t++)
-        cpu_router_topk(r->rl + (size_t)t * E, E, k, r->cfg->norm_topk_prob, r->top_id + (size_t)t * k,
-                        r->top_w + (size_t)t * k);
-}
-
-static void copy_send_rows(struct rank *r, int b, int e, int tid)
-{
-    (void)tid;
-    const size_t hd = (size_t)r->cfg->hidden_size;
-    for (int i = b; i < e; i++)
-        memcpy(r->send + (size_t)i * hd, r->xn + (size_t)r->exp_x[i] * hd, hd * sizeof(float));
-}
-
-// Each token's expert outputs, weighted, summed in top-k order, then added
-// to the residual stream: the same order whatever the ranks or the batch.
-static void combine_rows(struct rank *r, int b, int e, int tid)
-{
-    const int hd = r->cfg->hidden_size, k = r->topk;
-    float *acc = cpu_exec_scratch(&r->ex, tid);
-    for (int t = b; t < e; t++) {
-        memset(acc, 0, (size_t)hd * sizeof(float));
-        for (int j = 0; j < k; j++)
-            r->ex.k->axpy(acc, r->top_w[(size_t)t * k + j],
-                          r->ret + (size_t)r->pair_slot[(size_t)t * k + j] * hd, hd);
-        r->ex.k->axpy(r->x + (size_t)t * hd, 1.0f, acc, hd);
-    }
-}
-
-// Gate and up for every expert with rows, SwiGLU, then down into out (rows
-// scattered through out_rows when non-NULL, else contiguous in expert order).
+// Gate and up of experts [e0, e1) (group i's rows at off[i]..off[i+1]),
+// SwiGLU, then down into out (scattered through out_rows when non-NULL,
+// else contiguous in expert order).
 static void run_experts(struct rank *r, const float *x, const int32_t *x_rows, float *out,
-                        const int32_t *out_rows, int e0, int e1, const int *off)
+                        const int32_t *out_rows, int e0, int e1, const int32_t *off,
+                        const int32_t *h_off)
 {
-    const struct layer_weights *L = &r->m->layers[r->layer];
+    const struct backend_layer *L = &r->w->layers[r->layer];
+    struct backend *b = r->b;
     const size_t hd = (size_t)r->cfg->hidden_size, F = (size_t)r->cfg->moe_intermediate_size;
-    r->mlp_width_now = (int)F;
-    int nj = 0;
-    for (int e = e0; e < e1; e++) {
-        int n = off[e - e0 + 1] - off[e - e0];
-        if (n == 0) continue;
-        const struct expert_weights *ew = &L->experts[e];
-        const int32_t *rows = x_rows + off[e - e0];
-        r->jobs[nj++] = (struct cpu_mm){.w = wmat(&ew->gate), .x = x, .ldx = hd, .x_rows = rows,
-                                        .y = r->g + (size_t)off[e - e0] * F, .ldy = F, .rows = n};
-        r->jobs[nj++] = (struct cpu_mm){.w = wmat(&ew->up), .x = x, .ldx = hd, .x_rows = rows,
-                                        .y = r->u + (size_t)off[e - e0] * F, .ldy = F, .rows = n};
-        r->expert_tokens[e] += (uint64_t)n;
-    }
-    cpu_matmul(&r->ex, r->jobs, nj);
-    par_for(r, off[e1 - e0], silu_rows);
-    nj = 0;
-    for (int e = e0; e < e1; e++) {
-        int n = off[e - e0 + 1] - off[e - e0];
-        if (n == 0) continue;
-        const struct expert_weights *ew = &L->experts[e];
-        struct cpu_mm *j = &r->jobs[nj++];
-        *j = (struct cpu_mm){.w = wmat(&ew->down), .x = r->g + (size_t)off[e - e0] * F, .ldx = F,
-                             .y = out, .ldy = hd, .rows = n};
-        if (out_rows) j->y_rows = out_rows + off[e - e0];
-        else j->y = out + (size_t)off[e - e0] * hd;
-    }
-    cpu_matmul(&r->ex, r->jobs, nj);
+    const int n = e1 - e0, rows = h_off[n];
+    for (int e = e0; e < e1; e++) r->expert_tokens[e] += (uint64_t)(h_off[e - e0 + 1] - h_off[e - e0]);
+    if (rows == 0) return;
+    const struct backend_gmm gu[2] = {
+        {.w = L->expert_gate + e0, .n_groups = n, .off = off, .h_off = h_off, .max_rows = rows,
+         .x = x, .ldx = hd, .x_rows = x_rows, .y = r->g, .ldy = F},
+        {.w = L->expert_up + e0, .n_groups = n, .off = off, .h_off = h_off, .max_rows = rows,
+         .x = x, .ldx = hd, .x_rows = x_rows, .y = r->u, .ldy = F},
+    };
+    op(r, b->ops->grouped_matmul(b, gu, 2));
+    op(r, b->ops->silu_mul(b, r->g, r->u, (size_t)rows * F));
+    const struct backend_gmm down = {.w = L->expert_down + e0, .n_groups = n, .off = off,
+                                     .h_off = h_off, .max_rows = rows, .x = r->g, .ldx = F,
+                                     .y = out, .ldy = hd, .y_rows = out_rows};
+    op(r, b->ops->grouped_matmul(b, &down, 1));
 }
 
 static int comm_timed_a2a(struct rank *r, const void *send, const size_t *sb, const size_t *so,
@@ -703,62 +504,77 @@ static int comm_timed_a2a(struct rank *r, const void *send, const size_t *sb, co
     return rc;
 }
 
+static int comm_timed_gather(struct rank *r, const void *send, size_t bytes, void *recv)
+{
+    double t0 = ms_now();
+    int rc = comm_all_gather(r->comm, send, bytes, recv);
+    r->a2a_time += ms_now() - t0;
+    return rc;
+}
+
 // Expert-parallel part of a MoE layer: the pairs are already sorted by
-// expert (and so by owner rank) in the send layout.
+// expert (and so by owner rank) in the send layout. Counts travel first, so
+// that every rank knows what it sends and receives; the rows go to their
+// experts' ranks, the local experts run, and the outputs come back.
 static int moe_exchange(struct rank *r, char *err, size_t errlen)
 {
     const int E = r->E, R = r->R, me = r->me;
-    const size_t row = (size_t)r->cfg->hidden_size * sizeof(float);
-    int32_t *local = r->gather_send;
-    for (int e = 0; e < E; e++) local[e] = r->exp_off[e + 1] - r->exp_off[e];
+    struct backend *b = r->b;
+    const size_t row = (size_t)r->cfg->hidden_size * sizeof(float), i4 = sizeof(int32_t);
+    int32_t *local = r->h.gather_send;
+    for (int e = 0; e < E; e++) local[e] = r->h.exp_off[e + 1] - r->h.exp_off[e];
     local[E] = r->max_recv;
-    double t0 = ms_now();
-    int rc = comm_all_gather(r->comm, local, (size_t)(E + 1) * sizeof(int32_t), r->gather);
-    r->a2a_time += ms_now() - t0;
+    op(r, b->ops->upload(b, r->gather_send, local, (size_t)(E + 1) * i4));
+    int rc = comm_timed_gather(r, r->gather_send, (size_t)(E + 1) * i4, r->gather);
     if (rc) return ms_err(err, errlen, rc, "rank %d: exchanging the MoE token counts failed (%s)",
                           me, ms_status_name(rc));
+    op(r, b->ops->download(b, r->h.gather, r->gather, (size_t)R * (E + 1) * i4));
+    const int32_t *gather = r->h.gather;
     // Every rank sees the same counts, so every rank takes the same branch here.
     for (int q = 0; q < R; q++) {
         long long n = 0;
         for (int p = 0; p < R; p++)
             for (int e = r->first_expert[q]; e < r->first_expert[q + 1]; e++)
-                n += r->gather[(size_t)p * (E + 1) + e];
-        if (n > r->gather[(size_t)q * (E + 1) + E])
+                n += gather[(size_t)p * (E + 1) + e];
+        if (n > gather[(size_t)q * (E + 1) + E])
             return ms_err(err, errlen, MS_ENOFIT, "layer %d routes %lld token-expert pairs to rank "
                           "%d, whose workspace holds %d; give every rank the same max_batch_tokens",
-                          r->layer, n, q, r->gather[(size_t)q * (E + 1) + E]);
+                          r->layer, n, q, gather[(size_t)q * (E + 1) + E]);
     }
-    size_t *sb = r->a2a, *so = sb + R, *rb = so + R, *ro = rb + R;
+    size_t *sb = r->h.a2a, *so = sb + R, *rb = so + R, *ro = rb + R;
     size_t at = 0;
     for (int p = 0; p < R; p++) {
-        so[p] = (size_t)r->exp_off[r->first_expert[p]] * row;
-        sb[p] = (size_t)(r->exp_off[r->first_expert[p + 1]] - r->exp_off[r->first_expert[p]]) * row;
+        so[p] = (size_t)r->h.exp_off[r->first_expert[p]] * row;
+        sb[p] = (size_t)(r->h.exp_off[r->first_expert[p + 1]] - r->h.exp_off[r->first_expert[p]]) * row;
         size_t n = 0;
-        for (int e = r->e_begin; e < r->e_end; e++) n += (size_t)r->gather[(size_t)p * (E + 1) + e];
+        for (int e = r->e_begin; e < r->e_end; e++) n += (size_t)gather[(size_t)p * (E + 1) + e];
         ro[p] = at;
         rb[p] = n * row;
         at += n * row;
     }
-    par_for(r, r->exp_off[E], copy_send_rows);
+    op(r, b->ops->gather_rows(b, r->xn, (size_t)r->cfg->hidden_size, r->exp_x, r->h.exp_off[E],
+                              r->cfg->hidden_size, r->send));
     if ((rc = comm_timed_a2a(r, r->send, sb, so, r->recv, rb, ro)))
         return ms_err(err, errlen, rc, "rank %d: sending MoE rows to their experts failed (%s)", me,
                       ms_status_name(rc));
     // Local rows grouped by expert, then by source rank, in arrival order.
     const int nl = r->e_end - r->e_begin;
-    int *off = r->exp_fill; // (nl + 1) offsets of the local experts
+    int32_t *off = r->h.local_off; // (nl + 1) offsets of the local experts
     off[0] = 0;
     for (int i = 0; i < nl; i++) {
         int e = r->e_begin + i, n = 0;
         for (int p = 0; p < R; p++) {
             size_t base = ro[p] / row;
-            for (int e2 = r->e_begin; e2 < e; e2++) base += (size_t)r->gather[(size_t)p * (E + 1) + e2];
-            int c = r->gather[(size_t)p * (E + 1) + e];
-            for (int j = 0; j < c; j++) r->exp_y[off[i] + n + j] = (int32_t)(base + (size_t)j);
+            for (int e2 = r->e_begin; e2 < e; e2++) base += (size_t)gather[(size_t)p * (E + 1) + e2];
+            int c = gather[(size_t)p * (E + 1) + e];
+            for (int j = 0; j < c; j++) r->h.exp_y[off[i] + n + j] = (int32_t)(base + (size_t)j);
             n += c;
         }
         off[i + 1] = off[i] + n;
     }
-    run_experts(r, r->recv, r->exp_y, r->res, r->exp_y, r->e_begin, r->e_end, off);
+    op(r, b->ops->upload(b, r->local_off, off, (size_t)(nl + 1) * i4));
+    op(r, b->ops->upload(b, r->exp_y, r->h.exp_y, (size_t)off[nl] * i4));
+    run_experts(r, r->recv, r->exp_y, r->res, r->exp_y, r->e_begin, r->e_end, r->local_off, off);
     if ((rc = comm_timed_a2a(r, r->res, rb, ro, r->ret, sb, so)))
         return ms_err(err, errlen, rc, "rank %d: returning MoE expert outputs failed (%s)", me,
                       ms_status_name(rc));
@@ -767,28 +583,22 @@ static int moe_exchange(struct rank *r, char *err, size_t errlen)
 
 static int moe_block(struct rank *r, int T, char *err, size_t errlen)
 {
-    const struct layer_weights *L = &r->m->layers[r->layer];
+    const struct backend_layer *L = &r->w->layers[r->layer];
+    struct backend *b = r->b;
     const int E = r->E, k = r->topk;
     const size_t hd = (size_t)r->cfg->hidden_size;
-    struct cpu_mm router = {.w = wmat(&L->router), .x = r->xn, .ldx = hd, .y = r->rl, .ldy = (size_t)E,
-                            .rows = T};
-    cpu_matmul(&r->ex, &router, 1);
-    par_for(r, T, router_rows);
-    // Sort the (token, slot) pairs by expert, tokens ascending within one.
-    memset(r->exp_off, 0, (size_t)(E + 1) * sizeof(int));
-    memset(r->exp_fill, 0, (size_t)(E + 1) * sizeof(int));
-    const int P = T * k;
-    for (int p = 0; p < P; p++) r->exp_off[r->top_id[p] + 1]++;
-    for (int e = 0; e < E; e++) r->exp_off[e + 1] += r->exp_off[e];
-    for (int p = 0; p < P; p++) {
-        int e = r->top_id[p], slot = r->exp_off[e] + r->exp_fill[e]++;
-        r->pair_slot[p] = slot;
-        r->exp_x[slot] = p / k;
-    }
+    const struct backend_mm router = {.w = &L->router, .x = r->xn, .ldx = hd, .y = r->rl,
+                                      .ldy = (size_t)E, .rows = T};
+    op(r, b->ops->matmul(b, &router, 1));
+    op(r, b->ops->router_topk(b, r->rl, T, E, k, r->cfg->norm_topk_prob, r->top_id, r->top_w));
+    // Sort the (token, slot) pairs by expert, tokens ascending within one;
+    // the host needs the counts for the statistics and the exchanges.
+    op(r, b->ops->moe_route(b, r->top_id, T, k, E, r->exp_off, r->pair_slot, r->exp_x));
+    op(r, b->ops->download(b, r->h.exp_off, r->exp_off, (size_t)(E + 1) * sizeof(int32_t)));
     int rc = 0;
-    if (!r->comm) run_experts(r, r->xn, r->exp_x, r->ret, NULL, 0, E, r->exp_off);
+    if (!r->comm) run_experts(r, r->xn, r->exp_x, r->ret, NULL, 0, E, r->exp_off, r->h.exp_off);
     else rc = moe_exchange(r, err, errlen);
-    if (rc == 0) par_for(r, T, combine_rows);
+    if (rc == 0) op(r, b->ops->moe_combine(b, r->x, r->ret, r->pair_slot, r->top_w, T, k, (int)hd));
     return rc;
 }
 
@@ -803,28 +613,30 @@ static int moe_block(struct rank *r, int T, char *err, size_t errlen)
 static int vocab_parallel_head(struct rank *r, int n_logits, float *logits, char *err, size_t errlen)
 {
     const int R = r->R, me = r->me;
+    struct backend *b = r->b;
     const size_t hd = (size_t)r->cfg->hidden_size, V = (size_t)r->cfg->vocab_size;
     int32_t mine = n_logits;
-    double t0 = ms_now();
-    int rc = comm_all_gather(r->comm, &mine, sizeof mine, r->head_counts);
-    r->a2a_time += ms_now() - t0;
+    op(r, b->ops->upload(b, r->head_send, &mine, sizeof mine));
+    int rc = comm_timed_gather(r, r->head_send, sizeof mine, r->head_counts);
     if (rc) return ms_err(err, errlen, rc, "rank %d: exchanging the logit row counts failed (%s)",
                           me, ms_status_name(rc));
+    op(r, b->ops->download(b, r->h.head_counts, r->head_counts, (size_t)R * sizeof(int32_t)));
+    const int32_t *counts = r->h.head_counts;
     size_t total = 0;
     for (int p = 0; p < R; p++) {
-        if (r->head_counts[p] < 0 || r->head_counts[p] > r->max_tokens)
+        if (counts[p] < 0 || counts[p] > r->max_tokens)
             return ms_err(err, errlen, MS_ENOFIT, "rank %d wants logits for %d rows; a rank's "
-                          "workspace holds %d", p, (int)r->head_counts[p], r->max_tokens);
-        total += (size_t)r->head_counts[p];
+                          "workspace holds %d", p, (int)counts[p], r->max_tokens);
+        total += (size_t)counts[p];
     }
     if (total == 0) return 0;
-    size_t *sb = r->a2a, *so = sb + R, *rb = so + R, *ro = rb + R;
+    size_t *sb = r->h.a2a, *so = sb + R, *rb = so + R, *ro = rb + R;
     // 1. Every rank's rows to every rank.
     size_t at = 0;
     for (int p = 0; p < R; p++) {
         sb[p] = (size_t)n_logits * hd * sizeof(float);
         so[p] = 0;
-        rb[p] = (size_t)r->head_counts[p] * hd * sizeof(float);
+        rb[p] = (size_t)counts[p] * hd * sizeof(float);
         ro[p] = at;
         at += rb[p];
     }
@@ -832,15 +644,9 @@ static int vocab_parallel_head(struct rank *r, int n_logits, float *logits, char
         return ms_err(err, errlen, rc, "rank %d: gathering the rows for the lm_head failed (%s)", me,
                       ms_status_name(rc));
     // 2. This rank's slice of the vocabulary for all of them.
-    const int v0 = r->first_vocab[me], v1 = r->first_vocab[me + 1];
+    const int v0 = r->h.first_vocab[me], v1 = r->h.first_vocab[me + 1];
     const size_t slice = (size_t)(v1 - v0);
-    if (slice > 0) {
-        const struct cpu_wmat whole = wmat(&r->m->lm_head);
-        const struct cpu_wmat w = cpu_wmat_slice(&whole, v0, (int)slice);
-        struct cpu_mm head = {.w = w, .x = r->xg, .ldx = hd, .y = r->slab, .ldy = slice,
-                              .rows = (int)total};
-        cpu_matmul(&r->ex, &head, 1);
-    }
+    if (slice > 0) op(r, b->ops->lm_head(b, r->w, v0, (int)slice, r->xg, (int)total, r->slab, slice));
     // 3. Each rank's rows of the slice back to it; this rank's from every
     // slice. Its own rows of its own slice stay where they are (a copy of
     // n_logits x slice floats saved: megabytes per step for a big vocabulary).
@@ -848,10 +654,10 @@ static int vocab_parallel_head(struct rank *r, int n_logits, float *logits, char
     at = 0;
     for (int p = 0; p < R; p++) {
         if (p == me) own = row0;
-        sb[p] = p == me ? 0 : (size_t)r->head_counts[p] * slice * sizeof(float);
+        sb[p] = p == me ? 0 : (size_t)counts[p] * slice * sizeof(float);
         so[p] = row0 * slice * sizeof(float);
-        row0 += (size_t)r->head_counts[p];
-        const size_t ps = (size_t)(r->first_vocab[p + 1] - r->first_vocab[p]);
+        row0 += (size_t)counts[p];
+        const size_t ps = (size_t)(r->h.first_vocab[p + 1] - r->h.first_vocab[p]);
         rb[p] = p == me ? 0 : (size_t)n_logits * ps * sizeof(float);
         ro[p] = at;
         at += rb[p];
@@ -859,64 +665,41 @@ static int vocab_parallel_head(struct rank *r, int n_logits, float *logits, char
     if ((rc = comm_timed_a2a(r, r->slab, sb, so, r->lrecv, rb, ro)))
         return ms_err(err, errlen, rc, "rank %d: returning the logit slices failed (%s)", me,
                       ms_status_name(rc));
-    for (int p = 0; p < R; p++) {
-        const size_t ps = (size_t)(r->first_vocab[p + 1] - r->first_vocab[p]);
+    // Each slice's rows into their columns of the logits.
+    for (int p = 0; p < R && n_logits > 0; p++) {
+        const size_t ps = (size_t)(r->h.first_vocab[p + 1] - r->h.first_vocab[p]);
         const float *src = p == me ? r->slab + own * slice : r->lrecv + ro[p] / sizeof(float);
-        for (int i = 0; i < n_logits; i++)
-            memcpy(logits + (size_t)i * V + (size_t)r->first_vocab[p], src + (size_t)i * ps,
-                   ps * sizeof(float));
+        if (ps > 0)
+            op(r, b->ops->copy_2d(b, logits + (size_t)r->h.first_vocab[p], V * sizeof(float), src,
+                                  ps * sizeof(float), ps * sizeof(float), n_logits));
     }
     return 0;
-}
-
-static void final_norm_rows(struct rank *r, int b, int e, int tid)
-{
-    (void)tid;
-    const struct tensor *w = &r->m->final_norm;
-    const int hd = r->cfg->hidden_size;
-    for (int i = b; i < e; i++)
-        r->ex.k->rmsnorm(r->x + (size_t)r->logit_rows[i] * hd, w->data, w->dtype, hd,
-                         r->cfg->rms_norm_eps, r->xl + (size_t)i * hd);
 }
 
 int rank_forward(struct rank *r, const struct fwd_batch *b, float *logits, char *err, size_t errlen)
 {
     const double t0 = ms_now();
     r->a2a_time = 0;
+    r->op_rc = 0;
+    r->layer = 0;
     int T, n_logits;
     int rc = check_batch(r, b, logits, &T, &n_logits, err, errlen);
     if (rc) {
         // Run the step as an empty batch: peers still meet us in every exchange.
+        static const struct fwd_batch empty = {0};
         T = n_logits = 0;
-        r->n_tiles = 0;
-        r->batch = NULL;
+        layout_step(r, &empty, 0, 0);
     } else {
-        r->batch = b;
-        int t = 0, nl = 0;
-        r->n_tiles = 0;
-        for (int s = 0; s < b->n_seqs; s++) {
-            const struct fwd_seq *q = &b->seqs[s];
-            for (int i = 0; i < q->n_new; i += CPU_ATTN_TILE) {
-                r->tiles[2 * r->n_tiles] = t + i;
-                r->tiles[2 * r->n_tiles + 1] = q->n_new - i < CPU_ATTN_TILE ? q->n_new - i : CPU_ATTN_TILE;
-                r->n_tiles++;
-            }
-            for (int i = 0; i < q->n_new; i++, t++) {
-                r->tok_id[t] = q->tokens[i];
-                r->tok_pos[t] = q->n_past + i;
-                r->tok_seq[t] = s;
-                if (i >= q->n_new - q->n_logits) r->logit_rows[nl++] = t;
-            }
-        }
+        layout_step(r, b, T, n_logits);
     }
-    r->n_tok = T;
-    par_for(r, T, embed_rows);
+    struct backend *bk = r->b;
+    const struct model_config *cfg = r->cfg;
+    if (T > 0) op(r, bk->ops->embed(bk, r->w, r->tok_id, T, r->x));
     int crc = 0;
     double tp = t0, tq; // the batch setup and embedding count with the first attention
-    for (int l = 0; l < r->cfg->n_layers; l++) {
+    for (int l = 0; l < cfg->n_layers; l++) {
         r->layer = l;
-        attention_block(r, T);
-        par_for(r, T, ffn_norm_rows);
+        if (T > 0) attention_block(r, T);
         tq = ms_now();
         r->phase_time[FWD_PHASE_ATTENTION] += tq - tp;
         if (r->m->layers[l].is_moe) {
@@ -924,21 +707,22 @@ int rank_forward(struct rank *r, const struct fwd_batch *b, float *logits, char 
             // that the ranks stay in lockstep; report the first failure.
             int c = moe_block(r, T, crc || rc ? NULL : err, errlen);
             if (c && !crc) crc = c;
-        } else {
+        } else if (T > 0) {
             dense_mlp(r, T);
         }
         tp = ms_now();
         r->phase_time[FWD_PHASE_MOE] += tp - tq;
     }
-    if (n_logits > 0) par_for(r, n_logits, final_norm_rows);
+    const size_t hd = (size_t)cfg->hidden_size;
+    if (n_logits > 0)
+        op(r, bk->ops->rmsnorm(bk, r->x, hd, r->logit_rows, n_logits, &r->w->final_norm,
+                               cfg->rms_norm_eps, r->xl));
     if (r->comm) {
         int c = vocab_parallel_head(r, n_logits, logits, crc || rc ? NULL : err, errlen);
         if (c && !crc) crc = c;
     } else if (n_logits > 0) {
-        const size_t hd = (size_t)r->cfg->hidden_size;
-        struct cpu_mm head = {.w = wmat(&r->m->lm_head), .x = r->xl, .ldx = hd, .y = logits,
-                              .ldy = (size_t)r->cfg->vocab_size, .rows = n_logits};
-        cpu_matmul(&r->ex, &head, 1);
+        op(r, bk->ops->lm_head(bk, r->w, 0, cfg->vocab_size, r->xl, n_logits, logits,
+                               (size_t)cfg->vocab_size));
     }
     r->steps++;
     r->tokens += (uint64_t)T;
@@ -947,5 +731,8 @@ int rank_forward(struct rank *r, const struct fwd_batch *b, float *logits, char 
     r->last_step = t1 - t0;
     r->forward_total += r->last_step;
     r->a2a_total += r->a2a_time;
-    return rc ? rc : crc;
+    if (rc) return rc;
+    if (crc) return crc;
+    if (r->op_rc) return ms_err(err, errlen, r->op_rc, "%s", r->op_err);
+    return 0;
 }

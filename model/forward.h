@@ -1,6 +1,8 @@
 // forward: one rank's batched forward pass over its paged KV cache — the
 // interface the scheduler drives. One call runs one step for several
-// sequences, each appending a prefill chunk or one decode token.
+// sequences, each appending a prefill chunk or one decode token. The
+// arithmetic goes through the rank's backend (model/backend.h); this module
+// is the choreography, the same on every backend.
 #ifndef MOESERVE_MODEL_FORWARD_H
 #define MOESERVE_MODEL_FORWARD_H
 
@@ -8,33 +10,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/backend.h"
 #include "model/comm.h"
 #include "model/config.h"
 #include "model/model.h"
 
-#define KV_BLOCK_TOKENS 16
-
-// A rank's KV memory, made once at start-up. Blocks are handed out by the
-// scheduler's block manager; the forward pass only reads and writes them.
-struct kv_pool {
-    enum dtype dtype;      // DTYPE_BF16, DTYPE_F16 or DTYPE_F32
-    int n_blocks;
-    int n_layers, n_kv_heads, head_dim;
-    size_t block_bytes;    // K and V of one block over all layers
-    void *k;               // (n_layers, n_blocks, n_kv_heads, head_dim, KV_BLOCK_TOKENS): transposed
-    void *v;               // (n_layers, n_blocks, n_kv_heads, KV_BLOCK_TOKENS, head_dim)
-};
-
-// K+V bytes of one 16-token block over all layers; the planner uses the same.
-size_t kv_block_bytes(const struct model_config *cfg, enum dtype dtype);
-int kv_pool_create(const struct model_config *cfg, enum dtype dtype, int n_blocks,
-                   struct kv_pool **out, char *err, size_t errlen);
-void kv_pool_destroy(struct kv_pool *kv);
-
 struct rank_opts {
     int rank;              // this rank's index
     int n_ranks;           // ranks in the expert-parallel group
-    int n_threads;         // this rank's share of the cores (0: all cores)
     struct comm *comm;     // NULL when n_ranks == 1: every expert is local
     int max_batch_tokens;  // most new tokens in one step on this rank (sizes the workspace)
     int max_batch_seqs;    // most sequences in one step on this rank
@@ -42,17 +25,20 @@ struct rank_opts {
 
 struct rank;
 
-// Experts [expert_begin, expert_end) are local: contiguous blocks of E/R.
-int rank_create(const struct model *m, struct kv_pool *kv, const struct rank_opts *o,
-                struct rank **out, char *err, size_t errlen);
+// Prepares the model's weights on backend b for this rank (the replicated
+// ones and experts [expert_begin, expert_end): contiguous blocks of E/R) and
+// maps the step workspace there. m, b and kv (a pool made on b) must
+// outlive the rank; rank_destroy releases what rank_create made.
+int rank_create(const struct model *m, struct backend *b, struct kv_pool *kv,
+                const struct rank_opts *o, struct rank **out, char *err, size_t errlen);
 void rank_destroy(struct rank *r);
 void rank_expert_range(const struct rank *r, int *begin, int *end);
 
 struct fwd_seq {
-    const int32_t *tokens; // (n_new) token ids appended this step
+    const int32_t *tokens; // (n_new) host: token ids appended this step
     int n_new;             // >= 1
     int n_past;            // tokens already in this sequence's KV: positions 0..n_past-1
-    const int32_t *blocks; // block table: ceil((n_past + n_new) / 16) ids into the rank's pool
+    const int32_t *blocks; // host: block table, ceil((n_past + n_new) / 16) ids into the rank's pool
     int n_logits;          // logits wanted for the last n_logits new tokens (0..n_new)
 };
 
@@ -63,8 +49,10 @@ struct fwd_batch {
 
 // Runs one step: writes the new tokens' K/V into their blocks and, for each
 // sequence in order, n_logits rows of fp32 logits into logits (sum of
-// n_logits, vocab). Under expert parallelism every rank must call this for
-// every step, in lockstep, with whatever batch it has (possibly empty).
+// n_logits, vocab), which is backend memory (the engine samples there; read
+// it on the host with the backend's download). Under expert parallelism
+// every rank must call this for every step, in lockstep, with whatever batch
+// it has (possibly empty).
 int rank_forward(struct rank *r, const struct fwd_batch *b, float *logits,
                  char *err, size_t errlen);
 

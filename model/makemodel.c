@@ -113,14 +113,11 @@ static int spec_check(const struct makemodel_spec *s, char *err, size_t errlen)
 
 // ---- the tensor list ----
 
-enum init { INIT_UNIFORM, INIT_NORM };
-
 struct wspec {
     char name[96];
     int ndim;
     int64_t shape[2];
-    enum init init;
-    float scale; // std for INIT_UNIFORM, centre for INIT_NORM
+    struct weight_init init; // std for TENSOR_INIT_UNIFORM, centre for TENSOR_INIT_NORM
     uint64_t offset;
     uint64_t count;
 };
@@ -130,10 +127,10 @@ struct wlist {
     size_t n, cap;
 };
 
-static int wlist_add(struct wlist *l, enum init init, float scale, int ndim, int64_t a, int64_t b,
-                     const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+static int wlist_add(struct wlist *l, struct weight_init init, int ndim, int64_t a, int64_t b,
+                     const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
-static int wlist_add(struct wlist *l, enum init init, float scale, int ndim, int64_t a, int64_t b,
+static int wlist_add(struct wlist *l, struct weight_init init, int ndim, int64_t a, int64_t b,
                      const char *fmt, ...)
 {
     if (l->n == l->cap) {
@@ -153,52 +150,72 @@ static int wlist_add(struct wlist *l, enum init init, float scale, int ndim, int
     w->shape[0] = a;
     w->shape[1] = b;
     w->init = init;
-    w->scale = scale;
     w->count = (uint64_t)a * (uint64_t)(ndim == 2 ? b : 1);
     return 0;
+}
+
+struct weight_init makemodel_weight_init(enum weight_role r, int hidden, int n_layers, int q_dim,
+                                         int ffn)
+{
+    const float in_h = 1.0f / sqrtf((float)hidden);
+    const float sub = 1.0f / sqrtf(2.0f * (float)n_layers); // RMS of each sublayer's output
+    switch (r) {
+    case ROLE_EMBED: return (struct weight_init){TENSOR_INIT_UNIFORM, 1.0f};
+    case ROLE_NORM: return (struct weight_init){TENSOR_INIT_NORM, 1.0f};
+    case ROLE_QK_NORM: return (struct weight_init){TENSOR_INIT_NORM, SCALE_QK_NORM};
+    case ROLE_QKV: return (struct weight_init){TENSOR_INIT_UNIFORM, in_h};
+    case ROLE_O: return (struct weight_init){TENSOR_INIT_UNIFORM, sub / sqrtf((float)q_dim)};
+    case ROLE_ROUTER: return (struct weight_init){TENSOR_INIT_UNIFORM, SCALE_ROUTER * in_h};
+    case ROLE_EXPERT_IN:
+    case ROLE_DENSE_IN: return (struct weight_init){TENSOR_INIT_UNIFORM, in_h};
+    case ROLE_EXPERT_DOWN:
+        return (struct weight_init){TENSOR_INIT_UNIFORM,
+                                    sub / (GAIN_SWIGLU * GAIN_TOPK) / sqrtf((float)ffn)};
+    case ROLE_DENSE_DOWN:
+        return (struct weight_init){TENSOR_INIT_UNIFORM, sub / GAIN_SWIGLU / sqrtf((float)ffn)};
+    case ROLE_LM_HEAD: return (struct weight_init){TENSOR_INIT_UNIFORM, SCALE_LOGITS * in_h};
+    }
+    return (struct weight_init){TENSOR_INIT_UNIFORM, in_h};
 }
 
 static int build_list(const struct makemodel_spec *s, struct wlist *l)
 {
     int64_t V = s->vocab_size, H = s->hidden_size, D = s->head_dim;
     int64_t Q = (int64_t)s->n_heads * D, KV = (int64_t)s->n_kv_heads * D;
-    float in_h = 1.0f / sqrtf((float)H);
-    float sub = 1.0f / sqrtf(2.0f * (float)s->n_layers); // RMS of each sublayer's output
     int rc = 0;
+#define INIT(role, ffn) makemodel_weight_init(role, (int)H, s->n_layers, (int)Q, (int)(ffn))
 #define ADD(...) do { if ((rc = wlist_add(l, __VA_ARGS__))) return rc; } while (0)
-    ADD(INIT_UNIFORM, 1.0f, 2, V, H, "model.embed_tokens.weight");
+    ADD(INIT(ROLE_EMBED, 0), 2, V, H, "model.embed_tokens.weight");
     for (int i = 0; i < s->n_layers; i++) {
         const char *p = "model.layers";
-        ADD(INIT_NORM, 1.0f, 1, H, 0, "%s.%d.input_layernorm.weight", p, i);
-        ADD(INIT_UNIFORM, in_h, 2, Q, H, "%s.%d.self_attn.q_proj.weight", p, i);
-        ADD(INIT_UNIFORM, in_h, 2, KV, H, "%s.%d.self_attn.k_proj.weight", p, i);
-        ADD(INIT_UNIFORM, in_h, 2, KV, H, "%s.%d.self_attn.v_proj.weight", p, i);
-        ADD(INIT_UNIFORM, sub / sqrtf((float)Q), 2, H, Q, "%s.%d.self_attn.o_proj.weight", p, i);
-        ADD(INIT_NORM, SCALE_QK_NORM, 1, D, 0, "%s.%d.self_attn.q_norm.weight", p, i);
-        ADD(INIT_NORM, SCALE_QK_NORM, 1, D, 0, "%s.%d.self_attn.k_norm.weight", p, i);
-        ADD(INIT_NORM, 1.0f, 1, H, 0, "%s.%d.post_attention_layernorm.weight", p, i);
+        ADD(INIT(ROLE_NORM, 0), 1, H, 0, "%s.%d.input_layernorm.weight", p, i);
+        ADD(INIT(ROLE_QKV, 0), 2, Q, H, "%s.%d.self_attn.q_proj.weight", p, i);
+        ADD(INIT(ROLE_QKV, 0), 2, KV, H, "%s.%d.self_attn.k_proj.weight", p, i);
+        ADD(INIT(ROLE_QKV, 0), 2, KV, H, "%s.%d.self_attn.v_proj.weight", p, i);
+        ADD(INIT(ROLE_O, 0), 2, H, Q, "%s.%d.self_attn.o_proj.weight", p, i);
+        ADD(INIT(ROLE_QK_NORM, 0), 1, D, 0, "%s.%d.self_attn.q_norm.weight", p, i);
+        ADD(INIT(ROLE_QK_NORM, 0), 1, D, 0, "%s.%d.self_attn.k_norm.weight", p, i);
+        ADD(INIT(ROLE_NORM, 0), 1, H, 0, "%s.%d.post_attention_layernorm.weight", p, i);
         if (spec_layer_is_moe(s, i)) {
             int64_t F = s->moe_intermediate_size;
-            float down = sub / (GAIN_SWIGLU * GAIN_TOPK) / sqrtf((float)F);
-            ADD(INIT_UNIFORM, SCALE_ROUTER * in_h, 2, s->n_experts, H, "%s.%d.mlp.gate.weight",
-                p, i);
+            ADD(INIT(ROLE_ROUTER, 0), 2, s->n_experts, H, "%s.%d.mlp.gate.weight", p, i);
             for (int e = 0; e < s->n_experts; e++) {
-                ADD(INIT_UNIFORM, in_h, 2, F, H, "%s.%d.mlp.experts.%d.gate_proj.weight", p, i, e);
-                ADD(INIT_UNIFORM, in_h, 2, F, H, "%s.%d.mlp.experts.%d.up_proj.weight", p, i, e);
-                ADD(INIT_UNIFORM, down, 2, H, F, "%s.%d.mlp.experts.%d.down_proj.weight", p, i, e);
+                ADD(INIT(ROLE_EXPERT_IN, F), 2, F, H, "%s.%d.mlp.experts.%d.gate_proj.weight", p, i, e);
+                ADD(INIT(ROLE_EXPERT_IN, F), 2, F, H, "%s.%d.mlp.experts.%d.up_proj.weight", p, i, e);
+                ADD(INIT(ROLE_EXPERT_DOWN, F), 2, H, F, "%s.%d.mlp.experts.%d.down_proj.weight", p, i, e);
             }
         } else {
             int64_t F = s->intermediate_size;
-            float down = sub / GAIN_SWIGLU / sqrtf((float)F);
-            ADD(INIT_UNIFORM, in_h, 2, F, H, "%s.%d.mlp.gate_proj.weight", p, i);
-            ADD(INIT_UNIFORM, in_h, 2, F, H, "%s.%d.mlp.up_proj.weight", p, i);
-            ADD(INIT_UNIFORM, down, 2, H, F, "%s.%d.mlp.down_proj.weight", p, i);
+            ADD(INIT(ROLE_DENSE_IN, F), 2, F, H, "%s.%d.mlp.gate_proj.weight", p, i);
+            ADD(INIT(ROLE_DENSE_IN, F), 2, F, H, "%s.%d.mlp.up_proj.weight", p, i);
+            ADD(INIT(ROLE_DENSE_DOWN, F), 2, H, F, "%s.%d.mlp.down_proj.weight", p, i);
         }
     }
-    ADD(INIT_NORM, 1.0f, 1, H, 0, "model.norm.weight");
+    ADD(INIT(ROLE_NORM, 0), 1, H, 0, "model.norm.weight");
     if (!s->tie_word_embeddings)
-        ADD(INIT_UNIFORM, SCALE_LOGITS * in_h, 2, V, H, "lm_head.weight");
+        ADD(INIT(ROLE_LM_HEAD, 0), 2, V, H, "lm_head.weight");
 #undef ADD
+#undef INIT
     return 0;
 }
 
@@ -364,11 +381,11 @@ static int write_safetensors(const char *dir, const struct wlist *l, uint64_t se
         uint64_t state = seed ^ (0xd1b54a32d192ed03ull * (i + 1));
         splitmix64(&state);
         // Uniform on [-a, a] has std a / sqrt(3).
-        float a = w->scale * 1.7320508f;
+        float a = w->init.scale * 1.7320508f;
         for (uint64_t done = 0; done < w->count && !rc;) {
             size_t n = w->count - done < CHUNK_ELEMS ? (size_t)(w->count - done) : CHUNK_ELEMS;
             for (size_t k = 0; k < n; k++) {
-                float x = w->init == INIT_NORM ? w->scale + NORM_JITTER * uniform_pm1(&state)
+                float x = w->init.init == TENSOR_INIT_NORM ? w->init.scale + NORM_JITTER * uniform_pm1(&state)
                                                : a * uniform_pm1(&state);
                 buf[k] = ms_f32_to_bf16(x);
             }

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "model/config.h"
+#include "model/model.h"
 
 #define MAKEMODEL_MAX_MLP_ONLY 16
 
@@ -35,6 +36,25 @@ struct makemodel_spec {
     double rms_norm_eps;
     int max_position_embeddings;
 };
+
+// What a weight is for, which sets how it is drawn.
+enum weight_role {
+    ROLE_EMBED, ROLE_NORM, ROLE_QK_NORM, ROLE_QKV, ROLE_O, ROLE_ROUTER,
+    ROLE_EXPERT_IN,   // an expert's gate_proj or up_proj
+    ROLE_EXPERT_DOWN,
+    ROLE_DENSE_IN,    // a dense MLP's gate_proj or up_proj
+    ROLE_DENSE_DOWN,
+    ROLE_LM_HEAD,
+};
+// How make-model (and --load-format dummy) draws a weight of that role in a
+// model of that size; ffn is the MLP width of the weight's layer (per
+// expert for experts), q_dim n_heads * head_dim.
+struct weight_init {
+    enum tensor_init init;
+    float scale;
+};
+struct weight_init makemodel_weight_init(enum weight_role r, int hidden, int n_layers, int q_dim,
+                                         int ffn);
 
 // "tiny" or "demo"; MS_EINVAL with a sentence for anything else.
 int makemodel_spec_for_shape(const char *shape, struct makemodel_spec *spec, char *err,

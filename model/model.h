@@ -1,5 +1,6 @@
 // model: a loaded checkpoint — its config and views of every weight tensor,
-// memory-mapped from safetensors as stored (nothing copied).
+// memory-mapped from safetensors as stored (nothing copied), or, for
+// --load-format dummy, the recipe of random weights a backend makes itself.
 #ifndef MOESERVE_MODEL_MODEL_H
 #define MOESERVE_MODEL_MODEL_H
 
@@ -11,12 +12,21 @@
 
 // A view of one tensor inside a mapped file. Row-major; shape[0] is the
 // outermost dimension (for a Linear weight: (out_features, in_features)).
+enum tensor_init {
+    TENSOR_INIT_NONE = 0,       // the values are in data
+    TENSOR_INIT_UNIFORM,        // uniform with standard deviation init_scale
+    TENSOR_INIT_NORM,           // a norm weight: init_scale + NORM_JITTER x uniform(-1, 1)
+};
+
 struct tensor {
-    const void *data;
-    const void *packed; // NULL, or this matrix in the CPU kernels' packed layout (model_load)
+    const void *data;   // host memory (the mapped file), or NULL for a dummy load
     enum dtype dtype;
-    int ndim;
+    int ndim;           // 0: not bound (a dense MLP in a MoE layer, say)
     int64_t shape[4];
+    // --load-format dummy: element i is tensor_dummy_value(t, i).
+    enum tensor_init init;
+    float init_scale;
+    uint64_t init_key;
 };
 
 struct expert_weights {
@@ -51,20 +61,51 @@ struct model {
     struct tensor lm_head;        // (vocab, hidden)  lm_head, or embed when tied
     struct layer_weights *layers; // (n_layers)
     size_t weight_bytes;          // sum over all tensors
-    void *packed;                 // every matrix repacked for the CPU kernels, one mapping (or NULL)
-    size_t packed_bytes;
-    void *storage;                // the safetensors set (opaque to callers)
+    bool dummy;                   // --load-format dummy: no weight bytes on the host
+    void *storage;                // the safetensors set (opaque to callers), NULL when dummy
     char dir[4096];
 };
 
 // Loads DIR's config.json (+ generation_config.json) and maps its
 // safetensors (single file or model.safetensors.index.json shards). Checks
 // every tensor the config implies for presence, dtype and shape, printing
-// expected against actual in err. When the CPU kernel table in use reads
-// the packed layout faster (model/cpu/kernels.h), every matrix is repacked
-// into one anonymous mapping and the file's pages for it are let go.
+// expected against actual in err. A backend's prepare_weights then makes the
+// weights usable by it (model/backend.h).
 int model_load(const char *dir, struct model **out, char *err, size_t errlen);
+
+// vLLM's --load-format: auto reads the safetensors, dummy reads only
+// config.json (+ generation_config.json) and describes random weights of the
+// shapes it implies, scaled as `moeserve make-model` scales them (so that
+// the next-token distribution is peaked, not flat), drawn from seed; the
+// backend makes them in its own memory. Full-size benchmarks need no
+// checkpoint on disk.
+enum load_format { LOAD_FORMAT_AUTO = 0, LOAD_FORMAT_DUMMY };
+int load_format_parse(const char *s, enum load_format *out); // "auto" | "dummy"; MS_EINVAL else
+int model_load_format(const char *dir, enum load_format f, uint64_t seed, struct model **out,
+                      char *err, size_t errlen);
 void model_destroy(struct model *m);
+
+#if defined(__CUDACC__)
+#define TENSOR_FN static inline __host__ __device__
+#else
+#define TENSOR_FN static inline
+#endif
+
+// The dummy value of element i: a counter-based hash of (init_key, i), so
+// that any backend makes the same bits in any order and in parallel.
+TENSOR_FN float tensor_dummy_value(const struct tensor *t, uint64_t i)
+{
+    uint64_t z = t->init_key + (i + 1) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const float u = (float)(int64_t)(z >> 40) * (1.0f / 8388608.0f) - 1.0f; // [-1, 1)
+    if (t->init == TENSOR_INIT_NORM) return t->init_scale + 0.1f * u;
+    return t->init_scale * 1.7320508f * u; // uniform on [-a, a] has std a / sqrt(3)
+}
+
+// Elements of a bound tensor (0 when not bound).
+size_t tensor_elems(const struct tensor *t);
 
 // Bytes of weights a decode step reads for one token on a single rank:
 // attention + norms + router + top-k experts per MoE layer + lm_head + one

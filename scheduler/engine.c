@@ -13,13 +13,11 @@
 #include <unistd.h>
 
 #include "base/base.h"
-#include "model/cpu/threadpool.h"
+#include "model/backend_registry.h"
 #include "model/forward.h"
 #include "model/planner.h"
-#include "scheduler/comm_inproc.h"
 #include "scheduler/kv_blocks.h"
 #include "scheduler/metrics.h"
-#include "scheduler/sampler.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/stop.h"
 
@@ -30,18 +28,16 @@ struct seq {
     struct sched_seq q;                // first: the planner's view (tokens, blocks, plan)
     uint64_t id;
     struct engine_sink sink;
-    struct engine_sampling sampling;   // logit_bias points at bias
-    struct engine_logit_bias *bias;    // (n_logit_bias)
+    struct sampling_params sampling;   // logit_bias points at bias
+    struct sampling_logit_bias *bias;    // (n_logit_bias)
     int cap;                           // q.tokens holds cap = prompt + max_tokens
     struct stop_state stop;
     bool skip_special;
     struct tok_stream ts;
-    struct sampler_rng rng;
-    struct engine_token *prompt_lp;    // (n_prompt - 1) when prompt_logprobs >= 0
+    struct sample_token *prompt_lp;    // (n_prompt - 1) when prompt_logprobs >= 0
     bool prompt_lp_sent;
     struct seq *inbox_next;
-    struct engine_token sampled;       // written by the rank thread
-    int sample_rc;
+    struct sample_token sampled;       // written by the rank thread
     // Milestones for the latency metrics (ms_now(); 0: not yet).
     double t_submit, t_scheduled, t_first, t_last;
 };
@@ -58,20 +54,20 @@ _Static_assert((int)ENGINE_PHASE_ATTENTION == (int)FWD_PHASE_ATTENTION &&
 struct rank_slot {
     int index;
     struct engine *e;
+    struct backend *b;                 // the rank's device: forward pass and sampling
     struct kv_pool *kv;
     struct rank *rank;
     struct kv_blocks *blocks;
-    // Sampling runs on the rank's thread share too, one sequence per job:
-    // over a 150k vocabulary it costs as much as a small model's forward pass.
-    struct threadpool *spool;
-    struct sampler_scratch **scratch;  // (n_sample_threads) one per sampling thread
-    int n_sample_threads;
-    int next_job;                      // atomic: the next sequence to sample
-    float *logits;                     // (max_rows, vocab)
+    float *logits;                     // (max_rows, vocab) backend memory
+    // One sampling call per step over every row that wants a token or a
+    // prompt logprob: the row, its result, and where the result goes.
+    struct backend_sample_row *rows;   // (max_rows)
+    struct sample_token *row_out;      // (max_rows)
+    struct sample_token **row_dst;     // (max_rows)
     struct fwd_seq *fseqs;             // (max_num_seqs)
     struct sched_rank *plan;           // this rank's batch in the scheduler
     int rc;                            // of the last step
-    char err[256];
+    char err[768];
     double sample_seconds;             // cumulative wall time sampling this rank's rows
     pthread_t thread;
     bool thread_started;
@@ -151,48 +147,6 @@ static uint64_t splitmix64(uint64_t *x)
     return z ^ (z >> 31);
 }
 
-static int check_sampling(const struct engine *e, const struct engine_sampling *p, char *err,
-                          size_t errlen)
-{
-    if (!isfinite(p->temperature) || p->temperature < 0)
-        return ms_err(err, errlen, MS_EINVAL, "temperature must be 0 or more, not %g",
-                      (double)p->temperature);
-    if (!isfinite(p->top_p) || p->top_p <= 0 || p->top_p > 1)
-        return ms_err(err, errlen, MS_EINVAL, "top_p must be in (0, 1], not %g", (double)p->top_p);
-    if (!isfinite(p->min_p) || p->min_p < 0 || p->min_p > 1)
-        return ms_err(err, errlen, MS_EINVAL, "min_p must be in [0, 1], not %g", (double)p->min_p);
-    if (!isfinite(p->presence_penalty) || fabsf(p->presence_penalty) > 2)
-        return ms_err(err, errlen, MS_EINVAL, "presence_penalty must be in [-2, 2], not %g",
-                      (double)p->presence_penalty);
-    if (!isfinite(p->frequency_penalty) || fabsf(p->frequency_penalty) > 2)
-        return ms_err(err, errlen, MS_EINVAL, "frequency_penalty must be in [-2, 2], not %g",
-                      (double)p->frequency_penalty);
-    if (!isfinite(p->repetition_penalty) || p->repetition_penalty <= 0)
-        return ms_err(err, errlen, MS_EINVAL, "repetition_penalty must be above 0, not %g",
-                      (double)p->repetition_penalty);
-    if (p->logprobs < -1 || p->logprobs > ENGINE_MAX_LOGPROBS)
-        return ms_err(err, errlen, MS_EINVAL, "logprobs must be from 0 to %d, not %d",
-                      ENGINE_MAX_LOGPROBS, p->logprobs);
-    if (p->prompt_logprobs < -1 || p->prompt_logprobs > ENGINE_MAX_LOGPROBS)
-        return ms_err(err, errlen, MS_EINVAL, "prompt_logprobs must be from 0 to %d, not %d",
-                      ENGINE_MAX_LOGPROBS, p->prompt_logprobs);
-    if (p->n_logit_bias < 0 || (p->n_logit_bias > 0 && !p->logit_bias) ||
-        p->n_logit_bias > e->vocab)
-        return ms_err(err, errlen, MS_EINVAL, "logit_bias has %d entries; at most %d (the vocabulary)",
-                      p->n_logit_bias, e->vocab);
-    for (int i = 0; i < p->n_logit_bias; i++) {
-        if (p->logit_bias[i].id < 0 || p->logit_bias[i].id >= e->vocab)
-            return ms_err(err, errlen, MS_EINVAL,
-                          "logit_bias names token id %d; ids run from 0 to %d",
-                          (int)p->logit_bias[i].id, e->vocab - 1);
-        if (!isfinite(p->logit_bias[i].bias) || fabsf(p->logit_bias[i].bias) > 100)
-            return ms_err(err, errlen, MS_EINVAL,
-                          "logit_bias for token %d is %g; it must be in [-100, 100]",
-                          (int)p->logit_bias[i].id, (double)p->logit_bias[i].bias);
-    }
-    return 0;
-}
-
 // Validates and copies a request into a new sequence (on the caller's thread).
 static int seq_create(struct engine *e, const struct engine_request *r,
                       const struct engine_sink *sink, struct seq **out, char *err, size_t errlen)
@@ -228,7 +182,7 @@ static int seq_create(struct engine *e, const struct engine_request *r,
                       (long long)e->blocks_per_rank * KV_BLOCK_TOKENS, e->blocks_per_rank,
                       KV_BLOCK_TOKENS, e->n_ranks,
                       (long long)e->blocks_per_rank * KV_BLOCK_TOKENS * e->n_ranks);
-    int rc = check_sampling(e, &r->sampling, err, errlen);
+    int rc = sampling_params_check(&r->sampling, e->vocab, NULL, err, errlen);
     if (rc) return rc;
     if (r->stop.n_stop_strs > 0 && !e->tok)
         return ms_err(err, errlen, MS_EINVAL,
@@ -294,7 +248,7 @@ static int text_append(struct engine *e, const char *p, size_t n)
     return 0;
 }
 
-static void seq_emit(struct engine *e, struct seq *s, const struct engine_token *tok, int n_tok,
+static void seq_emit(struct engine *e, struct seq *s, const struct sample_token *tok, int n_tok,
                      enum engine_finish fin, const char *stop_str, int32_t stop_id,
                      const char *error)
 {
@@ -332,7 +286,7 @@ static void seq_emit(struct engine *e, struct seq *s, const struct engine_token 
 }
 
 // Sends the final delta and frees the sequence, wherever it is.
-static void seq_finish(struct engine *e, struct seq *s, const struct engine_token *tok, int n_tok,
+static void seq_finish(struct engine *e, struct seq *s, const struct sample_token *tok, int n_tok,
                        enum engine_finish fin, const char *stop_str, int32_t stop_id,
                        const char *error)
 {
@@ -423,46 +377,45 @@ static void seq_accept_token(struct engine *e, struct seq *s)
 
 // ---- the step -------------------------------------------------------------------
 
-// Prompt logprobs and the next token of one sequence, from its logits rows.
-static void sample_seq(struct rank_slot *r, struct sched_seq *q, struct sampler_scratch *scratch)
+// The sampling rows of one sequence: a score row for each prompt token its
+// logits rows predict (prompt logprobs), then the row that draws its next
+// token. Returns the rows added.
+static int seq_rows(struct rank_slot *r, struct sched_seq *q, int n)
 {
     struct engine *e = r->e;
     struct seq *s = seq_of(q);
-    if (q->sched_rows == 0) return;
-    size_t V = (size_t)e->vocab;
+    if (q->sched_rows == 0) return 0;
+    const size_t V = (size_t)e->vocab;
     float *rows = r->logits + (size_t)q->row * V;
+    int added = 0;
     if (q->wants_prompt_lp) {
         int first_pos = q->n_computed + q->sched_new - q->sched_rows;
         for (int j = 0; j < q->sched_rows; j++) {
             int pos = first_pos + j; // row j predicts token pos + 1
-            if (pos + 1 < q->n_prompt)
-                sampler_logprobs(rows + (size_t)j * V, e->vocab, q->tokens[pos + 1],
-                                 s->sampling.prompt_logprobs, scratch, &s->prompt_lp[pos]);
+            if (pos + 1 >= q->n_prompt) continue;
+            r->rows[n + added] = (struct backend_sample_row){
+                .logits = rows + (size_t)j * V, .p = &s->sampling, .score = q->tokens[pos + 1]};
+            r->row_dst[n + added++] = &s->prompt_lp[pos];
         }
     }
     if (q->sched_sample) {
-        float *last = rows + (size_t)(q->sched_rows - 1) * V;
-        s->sample_rc = sampler_sample(&s->sampling, last, e->vocab, q->tokens, q->n_prompt,
-                                      q->tokens + q->n_prompt, q->n_tokens - q->n_prompt, &s->rng,
-                                      scratch, &s->sampled);
+        r->rows[n + added] = (struct backend_sample_row){
+            .logits = rows + (size_t)(q->sched_rows - 1) * V,
+            .p = &s->sampling,
+            .prompt = q->tokens,
+            .n_prompt = q->n_prompt,
+            .output = q->tokens + q->n_prompt,
+            .n_output = q->n_tokens - q->n_prompt,
+            .position = (uint32_t)q->n_tokens,
+            .score = -1,
+        };
+        r->row_dst[n + added++] = &s->sampled;
     }
-}
-
-// Sequences are handed out one at a time: their costs differ (prompt rows).
-static void sample_worker(void *ctx, int tid, int n_threads)
-{
-    (void)n_threads;
-    struct rank_slot *r = ctx;
-    struct sched_rank *p = r->plan;
-    for (;;) {
-        int i = __atomic_fetch_add(&r->next_job, 1, __ATOMIC_RELAXED);
-        if (i >= p->n_batch) break;
-        sample_seq(r, p->batch[i], r->scratch[tid]);
-    }
+    return added;
 }
 
 // Runs a rank's forward pass over its planned batch and samples its
-// sequences (on the rank's own thread).
+// sequences (on the rank's own thread), all on its backend.
 static void rank_run_step(struct rank_slot *r)
 {
     struct sched_rank *p = r->plan;
@@ -480,13 +433,13 @@ static void rank_run_step(struct rank_slot *r)
     r->rc = rank_forward(r->rank, &b, r->logits, r->err, sizeof r->err);
     if (r->rc) return;
     const double t0 = ms_now();
-    int with_rows = 0;
-    for (int i = 0; i < p->n_batch; i++) with_rows += p->batch[i]->sched_rows > 0;
-    if (with_rows > 1 && r->n_sample_threads > 1) {
-        __atomic_store_n(&r->next_job, 0, __ATOMIC_RELAXED);
-        threadpool_run(r->spool, sample_worker, r);
-    } else {
-        for (int i = 0; i < p->n_batch; i++) sample_seq(r, p->batch[i], r->scratch[0]);
+    int n = 0;
+    for (int i = 0; i < p->n_batch; i++) n += seq_rows(r, p->batch[i], n);
+    if (n > 0) {
+        r->rc = r->b->ops->sample(r->b, r->rows, n, r->e->vocab, r->row_out);
+        if (r->rc) snprintf(r->err, sizeof r->err, "sampling failed: %s", r->b->err);
+        else
+            for (int i = 0; i < n; i++) *r->row_dst[i] = r->row_out[i];
     }
     r->sample_seconds += ms_now() - t0;
 }
@@ -593,10 +546,10 @@ static void step(struct engine *e)
     for (int ri = 0; ri < e->n_ranks; ri++) {
         struct sched_rank *p = e->ranks[ri].plan;
         if (e->ranks[ri].rc) {
-            // A failed forward pass leaves its sequences' KV undefined.
-            char msg[400];
-            snprintf(msg, sizeof msg, "the forward pass failed on rank %d: %s", ri,
-                     e->ranks[ri].err);
+            // A failed forward pass (or sampling) leaves its sequences' KV
+            // or next token undefined.
+            char msg[832];
+            snprintf(msg, sizeof msg, "the step failed on rank %d: %s", ri, e->ranks[ri].err);
             ms_log(MS_LOG_ERROR, "%s", msg);
             for (int i = 0; i < p->n_batch; i++) seq_abort(e, seq_of(p->batch[i]), msg);
             p->n_batch = 0;
@@ -610,12 +563,6 @@ static void step(struct engine *e)
             bool sample = q->sched_sample;
             sched_commit(&e->sched, q);
             if (!sample) continue;
-            if (s->sample_rc) {
-                char msg[160];
-                snprintf(msg, sizeof msg, "sampling failed (%s)", ms_status_name(s->sample_rc));
-                seq_abort(e, s, msg);
-                continue;
-            }
             seq_accept_token(e, s);
         }
         p->n_batch = 0;
@@ -714,52 +661,33 @@ static void *engine_main(void *arg)
 
 // ---- creation -----------------------------------------------------------------
 
-static size_t default_kv_bytes(void)
+// A quarter of the backend's free memory, at most 4 GiB (vLLM's CPU
+// default); the planner's fit check below bounds it on every device.
+static size_t default_kv_bytes(const struct backend_memory *mem)
 {
-    // A quarter of the memory available now, at most 4 GiB (vLLM's CPU default).
-    size_t avail = 0;
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (f) {
-        char line[256];
-        unsigned long long kb;
-        while (fgets(line, sizeof line, f))
-            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
-                avail = (size_t)kb * 1024;
-                break;
-            }
-        fclose(f);
-    }
-    if (!avail) {
-        long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-        if (pages > 0 && page > 0) avail = (size_t)pages * (size_t)page;
-    }
     size_t cap = (size_t)4 << 30;
-    size_t b = avail / 4;
+    size_t b = (size_t)(mem->free_bytes / 4);
     if (!b || b > cap) b = cap;
     return b;
 }
 
 // The start-up fit check, with the planner's arithmetic (what `moeserve
-// plan` prints): the host's memory must hold the weights (mapped once for
-// every rank), each rank's activation workspace and KV pool, and at least
-// one max-model-len sequence per rank. Logs the plan either way.
-static uint64_t host_memory_bytes(void)
-{
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
-}
-
-static int check_fit(const struct model_config *cfg, const struct engine_opts *o, int n_ranks,
-                     int max_len, size_t kv_total, char *err, size_t errlen)
+// plan` prints): the memory must hold the weights (mapped once for every
+// rank when the ranks share it), each rank's activation workspace and KV
+// pool, and at least one max-model-len sequence per rank. Logs the plan
+// either way.
+static int check_fit(const struct model_config *cfg, const struct engine_opts *o,
+                     const struct backend_memory *mem, int n_ranks, int max_len, size_t kv_total,
+                     char *err, size_t errlen)
 {
     struct plan_opts po;
     plan_opts_default(&po);
     po.weight_dtype = plan_dtype_from_dtype(cfg->torch_dtype);
     po.kv_dtype = plan_dtype_from_dtype(o->kv_dtype);
-    po.device_memory = host_memory_bytes();
+    po.device_memory = mem->total_bytes;
     po.memory_utilization = 0.9; // the rest for the OS, the HTTP side and the page cache
     po.kv_cache_bytes = kv_total ? kv_total : 1;
-    po.shared_memory = true;
+    po.shared_memory = mem->host_shared;
     po.max_model_len = max_len;
     po.max_num_batched_tokens = o->max_num_batched_tokens;
     po.max_num_seqs = o->max_num_seqs;
@@ -803,9 +731,9 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
         return ms_err(err, errlen, MS_EINVAL,
                       "--data-parallel-size %d needs --enable-expert-parallel: ranks share the "
                       "MoE layers by splitting the experts between them", n_ranks);
-    if (o->kv_dtype != DTYPE_BF16 && o->kv_dtype != DTYPE_F32)
-        return ms_err(err, errlen, MS_EINVAL, "the KV cache dtype must be bfloat16 or float32, not %s",
-                      dtype_name(o->kv_dtype));
+    if (o->kv_dtype != DTYPE_BF16 && o->kv_dtype != DTYPE_F16 && o->kv_dtype != DTYPE_F32)
+        return ms_err(err, errlen, MS_EINVAL, "the KV cache dtype must be bfloat16, float16 or "
+                      "float32, not %s", dtype_name(o->kv_dtype));
     if (o->max_num_seqs < 1)
         return ms_err(err, errlen, MS_EINVAL, "--max-num-seqs must be at least 1, not %d",
                       o->max_num_seqs);
@@ -857,7 +785,34 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = n > 0 ? (int)n : 1;
     }
-    size_t kv_bytes = o->kv_cache_bytes ? o->kv_cache_bytes : default_kv_bytes();
+    enum backend_device dev;
+    char note[256];
+    if ((rc = backend_device_resolve(o->device, &dev, note, sizeof note, err, errlen))) goto fail;
+    if (note[0]) ms_log(MS_LOG_INFO, "%s", note);
+    e->ranks = calloc((size_t)n_ranks, sizeof *e->ranks);
+    if (!e->ranks) {
+        rc = ms_err(err, errlen, MS_ENOMEM, "out of memory for the ranks");
+        goto fail;
+    }
+    for (int i = 0; i < n_ranks; i++) {
+        struct backend_opts bo = {
+            .n_threads = n_threads / n_ranks + (i < n_threads % n_ranks ? 1 : 0),
+            .device_index = i,
+            .rank = i,
+        };
+        if (bo.n_threads < 1) bo.n_threads = 1;
+        e->ranks[i].index = i;
+        e->ranks[i].e = e;
+        if ((rc = backend_create(dev, &bo, &e->ranks[i].b, err, errlen))) goto fail;
+    }
+    // Every rank's device is alike: the first one's memory sizes them all.
+    struct backend_memory mem;
+    struct backend *b0 = e->ranks[0].b;
+    if ((rc = b0->ops->memory(b0, &mem))) {
+        rc = ms_err(err, errlen, rc, "%s", b0->err);
+        goto fail;
+    }
+    size_t kv_bytes = o->kv_cache_bytes ? o->kv_cache_bytes : default_kv_bytes(&mem);
     size_t block_bytes = kv_block_bytes(cfg, o->kv_dtype);
     size_t per_rank = kv_bytes / (size_t)n_ranks;
     size_t n_blocks = block_bytes ? per_rank / block_bytes : 0;
@@ -866,7 +821,8 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
         size_t most = (size_t)o->max_num_seqs * (((size_t)max_len + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
         if (n_blocks > most) n_blocks = most;
     }
-    rc = check_fit(cfg, o, n_ranks, max_len, n_blocks * block_bytes * (size_t)n_ranks, err, errlen);
+    rc = check_fit(cfg, o, &mem, n_ranks, max_len, n_blocks * block_bytes * (size_t)n_ranks, err,
+                   errlen);
     if (rc) goto fail;
     if (n_blocks > (1u << 28)) n_blocks = 1u << 28; // block ids are int32; 4G tokens a rank
     if (n_blocks < 1) {
@@ -884,48 +840,38 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
             rc = ms_err(err, errlen, MS_ENOMEM, "out of memory for the communicators");
             goto fail;
         }
-        rc = comm_inproc_create(n_ranks, e->comms, err, errlen);
+        rc = backend_comm_create(dev, n_ranks, e->comms, err, errlen);
         if (rc) goto fail;
-    }
-    e->ranks = calloc((size_t)n_ranks, sizeof *e->ranks);
-    if (!e->ranks) {
-        rc = ms_err(err, errlen, MS_ENOMEM, "out of memory for the ranks");
-        goto fail;
     }
     int max_rows = o->max_num_seqs + EXTRA_LOGIT_ROWS;
     if (max_rows > o->max_num_batched_tokens) max_rows = o->max_num_batched_tokens;
     for (int i = 0; i < n_ranks; i++) {
         struct rank_slot *r = &e->ranks[i];
-        r->index = i;
-        r->e = e;
-        rc = kv_pool_create(cfg, o->kv_dtype, (int)n_blocks, &r->kv, err, errlen);
+        rc = kv_pool_create(r->b, cfg, o->kv_dtype, (int)n_blocks, &r->kv, err, errlen);
         if (rc) goto fail;
         rc = kvb_create((int)n_blocks, o->enable_prefix_caching, &r->blocks, err, errlen);
         if (rc) goto fail;
         struct rank_opts ro = {
             .rank = i,
             .n_ranks = n_ranks,
-            .n_threads = n_threads / n_ranks + (i < n_threads % n_ranks ? 1 : 0),
             .comm = n_ranks > 1 ? e->comms[i] : NULL,
             .max_batch_tokens = o->max_num_batched_tokens,
             .max_batch_seqs = o->max_num_seqs,
         };
-        if (ro.n_threads < 1) ro.n_threads = 1;
-        rc = rank_create(m, r->kv, &ro, &r->rank, err, errlen);
+        rc = rank_create(m, r->b, r->kv, &ro, &r->rank, err, errlen);
         if (rc) goto fail;
-        rc = threadpool_create(ro.n_threads, &r->spool, err, errlen);
-        if (rc) goto fail;
-        r->n_sample_threads = threadpool_size(r->spool);
-        r->scratch = calloc((size_t)r->n_sample_threads, sizeof *r->scratch);
-        bool scratch_ok = r->scratch != NULL;
-        for (int t = 0; scratch_ok && t < r->n_sample_threads; t++)
-            scratch_ok = (r->scratch[t] = sampler_scratch_create(e->vocab)) != NULL;
-        r->logits = malloc((size_t)max_rows * (size_t)e->vocab * sizeof *r->logits);
+        size_t logit_bytes = (size_t)max_rows * (size_t)e->vocab * sizeof *r->logits;
+        if ((rc = r->b->ops->alloc(r->b, logit_bytes, (void **)&r->logits))) {
+            rc = ms_err(err, errlen, rc, "rank %d's logits (%d rows of %d): %s", i, max_rows,
+                        e->vocab, r->b->err);
+            goto fail;
+        }
+        r->rows = calloc((size_t)max_rows, sizeof *r->rows);
+        r->row_out = calloc((size_t)max_rows, sizeof *r->row_out);
+        r->row_dst = calloc((size_t)max_rows, sizeof *r->row_dst);
         r->fseqs = calloc((size_t)o->max_num_seqs, sizeof *r->fseqs);
-        if (!scratch_ok || !r->logits || !r->fseqs) {
-            rc = ms_err(err, errlen, MS_ENOMEM,
-                        "out of memory for rank %d's logits (%d rows of %d)", i, max_rows,
-                        e->vocab);
+        if (!r->rows || !r->row_out || !r->row_dst || !r->fseqs) {
+            rc = ms_err(err, errlen, MS_ENOMEM, "out of memory for rank %d's step tables", i);
             goto fail;
         }
     }
@@ -1005,14 +951,14 @@ void engine_destroy(struct engine *e)
         for (int i = 0; i < e->n_ranks; i++) {
             struct rank_slot *r = &e->ranks[i];
             if (r->rank) rank_destroy(r->rank);
-            kv_pool_destroy(r->kv);
             kvb_destroy(r->blocks);
-            if (r->scratch)
-                for (int t = 0; t < r->n_sample_threads; t++)
-                    if (r->scratch[t]) sampler_scratch_destroy(r->scratch[t]);
-            free(r->scratch);
-            if (r->spool) threadpool_destroy(r->spool);
-            free(r->logits);
+            if (r->b) {
+                kv_pool_destroy(r->b, r->kv);
+                if (r->logits) r->b->ops->free(r->b, r->logits);
+            }
+            free(r->rows);
+            free(r->row_out);
+            free(r->row_dst);
             free(r->fseqs);
         }
     }
@@ -1022,6 +968,8 @@ void engine_destroy(struct engine *e)
             if (e->comms[i]) e->comms[i]->ops->destroy(e->comms[i]);
         free(e->comms);
     }
+    if (e->ranks)
+        for (int i = 0; i < e->n_ranks; i++) backend_destroy(e->ranks[i].b);
     free(e->ranks);
     free(e->text);
     free(e->tsbuf);
@@ -1060,8 +1008,8 @@ int engine_submit(struct engine *e, const struct engine_request *r, const struct
                       e->o.max_waiting_requests);
     }
     s->id = e->next_id++;
-    uint64_t seed = r->sampling.has_seed ? r->sampling.seed : splitmix64(&e->rng_state);
-    sampler_rng_seed(&s->rng, seed);
+    // An unseeded request draws under a key of its own.
+    if (!s->sampling.has_seed) s->sampling.seed = splitmix64(&e->rng_state);
     s->inbox_next = NULL;
     if (e->inbox_tail) e->inbox_tail->inbox_next = s;
     else e->inbox_head = s;

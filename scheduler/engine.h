@@ -8,20 +8,22 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/backend.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "model/sampling.h"
 #include "tokenizer/tokenizer.h"
-
-#define ENGINE_MAX_LOGPROBS 20
 
 struct metrics; // scheduler/metrics.h
 
 struct engine_opts {
+    enum backend_device device;  // --device: auto (the default), cpu, cuda
     int data_parallel_size;      // ranks (1)
     bool enable_expert_parallel; // shard experts over the ranks (required when ranks > 1)
     int n_threads;               // total compute threads, split between ranks (0: all cores)
-    size_t kv_cache_bytes;       // total KV budget, split between ranks (0: a share of RAM)
-    enum dtype kv_dtype;         // DTYPE_BF16 or DTYPE_F32
+    size_t kv_cache_bytes;       // total KV budget, split between ranks (0: a share of the
+                                 // backend's free memory)
+    enum dtype kv_dtype;         // DTYPE_BF16, DTYPE_F16 or DTYPE_F32
     int max_num_seqs;            // running sequences (256)
     int max_num_batched_tokens;  // tokens per step (2048)
     int max_model_len;           // 0: the config's max_position_embeddings
@@ -31,27 +33,6 @@ struct engine_opts {
     struct metrics *metrics;     // fed every step and at each request's milestones (NULL: none)
 };
 void engine_opts_default(struct engine_opts *o);
-
-struct engine_logit_bias {
-    int32_t id;
-    float bias;
-};
-
-struct engine_sampling {
-    float temperature;           // 0: greedy
-    float top_p;                 // 1: off
-    int top_k;                   // <= 0: off
-    float min_p;                 // 0: off
-    float presence_penalty;      // 0: off
-    float frequency_penalty;     // 0: off
-    float repetition_penalty;    // 1: off
-    bool has_seed;
-    uint64_t seed;               // makes sampling reproducible whatever else is batched
-    const struct engine_logit_bias *logit_bias;
-    int n_logit_bias;
-    int logprobs;                // -1: none; k >= 0: the sampled token's logprob and k alternatives
-    int prompt_logprobs;         // -1: none; k >= 0: the same for every prompt token after the first
-};
 
 struct engine_stop {
     int max_tokens;              // generated tokens at most (> 0)
@@ -66,7 +47,7 @@ struct engine_stop {
 struct engine_request {
     const int32_t *prompt;       // (n_prompt) token ids; copied by engine_submit
     int n_prompt;
-    struct engine_sampling sampling;
+    struct sampling_params sampling;
     struct engine_stop stop;     // strings and arrays copied by engine_submit
 };
 void engine_request_default(struct engine_request *r);
@@ -80,24 +61,12 @@ enum engine_finish {
 };
 const char *engine_finish_name(enum engine_finish f); // "stop", "length", "abort"
 
-struct engine_logprob {
-    int32_t id;
-    float logprob;
-};
-
-struct engine_token {
-    int32_t id;
-    float logprob;                      // when logprobs >= 0
-    int n_top;                          // alternatives in top, best first
-    struct engine_logprob top[ENGINE_MAX_LOGPROBS];
-};
-
 // One batch of output for a request. Pointers are valid only during the call.
 struct engine_delta {
     uint64_t request_id;
-    const struct engine_token *prompt_tokens_lp; // prompt logprobs, once, before any token (or NULL)
+    const struct sample_token *prompt_tokens_lp; // prompt logprobs, once, before any token (or NULL)
     int n_prompt_tokens_lp;
-    const struct engine_token *tokens;  // new tokens (usually one)
+    const struct sample_token *tokens;  // new tokens (usually one)
     int n_tokens;
     const char *text;                   // text released by this delta (held-back stop-string tails excluded)
     size_t text_len;
@@ -119,8 +88,8 @@ struct engine_sink {
 
 struct engine;
 
-// Creates the ranks (KV pools, thread shares, expert shards) and the engine
-// thread. tok may be NULL (no text, no stop strings).
+// Creates the ranks (a backend each, KV pools, thread shares, expert shards)
+// and the engine thread. tok may be NULL (no text, no stop strings).
 int engine_create(const struct model *m, const struct tokenizer *tok, const struct engine_opts *o,
                   struct engine **out, char *err, size_t errlen);
 // Returns MS_ETOOLONG (prompt + max_tokens beyond max_model_len, both

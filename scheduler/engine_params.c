@@ -7,6 +7,7 @@
 void engine_opts_default(struct engine_opts *o)
 {
     memset(o, 0, sizeof *o);
+    o->device = BACKEND_DEVICE_AUTO;
     o->data_parallel_size = 1;
     o->enable_expert_parallel = false;
     o->n_threads = 0;
@@ -24,13 +25,7 @@ void engine_opts_default(struct engine_opts *o)
 void engine_request_default(struct engine_request *r)
 {
     memset(r, 0, sizeof *r);
-    r->sampling.temperature = 1.0f;
-    r->sampling.top_p = 1.0f;
-    r->sampling.top_k = 0;
-    r->sampling.min_p = 0.0f;
-    r->sampling.repetition_penalty = 1.0f;
-    r->sampling.logprobs = -1;
-    r->sampling.prompt_logprobs = -1;
+    sampling_params_default(&r->sampling);
     r->stop.max_tokens = 16;
     r->stop.skip_special_tokens = true;
 }

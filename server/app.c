@@ -134,7 +134,7 @@ static uint64_t now_us(void)
     return (uint64_t)(ms_now() * 1e6);
 }
 
-static void token_from_engine(struct oa_token *o, const struct engine_token *t, bool with_lp)
+static void token_from_engine(struct oa_token *o, const struct sample_token *t, bool with_lp)
 {
     o->id = t->id;
     o->logprob = t->logprob;
@@ -504,12 +504,12 @@ static int encode(struct app *a, const char *text, size_t len, const char *param
 
 static void fill_engine_request(struct app *a, const struct oa_gen_params *g, const struct prompt *p,
                                 int choice_in_prompt, bool want_prompt_lp,
-                                struct engine_logit_bias *bias, struct engine_request *er)
+                                struct sampling_logit_bias *bias, struct engine_request *er)
 {
     engine_request_default(er);
     er->prompt = p->ids;
     er->n_prompt = p->n_ids;
-    struct engine_sampling *s = &er->sampling;
+    struct sampling_params *s = &er->sampling;
     s->temperature = g->temperature;
     s->top_p = g->top_p;
     s->top_k = g->top_k;
@@ -693,7 +693,7 @@ static void handle_generate(struct app *a, struct http_request *r, bool chat)
     j->include_usage = g->include_usage;
     j->continuous_usage = g->continuous_usage_stats;
 
-    struct engine_logit_bias *bias = NULL;
+    struct sampling_logit_bias *bias = NULL;
     if (g->n_logit_bias) {
         bias = arena_calloc(ar, (size_t)g->n_logit_bias, sizeof *bias);
         if (!bias) {

@@ -1,25 +1,25 @@
 // cmd_generate: `moeserve generate` — runs a checkpoint on one prompt from the
 // command line (token ids, or text when the checkpoint has a tokenizer), and
 // `--bench`, decode and prefill speed beside the machine's measured limits.
+// Both go through the engine, as the server does: one engine path.
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "base/base.h"
-#include "model/cpu/kernels.h"
-#include "model/cpu/probe.h"
-#include "model/cpu/threadpool.h"
-#include "model/forward.h"
+#include "model/backend_registry.h"
 #include "model/model.h"
-#include "tokenizer/tokenizer.h"
-#include "scheduler/sampler.h"
+#include "model/sampling.h"
+#include "scheduler/engine.h"
 #include "server/commands.h"
+#include "tokenizer/tokenizer.h"
 
 #define PREFILL_CHUNK 512
 
@@ -44,10 +44,13 @@ static void usage(FILE *f)
             "                         timings\n"
             "  --threads N            compute threads (default: all cores)\n"
             "  --kv-cache-dtype D     auto (the checkpoint's dtype), bfloat16, float16, float32\n"
+            "  --device D             auto, cpu or cuda (vLLM's --device; default auto)\n"
+            "  --load-format F        auto (the safetensors) or dummy (random weights of\n"
+            "                         config.json's shapes, made on the device; for benchmarks)\n"
             "  --bench                decode tokens/s at batch 1 and prefill tokens/s for a\n"
             "                         %d-token prompt, beside the read bandwidth and FMA peak\n"
             "                         measured in the same run\n",
-            ENGINE_MAX_LOGPROBS, PREFILL_CHUNK);
+            SAMPLING_MAX_LOGPROBS, PREFILL_CHUNK);
 }
 
 struct gen_opts {
@@ -63,6 +66,8 @@ struct gen_opts {
     bool ignore_eos, json, bench;
     int threads;
     const char *kv_dtype;
+    enum backend_device device;
+    enum load_format load_format;
 };
 
 static bool parse_long(const char *flag, const char *s, long lo, long hi, long *out)
@@ -96,7 +101,7 @@ static bool parse_float(const char *flag, const char *s, double lo, double hi, f
 static int parse_args(int argc, char **argv, struct gen_opts *o)
 {
     enum { O_IDS = 256, O_TEXT, O_MAX, O_TEMP, O_TOPP, O_TOPK, O_MINP, O_REP, O_SEED, O_LP, O_EOS,
-           O_JSON, O_THREADS, O_KV, O_BENCH };
+           O_JSON, O_THREADS, O_KV, O_BENCH, O_DEVICE, O_LOAD };
     static const struct option opts[] = {
         {"prompt-ids", required_argument, NULL, O_IDS},
         {"prompt", required_argument, NULL, O_TEXT},
@@ -113,6 +118,8 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
         {"threads", required_argument, NULL, O_THREADS},
         {"kv-cache-dtype", required_argument, NULL, O_KV},
         {"bench", no_argument, NULL, O_BENCH},
+        {"device", required_argument, NULL, O_DEVICE},
+        {"load-format", required_argument, NULL, O_LOAD},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -131,7 +138,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
             o->max_tokens = (int)v;
             break;
         case O_TEMP:
-            if (!parse_float("--temperature", optarg, 0, 1e6, &o->temperature)) return 2;
+            if (!parse_float("--temperature", optarg, 0, 2, &o->temperature)) return 2;
             o->has_temperature = true;
             break;
         case O_TOPP:
@@ -148,7 +155,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
             o->has_min_p = true;
             break;
         case O_REP:
-            if (!parse_float("--repetition-penalty", optarg, 1e-6, 1e6, &o->rep)) return 2;
+            if (!parse_float("--repetition-penalty", optarg, 1e-6, 10, &o->rep)) return 2;
             o->has_rep = true;
             break;
         case O_SEED: {
@@ -165,7 +172,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
             break;
         }
         case O_LP:
-            if (!parse_long("--top-logprobs", optarg, 0, ENGINE_MAX_LOGPROBS, &v)) return 2;
+            if (!parse_long("--top-logprobs", optarg, 0, SAMPLING_MAX_LOGPROBS, &v)) return 2;
             o->top_logprobs = (int)v;
             break;
         case O_EOS: o->ignore_eos = true; break;
@@ -176,6 +183,20 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
             break;
         case O_KV: o->kv_dtype = optarg; break;
         case O_BENCH: o->bench = true; break;
+        case O_DEVICE:
+            if (backend_device_parse(optarg, &o->device)) {
+                fprintf(stderr, "moeserve generate: --device must be auto, cpu or cuda, not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case O_LOAD:
+            if (load_format_parse(optarg, &o->load_format)) {
+                fprintf(stderr, "moeserve generate: --load-format must be auto or dummy, not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -249,97 +270,121 @@ static int parse_prompt_ids(const char *s, int vocab, int32_t **out, int *n_out)
     return 0;
 }
 
-struct runner {
-    struct model *m;
-    struct kv_pool *kv;
-    struct rank *r;
-    int32_t *blocks;
-    float *logits;
-    int capacity; // tokens the KV blocks hold
-};
-
-static void runner_close(struct runner *x)
-{
-    rank_destroy(x->r);
-    kv_pool_destroy(x->kv);
-    free(x->blocks);
-    free(x->logits);
-    memset(x, 0, sizeof *x);
-}
-
-static int runner_open(struct runner *x, struct model *m, enum dtype kv_dtype, int threads,
-                       int capacity, int max_batch)
-{
-    char err[1024];
-    memset(x, 0, sizeof *x);
-    x->m = m;
-    x->capacity = capacity;
-    int nb = (capacity + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
-    struct rank_opts ro = {.rank = 0, .n_ranks = 1, .n_threads = threads,
-                           .max_batch_tokens = max_batch, .max_batch_seqs = 1};
-    x->blocks = malloc((size_t)nb * sizeof *x->blocks);
-    x->logits = malloc((size_t)m->cfg.vocab_size * sizeof *x->logits);
-    if (!x->blocks || !x->logits) {
-        fprintf(stderr, "moeserve generate: out of memory\n");
-        runner_close(x);
-        return 1;
-    }
-    for (int i = 0; i < nb; i++) x->blocks[i] = i;
-    if (kv_pool_create(&m->cfg, kv_dtype, nb, &x->kv, err, sizeof err) ||
-        rank_create(m, x->kv, &ro, &x->r, err, sizeof err)) {
-        fprintf(stderr, "moeserve generate: %s\n", err);
-        runner_close(x);
-        return 1;
-    }
-    return 0;
-}
-
-// Appends n tokens at n_past, in chunks of at most max_batch; logits of the last.
-static int runner_feed(struct runner *x, const int32_t *tokens, int n, int n_past, int max_batch)
-{
-    char err[1024];
-    for (int done = 0; done < n;) {
-        int c = n - done < max_batch ? n - done : max_batch;
-        struct fwd_seq s = {.tokens = tokens + done, .n_new = c, .n_past = n_past + done,
-                            .blocks = x->blocks, .n_logits = done + c == n};
-        struct fwd_batch b = {.n_seqs = 1, .seqs = &s};
-        if (rank_forward(x->r, &b, x->logits, err, sizeof err)) {
-            fprintf(stderr, "moeserve generate: %s\n", err);
-            return 1;
-        }
-        done += c;
-    }
-    return 0;
-}
-
 static double json_lp(float lp) { return isfinite(lp) ? lp : -9999.0; } // vLLM's stand-in for -inf
 
 static void sampling_from(const struct gen_opts *o, const struct model_config *cfg,
-                          struct engine_sampling *p)
+                          struct sampling_params *p)
 {
-    const struct gen_defaults *g = &cfg->gen;
-    *p = (struct engine_sampling){.temperature = 1, .top_p = 1, .top_k = 0, .min_p = 0,
-                                  .repetition_penalty = 1, .logprobs = o->top_logprobs,
-                                  .prompt_logprobs = -1};
-    if (g->has_temperature) p->temperature = g->temperature;
-    if (g->has_top_p) p->top_p = g->top_p;
-    if (g->has_top_k) p->top_k = g->top_k;
-    if (g->has_min_p) p->min_p = g->min_p;
-    if (g->has_repetition_penalty) p->repetition_penalty = g->repetition_penalty;
+    sampling_params_default(p);
+    const struct sampling_set set = {.temperature = o->has_temperature, .top_p = o->has_top_p,
+                                     .top_k = o->has_top_k, .min_p = o->has_min_p,
+                                     .repetition_penalty = o->has_rep};
+    sampling_params_merge_defaults(p, &set, &cfg->gen);
     if (o->has_temperature) p->temperature = o->temperature;
     if (o->has_top_p) p->top_p = o->top_p;
-    if (o->has_top_k) p->top_k = o->top_k;
+    if (o->has_top_k) p->top_k = o->top_k > 0 ? o->top_k : 0;
     if (o->has_min_p) p->min_p = o->min_p;
     if (o->has_rep) p->repetition_penalty = o->rep;
     p->has_seed = o->has_seed;
     p->seed = o->seed;
 }
 
-static bool is_eos(const struct model_config *cfg, int32_t id)
+// ---- one request through the engine -------------------------------------------
+
+// What the engine's sink collects for one request; the command's thread
+// waits on it. Tokens and their times are kept; text is printed as it comes
+// unless the output is JSON.
+struct gen_run {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done, print;
+    struct sample_token *toks;   // (cap)
+    int n, cap;
+    enum engine_finish finish;
+    char error[256];
+    double t_submit, t_first, t_last;
+    bool ids_only;               // no tokenizer: print ids
+};
+
+static void gen_on_delta(void *ctx, const struct engine_delta *d)
 {
-    for (int i = 0; i < cfg->n_eos; i++)
-        if (cfg->eos_ids[i] == id) return true;
-    return false;
+    struct gen_run *g = ctx;
+    const double now = ms_now();
+    pthread_mutex_lock(&g->mu);
+    for (int i = 0; i < d->n_tokens; i++) {
+        if (g->n == 0) g->t_first = now;
+        g->t_last = now;
+        if (g->n < g->cap) g->toks[g->n] = d->tokens[i];
+        g->n++;
+        if (g->print && g->ids_only) printf("%s%d", g->n > 1 ? " " : "", d->tokens[i].id);
+    }
+    if (g->print && !g->ids_only && d->text_len) fwrite(d->text, 1, d->text_len, stdout);
+    if (g->print) fflush(stdout);
+    if (d->finish != FINISH_NONE) {
+        g->finish = d->finish;
+        if (d->error) snprintf(g->error, sizeof g->error, "%s", d->error);
+        g->done = true;
+        pthread_cond_signal(&g->cv);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+// Submits one request and waits for its last delta. Returns 0, or 1 with a
+// sentence on stderr.
+static int gen_run_one(struct engine *e, const int32_t *prompt, int n_prompt,
+                       const struct sampling_params *sp, int max_tokens, bool ignore_eos,
+                       struct gen_run *g)
+{
+    struct engine_request req;
+    engine_request_default(&req);
+    req.prompt = prompt;
+    req.n_prompt = n_prompt;
+    req.sampling = *sp;
+    req.stop.max_tokens = max_tokens;
+    req.stop.ignore_eos = ignore_eos;
+    g->n = 0;
+    g->done = false;
+    g->error[0] = 0;
+    g->t_submit = ms_now();
+    struct engine_sink sink = {.on_delta = gen_on_delta, .ctx = g};
+    char err[1024];
+    if (engine_submit(e, &req, &sink, NULL, err, sizeof err)) {
+        fprintf(stderr, "moeserve generate: %s\n", err);
+        return 1;
+    }
+    pthread_mutex_lock(&g->mu);
+    while (!g->done) pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+    if (g->finish == FINISH_ABORT) {
+        fprintf(stderr, "moeserve generate: %s\n", g->error[0] ? g->error : "the request was aborted");
+        return 1;
+    }
+    return 0;
+}
+
+// One sequence at a time, prefill in chunks of at most max_batch tokens, KV
+// for exactly `capacity` tokens, no prefix cache (a benchmark repeats its
+// prompts).
+static int gen_engine(const struct gen_opts *o, struct model *m, const struct tokenizer *tok,
+                      enum dtype kvt, int capacity, int max_batch, struct engine **out)
+{
+    struct engine_opts eo;
+    engine_opts_default(&eo);
+    eo.device = o->device;
+    eo.n_threads = o->threads;
+    eo.kv_dtype = kvt;
+    const size_t blocks = ((size_t)capacity + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+    eo.kv_cache_bytes = blocks * kv_block_bytes(&m->cfg, kvt);
+    eo.max_num_seqs = 1;
+    eo.max_num_batched_tokens = max_batch;
+    eo.max_model_len = capacity;
+    eo.enable_prefix_caching = false;
+    char err[2048];
+    if (engine_create(m, tok, &eo, out, err, sizeof err)) {
+        fprintf(stderr, "moeserve generate: %s\n", err);
+        return 1;
+    }
+    return 0;
 }
 
 static int run_generate(const struct gen_opts *o, struct model *m)
@@ -353,10 +398,12 @@ static int run_generate(const struct gen_opts *o, struct model *m)
         fprintf(stderr, "moeserve generate: %s\n", err);
         return 1;
     }
-    int32_t *prompt = NULL, *out = NULL;
+    int32_t *prompt = NULL;
     int n_prompt = 0;
-    struct sampler_scratch *scratch = NULL;
-    struct runner x = {0};
+    struct engine *e = NULL;
+    struct gen_run g = {.print = !o->json, .ids_only = !tok, .cap = o->max_tokens};
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_cond_init(&g.cv, NULL);
     if (o->prompt_text) {
         if (!tok) {
             fprintf(stderr, "moeserve generate: %s has no tokenizer.json, so --prompt cannot be "
@@ -395,126 +442,70 @@ static int run_generate(const struct gen_opts *o, struct model *m)
     enum dtype kvt;
     if ((rc = kv_dtype_from(o->kv_dtype, m, &kvt))) goto done;
     rc = 1;
-    int chunk = n_prompt < PREFILL_CHUNK ? n_prompt : PREFILL_CHUNK;
-    if (runner_open(&x, m, kvt, o->threads, n_prompt + o->max_tokens, chunk)) goto done;
-    struct engine_sampling sp;
+    struct sampling_params sp;
     sampling_from(o, cfg, &sp);
     sp.logprobs = o->json ? o->top_logprobs : -1; // the JSON always carries logprobs
-    struct sampler_rng rng;
-    sampler_rng_seed(&rng, o->has_seed ? o->seed : (uint64_t)ms_unix_time() ^ ((uint64_t)getpid() << 32) ^
-                                                      (uint64_t)(ms_now() * 1e9));
-    scratch = sampler_scratch_create(cfg->vocab_size);
-    out = malloc((size_t)o->max_tokens * sizeof *out);
-    struct engine_token *toks = malloc((size_t)o->max_tokens * sizeof *toks);
-    if (!scratch || !out || !toks) {
-        free(toks);
+    g.toks = malloc((size_t)o->max_tokens * sizeof *g.toks);
+    if (!g.toks) {
         fprintf(stderr, "moeserve generate: out of memory\n");
         goto done;
     }
-    struct tok_stream ts;
-    char *text = NULL;
-    if (tok) {
-        tok_stream_init(&ts, tok, true);
-        text = malloc(tok_stream_max_output(tok) + 1);
-        if (!text) {
-            free(toks);
-            goto done;
-        }
-    }
-    double t0 = ms_now();
-    if (runner_feed(&x, prompt, n_prompt, 0, chunk)) {
-        free(toks);
-        free(text);
-        goto done;
-    }
-    const double t_prefill = ms_now() - t0;
-    const char *finish = "length";
-    int n_out = 0;
-    double t1 = ms_now();
-    for (;;) {
-        struct engine_token *t = &toks[n_out];
-        if (sampler_sample(&sp, x.logits, cfg->vocab_size, prompt, n_prompt, out, n_out, &rng,
-                           scratch, t)) {
-            fprintf(stderr, "moeserve generate: the sampling parameters are invalid\n");
-            free(toks);
-            free(text);
-            goto done;
-        }
-        out[n_out++] = t->id;
-        if (!o->json) {
-            if (tok) {
-                size_t nt = 0;
-                if (tok_stream_feed(&ts, t->id, text, tok_stream_max_output(tok), &nt) == 0)
-                    fwrite(text, 1, nt, stdout);
-            } else {
-                printf("%s%d", n_out > 1 ? " " : "", t->id);
-            }
-            fflush(stdout);
-        }
-        if (!o->ignore_eos && is_eos(cfg, t->id)) {
-            finish = "stop";
-            break;
-        }
-        if (n_out == o->max_tokens) break;
-        if (runner_feed(&x, &t->id, 1, n_prompt + n_out - 1, 1)) {
-            free(toks);
-            free(text);
-            goto done;
-        }
-    }
-    const double t_decode = ms_now() - t1;
+    if (gen_engine(o, m, tok, kvt, n_prompt + o->max_tokens, PREFILL_CHUNK, &e)) goto done;
+    if (gen_run_one(e, prompt, n_prompt, &sp, o->max_tokens, o->ignore_eos, &g)) goto done;
+    const int n_out = g.n < g.cap ? g.n : g.cap;
+    const char *finish = engine_finish_name(g.finish);
     // The first token comes with the prefill; decode speed counts the rest.
-    const double prefill_tps = n_prompt / t_prefill, decode_tps = n_out > 1 ? (n_out - 1) / t_decode : 0;
+    const double t_prefill = g.t_first - g.t_submit, t_decode = g.t_last - g.t_first;
+    const double prefill_tps = n_prompt / t_prefill;
+    const double decode_tps = n_out > 1 && t_decode > 0 ? (n_out - 1) / t_decode : 0;
     if (o->json) {
         json_t *root = json_object(), *arr = json_array();
         json_object_set_new(root, "prompt_tokens", json_integer(n_prompt));
+        int32_t *ids = malloc(((size_t)n_out + 1) * sizeof *ids);
         for (int i = 0; i < n_out; i++) {
-            json_t *e = json_object(), *top = json_array();
-            json_object_set_new(e, "id", json_integer(toks[i].id));
-            json_object_set_new(e, "logprob", json_real(json_lp(toks[i].logprob)));
-            for (int j = 0; j < toks[i].n_top; j++)
-                json_array_append_new(top, json_pack("{s:i, s:f}", "id", (json_int_t)toks[i].top[j].id,
-                                                     "logprob", json_lp(toks[i].top[j].logprob)));
-            json_object_set_new(e, "top_logprobs", top);
-            json_array_append_new(arr, e);
+            const struct sample_token *t = &g.toks[i];
+            json_t *el = json_object(), *top = json_array();
+            json_object_set_new(el, "id", json_integer(t->id));
+            json_object_set_new(el, "logprob", json_real(json_lp(t->logprob)));
+            for (int j = 0; j < t->n_top; j++)
+                json_array_append_new(top, json_pack("{s:i, s:f}", "id", (json_int_t)t->top[j].id,
+                                                     "logprob", json_lp(t->top[j].logprob)));
+            json_object_set_new(el, "top_logprobs", top);
+            json_array_append_new(arr, el);
+            if (ids) ids[i] = t->id;
         }
         json_object_set_new(root, "tokens", arr);
-        if (tok) { // the generated text too, when the checkpoint has a tokenizer
+        if (tok && ids) { // the generated text too, when the checkpoint has a tokenizer
             char *t = NULL;
             size_t tl = 0;
-            if (tok_decode(tok, out, (size_t)n_out, true, &t, &tl, err, sizeof err) == 0)
+            if (tok_decode(tok, ids, (size_t)n_out, true, &t, &tl, err, sizeof err) == 0)
                 json_object_set_new(root, "text", json_stringn(t, tl));
             free(t);
         }
+        free(ids);
         json_object_set_new(root, "finish_reason", json_string(finish));
         json_object_set_new(root, "timings",
                             json_pack("{s:f, s:f, s:f, s:f}", "prefill_seconds", t_prefill,
                                       "decode_seconds", t_decode, "prefill_tokens_per_second",
                                       prefill_tps, "decode_tokens_per_second", decode_tps));
-        char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(9));
-        if (s) puts(s);
-        free(s);
+        char *js = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(9));
+        if (js) puts(js);
+        free(js);
         json_decref(root);
     } else {
-        if (tok) {
-            size_t nt = 0;
-            if (tok_stream_finish(&ts, text, tok_stream_max_output(tok), &nt) == 0)
-                fwrite(text, 1, nt, stdout);
-        }
         printf("\n");
         fflush(stdout);
         fprintf(stderr, "%d prompt tokens in %.3f s (%.1f tokens/s), %d generated in %.3f s "
                 "(%.1f tokens/s after the first), finish: %s\n", n_prompt, t_prefill, prefill_tps,
                 n_out, t_decode, decode_tps, finish);
     }
-    free(toks);
-    free(text);
     rc = 0;
 done:
-    runner_close(&x);
-    sampler_scratch_destroy(scratch);
+    engine_destroy(e);
+    free(g.toks);
+    pthread_mutex_destroy(&g.mu);
+    pthread_cond_destroy(&g.cv);
     free(prompt);
-    free(out);
     tok_destroy(tok);
     return rc;
 }
@@ -543,6 +534,11 @@ static double prefill_flops(const struct model *m, int n)
     return per_tok * n + attn + 2 * hd * c->vocab_size;
 }
 
+// Rounds that interleave each measurement with the limits it is compared
+// with, so that both see the same machine; other processes only ever slow a
+// measurement down, so the best of each is the least disturbed. The engine
+// runs the model (one request at a time, as a user's would); a second
+// backend on the same device measures the limits between requests.
 static int run_bench(const struct gen_opts *o, struct model *m)
 {
     const struct model_config *cfg = &m->cfg;
@@ -556,68 +552,72 @@ static int run_bench(const struct gen_opts *o, struct model *m)
         return 1;
     }
     char err[1024];
-    struct runner x;
-    if (runner_open(&x, m, kvt, o->threads, n_prompt + n_decode, n_prompt)) return 1;
-    struct threadpool *pool = NULL;
-    struct cpu_read_probe probe = {0};
-    const struct cpu_kernels *k = cpu_kernels_best();
-    int threads = o->threads ? o->threads : threadpool_cpu_count();
     int rc = 1;
-    if (threadpool_create(threads, &pool, err, sizeof err) ||
-        cpu_read_probe_create((size_t)1 << 30, &probe, err, sizeof err)) {
+    struct engine *e = NULL;
+    struct backend *probe = NULL;
+    int32_t *prompt = NULL;
+    struct gen_run g = {.cap = n_decode};
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_cond_init(&g.cv, NULL);
+    const int threads = o->threads ? o->threads : 0;
+    enum backend_device dev;
+    struct backend_opts bo = {.n_threads = threads};
+    if (backend_device_resolve(o->device, &dev, NULL, 0, err, sizeof err) ||
+        backend_create(dev, &bo, &probe, err, sizeof err)) {
         fprintf(stderr, "moeserve generate --bench: %s\n", err);
         goto done;
     }
-    int32_t *prompt = malloc((size_t)(n_prompt + n_decode) * sizeof *prompt);
-    if (!prompt) goto done;
+    g.toks = malloc((size_t)n_decode * sizeof *g.toks);
+    prompt = malloc((size_t)(n_prompt + n_decode) * sizeof *prompt);
+    if (!g.toks || !prompt) goto done;
     uint64_t seed = 12345;
     for (int i = 0; i < n_prompt + n_decode; i++) {
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
         prompt[i] = (int32_t)((seed >> 33) % (uint64_t)cfg->vocab_size);
     }
-    // Warm up: fault the mapped weights in and settle the threads.
-    if (runner_feed(&x, prompt, n_prompt, 0, n_prompt)) goto free_prompt;
+    if (gen_engine(o, m, NULL, kvt, n_prompt + n_decode, n_prompt, &e)) goto done;
+    struct sampling_params greedy;
+    sampling_params_default(&greedy);
+    greedy.temperature = 0;
+    // Warm up: fault the weights in and settle the threads.
+    if (gen_run_one(e, prompt, n_prompt, &greedy, 1, true, &g)) goto done;
 
-    // Rounds that interleave each measurement with the limit it is compared
-    // with, so that both see the same machine; other processes only ever
-    // slow a measurement down, so the best of each is the least disturbed.
     const int rounds = 5, window = n_decode / 4;
-    const long iters = 4000000;
     double bw = 0, peak = 0, step = INFINITY, best_prefill = INFINITY;
     double step_sum = 0, prefill_sum = 0, bw_sum = 0, peak_sum = 0;
     for (int round = 0; round < rounds; round++) {
-        double b1 = cpu_read_probe_run(&probe, pool, k, 1);
-        if (runner_feed(&x, prompt, decode_prompt, 0, n_prompt)) goto free_prompt;
-        double t0 = ms_now();
-        for (int i = 0; i < window; i++) {
-            int32_t next = 0;
-            for (int v = 1; v < cfg->vocab_size; v++)
-                if (x.logits[v] > x.logits[next]) next = v;
-            if (runner_feed(&x, &next, 1, decode_prompt + i, 1)) goto free_prompt;
+        struct backend_limits lim;
+        if (probe->ops->measure_limits(probe, &lim)) {
+            fprintf(stderr, "moeserve generate --bench: %s\n", probe->err);
+            goto done;
         }
-        double st = (ms_now() - t0) / window;
-        double p1 = cpu_fma_peak(pool, k, iters, 1);
-        t0 = ms_now();
-        if (runner_feed(&x, prompt, n_prompt, 0, n_prompt)) goto free_prompt;
-        double pt = ms_now() - t0;
-        bw = b1 > bw ? b1 : bw;
-        peak = p1 > peak ? p1 : peak;
+        // window + 1 tokens: the first comes with the prefill, the rest are
+        // the decode steps timed.
+        if (gen_run_one(e, prompt, decode_prompt, &greedy, window + 1, true, &g)) goto done;
+        const double st = (g.t_last - g.t_first) / window;
+        if (gen_run_one(e, prompt, n_prompt, &greedy, 1, true, &g)) goto done;
+        const double pt = g.t_first - g.t_submit;
+        bw = lim.read_bytes_per_s > bw ? lim.read_bytes_per_s : bw;
+        peak = lim.flops > peak ? lim.flops : peak;
         step = st < step ? st : step;
         best_prefill = pt < best_prefill ? pt : best_prefill;
-        bw_sum += b1;
-        peak_sum += p1;
+        bw_sum += lim.read_bytes_per_s;
+        peak_sum += lim.flops;
         step_sum += st;
         prefill_sum += pt;
     }
+    const char *kernels = probe->ops->variant(probe);
+    const int shown_threads = threads ? threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     const double active = (double)model_active_bytes(m), flops = prefill_flops(m, n_prompt);
     const double bw_mean = bw_sum / rounds, peak_mean = peak_sum / rounds;
     const double step_mean = step_sum / rounds, prefill_mean = prefill_sum / rounds;
     const double decode_gbs = active / step / 1e9, prefill_gfs = flops / best_prefill / 1e9;
     if (o->json) {
         json_t *j = json_pack(
-            "{s:s, s:i, s:s, s:s, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
-            "s:f, s:f, s:f}",
-            "model", o->dir, "threads", threads, "kernels", k->name, "kv_cache_dtype", dtype_name(kvt),
+            "{s:s, s:i, s:s, s:s, s:s, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
+            "s:f, s:f, s:f, s:f}",
+            "model", o->dir, "threads", shown_threads, "device", backend_device_name(dev),
+            "kernels", kernels, "kv_cache_dtype", dtype_name(kvt),
             "rounds", rounds, "read_bandwidth_gbs", bw / 1e9, "fma_peak_gflops", peak / 1e9,
             "decode_tokens_per_second", 1.0 / step, "decode_step_seconds", step,
             "decode_active_bytes", active, "decode_gbs", decode_gbs,
@@ -627,18 +627,20 @@ static int run_bench(const struct gen_opts *o, struct model *m)
             "prefill_gflops", prefill_gfs, "prefill_fraction_of_peak", prefill_gfs / (peak / 1e9),
             "decode_fraction_of_bandwidth_means", active / step_mean / bw_mean,
             "prefill_fraction_of_peak_means", flops / prefill_mean / peak_mean);
-        char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
-        if (s) puts(s);
-        free(s);
+        char *js = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
+        if (js) puts(js);
+        free(js);
         json_decref(j);
     } else {
         printf("model: %s (hidden %d, %d layers, %d experts top-%d, vocabulary %d), %d threads, "
-               "kernels %s, KV %s\n", o->dir, cfg->hidden_size, cfg->n_layers, cfg->n_experts,
-               cfg->n_experts_per_tok, cfg->vocab_size, threads, k->name, dtype_name(kvt));
-        printf("%d interleaved rounds; best of each (mean in brackets):\n", rounds);
+               "%s kernels %s, KV %s\n", o->dir, cfg->hidden_size, cfg->n_layers, cfg->n_experts,
+               cfg->n_experts_per_tok, cfg->vocab_size, shown_threads, backend_device_name(dev),
+               kernels, dtype_name(kvt));
+        printf("%d interleaved rounds through the engine; best of each (mean in brackets):\n",
+               rounds);
         printf("  machine: read bandwidth %.2f GB/s [%.2f] (1 GiB streamed on %d threads), "
-               "FMA peak %.1f GFLOP/s [%.1f] (%s)\n", bw / 1e9, bw_mean / 1e9, threads, peak / 1e9,
-               peak_mean / 1e9, k->name);
+               "FMA peak %.1f GFLOP/s [%.1f] (%s)\n", bw / 1e9, bw_mean / 1e9, shown_threads,
+               peak / 1e9, peak_mean / 1e9, kernels);
         printf("  decode, batch 1: %.1f tokens/s [%.1f], %.1f MB of weights per step -> %.2f GB/s "
                "= %.0f%% of the read bandwidth [%.0f%%]\n", 1.0 / step, 1.0 / step_mean, active / 1e6,
                decode_gbs, 100 * decode_gbs / (bw / 1e9), 100 * active / step_mean / bw_mean);
@@ -648,12 +650,13 @@ static int run_bench(const struct gen_opts *o, struct model *m)
                100 * flops / prefill_mean / peak_mean);
     }
     rc = 0;
-free_prompt:
-    free(prompt);
 done:
-    cpu_read_probe_destroy(&probe);
-    threadpool_destroy(pool);
-    runner_close(&x);
+    engine_destroy(e);
+    backend_destroy(probe);
+    free(prompt);
+    free(g.toks);
+    pthread_mutex_destroy(&g.mu);
+    pthread_cond_destroy(&g.cv);
     return rc;
 }
 
@@ -664,7 +667,7 @@ int cmd_generate(int argc, char **argv)
     if (rc >= 0) return rc;
     char err[2048];
     struct model *m;
-    if (model_load(o.dir, &m, err, sizeof err)) {
+    if (model_load_format(o.dir, o.load_format, 0, &m, err, sizeof err)) {
         fprintf(stderr, "moeserve generate: %s\n", err);
         return 1;
     }

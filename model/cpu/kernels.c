@@ -223,13 +223,19 @@ const struct cpu_kernels *cpu_kernels_avx512(void) { return NULL; }
 const struct cpu_kernels *cpu_kernels_amx(void) { return NULL; }
 #endif
 
+const struct cpu_kernels *cpu_kernels_by_name(const char *name)
+{
+    if (!strcmp(name, "scalar")) return cpu_kernels_scalar();
+    if (!strcmp(name, "avx2")) return cpu_kernels_avx2();
+    if (!strcmp(name, "avx512")) return cpu_kernels_avx512();
+    if (!strcmp(name, "amx")) return cpu_kernels_amx();
+    return NULL;
+}
+
 const struct cpu_kernels *cpu_kernels_best(void)
 {
     const char *want = getenv("MOESERVE_CPU_KERNELS");
-    if (want && !strcmp(want, "scalar")) return cpu_kernels_scalar();
-    const struct cpu_kernels *k = NULL;
-    if (want && !strcmp(want, "avx2")) k = cpu_kernels_avx2();
-    if (want && !strcmp(want, "avx512")) k = cpu_kernels_avx512();
+    const struct cpu_kernels *k = want ? cpu_kernels_by_name(want) : NULL;
     if (!k) k = cpu_kernels_amx();
     if (!k) k = cpu_kernels_avx512();
     if (!k) k = cpu_kernels_avx2();

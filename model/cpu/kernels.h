@@ -152,6 +152,10 @@ static inline bool cpu_kernels_amx_takes(const struct cpu_wmat *w)
 // back to the best available when the CPU lacks it).
 const struct cpu_kernels *cpu_kernels_best(void);
 
+// The table of that name ("scalar", "avx2", "avx512", "amx") when this CPU
+// runs it, else NULL.
+const struct cpu_kernels *cpu_kernels_by_name(const char *name);
+
 // Per-thread scratch any table needs for matmuls with in <= max_in and
 // attention with n_q <= max_q heads of head_dim (tiles of CPU_ATTN_TILE).
 size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim);

@@ -4,17 +4,16 @@
 #include "model/cpu/threadpool.h"
 
 #include <errno.h>
-#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/spin.h"
 
 // About 20-50 microseconds of pause instructions: long enough to bridge the
 // gap between two kernels of a step, short enough not to steal a shared core.
@@ -38,25 +37,6 @@ struct threadpool {
     _Atomic int stop;
 };
 
-static void futex_wait(_Atomic uint32_t *addr, uint32_t val)
-{
-    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
-}
-
-static void futex_wake(_Atomic uint32_t *addr, int n)
-{
-    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
-}
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#else
-    __asm__ __volatile__("" ::: "memory");
-#endif
-}
-
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
@@ -67,12 +47,12 @@ static void *worker_main(void *arg)
         int spins = 0;
         while ((g = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen) {
             if (++spins < SPIN_ITERS) {
-                cpu_relax();
+                ms_cpu_relax();
                 continue;
             }
             atomic_fetch_add(&p->sleepers, 1);
             // Re-check after announcing ourselves, so a wake cannot be missed.
-            if (atomic_load(&p->generation) == seen) futex_wait(&p->generation, seen);
+            if (atomic_load(&p->generation) == seen) ms_futex_wait(&p->generation, seen);
             atomic_fetch_sub(&p->sleepers, 1);
             spins = 0;
         }
@@ -81,7 +61,7 @@ static void *worker_main(void *arg)
         p->fn(p->ctx, w->tid, p->n_threads);
         if (atomic_fetch_sub(&p->pending, 1) == 1 &&
             atomic_load(&p->master_sleeping))
-            futex_wake(&p->pending, 1);
+            ms_futex_wake(&p->pending, 1);
     }
 }
 
@@ -134,7 +114,7 @@ void threadpool_destroy(struct threadpool *p)
     if (!p) return;
     atomic_store(&p->stop, 1);
     atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
-    futex_wake(&p->generation, INT32_MAX);
+    ms_futex_wake(&p->generation, INT32_MAX);
     for (int i = 0; i < p->n_threads - 1; i++) pthread_join(p->workers[i].thread, NULL);
     free(p->workers);
     free(p);
@@ -152,17 +132,17 @@ void threadpool_run(struct threadpool *p, threadpool_fn fn, void *ctx)
     p->ctx = ctx;
     atomic_store_explicit(&p->pending, (uint32_t)(p->n_threads - 1), memory_order_relaxed);
     atomic_fetch_add(&p->generation, 1); // seq_cst: ordered before the sleepers check
-    if (atomic_load(&p->sleepers)) futex_wake(&p->generation, INT32_MAX);
+    if (atomic_load(&p->sleepers)) ms_futex_wake(&p->generation, INT32_MAX);
     fn(ctx, 0, p->n_threads);
     int spins = 0;
     uint32_t left;
     while ((left = atomic_load_explicit(&p->pending, memory_order_acquire)) != 0) {
         if (++spins < SPIN_ITERS) {
-            cpu_relax();
+            ms_cpu_relax();
             continue;
         }
         atomic_store(&p->master_sleeping, 1);
-        if ((left = atomic_load(&p->pending)) != 0) futex_wait(&p->pending, left);
+        if ((left = atomic_load(&p->pending)) != 0) ms_futex_wait(&p->pending, left);
         atomic_store(&p->master_sleeping, 0);
         spins = 0;
     }

@@ -1,6 +1,7 @@
 // fwd_harness: what the forward-pass tests share — loading a checkpoint with
-// a KV pool and one rank, handing out block tables, running a sequence in
-// chunks, and log-softmax of a logits row.
+// a backend, a KV pool and one rank, handing out block tables, running a
+// step into the backend's memory and reading its logits back, and
+// log-softmax of a logits row.
 #ifndef MOESERVE_TESTS_MODEL_FWD_HARNESS_H
 #define MOESERVE_TESTS_MODEL_FWD_HARNESS_H
 
@@ -9,18 +10,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/backend_registry.h"
 #include "model/forward.h"
 #include "model/model.h"
 
 struct harness {
     struct model *m;
+    struct backend *b;
     struct kv_pool *kv;
     struct rank *r;
+    float *d_logits;       // (max_tokens, vocab) backend memory
     int next_block;
 };
 
-static inline int harness_open(struct harness *h, const char *dir, enum dtype kv_dtype, int n_blocks,
-                               int threads, int max_tokens, int max_seqs)
+// A CPU backend running the kernel table `variant` (NULL: the best; the
+// names come from backend_variants) with `threads` threads.
+static inline int harness_open_on(struct harness *h, const char *variant, const char *dir,
+                                  enum dtype kv_dtype, int n_blocks, int threads, int max_tokens,
+                                  int max_seqs)
 {
     char err[1024];
     memset(h, 0, sizeof *h);
@@ -28,24 +35,57 @@ static inline int harness_open(struct harness *h, const char *dir, enum dtype kv
         fprintf(stderr, "model_load %s: %s\n", dir, err);
         return -1;
     }
-    if (kv_pool_create(&h->m->cfg, kv_dtype, n_blocks, &h->kv, err, sizeof err)) {
+    struct backend_opts bo = {.n_threads = threads, .variant = variant};
+    if (backend_create(BACKEND_DEVICE_CPU, &bo, &h->b, err, sizeof err)) {
+        fprintf(stderr, "backend_create: %s\n", err);
+        return -1;
+    }
+    if (kv_pool_create(h->b, &h->m->cfg, kv_dtype, n_blocks, &h->kv, err, sizeof err)) {
         fprintf(stderr, "kv_pool_create: %s\n", err);
         return -1;
     }
-    struct rank_opts o = {.rank = 0, .n_ranks = 1, .n_threads = threads,
-                          .max_batch_tokens = max_tokens, .max_batch_seqs = max_seqs};
-    if (rank_create(h->m, h->kv, &o, &h->r, err, sizeof err)) {
+    struct rank_opts o = {.rank = 0, .n_ranks = 1, .max_batch_tokens = max_tokens,
+                          .max_batch_seqs = max_seqs};
+    if (rank_create(h->m, h->b, h->kv, &o, &h->r, err, sizeof err)) {
         fprintf(stderr, "rank_create: %s\n", err);
+        return -1;
+    }
+    if (h->b->ops->alloc(h->b, (size_t)max_tokens * h->m->cfg.vocab_size * sizeof(float),
+                         (void **)&h->d_logits)) {
+        fprintf(stderr, "logits: %s\n", h->b->err);
         return -1;
     }
     return 0;
 }
 
+static inline int harness_open(struct harness *h, const char *dir, enum dtype kv_dtype, int n_blocks,
+                               int threads, int max_tokens, int max_seqs)
+{
+    return harness_open_on(h, NULL, dir, kv_dtype, n_blocks, threads, max_tokens, max_seqs);
+}
+
 static inline void harness_close(struct harness *h)
 {
     rank_destroy(h->r);
-    kv_pool_destroy(h->kv);
+    if (h->b) {
+        if (h->d_logits) h->b->ops->free(h->b, h->d_logits);
+        kv_pool_destroy(h->b, h->kv);
+        backend_destroy(h->b);
+    }
     model_destroy(h->m);
+}
+
+// One step on the rank; its logits rows (every sequence's n_logits, in
+// order) read back into logits (host). logits NULL passes no buffer.
+static inline int harness_forward(struct harness *h, const struct fwd_batch *b, float *logits,
+                                  char *err, size_t errlen)
+{
+    int rc = rank_forward(h->r, b, logits ? h->d_logits : NULL, err, errlen);
+    if (rc || !logits) return rc;
+    size_t rows = 0;
+    for (int s = 0; s < b->n_seqs; s++) rows += (size_t)b->seqs[s].n_logits;
+    return h->b->ops->download(h->b, logits, h->d_logits,
+                               rows * (size_t)h->m->cfg.vocab_size * sizeof(float));
 }
 
 // Blocks for a sequence of up to n tokens, taken from the top of the pool

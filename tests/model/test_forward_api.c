@@ -28,25 +28,32 @@ static void pools_and_ranks_refuse_impossible_settings(void **state)
     struct model *m;
     char err[512];
     assert_int_equal(model_load(dir, &m, err, sizeof err), 0);
+    struct backend *b;
+    struct backend_opts bo = {.n_threads = 1};
+    assert_int_equal(backend_create(BACKEND_DEVICE_CPU, &bo, &b, err, sizeof err), 0);
     struct kv_pool *kv;
-    assert_int_equal(kv_pool_create(&m->cfg, DTYPE_F32, 0, &kv, err, sizeof err), MS_EINVAL);
+    assert_int_equal(kv_pool_create(b, &m->cfg, DTYPE_F32, 0, &kv, err, sizeof err), MS_EINVAL);
     assert_non_null(strstr(err, "0 blocks"));
-    assert_int_equal(kv_pool_create(&m->cfg, DTYPE_F32, 1 << 30, &kv, err, sizeof err) < 0, 1);
-    assert_int_equal(kv_pool_create(&m->cfg, DTYPE_F32, 4, &kv, err, sizeof err), 0);
+    assert_int_equal(kv_pool_create(b, &m->cfg, DTYPE_F32, 1 << 30, &kv, err, sizeof err) < 0, 1);
+    assert_int_equal(kv_pool_create(b, &m->cfg, DTYPE_F32, 4, &kv, err, sizeof err), 0);
     // K and V, 3 layers, 2 KV heads, 16 tokens, head_dim 32, 4 bytes.
     assert_int_equal(kv->block_bytes, 2 * 3 * 2 * 16 * 32 * 4);
     assert_int_equal(kv_block_bytes(&m->cfg, DTYPE_BF16), 2 * 3 * 2 * 16 * 32 * 2);
     struct rank *r;
     struct rank_opts o = {.rank = 0, .n_ranks = 2, .max_batch_tokens = 8, .max_batch_seqs = 1};
-    assert_int_equal(rank_create(m, kv, &o, &r, err, sizeof err), MS_EINVAL);
+    assert_int_equal(rank_create(m, b, kv, &o, &r, err, sizeof err), MS_EINVAL);
     assert_non_null(strstr(err, "communicator"));
     o = (struct rank_opts){.rank = 0, .n_ranks = 1, .max_batch_tokens = 0, .max_batch_seqs = 1};
-    assert_int_equal(rank_create(m, kv, &o, &r, err, sizeof err), MS_EINVAL);
+    assert_int_equal(rank_create(m, b, kv, &o, &r, err, sizeof err), MS_EINVAL);
     assert_non_null(strstr(err, "max_batch_tokens"));
     o.max_batch_tokens = 8;
-    o.n_threads = -2;
-    assert_int_equal(rank_create(m, kv, &o, &r, err, sizeof err), MS_EINVAL);
-    kv_pool_destroy(kv);
+    assert_int_equal(rank_create(m, NULL, kv, &o, &r, err, sizeof err), MS_EINVAL);
+    assert_non_null(strstr(err, "backend"));
+    struct backend *bad;
+    bo.n_threads = -2;
+    assert_int_equal(backend_create(BACKEND_DEVICE_CPU, &bo, &bad, err, sizeof err), MS_EINVAL);
+    kv_pool_destroy(b, kv);
+    backend_destroy(b);
     model_destroy(m);
 }
 
@@ -78,18 +85,18 @@ static void malformed_steps_are_refused_and_empty_steps_are_fine(void **state)
         struct fwd_seq seqs[3] = {cases[i].s, cases[i].s, cases[i].s};
         struct fwd_batch b = {.n_seqs = cases[i].n_seqs, .seqs = seqs};
         err[0] = 0;
-        int rc = rank_forward(h.r, &b, logits, err, sizeof err);
+        int rc = harness_forward(&h, &b, logits, err, sizeof err);
         if (rc != cases[i].rc || !strstr(err, cases[i].needle))
             fail_msg("case %zu: rc %d, err '%s'", i, rc, err);
     }
     toks[0] = V;
     struct fwd_seq s = {.tokens = toks, .n_new = 1, .blocks = blocks, .n_logits = 1};
     struct fwd_batch b = {.n_seqs = 1, .seqs = &s};
-    assert_int_equal(rank_forward(h.r, &b, logits, err, sizeof err), MS_EINVAL);
+    assert_int_equal(harness_forward(&h, &b, logits, err, sizeof err), MS_EINVAL);
     assert_non_null(strstr(err, "vocabulary"));
-    assert_int_equal(rank_forward(h.r, &b, NULL, err, sizeof err), MS_EINVAL);
+    assert_int_equal(harness_forward(&h, &b, NULL, err, sizeof err), MS_EINVAL);
     struct fwd_batch empty = {.n_seqs = 0};
-    assert_int_equal(rank_forward(h.r, &empty, NULL, err, sizeof err), 0);
+    assert_int_equal(harness_forward(&h, &empty, NULL, err, sizeof err), 0);
     free(logits);
     harness_close(&h);
 }
@@ -105,9 +112,9 @@ static void stats_count_steps_tokens_and_expert_rows(void **state)
     int32_t toks[7] = {5, 6, 7, 8, 9, 10, 11}, blocks[1] = {3};
     struct fwd_seq s = {.tokens = toks, .n_new = 7, .blocks = blocks, .n_logits = 1};
     struct fwd_batch b = {.n_seqs = 1, .seqs = &s};
-    assert_int_equal(rank_forward(h.r, &b, logits, err, sizeof err), 0);
+    assert_int_equal(harness_forward(&h, &b, logits, err, sizeof err), 0);
     s = (struct fwd_seq){.tokens = toks, .n_new = 1, .n_past = 7, .blocks = blocks, .n_logits = 1};
-    assert_int_equal(rank_forward(h.r, &b, logits, err, sizeof err), 0);
+    assert_int_equal(harness_forward(&h, &b, logits, err, sizeof err), 0);
     struct rank_stats st;
     rank_get_stats(h.r, &st);
     assert_int_equal(st.steps, 2);

@@ -10,7 +10,6 @@
 #include <jansson.h>
 
 #include "fwd_harness.h"
-#include "model/cpu/kernels.h"
 
 static const char *data_dir;
 
@@ -27,8 +26,8 @@ struct golden_stats {
 };
 
 // Greedy decoding of every case, prompts prefilled in chunks of `chunk`.
-static void check_golden(const char *name, enum dtype kv_dtype, int chunk, double tol_scale,
-                         bool exact_tokens, struct golden_stats *st)
+static void check_golden_on(const char *variant, const char *name, enum dtype kv_dtype, int chunk,
+                            double tol_scale, bool exact_tokens, struct golden_stats *st)
 {
     char dir[1024], path[1100], err[512];
     snprintf(dir, sizeof dir, "%s/%s", data_dir, name);
@@ -39,7 +38,7 @@ static void check_golden(const char *name, enum dtype kv_dtype, int chunk, doubl
     double tol = json_number_value(json_object_get(root, "tolerance_logprob")) * tol_scale;
     assert_true(tol > 0);
     struct harness h;
-    assert_int_equal(harness_open(&h, dir, kv_dtype, 512, 0, 1024, 4), 0);
+    assert_int_equal(harness_open_on(&h, variant, dir, kv_dtype, 512, 0, 1024, 4), 0);
     const int V = h.m->cfg.vocab_size;
     float *logits = malloc((size_t)V * sizeof *logits);
     double *lp = malloc((size_t)V * sizeof *lp);
@@ -63,7 +62,7 @@ static void check_golden(const char *name, enum dtype kv_dtype, int chunk, doubl
             struct fwd_seq s = {.tokens = seq + n_past, .n_new = n, .n_past = n_past, .blocks = blocks,
                                 .n_logits = n_past + n == n_prompt};
             struct fwd_batch b = {.n_seqs = 1, .seqs = &s};
-            assert_int_equal(rank_forward(h.r, &b, logits, err, sizeof err), 0);
+            assert_int_equal(harness_forward(&h, &b, logits, err, sizeof err), 0);
             n_past += n;
         }
         for (int g = 0; g < n_gen; g++) {
@@ -97,7 +96,7 @@ static void check_golden(const char *name, enum dtype kv_dtype, int chunk, doubl
                 struct fwd_seq s = {.tokens = seq + n_prompt + g, .n_new = 1, .n_past = n_prompt + g,
                                     .blocks = blocks, .n_logits = 1};
                 struct fwd_batch b = {.n_seqs = 1, .seqs = &s};
-                assert_int_equal(rank_forward(h.r, &b, logits, err, sizeof err), 0);
+                assert_int_equal(harness_forward(&h, &b, logits, err, sizeof err), 0);
             }
         }
         free(blocks);
@@ -107,6 +106,12 @@ static void check_golden(const char *name, enum dtype kv_dtype, int chunk, doubl
     free(lp);
     harness_close(&h);
     json_decref(root);
+}
+
+static void check_golden(const char *name, enum dtype kv_dtype, int chunk, double tol_scale,
+                         bool exact_tokens, struct golden_stats *st)
+{
+    check_golden_on(NULL, name, kv_dtype, chunk, tol_scale, exact_tokens, st);
 }
 
 static void moe_matches_reference_with_fp32_kv(void **state)
@@ -154,24 +159,20 @@ static void moe_stays_close_with_bf16_kv(void **state)
     assert_true(st.token_mismatches <= st.tokens / 20);
 }
 
-// Every table this CPU has meets the reference, not just the default one
-// the tests above use (the rank picks its table at creation from
-// MOESERVE_CPU_KERNELS): the portable fallback, AVX2, and whichever of
+// Every kernel table this CPU has meets the reference, not just the default
+// one the tests above use: the portable fallback, AVX2, and whichever of
 // avx512 and amx is not the default here.
 static void every_kernel_table_matches_reference(void **state)
 {
     (void)state;
-    const char *tables[] = {"scalar", "avx2", "avx512", "amx"};
-    const bool have[] = {true, cpu_kernels_avx2() != NULL, cpu_kernels_avx512() != NULL,
-                         cpu_kernels_amx() != NULL};
-    for (int i = 0; i < 4; i++) {
-        if (!have[i]) continue;
-        setenv("MOESERVE_CPU_KERNELS", tables[i], 1);
-        assert_string_equal(cpu_kernels_best()->name, tables[i]);
+    const char *variants[8];
+    const int n = backend_variants(BACKEND_DEVICE_CPU, variants, 8);
+    assert_true(n >= 1);
+    for (int i = 0; i < n; i++) {
         struct golden_stats st;
-        check_golden("qwen3moe-v2048", DTYPE_F32, 64, 1.0, true, &st);
-        check_golden("qwen3-dense-v2048", DTYPE_F32, 64, 1.0, true, &st);
-        unsetenv("MOESERVE_CPU_KERNELS");
+        check_golden_on(variants[i], "qwen3moe-v2048", DTYPE_F32, 64, 1.0, true, &st);
+        check_golden_on(variants[i], "qwen3-dense-v2048", DTYPE_F32, 64, 1.0, true, &st);
+        fprintf(stderr, "%s kernels: the golden set holds\n", variants[i]);
     }
 }
 

@@ -16,7 +16,6 @@
 
 #include "fwd_harness.h"
 #include "base/base.h"
-#include "scheduler/comm_inproc.h"
 
 #define N_SEQS 4
 #define MAX_STEPS 512
@@ -153,15 +152,25 @@ static void *rank_main(void *arg)
     struct rank_run *rr = arg;
     const struct plan *p = rr->p;
     char err[512];
+    struct backend *bk;
     struct kv_pool *kv;
     struct rank *r;
-    rr->rc = kv_pool_create(&rr->m->cfg, rr->kv_dtype, 64 * N_SEQS, &kv, err, sizeof err);
-    if (rr->rc) return NULL;
-    struct rank_opts o = {.rank = rr->rank, .n_ranks = rr->n_ranks, .n_threads = rr->threads,
-                          .comm = rr->comm, .max_batch_tokens = 512, .max_batch_seqs = N_SEQS};
-    if ((rr->rc = rank_create(rr->m, kv, &o, &r, err, sizeof err))) {
+    struct backend_opts bo = {.n_threads = rr->threads, .rank = rr->rank};
+    if ((rr->rc = backend_create(BACKEND_DEVICE_CPU, &bo, &bk, err, sizeof err))) return NULL;
+    rr->rc = kv_pool_create(bk, &rr->m->cfg, rr->kv_dtype, 64 * N_SEQS, &kv, err, sizeof err);
+    if (rr->rc) {
+        backend_destroy(bk);
+        return NULL;
+    }
+    struct rank_opts o = {.rank = rr->rank, .n_ranks = rr->n_ranks, .comm = rr->comm,
+                          .max_batch_tokens = 512, .max_batch_seqs = N_SEQS};
+    float *d_logits = NULL;
+    if ((rr->rc = rank_create(rr->m, bk, kv, &o, &r, err, sizeof err)) ||
+        (rr->rc = bk->ops->alloc(bk, (size_t)512 * rr->m->cfg.vocab_size * sizeof(float),
+                                 (void **)&d_logits))) {
         fprintf(stderr, "%s\n", err);
-        kv_pool_destroy(kv);
+        kv_pool_destroy(bk, kv);
+        backend_destroy(bk);
         return NULL;
     }
     const int V = rr->m->cfg.vocab_size;
@@ -183,7 +192,7 @@ static void *rank_main(void *arg)
         }
         if (step == rr->fail_step && n > 0) seqs[0].tokens = &bad_token, seqs[0].n_new = 1;
         struct fwd_batch b = {.n_seqs = n, .seqs = seqs};
-        int rc = rank_forward(r, &b, logits, err, sizeof err);
+        int rc = rank_forward(r, &b, d_logits, err, sizeof err);
         if (step == rr->fail_step && n > 0) {
             if (rc != MS_EINVAL) rr->rc = -100;
             break; // the bad rank stops; the others must still have finished this step
@@ -193,7 +202,9 @@ static void *rank_main(void *arg)
             rr->rc = rc;
             break;
         }
-        size_t row = 0;
+        size_t row = 0, rows = 0;
+        for (int i = 0; i < n; i++) rows += (size_t)take[ids[i]];
+        bk->ops->download(bk, logits, d_logits, rows * V * sizeof(float));
         for (int i = 0; i < n; i++) {
             int s = ids[i];
             memcpy(rr->res->logits[s] + (size_t)done[s] * V, logits + row * V,
@@ -214,7 +225,9 @@ static void *rank_main(void *arg)
         else if (st.expert_tokens[e]) rr->rc = -101; // only local experts run here
     }
     rank_destroy(r);
-    kv_pool_destroy(kv);
+    bk->ops->free(bk, d_logits);
+    kv_pool_destroy(bk, kv);
+    backend_destroy(bk);
     return NULL;
 }
 
@@ -240,7 +253,7 @@ static void run_plan(const struct model *m, const struct plan *p, int n_ranks, i
     result_alloc(m, p, res);
     struct comm *comms[4] = {0};
     char err[256];
-    if (n_ranks > 1) assert_int_equal(comm_inproc_create(n_ranks, comms, err, sizeof err), 0);
+    if (n_ranks > 1) assert_int_equal(backend_comm_create(BACKEND_DEVICE_CPU, n_ranks, comms, err, sizeof err), 0);
     struct rank_run rr[4];
     pthread_t th[4];
     for (int i = 0; i < n_ranks; i++) {
@@ -365,7 +378,7 @@ static void a_bad_batch_on_one_rank_does_not_hang_the_others(void **state)
     result_alloc(moe, &p, &b);
     struct comm *comms[2];
     char err[256];
-    assert_int_equal(comm_inproc_create(2, comms, err, sizeof err), 0);
+    assert_int_equal(backend_comm_create(BACKEND_DEVICE_CPU, 2, comms, err, sizeof err), 0);
     struct rank_run rr[2];
     pthread_t th[2];
     for (int i = 0; i < 2; i++) {

@@ -15,7 +15,6 @@
 #include <math.h>
 
 #include "base/base.h"
-#include "model/cpu/kernels.h"
 #include "model/makemodel.h"
 #include "model/model.h"
 #include "model/safetensors.h"
@@ -306,73 +305,6 @@ static void unsupported_config_is_refused_by_model_load(void **state)
                 "\"model.norm.weight\":{\"dtype\":\"BF16\",\"shape\":[96],\"data_offsets\":[2345472,9345664]",
                 NULL, NULL, dir, sizeof dir);
     expect_load_error(dir, MS_EFORMAT, (const char *const[]){"model.norm.weight", "past the end", NULL});
-}
-
-static void assert_packed_like_its_data(const struct tensor *t, bool want)
-{
-    const struct cpu_wmat w = {.data = t->data, .dtype = t->dtype, .out = (int)t->shape[0], .in = (int)t->shape[1]};
-    if (!want) {
-        assert_null(t->packed);
-        return;
-    }
-    assert_non_null(t->packed);
-    assert_int_equal((uintptr_t)t->packed % 64, 0);
-    const size_t n = cpu_pack_bytes(&w);
-    void *ref = malloc(n);
-    assert_non_null(ref);
-    cpu_pack_blocks(&w, 0, (w.out + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS, ref);
-    assert_memory_equal(t->packed, ref, n);
-    free(ref);
-}
-
-// With a kernel table that reads the packed layout, model_load packs every
-// matrix the forward pass multiplies by (and nothing else), each equal to
-// packing its file data, which stays readable; with one that does not, none.
-static void matrices_are_packed_when_the_kernels_want_it(void **state)
-{
-    (void)state;
-    char dir[512], err[1024] = "";
-    golden(dir, sizeof dir, "qwen3moe-v2048");
-    const char *before = getenv("MOESERVE_CPU_KERNELS");
-    char *saved = before ? strdup(before) : NULL;
-    const char *tables[] = {"avx512", "scalar"};
-    for (int i = 0; i < 2; i++) {
-        setenv("MOESERVE_CPU_KERNELS", tables[i], 1);
-        const struct cpu_kernels *k = cpu_kernels_best();
-        struct model *m = NULL;
-        assert_int_equal(model_load(dir, &m, err, sizeof err), 0);
-        const bool packs = k->wants_packed != NULL;
-        if (i == 0 && !packs) fprintf(stderr, "note: no avx512 here; packing is not tested\n");
-        assert_int_equal(m->packed != NULL, packs);
-        assert_packed_like_its_data(&m->lm_head, packs);
-        assert_null(m->embed.packed);
-        assert_null(m->final_norm.packed);
-        for (int l = 0; l < m->cfg.n_layers; l++) {
-            const struct layer_weights *L = &m->layers[l];
-            assert_packed_like_its_data(&L->wq, packs);
-            assert_packed_like_its_data(&L->wk, packs);
-            assert_packed_like_its_data(&L->wv, packs);
-            assert_packed_like_its_data(&L->wo, packs);
-            assert_packed_like_its_data(&L->router, packs);
-            assert_null(L->attn_norm.packed);
-            assert_null(L->q_norm.packed);
-            for (int e = 0; e < m->cfg.n_experts; e++) {
-                assert_packed_like_its_data(&L->experts[e].gate, packs);
-                assert_packed_like_its_data(&L->experts[e].up, packs);
-                assert_packed_like_its_data(&L->experts[e].down, packs);
-            }
-        }
-        // The packing is about the size of the matrices (rows rounded up to 16).
-        if (packs) {
-            assert_true(m->packed_bytes >= m->weight_bytes - m->embed.shape[0] * m->embed.shape[1] * 2 -
-                                               (size_t)m->cfg.n_layers * 4 * 96 * 2);
-            assert_true(m->packed_bytes <= m->weight_bytes + (1u << 20));
-        }
-        model_destroy(m);
-    }
-    if (saved) setenv("MOESERVE_CPU_KERNELS", saved, 1);
-    else unsetenv("MOESERVE_CPU_KERNELS");
-    free(saved);
 }
 
 static void tied_config_uses_the_embedding_and_dtype_follows_the_weights(void **state)
@@ -711,7 +643,6 @@ int main(void)
         cmocka_unit_test(missing_tensor_is_named),
         cmocka_unit_test(mixed_dtypes_are_refused),
         cmocka_unit_test(unsupported_config_is_refused_by_model_load),
-        cmocka_unit_test(matrices_are_packed_when_the_kernels_want_it),
         cmocka_unit_test(tied_config_uses_the_embedding_and_dtype_follows_the_weights),
         cmocka_unit_test(sharded_copy_loads_like_the_single_file),
         cmocka_unit_test(make_model_round_trip_matches_its_spec),

@@ -25,7 +25,7 @@ struct h_result {
     uint64_t id;
     int32_t tokens[H_MAX_TOKENS];
     float logprobs[H_MAX_TOKENS];
-    struct engine_token first_token; // with its top alternatives
+    struct sample_token first_token; // with its top alternatives
     int n_tokens;
     char text[H_MAX_TEXT];
     size_t text_len;

@@ -108,7 +108,7 @@ static void work_request(const struct work *w, int i, struct engine_request *r)
 
 // Runs the requests of w on e, all at once (or one at a time when alone).
 static struct h_batch *run_work(struct engine *e, const struct work *w, bool alone,
-                                const struct engine_sampling *sampling)
+                                const struct sampling_params *sampling)
 {
     struct h_batch *b = h_batch_new(w->n);
     for (int i = 0; i < w->n; i++) {
@@ -423,7 +423,7 @@ static void seeded_sampling_is_the_same_alone_and_batched(void **state)
     struct work w;
     work_make(&w, 10, 0, 7);
     for (int i = 0; i < w.n; i++) w.max_tokens[i] = 25;
-    struct engine_sampling sp;
+    struct sampling_params sp;
     struct engine_request dflt;
     engine_request_default(&dflt);
     sp = dflt.sampling;

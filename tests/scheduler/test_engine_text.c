@@ -218,7 +218,7 @@ static void a_character_split_across_tokens_is_never_cut(void **state)
     int32_t *prompt;
     int n;
     prompt_of("Caf", &prompt, &n);
-    struct engine_logit_bias bias[] = {{g_byte_c3, 100}, {g_byte_a9, 100}};
+    struct sampling_logit_bias bias[] = {{g_byte_c3, 100}, {g_byte_a9, 100}};
     int found = 0;
     for (uint64_t seed = 1; seed < 40 && found < 3; seed++) {
         struct engine_request r;
@@ -282,7 +282,7 @@ static void stop_token_ids_and_eos_end_generation_without_their_text(void **stat
 
     // eos: force it with a bias; ignore_eos lets generation go on.
     int32_t eos = g_model->cfg.eos_ids[0];
-    struct engine_logit_bias bias = {eos, 100};
+    struct sampling_logit_bias bias = {eos, 100};
     struct engine_request re = r;
     re.sampling.logit_bias = &bias;
     re.sampling.n_logit_bias = 1;

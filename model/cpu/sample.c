@@ -1,59 +1,24 @@
-// sampler: logits to a token the way vLLM's sampler does it — logit_bias,
-// then repetition/frequency/presence penalties, then greedy or temperature,
-// min_p, top_k, top_p and a draw from a per-sequence xoshiro256** generator;
-// logprobs always from the raw distribution.
-#include "scheduler/sampler.h"
+// sample: logits to a token the way vLLM's sampler does it — the allowed
+// mask, logit_bias, then repetition/frequency/presence penalties, then greedy
+// or temperature, min_p, top_k, top_p and a draw from the counter-based
+// generator (model/sampling.h); logprobs always from the raw distribution.
+#include "model/cpu/sample.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/base.h"
-#include "model/cpu/kernels.h"
 
 // vLLM treats temperatures below this as greedy.
 #define SAMPLING_EPS 1e-5f
-
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-void sampler_rng_seed(struct sampler_rng *rng, uint64_t seed)
-{
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++) rng->s[i] = splitmix64(&x);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t xoshiro_next(struct sampler_rng *rng)
-{
-    uint64_t *s = rng->s;
-    uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
-
-double sampler_rng_uniform(struct sampler_rng *rng)
-{
-    return (double)(xoshiro_next(rng) >> 11) * 0x1.0p-53;
-}
 
 struct cand {
     float p;
     int32_t id;
 };
 
-struct sampler_scratch {
+struct cpu_sample_scratch {
     int vocab;
     const struct cpu_kernels *k; // scale_max and exp_sum: the passes over the whole vocabulary
     float *raw;      // (vocab) the logits as they came, for logprobs
@@ -65,13 +30,13 @@ struct sampler_scratch {
     double *blocks;    // (CPU_EXP_BLOCKS(vocab)) sums of the draw's weights, block by block
 };
 
-struct sampler_scratch *sampler_scratch_create(int vocab)
+struct cpu_sample_scratch *cpu_sample_scratch_create(int vocab, const struct cpu_kernels *k)
 {
-    if (vocab < 1) return NULL;
-    struct sampler_scratch *s = calloc(1, sizeof *s);
+    if (vocab < 1 || !k) return NULL;
+    struct cpu_sample_scratch *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->vocab = vocab;
-    s->k = cpu_kernels_best();
+    s->k = k;
     s->raw = malloc((size_t)vocab * sizeof *s->raw);
     s->work = malloc((size_t)vocab * sizeof *s->work);
     s->probs = malloc((size_t)vocab * sizeof *s->probs);
@@ -80,13 +45,13 @@ struct sampler_scratch *sampler_scratch_create(int vocab)
     s->cand = malloc((size_t)vocab * sizeof *s->cand);
     s->blocks = malloc((size_t)CPU_EXP_BLOCKS(vocab) * sizeof *s->blocks);
     if (!s->raw || !s->work || !s->probs || !s->count || !s->seen || !s->cand || !s->blocks) {
-        sampler_scratch_destroy(s);
+        cpu_sample_scratch_destroy(s);
         return NULL;
     }
     return s;
 }
 
-void sampler_scratch_destroy(struct sampler_scratch *s)
+void cpu_sample_scratch_destroy(struct cpu_sample_scratch *s)
 {
     if (!s) return;
     free(s->raw);
@@ -103,7 +68,7 @@ static float clean(float v) { return isnan(v) ? -INFINITY : v; }
 
 // Copies a row of logits into s->raw with NaN as -inf and returns its
 // log(sum(exp)): the raw distribution the logprobs come from.
-static double raw_log_sum_exp(const float *logits, int vocab, struct sampler_scratch *s)
+static double raw_log_sum_exp(const float *logits, int vocab, struct cpu_sample_scratch *s)
 {
     memcpy(s->raw, logits, (size_t)vocab * sizeof *logits);
     const float mx = s->k->scale_max(s->raw, 1.0f, vocab); // x * 1 is exact: only NaN changes
@@ -113,7 +78,7 @@ static double raw_log_sum_exp(const float *logits, int vocab, struct sampler_scr
 
 // The k best of a row by (value descending, id ascending), by insertion into
 // a short sorted list: almost every element fails the first comparison.
-static void top_alternatives(const float *x, int n, int k, double lse, struct engine_token *out)
+static void top_alternatives(const float *x, int n, int k, double lse, struct sample_token *out)
 {
     if (k > n) k = n;
     int m = 0;
@@ -125,7 +90,7 @@ static void top_alternatives(const float *x, int n, int k, double lse, struct en
             out->top[at] = out->top[at - 1];
             at--;
         }
-        out->top[at] = (struct engine_logprob){.id = i, .logprob = v};
+        out->top[at] = (struct sample_logprob){.id = i, .logprob = v};
     }
     for (int j = 0; j < m; j++) out->top[j].logprob = (float)((double)out->top[j].logprob - lse);
     out->n_top = m;
@@ -137,10 +102,11 @@ static float raw_logprob(float v, double lse)
     return v == -INFINITY ? -INFINITY : (float)((double)v - lse);
 }
 
-void sampler_logprobs(const float *logits, int vocab, int32_t id, int k,
-                      struct sampler_scratch *scratch, struct engine_token *out)
+// The logprob of id and k alternatives from a raw row (no draw).
+static void score_row(const float *logits, int vocab, int32_t id, int k,
+                      struct cpu_sample_scratch *scratch, struct sample_token *out)
 {
-    if (k > ENGINE_MAX_LOGPROBS) k = ENGINE_MAX_LOGPROBS;
+    if (k > SAMPLING_MAX_LOGPROBS) k = SAMPLING_MAX_LOGPROBS;
     out->id = id;
     out->n_top = 0;
     out->logprob = -INFINITY;
@@ -211,7 +177,7 @@ static int cand_cmp(const void *a, const void *b)
 // matter are sorted: those at or above a threshold, lowered until they carry
 // top_p (everything below it ranks after all of them).
 static void apply_top_p(float *logits, const float *probs, int vocab, float top_p,
-                        struct sampler_scratch *s)
+                        struct cpu_sample_scratch *s)
 {
     float pmax = 0;
     for (int i = 0; i < vocab; i++) pmax = probs[i] > pmax ? probs[i] : pmax;
@@ -237,7 +203,7 @@ static void apply_top_p(float *logits, const float *probs, int vocab, float top_
 
 // Softmax of the live (finite) logits, whose largest is mx, into probs.
 static void softmax_into(const float *logits, int vocab, float mx, float *probs,
-                         const struct sampler_scratch *s)
+                         const struct cpu_sample_scratch *s)
 {
     double sum = s->k->exp_sum(logits, mx, probs, vocab, NULL);
     const float inv = (float)(1.0 / sum);
@@ -249,9 +215,9 @@ static bool valid_id(int32_t id, int vocab) { return id >= 0 && id < vocab; }
 // vLLM's apply_penalties: repetition over prompt and output (divide positive
 // logits, multiply negative ones), then frequency x count and presence over
 // the output alone.
-static void apply_penalties(const struct engine_sampling *p, float *logits, int vocab,
+static void apply_penalties(const struct sampling_params *p, float *logits, int vocab,
                             const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
-                            struct sampler_scratch *s)
+                            struct cpu_sample_scratch *s)
 {
     if (p->repetition_penalty != 1.0f) {
         const float rp = p->repetition_penalty;
@@ -284,15 +250,31 @@ static void apply_penalties(const struct engine_sampling *p, float *logits, int 
     }
 }
 
-int sampler_sample(const struct engine_sampling *p, float *logits, int vocab,
-                   const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
-                   struct sampler_rng *rng, struct sampler_scratch *s, struct engine_token *out)
+// Every token outside the allowed mask to -inf (before anything else, so
+// that bias, penalties and filters see only allowed tokens).
+static void apply_mask(float *logits, int vocab, const uint32_t *allowed)
 {
-    if (!p || !logits || !s || !out || !rng || vocab < 1 || vocab > s->vocab) return MS_EINVAL;
+    for (int i = 0; i < vocab; i++)
+        if (!(allowed[i >> 5] >> (i & 31) & 1u)) logits[i] = -INFINITY;
+}
+
+int cpu_sample_row(const struct backend_sample_row *row, int vocab, struct cpu_sample_scratch *s,
+                   struct sample_token *out)
+{
+    const struct sampling_params *p = row->p;
+    float *logits = row->logits;
+    const int32_t *prompt = row->prompt, *output = row->output;
+    const int n_prompt = row->n_prompt, n_output = row->n_output;
+    if (!p || !logits || !s || !out || vocab < 1 || vocab > s->vocab) return MS_EINVAL;
+    if (row->score >= 0) {
+        if (row->score >= vocab) return MS_EINVAL;
+        score_row(logits, vocab, row->score, p->prompt_logprobs, s, out);
+        return 0;
+    }
     if (!(p->temperature >= 0) || !isfinite(p->temperature) || !(p->top_p > 0 && p->top_p <= 1) ||
         !(p->min_p >= 0 && p->min_p <= 1) || !(p->repetition_penalty > 0) ||
         !isfinite(p->repetition_penalty) || !isfinite(p->presence_penalty) ||
-        !isfinite(p->frequency_penalty) || p->logprobs > ENGINE_MAX_LOGPROBS ||
+        !isfinite(p->frequency_penalty) || p->logprobs > SAMPLING_MAX_LOGPROBS ||
         n_prompt < 0 || n_output < 0 || (n_prompt && !prompt) || (n_output && !output) ||
         (p->n_logit_bias && !p->logit_bias))
         return MS_EINVAL;
@@ -308,6 +290,7 @@ int sampler_sample(const struct engine_sampling *p, float *logits, int vocab,
         lse = raw_log_sum_exp(logits, vocab, s);
         if (p->logprobs > 0) top_alternatives(s->raw, vocab, p->logprobs, lse, out);
     }
+    if (row->allowed) apply_mask(logits, vocab, row->allowed);
     for (int i = 0; i < p->n_logit_bias; i++) logits[p->logit_bias[i].id] += p->logit_bias[i].bias;
     apply_penalties(p, logits, vocab, prompt, n_prompt, output, n_output, s);
 
@@ -343,7 +326,7 @@ int sampler_sample(const struct engine_sampling *p, float *logits, int vocab,
         // pass; whole blocks below u * total are skipped, then a walk to the
         // first token whose running sum passes it.
         const double total = s->k->exp_sum(logits, mx, s->probs, vocab, s->blocks);
-        const double target = sampler_rng_uniform(rng) * total;
+        const double target = sampling_uniform(p->seed, p->stream, row->position) * total;
         const int nb = CPU_EXP_BLOCKS(vocab);
         double acc = 0;
         int b = 0;
@@ -357,6 +340,16 @@ int sampler_sample(const struct engine_sampling *p, float *logits, int vocab,
         }
     }
 done:
+    // A mask can leave nothing live (a grammar's dead end, or a logit_bias of
+    // -100 on every allowed token is still live): the draw then stays inside
+    // the mask, at its lowest id.
+    if (row->allowed && !(row->allowed[id >> 5] >> (id & 31) & 1u)) {
+        for (int i = 0; i < vocab; i++)
+            if (row->allowed[i >> 5] >> (i & 31) & 1u) {
+                id = i;
+                break;
+            }
+    }
     out->id = id;
     if (want_lp) out->logprob = raw_logprob(s->raw[id], lse);
     return 0;

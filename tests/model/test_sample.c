@@ -1,7 +1,9 @@
-// Pins the sampler parameter by parameter against vLLM's definitions:
-// greedy ties, temperature, top_k (ties kept), top_p (nucleus edge), min_p,
-// repetition / frequency / presence penalties, logit_bias, raw logprobs with
-// top alternatives, parameter validation, and seeded reproducibility.
+// Pins the backend's `sample` op (model/backend.h) parameter by parameter
+// against vLLM's definitions: greedy ties, temperature, top_k (ties kept),
+// top_p (nucleus edge), min_p, repetition / frequency / presence penalties,
+// logit_bias, the allowed-token mask (before everything), raw logprobs with
+// top alternatives, parameter validation, and draws that are a function of
+// (seed, stream, position) alone: the same alone or in any batch.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,33 +14,101 @@
 #include <cmocka.h>
 
 #include "base/base.h"
-#include "scheduler/sampler.h"
+#include "model/backend_registry.h"
 
-static struct engine_sampling greedy(void)
+// One row at a time through a CPU backend's sample op: the logits go to
+// backend memory and come back modified (the penalties' effect is pinned).
+struct sampler_scratch {
+    struct backend *b;
+    float *d;
+    int cap;
+};
+
+// The generator's key and counter, as the engine keeps them per sequence.
+struct sampler_rng {
+    uint64_t seed;
+    uint32_t position;
+};
+
+static void sampler_rng_seed(struct sampler_rng *r, uint64_t seed)
 {
-    return (struct engine_sampling){.temperature = 0, .top_p = 1, .top_k = 0, .min_p = 0,
+    r->seed = seed;
+    r->position = 0;
+}
+
+static struct sampler_scratch *sampler_scratch_create(int vocab)
+{
+    struct sampler_scratch *s = calloc(1, sizeof *s);
+    char err[256];
+    struct backend_opts bo = {.n_threads = 1};
+    assert_int_equal(backend_create(BACKEND_DEVICE_CPU, &bo, &s->b, err, sizeof err), 0);
+    assert_int_equal(s->b->ops->alloc(s->b, (size_t)vocab * sizeof(float), (void **)&s->d), 0);
+    s->cap = vocab;
+    return s;
+}
+
+static void sampler_scratch_destroy(struct sampler_scratch *s)
+{
+    s->b->ops->free(s->b, s->d);
+    backend_destroy(s->b);
+    free(s);
+}
+
+static int sampler_sample(const struct sampling_params *p, float *logits, int vocab,
+                          const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
+                          struct sampler_rng *rng, struct sampler_scratch *s, struct sample_token *out)
+{
+    assert_true(vocab <= s->cap);
+    struct sampling_params q = *p;
+    q.seed = rng->seed;
+    struct backend *b = s->b;
+    b->ops->upload(b, s->d, logits, (size_t)vocab * sizeof *logits);
+    const struct backend_sample_row row = {.logits = s->d, .p = &q, .prompt = prompt,
+                                           .n_prompt = n_prompt, .output = output,
+                                           .n_output = n_output, .position = rng->position++,
+                                           .score = -1};
+    int rc = b->ops->sample(b, &row, 1, vocab, out);
+    b->ops->download(b, logits, s->d, (size_t)vocab * sizeof *logits);
+    return rc;
+}
+
+// A prompt-logprob row: the logprob of id and k alternatives, no draw.
+static void sampler_logprobs(const float *logits, int vocab, int32_t id, int k,
+                             struct sampler_scratch *s, struct sample_token *out)
+{
+    struct sampling_params p;
+    sampling_params_default(&p);
+    p.prompt_logprobs = k;
+    s->b->ops->upload(s->b, s->d, logits, (size_t)vocab * sizeof *logits);
+    const struct backend_sample_row row = {.logits = s->d, .p = &p, .score = id};
+    assert_int_equal(s->b->ops->sample(s->b, &row, 1, vocab, out), 0);
+}
+
+static struct sampling_params greedy(void)
+{
+    return (struct sampling_params){.temperature = 0, .top_p = 1, .top_k = 0, .min_p = 0,
                                     .repetition_penalty = 1, .logprobs = -1, .prompt_logprobs = -1};
 }
 
-static struct engine_sampling random_sampling(void)
+static struct sampling_params random_sampling(void)
 {
-    struct engine_sampling p = greedy();
+    struct sampling_params p = greedy();
     p.temperature = 1;
     return p;
 }
 
-static int sample(const struct engine_sampling *p, const float *logits, int n, struct sampler_rng *rng,
+static int sample(const struct sampling_params *p, const float *logits, int n, struct sampler_rng *rng,
                   struct sampler_scratch *s)
 {
     float buf[64];
     memcpy(buf, logits, (size_t)n * sizeof *buf);
-    struct engine_token t;
+    struct sample_token t;
     assert_int_equal(sampler_sample(p, buf, n, NULL, 0, NULL, 0, rng, s, &t), 0);
     return t.id;
 }
 
 // Frequencies of n draws.
-static void histogram(const struct engine_sampling *p, const float *logits, int n, int draws,
+static void histogram(const struct sampling_params *p, const float *logits, int n, int draws,
                       uint64_t seed, double *freq)
 {
     struct sampler_scratch *s = sampler_scratch_create(n);
@@ -49,23 +119,23 @@ static void histogram(const struct engine_sampling *p, const float *logits, int 
     sampler_scratch_destroy(s);
 }
 
-static void rng_is_seeded_and_uniform(void **state)
+// The generator: a function of (seed, stream, position), uniform in [0, 1).
+static void generator_is_keyed_counted_and_uniform(void **state)
 {
     (void)state;
-    struct sampler_rng a, b, c;
-    sampler_rng_seed(&a, 42);
-    sampler_rng_seed(&b, 42);
-    sampler_rng_seed(&c, 43);
-    int differ = 0;
+    int differ_seed = 0, differ_stream = 0;
     double sum = 0;
-    for (int i = 0; i < 100000; i++) {
-        double x = sampler_rng_uniform(&a), y = sampler_rng_uniform(&b), z = sampler_rng_uniform(&c);
+    for (uint32_t i = 0; i < 100000; i++) {
+        double x = sampling_uniform(42, 0, i), y = sampling_uniform(42, 0, i);
+        double z = sampling_uniform(43, 0, i), w = sampling_uniform(42, 1, i);
         assert_true(x == y);
         assert_true(x >= 0 && x < 1);
-        differ += x != z;
+        differ_seed += x != z;
+        differ_stream += x != w;
         sum += x;
     }
-    assert_true(differ > 99990);
+    assert_true(differ_seed > 99990);
+    assert_true(differ_stream > 99990);
     assert_float_equal(sum / 100000, 0.5, 0.005);
 }
 
@@ -76,7 +146,7 @@ static void greedy_takes_the_lowest_id_among_equal_maxima(void **state)
     struct sampler_rng rng;
     sampler_rng_seed(&rng, 1);
     const float l[6] = {0.5f, 3.0f, -1.0f, 3.0f, NAN, 2.0f};
-    struct engine_sampling p = greedy();
+    struct sampling_params p = greedy();
     assert_int_equal(sample(&p, l, 6, &rng, s), 1);
     // top_k 1 is greedy too, whatever the temperature.
     p = random_sampling();
@@ -98,12 +168,12 @@ static void an_infinite_logit_is_taken_at_its_lowest_id(void **state)
     sampler_rng_seed(&rng, 3);
     float *l = malloc((size_t)n * sizeof *l);
     assert_non_null(l);
-    struct engine_sampling p = random_sampling();
+    struct sampling_params p = random_sampling();
     for (size_t f = 0; f < sizeof firsts / sizeof firsts[0]; f++) {
         for (int i = 0; i < n; i++) l[i] = (float)(i % 7) * 0.1f;
         l[firsts[f]] = INFINITY;
         if (firsts[f] + 1 < n) l[n - 1] = INFINITY; // a later tie
-        struct engine_token t;
+        struct sample_token t;
         assert_int_equal(sampler_sample(&p, l, n, NULL, 0, NULL, 0, &rng, s, &t), 0);
         assert_int_equal(t.id, firsts[f]);
     }
@@ -117,7 +187,7 @@ static void temperature_scales_the_softmax(void **state)
     const float l[4] = {1.0f, 0.0f, -1.0f, 0.5f};
     for (int ti = 0; ti < 2; ti++) {
         float T = ti ? 2.0f : 0.5f;
-        struct engine_sampling p = random_sampling();
+        struct sampling_params p = random_sampling();
         p.temperature = T;
         double f[4], z = 0, want[4];
         histogram(&p, l, 4, 40000, 7, f);
@@ -134,7 +204,7 @@ static void top_k_keeps_the_k_best_and_their_ties(void **state)
 {
     (void)state;
     const float l[6] = {2.0f, 1.0f, 3.0f, 1.0f, 0.0f, 2.5f};
-    struct engine_sampling p = random_sampling();
+    struct sampling_params p = random_sampling();
     p.top_k = 2;
     double f[6];
     histogram(&p, l, 6, 20000, 3, f);
@@ -153,7 +223,7 @@ static void top_p_keeps_the_smallest_nucleus(void **state)
     (void)state;
     // Probabilities 0.5, 0.3, 0.15, 0.05.
     const float l[4] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)};
-    struct engine_sampling p = random_sampling();
+    struct sampling_params p = random_sampling();
     double f[4];
     p.top_p = 0.7f; // 0.5 alone is short of 0.7: the 0.3 joins
     histogram(&p, l, 4, 20000, 11, f);
@@ -176,12 +246,12 @@ static void top_p_over_a_large_flat_vocabulary(void **state)
     struct sampler_scratch *s = sampler_scratch_create(N);
     struct sampler_rng rng;
     sampler_rng_seed(&rng, 5);
-    struct engine_sampling p = random_sampling();
+    struct sampling_params p = random_sampling();
     p.top_p = 0.5f;
     int max_id = 0;
     for (int d = 0; d < 3000; d++) {
         memcpy(buf, l, N * sizeof *buf);
-        struct engine_token t;
+        struct sample_token t;
         assert_int_equal(sampler_sample(&p, buf, N, NULL, 0, NULL, 0, &rng, s, &t), 0);
         max_id = t.id > max_id ? t.id : max_id;
     }
@@ -195,7 +265,7 @@ static void min_p_drops_tokens_below_a_share_of_the_best(void **state)
 {
     (void)state;
     const float l[4] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)};
-    struct engine_sampling p = random_sampling();
+    struct sampling_params p = random_sampling();
     p.min_p = 0.25f; // threshold 0.125: 0.05 goes
     double f[4];
     histogram(&p, l, 4, 20000, 13, f);
@@ -213,11 +283,11 @@ static void penalties_follow_vllm(void **state)
     sampler_rng_seed(&rng, 1);
     float l[6] = {2.0f, -2.0f, 1.0f, 4.0f, 0.0f, 3.0f};
     const int32_t prompt[2] = {0, 1}, output[4] = {3, 3, 5, 1};
-    struct engine_sampling p = greedy();
+    struct sampling_params p = greedy();
     p.repetition_penalty = 2.0f;
     p.frequency_penalty = 0.5f;
     p.presence_penalty = 0.25f;
-    struct engine_token t;
+    struct sample_token t;
     assert_int_equal(sampler_sample(&p, l, 6, prompt, 2, output, 4, &rng, s, &t), 0);
     // Repetition over prompt and output: positive / 2, negative * 2.
     // Frequency (count) and presence over the output only.
@@ -242,8 +312,8 @@ static void logit_bias_shifts_chosen_tokens(void **state)
     struct sampler_rng rng;
     sampler_rng_seed(&rng, 1);
     const float l[4] = {5.0f, 1.0f, 0.0f, 4.0f};
-    const struct engine_logit_bias bias[2] = {{.id = 0, .bias = -100}, {.id = 2, .bias = 4.5f}};
-    struct engine_sampling p = greedy();
+    const struct sampling_logit_bias bias[2] = {{.id = 0, .bias = -100}, {.id = 2, .bias = 4.5f}};
+    struct sampling_params p = greedy();
     p.logit_bias = bias;
     p.n_logit_bias = 2;
     assert_int_equal(sample(&p, l, 4, &rng, s), 2);
@@ -251,11 +321,11 @@ static void logit_bias_shifts_chosen_tokens(void **state)
     p.logit_bias = bias;
     p.n_logit_bias = 1;
     for (int i = 0; i < 500; i++) assert_int_not_equal(sample(&p, l, 4, &rng, s), 0);
-    const struct engine_logit_bias bad = {.id = 4, .bias = 1};
+    const struct sampling_logit_bias bad = {.id = 4, .bias = 1};
     p.logit_bias = &bad;
     float buf[4];
     memcpy(buf, l, sizeof buf);
-    struct engine_token t;
+    struct sample_token t;
     assert_int_equal(sampler_sample(&p, buf, 4, NULL, 0, NULL, 0, &rng, s, &t), MS_EINVAL);
     sampler_scratch_destroy(s);
 }
@@ -269,15 +339,15 @@ static void logprobs_come_from_the_raw_distribution(void **state)
     const float raw[5] = {1.0f, 3.0f, 3.0f, -2.0f, 0.5f};
     double z = 0;
     for (int i = 0; i < 5; i++) z += exp(raw[i]);
-    const struct engine_logit_bias bias = {.id = 3, .bias = 50};
-    struct engine_sampling p = random_sampling();
+    const struct sampling_logit_bias bias = {.id = 3, .bias = 50};
+    struct sampling_params p = random_sampling();
     p.temperature = 0.3f;
     p.logit_bias = &bias;
     p.n_logit_bias = 1;
     p.logprobs = 3;
     float buf[5];
     memcpy(buf, raw, sizeof buf);
-    struct engine_token t;
+    struct sample_token t;
     assert_int_equal(sampler_sample(&p, buf, 5, NULL, 0, NULL, 0, &rng, s, &t), 0);
     assert_int_equal(t.id, 3); // the bias decides the draw ...
     assert_float_equal(t.logprob, -2.0 - log(z), 1e-5); // ... not the reported logprob
@@ -293,7 +363,7 @@ static void logprobs_come_from_the_raw_distribution(void **state)
     assert_int_equal(sampler_sample(&p, buf, 5, NULL, 0, NULL, 0, &rng, s, &t), 0);
     assert_int_equal(t.n_top, 0);
     assert_float_equal(t.logprob, -2.0 - log(z), 1e-5);
-    p.logprobs = ENGINE_MAX_LOGPROBS + 1;
+    p.logprobs = SAMPLING_MAX_LOGPROBS + 1;
     assert_int_equal(sampler_sample(&p, buf, 5, NULL, 0, NULL, 0, &rng, s, &t), MS_EINVAL);
     // Prompt logprobs: any id, k alternatives.
     sampler_logprobs(raw, 5, 4, 2, s, &t);
@@ -311,8 +381,8 @@ static void bad_parameters_are_refused(void **state)
     struct sampler_rng rng;
     sampler_rng_seed(&rng, 1);
     float l[3] = {0, 1, 2};
-    struct engine_token t;
-    struct engine_sampling p = random_sampling();
+    struct sample_token t;
+    struct sampling_params p = random_sampling();
     p.temperature = -1;
     assert_int_equal(sampler_sample(&p, l, 3, NULL, 0, NULL, 0, &rng, s, &t), MS_EINVAL);
     p = random_sampling();
@@ -325,13 +395,15 @@ static void bad_parameters_are_refused(void **state)
     p.repetition_penalty = 0;
     assert_int_equal(sampler_sample(&p, l, 3, NULL, 0, NULL, 0, &rng, s, &t), MS_EINVAL);
     p = random_sampling();
-    assert_int_equal(sampler_sample(&p, l, 4, NULL, 0, NULL, 0, &rng, s, &t), MS_EINVAL); // vocab > scratch
-    assert_null(sampler_scratch_create(0));
+    const struct backend_sample_row row = {.logits = s->d, .p = &p, .score = -1};
+    assert_int_equal(s->b->ops->sample(s->b, &row, 1, 0, &t), MS_EINVAL); // no vocabulary
+    assert_non_null(strstr(s->b->err, "vocabulary"));
     sampler_scratch_destroy(s);
 }
 
-// Same seed, same draws, whatever else the sampler did in between (each
-// sequence owns its generator); another seed draws differently.
+// Same seed, same draws, whatever else the sampler did in between (the draw
+// is keyed by the sequence's seed and counted by position); another seed
+// draws differently.
 static void a_seed_reproduces_the_draws(void **state)
 {
     (void)state;
@@ -339,7 +411,7 @@ static void a_seed_reproduces_the_draws(void **state)
     float l[N];
     for (int i = 0; i < N; i++) l[i] = (float)sin(i * 1.7) * 2;
     struct sampler_scratch *s = sampler_scratch_create(N);
-    struct engine_sampling p = random_sampling();
+    struct sampling_params p = random_sampling();
     p.top_p = 0.9f;
     p.top_k = 30;
     int a[200], b[200], c[200];
@@ -356,6 +428,87 @@ static void a_seed_reproduces_the_draws(void **state)
     for (int i = 0; i < 200; i++) b[i] = sample(&p, l, N, &r2, s);
     assert_memory_equal(a, b, sizeof a);
     assert_memory_not_equal(a, c, sizeof a);
+    sampler_scratch_destroy(s);
+}
+
+// Rows sampled together in one call (split over the threads) draw exactly
+// what each draws alone: the batch never enters the draw.
+static void draws_do_not_depend_on_the_batch(void **state)
+{
+    (void)state;
+    enum { V = 3000, ROWS = 24 };
+    struct backend *b;
+    char err[256];
+    struct backend_opts bo = {.n_threads = 2};
+    assert_int_equal(backend_create(BACKEND_DEVICE_CPU, &bo, &b, err, sizeof err), 0);
+    float *d, *host = malloc((size_t)ROWS * V * sizeof *host);
+    assert_int_equal(b->ops->alloc(b, (size_t)ROWS * V * sizeof(float), (void **)&d), 0);
+    for (int i = 0; i < ROWS * V; i++) host[i] = (float)sin(i * 0.37) * 3;
+    struct sampling_params p[ROWS];
+    struct backend_sample_row rows[ROWS];
+    struct sample_token together[ROWS], alone;
+    const int32_t hist[3] = {5, 7, 5};
+    for (int r = 0; r < ROWS; r++) {
+        sampling_params_default(&p[r]);
+        p[r].seed = 1000 + (uint64_t)(r % 3);
+        p[r].stream = (uint32_t)(r % 2);
+        p[r].top_k = r % 4 ? 50 : 0;
+        p[r].top_p = r % 5 ? 0.9f : 1.0f;
+        p[r].presence_penalty = r % 3 ? 0.5f : 0.0f;
+        p[r].logprobs = 2;
+        rows[r] = (struct backend_sample_row){.logits = d + (size_t)r * V, .p = &p[r],
+                                              .output = hist, .n_output = 3,
+                                              .position = (uint32_t)(r * 7), .score = -1};
+    }
+    b->ops->upload(b, d, host, (size_t)ROWS * V * sizeof *host);
+    assert_int_equal(b->ops->sample(b, rows, ROWS, V, together), 0);
+    for (int r = 0; r < ROWS; r++) {
+        b->ops->upload(b, d + (size_t)r * V, host + (size_t)r * V, V * sizeof *host);
+        assert_int_equal(b->ops->sample(b, &rows[r], 1, V, &alone), 0);
+        assert_int_equal(alone.id, together[r].id);
+        assert_true(alone.logprob == together[r].logprob);
+        assert_int_equal(alone.n_top, 2);
+        assert_int_equal(alone.top[1].id, together[r].top[1].id);
+    }
+    b->ops->free(b, d);
+    backend_destroy(b);
+    free(host);
+}
+
+// The allowed mask (structured output's) comes before everything: greedy
+// and draws stay inside it, a bias cannot lift a token out of it, and the
+// reported logprobs are still those of the raw row.
+static void the_allowed_mask_comes_before_everything(void **state)
+{
+    (void)state;
+    enum { N = 70 };
+    float l[N];
+    for (int i = 0; i < N; i++) l[i] = (float)(i % 10);
+    uint32_t allowed[3] = {0};
+    const int ok[] = {3, 41, 66};
+    for (int i = 0; i < 3; i++) allowed[ok[i] >> 5] |= 1u << (ok[i] & 31);
+    struct sampler_scratch *s = sampler_scratch_create(N);
+    struct sampling_params p = greedy();
+    const struct sampling_logit_bias bias = {.id = 9, .bias = 100};
+    p.logit_bias = &bias;
+    p.n_logit_bias = 1;
+    p.logprobs = 1;
+    float buf[N];
+    struct sample_token t;
+    for (int mode = 0; mode < 2; mode++) {
+        p.temperature = mode ? 1.0f : 0.0f;
+        for (uint32_t pos = 0; pos < 300; pos++) {
+            memcpy(buf, l, sizeof buf);
+            p.seed = 77;
+            s->b->ops->upload(s->b, s->d, buf, sizeof buf);
+            const struct backend_sample_row row = {.logits = s->d, .p = &p, .position = pos,
+                                                   .allowed = allowed, .score = -1};
+            assert_int_equal(s->b->ops->sample(s->b, &row, 1, N, &t), 0);
+            assert_true(t.id == 3 || t.id == 41 || t.id == 66);
+            if (!mode) assert_int_equal(t.id, 66); // the best allowed (value 6)
+            assert_int_equal(t.top[0].id, 9);      // the raw row's best
+        }
+    }
     sampler_scratch_destroy(s);
 }
 
@@ -376,13 +529,13 @@ static void draws_over_a_large_vocabulary_follow_the_softmax(void **state)
     for (int i = 0; i < V; i++)
         if (!isnan(logits[i])) z += exp((double)logits[i]);
     struct sampler_scratch *s = sampler_scratch_create(V);
-    struct engine_sampling p = random_sampling();
+    struct sampling_params p = random_sampling();
     struct sampler_rng rng;
     sampler_rng_seed(&rng, 7);
     int count[4] = {0}, other = 0;
     for (int d = 0; d < DRAWS; d++) {
         memcpy(buf, logits, V * sizeof *buf);
-        struct engine_token t;
+        struct sample_token t;
         assert_int_equal(sampler_sample(&p, buf, V, NULL, 0, NULL, 0, &rng, s, &t), 0);
         assert_false(isnan(logits[t.id]));
         int k = -1;
@@ -410,7 +563,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(draws_over_a_large_vocabulary_follow_the_softmax),
-        cmocka_unit_test(rng_is_seeded_and_uniform),
+        cmocka_unit_test(generator_is_keyed_counted_and_uniform),
         cmocka_unit_test(greedy_takes_the_lowest_id_among_equal_maxima),
         cmocka_unit_test(an_infinite_logit_is_taken_at_its_lowest_id),
         cmocka_unit_test(temperature_scales_the_softmax),
@@ -423,6 +576,8 @@ int main(void)
         cmocka_unit_test(logprobs_come_from_the_raw_distribution),
         cmocka_unit_test(bad_parameters_are_refused),
         cmocka_unit_test(a_seed_reproduces_the_draws),
+        cmocka_unit_test(draws_do_not_depend_on_the_batch),
+        cmocka_unit_test(the_allowed_mask_comes_before_everything),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,19 +1,17 @@
 // comm_inproc: ranks publish pointers to their send buffers in per-rank
 // slots, meet at a generation-counted barrier, copy what is theirs straight
 // from their peers' buffers, and meet again before anyone reuses a buffer.
-#include "scheduler/comm_inproc.h"
+#include "model/cpu/comm_inproc.h"
 
-#include <limits.h>
-#include <linux/futex.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/spin.h"
 
 #define SPIN_ITERS 4000
 
@@ -29,49 +27,39 @@ struct group {
     _Atomic int refs;
     _Atomic uint32_t arrived;
     _Atomic uint32_t generation;
+    _Atomic int aborted;      // comm_abort: every wait and later call fails
     struct slot *slots;       // (n)
     struct comm *ends;        // (n)
 };
 
-static void futex_wait(_Atomic uint32_t *a, uint32_t v)
+// Returns MS_ECANCELLED, without waiting further, once the group is aborted.
+static int group_barrier(struct group *g)
 {
-    syscall(SYS_futex, (uint32_t *)a, FUTEX_WAIT_PRIVATE, v, NULL, NULL, 0);
-}
-
-static void futex_wake_all(_Atomic uint32_t *a)
-{
-    syscall(SYS_futex, (uint32_t *)a, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-}
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#else
-    __asm__ __volatile__("" ::: "memory");
-#endif
-}
-
-static void group_barrier(struct group *g)
-{
+    if (atomic_load(&g->aborted)) return MS_ECANCELLED;
     uint32_t gen = atomic_load(&g->generation);
     if (atomic_fetch_add(&g->arrived, 1) == (uint32_t)g->n - 1) {
         atomic_store(&g->arrived, 0);
         atomic_fetch_add(&g->generation, 1);
-        futex_wake_all(&g->generation);
-        return;
+        ms_futex_wake(&g->generation, INT32_MAX);
+        return atomic_load(&g->aborted) ? MS_ECANCELLED : 0;
     }
     int spins = 0;
     while (atomic_load(&g->generation) == gen) {
-        if (++spins < SPIN_ITERS) cpu_relax();
-        else futex_wait(&g->generation, gen);
+        if (++spins < SPIN_ITERS) ms_cpu_relax();
+        else ms_futex_wait(&g->generation, gen);
     }
+    return atomic_load(&g->aborted) ? MS_ECANCELLED : 0;
 }
 
-static int inproc_barrier(struct comm *c)
+static int inproc_barrier(struct comm *c) { return group_barrier(c->impl); }
+
+// Wakes every waiter by moving the generation on; they see the flag.
+static void inproc_abort(struct comm *c)
 {
-    group_barrier(c->impl);
-    return 0;
+    struct group *g = c->impl;
+    atomic_store(&g->aborted, 1);
+    atomic_fetch_add(&g->generation, 1);
+    ms_futex_wake(&g->generation, INT32_MAX);
 }
 
 static int inproc_all_gather(struct comm *c, const void *send, size_t bytes, void *recv)
@@ -79,14 +67,15 @@ static int inproc_all_gather(struct comm *c, const void *send, size_t bytes, voi
     struct group *g = c->impl;
     g->slots[c->rank].send = send;
     g->slots[c->rank].bytes = bytes;
-    group_barrier(g);
+    int rc = group_barrier(g);
+    if (rc) return rc;
     // Every rank sees every size, so all of them agree on a mismatch.
     bool same = true;
     for (int p = 0; p < g->n; p++) same = same && g->slots[p].bytes == bytes;
     if (same)
         for (int p = 0; p < g->n; p++)
             if (bytes) memcpy((char *)recv + (size_t)p * bytes, g->slots[p].send, bytes);
-    group_barrier(g);
+    if ((rc = group_barrier(g))) return rc;
     return same ? 0 : MS_EINVAL;
 }
 
@@ -99,8 +88,8 @@ static int inproc_all_to_all_v(struct comm *c, const void *send, const size_t *s
     me->send = send;
     me->send_bytes = send_bytes;
     me->send_off = send_off;
-    group_barrier(g);
-    int rc = 0;
+    int rc = group_barrier(g);
+    if (rc) return rc;
     for (int p = 0; p < g->n; p++) {
         const struct slot *s = &g->slots[p];
         size_t n = s->send_bytes[c->rank];
@@ -110,8 +99,8 @@ static int inproc_all_to_all_v(struct comm *c, const void *send, const size_t *s
         }
         if (n) memcpy((char *)recv + recv_off[p], (const char *)s->send + s->send_off[c->rank], n);
     }
-    group_barrier(g);
-    return rc;
+    int brc = group_barrier(g);
+    return brc ? brc : rc;
 }
 
 static void group_free(struct group *g)
@@ -132,6 +121,7 @@ static const struct comm_ops inproc_ops = {
     .all_to_all_v = inproc_all_to_all_v,
     .all_gather = inproc_all_gather,
     .barrier = inproc_barrier,
+    .abort = inproc_abort,
     .destroy = inproc_destroy,
 };
 

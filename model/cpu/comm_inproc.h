@@ -1,7 +1,7 @@
 // comm_inproc: the in-process communicator — expert-parallel CPU ranks as
 // threads of one process, exchanging MoE rows through shared memory.
-#ifndef MOESERVE_SCHEDULER_COMM_INPROC_H
-#define MOESERVE_SCHEDULER_COMM_INPROC_H
+#ifndef MOESERVE_MODEL_CPU_COMM_INPROC_H
+#define MOESERVE_MODEL_CPU_COMM_INPROC_H
 
 #include <stddef.h>
 

@@ -1,0 +1,51 @@
+// backend_registry: the one place that knows every backend — it parses
+// --device, resolves auto, makes a rank's backend and the communicator
+// group that matches the ranks' backends. It is the only file outside
+// model/cpu/ (and gpu/) that includes their headers.
+#ifndef MOESERVE_MODEL_BACKEND_REGISTRY_H
+#define MOESERVE_MODEL_BACKEND_REGISTRY_H
+
+#include <stddef.h>
+
+#include "model/backend.h"
+#include "model/comm.h"
+
+// "auto" | "cpu" | "cuda" (vLLM's --device); MS_EINVAL for anything else.
+int backend_device_parse(const char *s, enum backend_device *out);
+const char *backend_device_name(enum backend_device d);
+
+// Resolves auto to a device this process can use and checks that an explicit
+// one exists: auto is CUDA when this build has the CUDA backend and a GPU is
+// visible, else the CPU (note, when non-NULL, then says why). cuda without
+// a CUDA backend or a visible GPU is refused with a sentence naming what is
+// missing.
+int backend_device_resolve(enum backend_device want, enum backend_device *out, char *note,
+                           size_t notelen, char *err, size_t errlen);
+
+struct backend_opts {
+    int n_threads;        // CPU: this rank's compute threads (0: all cores)
+    int device_index;     // CUDA: the GPU (after CUDA_VISIBLE_DEVICES)
+    int rank;             // the rank the backend serves (logs)
+    const char *variant;  // CPU: the kernel table ("scalar", "avx2", "avx512", "amx"); NULL:
+                          // the best this CPU runs (MOESERVE_CPU_KERNELS steers it)
+};
+
+// The variants of device d this machine runs, best first (CPU: its kernel
+// tables); returns how many (at most max names written).
+int backend_variants(enum backend_device d, const char **names, int max);
+
+// Makes one rank's backend on a resolved device (not auto).
+int backend_create(enum backend_device d, const struct backend_opts *o, struct backend **out,
+                   char *err, size_t errlen);
+static inline void backend_destroy(struct backend *b)
+{
+    if (b) b->ops->destroy(b);
+}
+
+// One communicator group of n_ranks endpoints for ranks on device d (the
+// in-process one for CPU ranks): out[r] is rank r's; each is released with
+// its ops->destroy.
+int backend_comm_create(enum backend_device d, int n_ranks, struct comm **out, char *err,
+                        size_t errlen);
+
+#endif

@@ -1,0 +1,1095 @@
+// backend_cpu: the CPU backend's op table. It owns a rank's thread pool, its
+// per-thread scratch, the weights packed once per model for the kernel table
+// (shared by every CPU rank of the process), dummy weights, and the parallel
+// loops that split each op over the threads. Every op runs synchronously:
+// when it returns, its results are in memory.
+#include "model/cpu/backend_cpu.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "model/cpu/ops.h"
+#include "model/cpu/probe.h"
+#include "model/cpu/sample.h"
+#include "model/cpu/threadpool.h"
+
+struct cpu_backend {
+    struct backend b;
+    const struct cpu_kernels *k;
+    struct threadpool *pool;
+    struct cpu_exec ex;            // pool, k, per-thread scratch
+    size_t scratch_floats;         // per thread, as allocated
+    struct cpu_sample_scratch **sample; // (threads) for rows of up to sample_vocab
+    int sample_vocab;
+    struct cpu_mm *jobs;           // matmul jobs of one op
+    int jobs_cap;
+    int32_t *tiles;                // attention tiles: (first token, tokens) pairs
+    int tiles_cap;
+    int32_t *fill;                 // moe_route: each expert's next free row
+    int fill_cap;
+};
+
+static struct cpu_backend *cpu_of(struct backend *b) { return (struct cpu_backend *)b; }
+
+// ---- parallel loops ------------------------------------------------------------
+
+typedef void (*range_fn)(void *ctx, int begin, int end, int tid);
+
+struct par_ctx {
+    range_fn fn;
+    void *ctx;
+    int n;
+    int chunk;
+    _Atomic int next;  // dynamic scheduling: the next item to take
+};
+
+static void par_static(void *arg, int tid, int n_threads)
+{
+    struct par_ctx *c = arg;
+    int b, e;
+    threadpool_range(c->n, tid, n_threads, &b, &e);
+    if (b < e) c->fn(c->ctx, b, e, tid);
+}
+
+// Splits [0, n) into equal contiguous ranges, one per thread.
+static void par_for(struct cpu_backend *c, int n, range_fn fn, void *ctx)
+{
+    if (n <= 0) return;
+    // One row (a decode step) is not worth waking the other threads for.
+    if (n == 1) {
+        fn(ctx, 0, 1, 0);
+        return;
+    }
+    struct par_ctx p = {.fn = fn, .ctx = ctx, .n = n};
+    threadpool_run(c->pool, par_static, &p);
+}
+
+static void par_dynamic(void *arg, int tid, int n_threads)
+{
+    (void)n_threads;
+    struct par_ctx *c = arg;
+    for (;;) {
+        int b = atomic_fetch_add(&c->next, c->chunk);
+        if (b >= c->n) return;
+        c->fn(c->ctx, b, b + c->chunk < c->n ? b + c->chunk : c->n, tid);
+    }
+}
+
+// Items of unequal cost (attention rows of a prefill, sampled rows), taken
+// chunk by chunk.
+static void par_for_dynamic(struct cpu_backend *c, int n, int chunk, range_fn fn, void *ctx)
+{
+    if (n <= 0) return;
+    if (n == 1) {
+        fn(ctx, 0, 1, 0);
+        return;
+    }
+    struct par_ctx p = {.fn = fn, .ctx = ctx, .n = n, .chunk = chunk};
+    threadpool_run(c->pool, par_dynamic, &p);
+}
+
+static struct cpu_wmat wmat_of(const struct backend_mat *m)
+{
+    return (struct cpu_wmat){.data = m->data, .packed = m->priv, .dtype = m->dtype,
+                             .out = m->rows, .in = m->cols};
+}
+
+static int grow(struct cpu_backend *c, void **p, int *cap, int want, size_t elem, const char *what)
+{
+    if (want <= *cap) return 0;
+    int n = *cap ? *cap : 16;
+    while (n < want) n = n > INT32_MAX / 2 ? want : n * 2;
+    void *q = realloc(*p, (size_t)n * elem);
+    if (!q) return backend_fail(&c->b, MS_ENOMEM, "out of memory for %d %s", want, what);
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+// ---- memory ----------------------------------------------------------------------
+
+// Every allocation is its own mapping with a 64-byte header that remembers
+// its length: zeroed pages, committed only when touched (a workspace sized
+// for the worst step costs only what steps use).
+#define HDR 64
+
+static int cpu_alloc(struct backend *b, size_t bytes, void **out)
+{
+    *out = NULL;
+    size_t total;
+    if (ms_add_overflow(bytes, HDR, &total))
+        return backend_fail(b, MS_ENOMEM, "an allocation of %zu bytes overflows", bytes);
+    void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED)
+        return backend_fail(b, MS_ENOMEM, "cannot map %.1f MiB of memory",
+                            (double)bytes / (1 << 20));
+    memcpy(p, &total, sizeof total);
+    *out = (char *)p + HDR;
+    return 0;
+}
+
+static void cpu_free(struct backend *b, void *p)
+{
+    (void)b;
+    if (!p) return;
+    char *base = (char *)p - HDR;
+    size_t total;
+    memcpy(&total, base, sizeof total);
+    munmap(base, total);
+}
+
+static int cpu_copy(struct backend *b, void *dst, const void *src, size_t bytes)
+{
+    (void)b;
+    if (bytes) memmove(dst, src, bytes);
+    return 0;
+}
+
+static int cpu_copy_2d(struct backend *b, void *dst, size_t dst_pitch, const void *src,
+                       size_t src_pitch, size_t bytes, int rows)
+{
+    (void)b;
+    for (int i = 0; i < rows; i++)
+        memcpy((char *)dst + (size_t)i * dst_pitch, (const char *)src + (size_t)i * src_pitch, bytes);
+    return 0;
+}
+
+static int cpu_sync(struct backend *b)
+{
+    (void)b;
+    return 0;
+}
+
+static int cpu_memory(struct backend *b, struct backend_memory *out)
+{
+    (void)b;
+    memset(out, 0, sizeof *out);
+    out->host_shared = true;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) out->total_bytes = (uint64_t)pages * (uint64_t)page;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        unsigned long long kb;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+                out->free_bytes = (uint64_t)kb * 1024;
+                break;
+            }
+        fclose(f);
+    }
+    if (!out->free_bytes) {
+        long avail = sysconf(_SC_AVPHYS_PAGES);
+        if (avail > 0 && page > 0) out->free_bytes = (uint64_t)avail * (uint64_t)page;
+    }
+    return 0;
+}
+
+static int cpu_measure_limits(struct backend *b, struct backend_limits *out)
+{
+    struct cpu_backend *c = cpu_of(b);
+    struct cpu_read_probe probe;
+    char err[256];
+    int rc = cpu_read_probe_create((size_t)1 << 30, &probe, err, sizeof err);
+    if (rc) return backend_fail(b, rc, "%s", err);
+    out->read_bytes_per_s = cpu_read_probe_run(&probe, c->pool, c->k, 1);
+    cpu_read_probe_destroy(&probe);
+    out->flops = cpu_fma_peak(c->pool, c->k, 4000000, 1);
+    return 0;
+}
+
+static const char *cpu_variant(const struct backend *b)
+{
+    return ((const struct cpu_backend *)b)->k->name;
+}
+
+// ---- weights: packed once per model, shared by the ranks -------------------------
+
+// One model's weights for one kernel table, shared by every CPU rank of the
+// process (they share the memory, so one packed copy serves all of them).
+struct shared_weights {
+    const struct model *m;
+    const struct cpu_kernels *k;
+    int refs;
+    struct backend_weights w;   // expert range: all
+    void *packed;               // the packed blocks, one mapping (or NULL)
+    size_t packed_bytes;
+    void *made;                 // dummy loads: the weights made here that are not packed
+    size_t made_bytes;
+    struct shared_weights *next;
+};
+
+static pthread_mutex_t shared_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct shared_weights *shared_list;
+
+typedef void (*tensor_fn)(const struct tensor *t, struct backend_mat *out, void *ctx);
+
+// Every tensor of the model with its backend_mat, in one fixed order.
+static void for_each_tensor(const struct model *m, struct backend_weights *w, tensor_fn fn, void *ctx)
+{
+    fn(&m->embed, &w->embed, ctx);
+    for (int i = 0; i < m->cfg.n_layers; i++) {
+        const struct layer_weights *L = &m->layers[i];
+        struct backend_layer *B = &w->layers[i];
+        fn(&L->attn_norm, &B->attn_norm, ctx);
+        fn(&L->wq, &B->wq, ctx);
+        fn(&L->wk, &B->wk, ctx);
+        fn(&L->wv, &B->wv, ctx);
+        fn(&L->wo, &B->wo, ctx);
+        fn(&L->q_norm, &B->q_norm, ctx);
+        fn(&L->k_norm, &B->k_norm, ctx);
+        fn(&L->ffn_norm, &B->ffn_norm, ctx);
+        if (L->is_moe) {
+            fn(&L->router, &B->router, ctx);
+            for (int e = 0; e < m->cfg.n_experts; e++) {
+                fn(&L->experts[e].gate, &B->expert_gate[e], ctx);
+                fn(&L->experts[e].up, &B->expert_up[e], ctx);
+                fn(&L->experts[e].down, &B->expert_down[e], ctx);
+            }
+        } else {
+            fn(&L->gate, &B->gate, ctx);
+            fn(&L->up, &B->up, ctx);
+            fn(&L->down, &B->down, ctx);
+        }
+    }
+    fn(&m->final_norm, &w->final_norm, ctx);
+    // A tied lm_head is the embedding's bytes, multiplied: packed like any matrix.
+    fn(&m->lm_head, &w->lm_head, ctx);
+}
+
+struct prep_job {
+    const struct tensor *t;
+    struct backend_mat *mat;
+    size_t packed_off;          // SIZE_MAX: not packed
+    size_t made_off;            // SIZE_MAX: nothing to make here
+};
+
+struct prep_ctx {
+    const struct model *m;
+    const struct cpu_kernels *k;
+    struct prep_job *jobs;      // NULL on the counting pass
+    size_t n_jobs;
+    size_t packed_bytes, made_bytes, tmp_bytes;
+    char *packed, *made;
+    _Atomic size_t next;        // the next job a worker takes
+    _Atomic int failed;
+};
+
+static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
+
+// Plans one tensor: a matrix the table reads packed gets a packed slot; a
+// dummy tensor that is not packed gets room where its values are made.
+static void plan_tensor(const struct tensor *t, struct backend_mat *mat, void *arg)
+{
+    struct prep_ctx *c = arg;
+    *mat = (struct backend_mat){.dtype = t->dtype, .rows = t->ndim == 2 ? (int)t->shape[0] : 1,
+                                .cols = t->ndim == 2 ? (int)t->shape[1] : (int)t->shape[0],
+                                .data = t->data};
+    struct prep_job j = {.t = t, .mat = mat, .packed_off = SIZE_MAX, .made_off = SIZE_MAX};
+    const struct cpu_wmat w = {.data = t->data, .dtype = t->dtype, .out = mat->rows, .in = mat->cols};
+    const size_t bytes = tensor_elems(t) * dtype_size(t->dtype);
+    // The embedding is read row by row in a lookup, never multiplied.
+    const bool pack = t->ndim == 2 && t != &c->m->embed && c->k->wants_packed &&
+                      c->k->wants_packed(&w);
+    if (pack) {
+        j.packed_off = c->packed_bytes;
+        c->packed_bytes += round64(cpu_pack_bytes(&w));
+        if (!t->data && bytes > c->tmp_bytes) c->tmp_bytes = bytes;
+    } else if (!t->data) {
+        j.made_off = c->made_bytes;
+        c->made_bytes += round64(bytes);
+    }
+    if (pack || !t->data) {
+        if (c->jobs) c->jobs[c->n_jobs] = j;
+        c->n_jobs++;
+    }
+}
+
+// Element values of a dummy tensor into dst, in its dtype.
+static void make_dummy(const struct tensor *t, void *dst)
+{
+    const size_t n = tensor_elems(t);
+    for (size_t i = 0; i < n; i++) {
+        const float v = tensor_dummy_value(t, i);
+        if (t->dtype == DTYPE_F32) ((float *)dst)[i] = v;
+        else if (t->dtype == DTYPE_F16) ((uint16_t *)dst)[i] = ms_f32_to_f16(v);
+        else ((uint16_t *)dst)[i] = ms_f32_to_bf16(v);
+    }
+}
+
+static void *prep_worker(void *arg)
+{
+    struct prep_ctx *c = arg;
+    void *tmp = NULL;
+    if (c->tmp_bytes) {
+        tmp = malloc(c->tmp_bytes);
+        if (!tmp) {
+            atomic_store(&c->failed, 1);
+            return NULL;
+        }
+    }
+    for (size_t i; (i = atomic_fetch_add(&c->next, 1)) < c->n_jobs;) {
+        const struct prep_job *j = &c->jobs[i];
+        const struct tensor *t = j->t;
+        if (j->made_off != SIZE_MAX) {
+            make_dummy(t, c->made + j->made_off);
+            j->mat->data = c->made + j->made_off;
+            continue;
+        }
+        struct cpu_wmat w = {.data = t->data ? t->data : tmp, .dtype = t->dtype,
+                             .out = j->mat->rows, .in = j->mat->cols};
+        if (!t->data) make_dummy(t, tmp);
+        cpu_pack_blocks(&w, 0, (w.out + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS, c->packed + j->packed_off);
+        j->mat->priv = c->packed + j->packed_off;
+        if (t->data && t->data != c->m->embed.data) {
+            // The file's copy is not read again (but for a tied embedding's
+            // lookups): give its whole pages back to the page cache.
+            const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)t->data;
+            const uintptr_t lo = (a + pg - 1) / pg * pg;
+            const uintptr_t hi = (a + tensor_elems(t) * dtype_size(t->dtype)) / pg * pg;
+            if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+        }
+    }
+    free(tmp);
+    return NULL;
+}
+
+static void *map_anon(size_t bytes)
+{
+    if (!bytes) return NULL;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void shared_free(struct shared_weights *s)
+{
+    if (!s) return;
+    if (s->w.layers) {
+        for (int i = 0; i < s->m->cfg.n_layers; i++) free(s->w.layers[i].expert_gate);
+        free(s->w.layers);
+    }
+    free(s->w.rope_inv_freq);
+    if (s->packed) munmap(s->packed, s->packed_bytes);
+    if (s->made) munmap(s->made, s->made_bytes);
+    free(s);
+}
+
+// Builds the shared weights: plans every tensor, maps the packed and made
+// areas, then packs (and makes) on every core — a 30B checkpoint is tens of
+// GB to reorder, and minutes on one thread.
+static int shared_build(struct backend *b, const struct model *m, const struct cpu_kernels *k,
+                        struct shared_weights **out)
+{
+    const struct model_config *cfg = &m->cfg;
+    struct shared_weights *s = calloc(1, sizeof *s);
+    if (!s) return backend_fail(b, MS_ENOMEM, "out of memory for the weights");
+    s->m = m;
+    s->k = k;
+    s->w.cfg = cfg;
+    s->w.expert_begin = 0;
+    s->w.expert_end = cfg->n_experts;
+    s->w.layers = calloc((size_t)cfg->n_layers, sizeof *s->w.layers);
+    s->w.rope_inv_freq = calloc((size_t)cfg->head_dim / 2 + 1, sizeof *s->w.rope_inv_freq);
+    bool ok = s->w.layers && s->w.rope_inv_freq;
+    for (int i = 0; ok && i < cfg->n_layers; i++) {
+        struct backend_layer *B = &s->w.layers[i];
+        B->is_moe = m->layers[i].is_moe;
+        if (!B->is_moe) continue;
+        // One allocation for the three arrays of the layer.
+        B->expert_gate = calloc((size_t)cfg->n_experts * 3, sizeof *B->expert_gate);
+        ok = B->expert_gate != NULL;
+        if (ok) {
+            B->expert_up = B->expert_gate + cfg->n_experts;
+            B->expert_down = B->expert_up + cfg->n_experts;
+        }
+    }
+    if (!ok) {
+        shared_free(s);
+        return backend_fail(b, MS_ENOMEM, "out of memory for the weight tables");
+    }
+    // As Hugging Face computes them: theta^(-2i / head_dim).
+    for (int i = 0; i < cfg->head_dim / 2; i++)
+        s->w.rope_inv_freq[i] = pow(cfg->rope_theta, -2.0 * i / cfg->head_dim);
+
+    const double t0 = ms_now();
+    struct prep_ctx c = {.m = m, .k = k};
+    for_each_tensor(m, &s->w, plan_tensor, &c);
+    if (c.n_jobs) {
+        c.jobs = calloc(c.n_jobs, sizeof *c.jobs);
+        s->packed = map_anon(c.packed_bytes);
+        s->made = map_anon(c.made_bytes);
+        if (!c.jobs || (c.packed_bytes && !s->packed) || (c.made_bytes && !s->made)) {
+            free(c.jobs);
+            s->packed_bytes = c.packed_bytes;
+            s->made_bytes = c.made_bytes;
+            shared_free(s);
+            return backend_fail(b, MS_ENOMEM, "cannot map %.1f MiB for the weights prepared for the "
+                                "%s kernels", (double)(c.packed_bytes + c.made_bytes) / (1 << 20),
+                                k->name);
+        }
+        s->packed_bytes = c.packed_bytes;
+        s->made_bytes = c.made_bytes;
+        c.packed = s->packed;
+        c.made = s->made;
+        c.n_jobs = c.packed_bytes = c.made_bytes = 0;
+        for_each_tensor(m, &s->w, plan_tensor, &c);
+        long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
+        int n_threads = n_cpu < 1 ? 1 : n_cpu > 64 ? 64 : (int)n_cpu;
+        if ((size_t)n_threads > c.n_jobs) n_threads = (int)c.n_jobs;
+        pthread_t th[64];
+        int started = 0;
+        for (; started < n_threads - 1; started++)
+            if (pthread_create(&th[started], NULL, prep_worker, &c)) break;
+        prep_worker(&c); // and whatever threads could not be started leave to this one
+        for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+        free(c.jobs);
+        if (atomic_load(&c.failed)) {
+            shared_free(s);
+            return backend_fail(b, MS_ENOMEM, "out of memory making the dummy weights");
+        }
+        ms_log(MS_LOG_INFO, "prepared %zu tensors for the %s kernels (%.1f MiB packed%s) in %.2f s "
+               "on %d threads", c.n_jobs, k->name, (double)s->packed_bytes / (1 << 20),
+               m->dummy ? ", dummy weights made here" : "", ms_now() - t0, started + 1);
+    }
+    *out = s;
+    return 0;
+}
+
+static int cpu_prepare_weights(struct backend *b, const struct model *m, int expert_begin,
+                               int expert_end, struct backend_weights **out)
+{
+    struct cpu_backend *c = cpu_of(b);
+    *out = NULL;
+    const struct model_config *cfg = &m->cfg;
+    if (expert_begin < 0 || expert_end < expert_begin || expert_end > cfg->n_experts)
+        return backend_fail(b, MS_EINVAL, "expert range [%d, %d) is outside the model's %d experts",
+                            expert_begin, expert_end, cfg->n_experts);
+    struct backend_weights *w = calloc(1, sizeof *w);
+    if (!w) return backend_fail(b, MS_ENOMEM, "out of memory for the weights");
+    pthread_mutex_lock(&shared_mu);
+    struct shared_weights *s = shared_list;
+    while (s && !(s->m == m && s->k == c->k)) s = s->next;
+    int rc = 0;
+    if (!s && (rc = shared_build(b, m, c->k, &s)) == 0) {
+        s->next = shared_list;
+        shared_list = s;
+    }
+    if (s) s->refs++;
+    pthread_mutex_unlock(&shared_mu);
+    if (rc) {
+        free(w);
+        return rc;
+    }
+    *w = s->w;
+    w->expert_begin = expert_begin;
+    w->expert_end = expert_end;
+    w->priv = s;
+    // Scratch for the widest matmul input and the attention of this model.
+    const int max_in = cfg->hidden_size > cfg->n_heads * cfg->head_dim
+                           ? cfg->hidden_size : cfg->n_heads * cfg->head_dim;
+    int widest = max_in;
+    if (cfg->moe_intermediate_size > widest) widest = cfg->moe_intermediate_size;
+    if (cfg->intermediate_size > widest) widest = cfg->intermediate_size;
+    const size_t need = (cpu_kernels_scratch_floats(widest, cfg->n_heads / cfg->n_kv_heads,
+                                                    cfg->head_dim) + 15) / 16 * 16;
+    if (need > c->scratch_floats) {
+        const int n = threadpool_size(c->pool);
+        float *sc = aligned_alloc(64, round64((size_t)n * need * sizeof(float)));
+        if (!sc) {
+            b->ops->release_weights(b, w);
+            return backend_fail(b, MS_ENOMEM, "out of memory for %d threads' scratch", n);
+        }
+        free(c->ex.scratch);
+        c->ex.scratch = sc;
+        c->ex.scratch_stride = need;
+        c->scratch_floats = need;
+    }
+    *out = w;
+    return 0;
+}
+
+static void cpu_release_weights(struct backend *b, struct backend_weights *w)
+{
+    (void)b;
+    if (!w) return;
+    struct shared_weights *s = w->priv;
+    pthread_mutex_lock(&shared_mu);
+    if (s && --s->refs == 0) {
+        struct shared_weights **p = &shared_list;
+        while (*p && *p != s) p = &(*p)->next;
+        if (*p) *p = s->next;
+    } else {
+        s = NULL;
+    }
+    pthread_mutex_unlock(&shared_mu);
+    shared_free(s);
+    free(w);
+}
+
+static int cpu_kv_alloc(struct backend *b, struct kv_pool *kv)
+{
+    size_t bytes = kv->layer_elems * (size_t)kv->n_layers * dtype_size(kv->dtype);
+    kv->k = calloc(1, bytes);
+    kv->v = kv->k ? calloc(1, bytes) : NULL;
+    if (!kv->v) {
+        free(kv->k);
+        kv->k = NULL;
+        return backend_fail(b, MS_ENOMEM, "cannot allocate a KV pool of %d blocks (2 x %.1f MiB)",
+                            kv->n_blocks, (double)bytes / (1 << 20));
+    }
+    return 0;
+}
+
+static void cpu_kv_free(struct backend *b, struct kv_pool *kv)
+{
+    (void)b;
+    free(kv->k);
+    free(kv->v);
+    kv->k = kv->v = NULL;
+}
+
+// ---- the ops -----------------------------------------------------------------------
+
+struct embed_ctx {
+    const struct backend_mat *table;
+    const int32_t *ids;
+    float *x;
+};
+
+static void embed_rows(void *arg, int b, int e, int tid)
+{
+    (void)tid;
+    const struct embed_ctx *c = arg;
+    const int hd = c->table->cols;
+    for (int t = b; t < e; t++) {
+        float *x = c->x + (size_t)t * hd;
+        const size_t base = (size_t)c->ids[t] * hd;
+        for (int i = 0; i < hd; i++) x[i] = cpu_load_weight(c->table->data, c->table->dtype, base + i);
+    }
+}
+
+static int cpu_embed(struct backend *b, const struct backend_weights *w, const int32_t *ids, int n,
+                     float *x)
+{
+    struct embed_ctx c = {.table = &w->embed, .ids = ids, .x = x};
+    par_for(cpu_of(b), n, embed_rows, &c);
+    return 0;
+}
+
+struct norm_ctx {
+    const struct cpu_kernels *k;
+    const float *x;
+    size_t ldx;
+    const int32_t *rows;
+    const struct backend_mat *w;
+    float eps;
+    float *out;
+};
+
+static void norm_rows(void *arg, int b, int e, int tid)
+{
+    (void)tid;
+    const struct norm_ctx *c = arg;
+    const int n = c->w->cols;
+    for (int i = b; i < e; i++)
+        c->k->rmsnorm(c->x + (size_t)(c->rows ? c->rows[i] : i) * c->ldx, c->w->data, c->w->dtype, n,
+                      c->eps, c->out + (size_t)i * n);
+}
+
+static int cpu_rmsnorm_op(struct backend *b, const float *x, size_t ldx, const int32_t *rows, int n,
+                          const struct backend_mat *w, float eps, float *out)
+{
+    struct cpu_backend *c = cpu_of(b);
+    struct norm_ctx nc = {.k = c->k, .x = x, .ldx = ldx, .rows = rows, .w = w, .eps = eps, .out = out};
+    par_for(c, n, norm_rows, &nc);
+    return 0;
+}
+
+static struct cpu_mm mm_of(const struct backend_mm *j)
+{
+    struct cpu_wmat w = wmat_of(j->w);
+    const int n = j->n_out > 0 ? j->n_out : w.out - j->o0;
+    if (j->o0 != 0 || n != w.out) w = cpu_wmat_slice(&w, j->o0, n);
+    return (struct cpu_mm){.w = w, .x = j->x, .ldx = j->ldx, .x_rows = j->x_rows, .y = j->y,
+                           .ldy = j->ldy, .y_rows = j->y_rows, .rows = j->rows,
+                           .accumulate = j->accumulate};
+}
+
+static int cpu_matmul_op(struct backend *b, const struct backend_mm *jobs, int n_jobs)
+{
+    struct cpu_backend *c = cpu_of(b);
+    int rc = grow(c, (void **)&c->jobs, &c->jobs_cap, n_jobs, sizeof *c->jobs, "matmul jobs");
+    if (rc) return rc;
+    for (int i = 0; i < n_jobs; i++) {
+        const struct backend_mm *j = &jobs[i];
+        if (j->o0 < 0 || j->n_out < 0 || j->o0 + j->n_out > j->w->rows)
+            return backend_fail(b, MS_EINVAL, "matmul outputs [%d, %d) are outside the matrix's %d",
+                                j->o0, j->o0 + j->n_out, j->w->rows);
+        c->jobs[i] = mm_of(j);
+    }
+    cpu_matmul(&c->ex, c->jobs, n_jobs);
+    return 0;
+}
+
+// All groups of all jobs in one parallel region (gate and up of every
+// expert together), so that many small experts keep every thread busy.
+static int cpu_grouped_matmul(struct backend *b, const struct backend_gmm *jobs, int n_jobs)
+{
+    struct cpu_backend *c = cpu_of(b);
+    int total = 0;
+    for (int i = 0; i < n_jobs; i++) total += jobs[i].n_groups;
+    int rc = grow(c, (void **)&c->jobs, &c->jobs_cap, total, sizeof *c->jobs, "matmul jobs");
+    if (rc) return rc;
+    int nj = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        const struct backend_gmm *j = &jobs[i];
+        const int32_t *off = j->h_off ? j->h_off : j->off; // host memory either way here
+        for (int g = 0; g < j->n_groups; g++) {
+            const int n = off[g + 1] - off[g];
+            if (n <= 0) continue;
+            struct cpu_mm *m = &c->jobs[nj++];
+            *m = (struct cpu_mm){.w = wmat_of(&j->w[g]), .x = j->x, .ldx = j->ldx, .y = j->y,
+                                 .ldy = j->ldy, .rows = n};
+            if (j->x_rows) m->x_rows = j->x_rows + off[g];
+            else m->x = j->x + (size_t)off[g] * j->ldx;
+            if (j->y_rows) m->y_rows = j->y_rows + off[g];
+            else m->y = j->y + (size_t)off[g] * j->ldy;
+        }
+    }
+    cpu_matmul(&c->ex, c->jobs, nj);
+    return 0;
+}
+
+// n values into the pool's dtype, element i at dst[i * stride]: a value row
+// is contiguous (stride 1), a key is a column of its block (stride
+// KV_BLOCK_TOKENS: keys are stored transposed).
+static void store_kv(void *dst, enum dtype t, const float *src, int n, size_t stride)
+{
+    if (t == DTYPE_F32) {
+        float *d = dst;
+        for (int i = 0; i < n; i++) d[(size_t)i * stride] = src[i];
+    } else {
+        uint16_t *d = dst;
+        for (int i = 0; i < n; i++)
+            d[(size_t)i * stride] = t == DTYPE_BF16 ? ms_f32_to_bf16(src[i]) : ms_f32_to_f16(src[i]);
+    }
+}
+
+struct rope_ctx {
+    struct cpu_backend *c;
+    const struct backend_weights *w;
+    const struct backend_layer *L;
+    const struct backend_step *s;
+    struct kv_pool *kv;
+    int layer;
+    float *q, *k;
+    const float *v;
+};
+
+// Per token: q_norm / k_norm over each head, RoPE at the token's position,
+// and K/V into the sequence's block for that position.
+static void rope_rows(void *arg, int b, int e, int tid)
+{
+    const struct rope_ctx *r = arg;
+    const struct model_config *cfg = r->w->cfg;
+    const struct cpu_kernels *kt = r->c->k;
+    const int D = cfg->head_dim, half = D / 2, H = cfg->n_heads, KVH = cfg->n_kv_heads;
+    float *cs = cpu_exec_scratch(&r->c->ex, tid), *sn = cs + half, *tmp = sn + half;
+    const size_t esz = dtype_size(r->kv->dtype);
+    char *kl = (char *)r->kv->k + (size_t)r->layer * r->kv->layer_elems * esz;
+    char *vl = (char *)r->kv->v + (size_t)r->layer * r->kv->layer_elems * esz;
+    const float eps = cfg->rms_norm_eps;
+    for (int t = b; t < e; t++) {
+        const int pos = r->s->tok_pos[t];
+        cpu_rope_angles(pos, r->w->rope_inv_freq, half, cs, sn);
+        float *q = r->q + (size_t)t * H * D, *k = r->k + (size_t)t * KVH * D;
+        const float *v = r->v + (size_t)t * KVH * D;
+        for (int h = 0; h < H; h++) {
+            float *qh = q + (size_t)h * D;
+            kt->rmsnorm(qh, r->L->q_norm.data, r->L->q_norm.dtype, D, eps, tmp);
+            memcpy(qh, tmp, (size_t)D * sizeof(float));
+            cpu_rope_apply(qh, half, cs, sn);
+        }
+        const int32_t *blocks = r->s->bt + r->s->bt_start[r->s->tok_seq[t]];
+        const size_t blk = (size_t)blocks[pos / KV_BLOCK_TOKENS], slot = (size_t)(pos % KV_BLOCK_TOKENS);
+        for (int h = 0; h < KVH; h++) {
+            float *kh = k + (size_t)h * D;
+            kt->rmsnorm(kh, r->L->k_norm.data, r->L->k_norm.dtype, D, eps, tmp);
+            memcpy(kh, tmp, (size_t)D * sizeof(float));
+            cpu_rope_apply(kh, half, cs, sn);
+            const size_t at = (blk * KVH + (size_t)h) * KV_BLOCK_TOKENS * D * esz;
+            store_kv(kl + at + slot * esz, r->kv->dtype, kh, D, KV_BLOCK_TOKENS);
+            store_kv(vl + at + slot * D * esz, r->kv->dtype, v + (size_t)h * D, D, 1);
+        }
+    }
+}
+
+static int cpu_qk_norm_rope_store(struct backend *b, const struct backend_weights *w, int layer,
+                                  const struct backend_step *s, struct kv_pool *kv, float *q,
+                                  float *k, const float *v)
+{
+    struct rope_ctx r = {.c = cpu_of(b), .w = w, .L = &w->layers[layer], .s = s, .kv = kv,
+                         .layer = layer, .q = q, .k = k, .v = v};
+    par_for(r.c, s->n_tokens, rope_rows, &r);
+    return 0;
+}
+
+struct attn_ctx {
+    struct cpu_backend *c;
+    const struct backend_step *s;
+    struct cpu_attn a;          // the fields every item shares
+    const float *q;
+    float *out;
+};
+
+// Items are (tile, KV head): up to CPU_ATTN_TILE consecutive tokens of one
+// sequence with the query heads of one group share each K/V block read.
+static void attend_items(void *arg, int b, int e, int tid)
+{
+    const struct attn_ctx *ac = arg;
+    struct cpu_attn a = ac->a;
+    const int D = a.head_dim, KVH = a.n_kv_heads, G = a.n_q, H = KVH * G;
+    const int32_t *tiles = ac->c->tiles;
+    float *scratch = cpu_exec_scratch(&ac->c->ex, tid);
+    for (int i = b; i < e; i++) {
+        const int tile = i / KVH, h = i % KVH, t0 = tiles[2 * tile], n = tiles[2 * tile + 1];
+        a.q = ac->q + ((size_t)t0 * H + (size_t)h * G) * D;
+        a.out = ac->out + ((size_t)t0 * H + (size_t)h * G) * D;
+        a.n_tok = n;
+        a.first_pos = ac->s->tok_pos[t0];
+        a.blocks = ac->s->bt + ac->s->bt_start[ac->s->tok_seq[t0]];
+        a.kv_head = h;
+        ac->c->k->attend(&a, scratch);
+    }
+}
+
+static int cpu_attention(struct backend *b, const struct backend_weights *w, int layer,
+                         const struct backend_step *s, const struct kv_pool *kv, const float *q,
+                         float *out)
+{
+    struct cpu_backend *c = cpu_of(b);
+    const struct model_config *cfg = w->cfg;
+    // Tiles: each sequence's new tokens in runs of CPU_ATTN_TILE.
+    int n_tiles = 0;
+    for (int q0 = 0; q0 < s->n_seqs; q0++) {
+        const int n = s->h_seq_start[q0 + 1] - s->h_seq_start[q0];
+        n_tiles += (n + CPU_ATTN_TILE - 1) / CPU_ATTN_TILE;
+    }
+    int rc = grow(c, (void **)&c->tiles, &c->tiles_cap, 2 * n_tiles, sizeof *c->tiles, "attention tiles");
+    if (rc) return rc;
+    n_tiles = 0;
+    for (int q0 = 0; q0 < s->n_seqs; q0++) {
+        const int first = s->h_seq_start[q0], n = s->h_seq_start[q0 + 1] - first;
+        for (int i = 0; i < n; i += CPU_ATTN_TILE) {
+            c->tiles[2 * n_tiles] = first + i;
+            c->tiles[2 * n_tiles + 1] = n - i < CPU_ATTN_TILE ? n - i : CPU_ATTN_TILE;
+            n_tiles++;
+        }
+    }
+    const int D = cfg->head_dim, H = cfg->n_heads, KVH = cfg->n_kv_heads;
+    const size_t esz = dtype_size(kv->dtype);
+    struct attn_ctx ac = {
+        .c = c,
+        .s = s,
+        .q = q,
+        .out = out,
+        .a = {
+            .q_stride = (size_t)H * D,
+            .out_stride = (size_t)H * D,
+            .n_q = H / KVH,
+            .head_dim = D,
+            .scale = 1.0f / sqrtf((float)D),
+            .k = (const char *)kv->k + (size_t)layer * kv->layer_elems * esz,
+            .v = (const char *)kv->v + (size_t)layer * kv->layer_elems * esz,
+            .kv_dtype = kv->dtype,
+            .n_kv_heads = KVH,
+        },
+    };
+    par_for_dynamic(c, n_tiles * KVH, 1, attend_items, &ac);
+    return 0;
+}
+
+struct router_ctx {
+    const float *logits;
+    int n_experts, k;
+    bool norm;
+    int32_t *ids;
+    float *weights;
+};
+
+static void router_rows(void *arg, int b, int e, int tid)
+{
+    (void)tid;
+    const struct router_ctx *r = arg;
+    for (int t = b; t < e; t++)
+        cpu_router_topk(r->logits + (size_t)t * r->n_experts, r->n_experts, r->k, r->norm,
+                        r->ids + (size_t)t * r->k, r->weights + (size_t)t * r->k);
+}
+
+static int cpu_router_topk_op(struct backend *b, const float *logits, int n, int n_experts, int k,
+                              bool norm_topk, int32_t *ids, float *weights)
+{
+    if (k < 1 || k > n_experts)
+        return backend_fail(b, MS_EINVAL, "top-%d of %d experts", k, n_experts);
+    struct router_ctx r = {.logits = logits, .n_experts = n_experts, .k = k, .norm = norm_topk,
+                           .ids = ids, .weights = weights};
+    par_for(cpu_of(b), n, router_rows, &r);
+    return 0;
+}
+
+// A counting sort: pairs in (token, slot) order land in their expert's rows
+// in that order, so tokens ascend within each expert.
+static int cpu_moe_route(struct backend *b, const int32_t *ids, int n_tokens, int k, int n_experts,
+                         int32_t *off, int32_t *slot, int32_t *token)
+{
+    const int P = n_tokens * k;
+    memset(off, 0, (size_t)(n_experts + 1) * sizeof *off);
+    for (int p = 0; p < P; p++) {
+        if (ids[p] < 0 || ids[p] >= n_experts)
+            return backend_fail(b, MS_EINVAL, "pair %d routes to expert %d of %d", p, (int)ids[p],
+                                n_experts);
+        off[ids[p] + 1]++;
+    }
+    for (int e = 0; e < n_experts; e++) off[e + 1] += off[e];
+    struct cpu_backend *c = cpu_of(b);
+    int rc = grow(c, (void **)&c->fill, &c->fill_cap, n_experts, sizeof *c->fill, "routing counters");
+    if (rc) return rc;
+    int32_t *fill = c->fill;
+    memset(fill, 0, (size_t)n_experts * sizeof *fill);
+    for (int p = 0; p < P; p++) {
+        const int e = ids[p], s = off[e] + fill[e]++;
+        slot[p] = s;
+        token[s] = p / k;
+    }
+    return 0;
+}
+
+struct silu_ctx {
+    const struct cpu_kernels *k;
+    float *g;
+    const float *u;
+    size_t n;
+};
+
+#define SILU_CHUNK 4096
+
+static void silu_chunks(void *arg, int b, int e, int tid)
+{
+    (void)tid;
+    const struct silu_ctx *s = arg;
+    size_t lo = (size_t)b * SILU_CHUNK, hi = (size_t)e * SILU_CHUNK;
+    if (hi > s->n) hi = s->n;
+    s->k->silu_mul(s->g + lo, s->u + lo, (int)(hi - lo));
+}
+
+static int cpu_silu_mul(struct backend *b, float *g, const float *u, size_t n)
+{
+    struct cpu_backend *c = cpu_of(b);
+    struct silu_ctx s = {.k = c->k, .g = g, .u = u, .n = n};
+    par_for(c, (int)((n + SILU_CHUNK - 1) / SILU_CHUNK), silu_chunks, &s);
+    return 0;
+}
+
+struct gather_ctx {
+    const float *src;
+    size_t ld;
+    const int32_t *rows;
+    int width;
+    float *dst;
+};
+
+static void gather_range(void *arg, int b, int e, int tid)
+{
+    (void)tid;
+    const struct gather_ctx *g = arg;
+    for (int i = b; i < e; i++)
+        memcpy(g->dst + (size_t)i * g->width, g->src + (size_t)g->rows[i] * g->ld,
+               (size_t)g->width * sizeof(float));
+}
+
+static int cpu_gather_rows(struct backend *b, const float *src, size_t ld, const int32_t *rows, int n,
+                           int width, float *dst)
+{
+    struct gather_ctx g = {.src = src, .ld = ld, .rows = rows, .width = width, .dst = dst};
+    par_for(cpu_of(b), n, gather_range, &g);
+    return 0;
+}
+
+struct combine_ctx {
+    struct cpu_backend *c;
+    float *x;
+    const float *out;
+    const int32_t *slot;
+    const float *w;
+    int k, width;
+};
+
+// Each token's expert outputs, weighted, summed in top-k order, then added
+// to the residual stream: the same order whatever the ranks or the batch.
+static void combine_rows(void *arg, int b, int e, int tid)
+{
+    const struct combine_ctx *cc = arg;
+    const int hd = cc->width, k = cc->k;
+    float *acc = cpu_exec_scratch(&cc->c->ex, tid);
+    for (int t = b; t < e; t++) {
+        memset(acc, 0, (size_t)hd * sizeof(float));
+        for (int j = 0; j < k; j++)
+            cc->c->k->axpy(acc, cc->w[(size_t)t * k + j],
+                           cc->out + (size_t)cc->slot[(size_t)t * k + j] * hd, hd);
+        cc->c->k->axpy(cc->x + (size_t)t * hd, 1.0f, acc, hd);
+    }
+}
+
+static int cpu_moe_combine(struct backend *b, float *x, const float *expert_out, const int32_t *slot,
+                           const float *weights, int n_tokens, int k, int width)
+{
+    struct combine_ctx cc = {.c = cpu_of(b), .x = x, .out = expert_out, .slot = slot, .w = weights,
+                             .k = k, .width = width};
+    par_for(cc.c, n_tokens, combine_rows, &cc);
+    return 0;
+}
+
+static int cpu_lm_head(struct backend *b, const struct backend_weights *w, int v0, int n_out,
+                       const float *x, int n, float *logits, size_t ldy)
+{
+    const struct backend_mm j = {.w = &w->lm_head, .o0 = v0, .n_out = n_out, .x = x,
+                                 .ldx = (size_t)w->cfg->hidden_size, .y = logits, .ldy = ldy,
+                                 .rows = n};
+    if (n <= 0 || n_out <= 0) return 0;
+    return cpu_matmul_op(b, &j, 1);
+}
+
+struct sample_ctx {
+    struct cpu_backend *c;
+    const struct backend_sample_row *rows;
+    int vocab;
+    struct sample_token *out;
+    _Atomic int rc;
+};
+
+static void sample_rows(void *arg, int b, int e, int tid)
+{
+    struct sample_ctx *s = arg;
+    for (int i = b; i < e; i++) {
+        int rc = cpu_sample_row(&s->rows[i], s->vocab, s->c->sample[tid], &s->out[i]);
+        if (rc) atomic_store(&s->rc, rc);
+    }
+}
+
+// Rows are handed out one at a time: their costs differ (prompt-logprob
+// rows, penalties over long outputs). Over a 150k vocabulary a row costs as
+// much as a small model's forward pass, so it is worth every thread.
+static int cpu_sample(struct backend *b, const struct backend_sample_row *rows, int n, int vocab,
+                      struct sample_token *out)
+{
+    struct cpu_backend *c = cpu_of(b);
+    if (vocab < 1) return backend_fail(b, MS_EINVAL, "sampling over a vocabulary of %d", vocab);
+    if (vocab > c->sample_vocab) {
+        const int nt = threadpool_size(c->pool);
+        for (int t = 0; t < nt; t++) {
+            cpu_sample_scratch_destroy(c->sample[t]);
+            c->sample[t] = cpu_sample_scratch_create(vocab, c->k);
+            if (!c->sample[t]) {
+                c->sample_vocab = 0;
+                for (int u = 0; u < t; u++) {
+                    cpu_sample_scratch_destroy(c->sample[u]);
+                    c->sample[u] = NULL;
+                }
+                return backend_fail(b, MS_ENOMEM, "out of memory for sampling over %d logits", vocab);
+            }
+        }
+        c->sample_vocab = vocab;
+    }
+    struct sample_ctx s = {.c = c, .rows = rows, .vocab = vocab, .out = out};
+    par_for_dynamic(c, n, 1, sample_rows, &s);
+    int rc = atomic_load(&s.rc);
+    if (rc) return backend_fail(b, rc, "a row's sampling parameters are out of range");
+    return 0;
+}
+
+static void cpu_destroy(struct backend *b)
+{
+    if (!b) return;
+    struct cpu_backend *c = cpu_of(b);
+    if (c->sample) {
+        for (int t = 0; t < threadpool_size(c->pool); t++) cpu_sample_scratch_destroy(c->sample[t]);
+        free(c->sample);
+    }
+    threadpool_destroy(c->pool);
+    free(c->ex.scratch);
+    free(c->jobs);
+    free(c->tiles);
+    free(c->fill);
+    free(c);
+}
+
+static const struct backend_ops cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .copy_2d = cpu_copy_2d,
+    .sync = cpu_sync,
+    .memory = cpu_memory,
+    .measure_limits = cpu_measure_limits,
+    .variant = cpu_variant,
+    .prepare_weights = cpu_prepare_weights,
+    .release_weights = cpu_release_weights,
+    .kv_alloc = cpu_kv_alloc,
+    .kv_free = cpu_kv_free,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm_op,
+    .matmul = cpu_matmul_op,
+    .grouped_matmul = cpu_grouped_matmul,
+    .qk_norm_rope_store = cpu_qk_norm_rope_store,
+    .attention = cpu_attention,
+    .router_topk = cpu_router_topk_op,
+    .moe_route = cpu_moe_route,
+    .silu_mul = cpu_silu_mul,
+    .gather_rows = cpu_gather_rows,
+    .moe_combine = cpu_moe_combine,
+    .lm_head = cpu_lm_head,
+    .sample = cpu_sample,
+    .destroy = cpu_destroy,
+};
+
+int backend_cpu_create(int n_threads, const struct cpu_kernels *k, struct backend **out,
+                       char *err, size_t errlen)
+{
+    *out = NULL;
+    struct cpu_backend *c = calloc(1, sizeof *c);
+    if (!c) return ms_err(err, errlen, MS_ENOMEM, "out of memory for a CPU backend");
+    c->b.ops = &cpu_ops;
+    c->b.device = BACKEND_DEVICE_CPU;
+    c->b.impl = c;
+    c->k = k ? k : cpu_kernels_best();
+    int rc = threadpool_create(n_threads, &c->pool, err, errlen);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    c->ex.pool = c->pool;
+    c->ex.k = c->k;
+    c->sample = calloc((size_t)threadpool_size(c->pool), sizeof *c->sample);
+    if (!c->sample) {
+        cpu_destroy(&c->b);
+        return ms_err(err, errlen, MS_ENOMEM, "out of memory for a CPU backend");
+    }
+    *out = &c->b;
+    return 0;
+}
+
+const struct cpu_kernels *backend_cpu_kernels(const struct backend *b)
+{
+    return ((const struct cpu_backend *)b)->k;
+}

@@ -1,0 +1,23 @@
+// backend_cpu: the CPU backend — model/backend.h's op table over a rank's
+// thread pool and a kernel table (scalar, AVX2, AVX-512, AMX). It is the
+// numerical reference every other backend is tested against. Backend memory
+// is host memory here.
+#ifndef MOESERVE_MODEL_CPU_BACKEND_CPU_H
+#define MOESERVE_MODEL_CPU_BACKEND_CPU_H
+
+#include <stddef.h>
+
+#include "model/backend.h"
+#include "model/cpu/kernels.h"
+
+// A backend on n_threads compute threads (the caller's thread is one of
+// them; 0: every core this process may use) running kernel table k (NULL:
+// cpu_kernels_best(), which MOESERVE_CPU_KERNELS can steer). Freed with its
+// ops->destroy.
+int backend_cpu_create(int n_threads, const struct cpu_kernels *k, struct backend **out,
+                       char *err, size_t errlen);
+
+// The kernel table a CPU backend runs (tests and benchmarks name it).
+const struct cpu_kernels *backend_cpu_kernels(const struct backend *b);
+
+#endif

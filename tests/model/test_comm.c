@@ -1,0 +1,221 @@
+// Pins model/comm.h's contract on every communicator this build and machine
+// have (the in-process one always; a NCCL one joins the list when built and a
+// GPU is visible): all_gather and all_to_all_v deliver every peer's bytes
+// where asked, over thousands of back-to-back rounds (a fast rank never
+// overwrites what a slow one still reads), with buffers in each rank's
+// backend memory; inconsistent sizes are reported rather than copied (by the
+// communicators that can check); abort releases peers blocked in a call and
+// fails every later one; impossible rank counts are refused.
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cmocka.h>
+
+#include "base/base.h"
+#include "model/backend_registry.h"
+
+#define MAX_R 5
+#define ROUNDS 3000
+#define BUF 1024
+
+// A communicator under test: the device its ranks run on, whether it checks
+// count mismatches (NCCL cannot), and how many ranks this machine gives it.
+struct factory {
+    const char *name;
+    enum backend_device device;
+    bool checks_counts;
+    int max_ranks;
+};
+
+static const struct factory factories[] = {
+    {"in-process", BACKEND_DEVICE_CPU, true, 3},
+};
+
+struct peer {
+    const struct factory *f;
+    struct comm *c;
+    struct backend *b;
+    int errors;
+    int mismatch_rc;
+};
+
+// Rank r sends (r + 1) * (p + 1) + round % 3 bytes to peer p, each byte
+// naming sender, receiver and round.
+static size_t amount(int r, int p, int round) { return (size_t)((r + 1) * (p + 1) + round % 3); }
+static uint8_t mark(int r, int p, int round, size_t i) { return (uint8_t)(r * 31 + p * 7 + round + i); }
+
+static void *peer_main(void *arg)
+{
+    struct peer *pe = arg;
+    struct comm *c = pe->c;
+    struct backend *b = pe->b;
+    const int R = c->n_ranks, me = c->rank;
+    uint8_t send[BUF], recv[BUF];
+    void *d_send, *d_recv, *d_mine, *d_all;
+    if (b->ops->alloc(b, BUF, &d_send) || b->ops->alloc(b, BUF, &d_recv) ||
+        b->ops->alloc(b, 8, &d_mine) || b->ops->alloc(b, 8 * MAX_R, &d_all)) {
+        pe->errors++;
+        return NULL;
+    }
+    size_t sb[MAX_R], so[MAX_R], rb[MAX_R], ro[MAX_R];
+    for (int round = 0; round < ROUNDS; round++) {
+        int32_t mine[2] = {me, round}, all[2 * MAX_R];
+        b->ops->upload(b, d_mine, mine, sizeof mine);
+        if (comm_all_gather(c, d_mine, sizeof mine, d_all)) pe->errors++;
+        b->ops->download(b, all, d_all, (size_t)R * sizeof mine);
+        for (int p = 0; p < R; p++)
+            if (all[2 * p] != p || all[2 * p + 1] != round) pe->errors++;
+        size_t at = 0;
+        for (int p = 0; p < R; p++) {
+            sb[p] = amount(me, p, round);
+            so[p] = at;
+            for (size_t i = 0; i < sb[p]; i++) send[at + i] = mark(me, p, round, i);
+            at += sb[p];
+        }
+        b->ops->upload(b, d_send, send, at);
+        at = 0;
+        for (int p = 0; p < R; p++) {
+            rb[p] = amount(p, me, round);
+            ro[p] = at;
+            at += rb[p];
+        }
+        memset(recv, 0xee, sizeof recv);
+        b->ops->upload(b, d_recv, recv, sizeof recv);
+        if (comm_all_to_all_v(c, d_send, sb, so, d_recv, rb, ro)) pe->errors++;
+        b->ops->download(b, recv, d_recv, sizeof recv);
+        for (int p = 0; p < R; p++)
+            for (size_t i = 0; i < rb[p]; i++)
+                if (recv[ro[p] + i] != mark(p, me, round, i)) pe->errors++;
+    }
+    if (pe->f->checks_counts) {
+        // Rank 0 gathers a different size than the others: every rank must see it.
+        pe->mismatch_rc = comm_all_gather(c, d_mine, me == 0 ? 4 : 8, d_all);
+    }
+    if (comm_barrier(c)) pe->errors++;
+    b->ops->free(b, d_send);
+    b->ops->free(b, d_recv);
+    b->ops->free(b, d_mine);
+    b->ops->free(b, d_all);
+    return NULL;
+}
+
+// The group's endpoints and a backend for each rank's memory.
+static void open_group(const struct factory *f, int R, struct comm **comms, struct backend **bs)
+{
+    char err[256];
+    if (backend_comm_create(f->device, R, comms, err, sizeof err)) fail_msg("%s: %s", f->name, err);
+    for (int r = 0; r < R; r++) {
+        struct backend_opts bo = {.n_threads = 1, .device_index = r, .rank = r};
+        if (backend_create(f->device, &bo, &bs[r], err, sizeof err)) fail_msg("%s: %s", f->name, err);
+        assert_int_equal(comms[r]->rank, r);
+        assert_int_equal(comms[r]->n_ranks, R);
+    }
+}
+
+static void close_group(int R, struct comm **comms, struct backend **bs)
+{
+    for (int r = 0; r < R; r++) {
+        comms[r]->ops->destroy(comms[r]);
+        backend_destroy(bs[r]);
+    }
+}
+
+static void exchanges_deliver_every_peer_bytes(void **state)
+{
+    (void)state;
+    for (size_t fi = 0; fi < sizeof factories / sizeof factories[0]; fi++) {
+        const struct factory *f = &factories[fi];
+        for (int R = 1; R <= f->max_ranks; R++) {
+            struct comm *comms[MAX_R];
+            struct backend *bs[MAX_R];
+            open_group(f, R, comms, bs);
+            struct peer pe[MAX_R];
+            pthread_t th[MAX_R];
+            for (int r = 0; r < R; r++) {
+                pe[r] = (struct peer){.f = f, .c = comms[r], .b = bs[r]};
+                assert_int_equal(pthread_create(&th[r], NULL, peer_main, &pe[r]), 0);
+            }
+            for (int r = 0; r < R; r++) pthread_join(th[r], NULL);
+            for (int r = 0; r < R; r++) {
+                if (pe[r].errors) fail_msg("%s, %d ranks: rank %d saw %d errors", f->name, R, r,
+                                           pe[r].errors);
+                if (f->checks_counts) assert_int_equal(pe[r].mismatch_rc, R > 1 ? MS_EINVAL : 0);
+            }
+            close_group(R, comms, bs);
+        }
+    }
+}
+
+struct waiter {
+    struct comm *c;
+    int rc_first, rc_later;
+};
+
+static void *wait_in_barrier(void *arg)
+{
+    struct waiter *w = arg;
+    w->rc_first = comm_barrier(w->c);
+    w->rc_later = comm_barrier(w->c);
+    return NULL;
+}
+
+// Ranks 1..R-1 wait in a barrier rank 0 never joins; rank 0 aborts instead.
+// Before the abort they must really be waiting (they have not returned);
+// after it, both their pending and their next calls fail.
+static void abort_releases_blocked_peers_and_fails_later_calls(void **state)
+{
+    (void)state;
+    for (size_t fi = 0; fi < sizeof factories / sizeof factories[0]; fi++) {
+        const struct factory *f = &factories[fi];
+        const int R = f->max_ranks;
+        if (R < 2) continue;
+        struct comm *comms[MAX_R];
+        struct backend *bs[MAX_R];
+        open_group(f, R, comms, bs);
+        struct waiter w[MAX_R];
+        pthread_t th[MAX_R];
+        for (int r = 1; r < R; r++) {
+            w[r] = (struct waiter){.c = comms[r], .rc_first = 1, .rc_later = 1};
+            assert_int_equal(pthread_create(&th[r], NULL, wait_in_barrier, &w[r]), 0);
+        }
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        for (int r = 1; r < R; r++)
+            assert_int_equal(__atomic_load_n(&w[r].rc_first, __ATOMIC_SEQ_CST), 1); // still waiting
+        comm_abort(comms[0]);
+        for (int r = 1; r < R; r++) {
+            pthread_join(th[r], NULL);
+            assert_int_equal(w[r].rc_first, MS_ECANCELLED);
+            assert_int_equal(w[r].rc_later, MS_ECANCELLED);
+        }
+        int32_t v = 0, all[MAX_R];
+        assert_int_equal(comm_all_gather(comms[0], &v, sizeof v, all), MS_ECANCELLED);
+        close_group(R, comms, bs);
+    }
+}
+
+static void refuses_impossible_rank_counts(void **state)
+{
+    (void)state;
+    for (size_t fi = 0; fi < sizeof factories / sizeof factories[0]; fi++) {
+        struct comm *c[1];
+        char err[256];
+        assert_int_equal(backend_comm_create(factories[fi].device, 0, c, err, sizeof err), MS_EINVAL);
+        assert_non_null(strstr(err, "not 0"));
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(exchanges_deliver_every_peer_bytes),
+        cmocka_unit_test(abort_releases_blocked_peers_and_fails_later_calls),
+        cmocka_unit_test(refuses_impossible_rank_counts),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
