@@ -2,7 +2,7 @@
 // the arithmetic. One `struct backend` per rank owns a compute device (a
 // group of CPU threads, or one GPU and its stream); forward.c and the engine
 // do every memory and arithmetic operation of a step through its op table,
-// and never look inside it. model/cpu/ implements it (the numerical
+// and never look inside it. The CPU backend implements it (the numerical
 // reference); gpu/ implements it for CUDA. backend_registry.c picks one.
 //
 // The contract every implementation keeps:

@@ -1,7 +1,7 @@
 // backend_registry: the one place that knows every backend — it parses
 // --device, resolves auto, makes a rank's backend and the communicator
 // group that matches the ranks' backends. It is the only file outside
-// model/cpu/ (and gpu/) that includes their headers.
+// the CPU backend's folder (and gpu/) that includes their headers.
 #ifndef MOESERVE_MODEL_BACKEND_REGISTRY_H
 #define MOESERVE_MODEL_BACKEND_REGISTRY_H
 

@@ -1,7 +1,7 @@
 // comm: the communicator expert-parallel ranks exchange MoE rows (and
 // lm_head slices) through. The forward pass sees only this table; the
 // in-process implementation (ranks as threads of one process) lives in
-// model/cpu/comm_inproc.h, the NCCL one in gpu/. backend_registry.h makes
+// the CPU backend's folder, the NCCL one in gpu/. backend_registry.h makes
 // the one that matches the ranks' backends.
 //
 // The contract every implementation keeps:

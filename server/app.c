@@ -1032,7 +1032,7 @@ int app_create(struct app **out, char *err, size_t errlen)
 
 int app_load(struct app *a, const struct app_opts *o, char *err, size_t errlen)
 {
-    int rc = model_load(o->model_dir, &a->model, err, errlen);
+    int rc = model_load_format(o->model_dir, o->load_format, 0, &a->model, err, errlen);
     if (rc) return rc;
     rc = tok_load(o->model_dir, &a->tok, err, errlen);
     if (rc) return rc;

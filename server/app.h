@@ -17,6 +17,7 @@ struct app_opts {
     bool generation_config_vllm;     // --generation-config vllm: no sampling defaults from the checkpoint
     struct engine_opts engine;
     bool kv_dtype_auto;              // resolve engine.kv_dtype from the checkpoint
+    enum load_format load_format;    // --load-format: auto, or dummy (random weights)
     double health_timeout_s;         // /health turns 503 when work waits and no step ends for this long
 };
 

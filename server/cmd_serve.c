@@ -282,6 +282,7 @@ int cmd_serve(int argc, char **argv)
         .generation_config_vllm = o.gen_vllm,
         .engine = o.ef.opts,
         .kv_dtype_auto = o.ef.kv_dtype_auto,
+        .load_format = o.ef.load_format,
         .health_timeout_s = o.health_timeout,
     };
     double t0 = ms_now();

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "model/backend_registry.h"
 
 void engine_flags_init(struct engine_flags *f)
 {
@@ -25,12 +26,16 @@ void engine_flags_usage(FILE *out)
 {
     fprintf(out,
         "engine options:\n"
+        "  --device D                    auto, cpu or cuda (auto: CUDA when this build has it and\n"
+        "                                a GPU is visible, else the CPU)\n"
+        "  --load-format F               auto (the checkpoint's safetensors) or dummy (random\n"
+        "                                weights of config.json's shapes, made on the device)\n"
         "  --data-parallel-size N        ranks, each with its own KV pool and thread share (1)\n"
         "  --enable-expert-parallel      shard the experts over the ranks (needed when N > 1)\n"
         "  --threads T                   compute threads in all, split between ranks (all cores)\n"
         "  --kv-cache-memory SIZE        KV cache in all, split between ranks: bytes, 4GiB, 4G,\n"
         "                                512MiB, 4GB, 4g (default: a quarter of free RAM, at most 4 GiB)\n"
-        "  --kv-cache-dtype D            auto (the checkpoint's), bfloat16 or float32 (auto)\n"
+        "  --kv-cache-dtype D            auto (the checkpoint's), bfloat16, float16 or float32 (auto)\n"
         "  --max-num-seqs N              running sequences at most (256)\n"
         "  --max-num-batched-tokens N    tokens per step at most (2048)\n"
         "  --max-model-len N             prompt + output tokens at most, e.g. 32K (the config's)\n"
@@ -191,6 +196,20 @@ int engine_flags_parse_one(struct engine_flags *f, int argc, char **argv, int *i
         if (rc > 0) o->enable_expert_parallel = false;
         DONE();
     }
+    if (MATCH("--device", true)) {
+        if (rc < 0) return rc;
+        if (backend_device_parse(val, &o->device))
+            return ms_err(err, errlen, MS_EINVAL, "--device must be auto, cpu or cuda, not \"%s\"",
+                          val);
+        DONE();
+    }
+    if (MATCH("--load-format", true)) {
+        if (rc < 0) return rc;
+        if (load_format_parse(val, &f->load_format))
+            return ms_err(err, errlen, MS_EINVAL,
+                          "--load-format must be auto or dummy, not \"%s\"", val);
+        DONE();
+    }
     if (MATCH("--threads", true)) {
         if (rc < 0) return rc;
         if ((rc = int_value("--threads", val, 1, 4096, &o->n_threads, err, errlen))) return rc;
@@ -216,9 +235,13 @@ int engine_flags_parse_one(struct engine_flags *f, int argc, char **argv, int *i
         } else if (!strcmp(val, "float32") || !strcmp(val, "fp32")) {
             f->kv_dtype_auto = false;
             o->kv_dtype = DTYPE_F32;
+        } else if (!strcmp(val, "float16") || !strcmp(val, "fp16") || !strcmp(val, "half")) {
+            f->kv_dtype_auto = false;
+            o->kv_dtype = DTYPE_F16;
         } else {
             return ms_err(err, errlen, MS_EINVAL,
-                          "--kv-cache-dtype must be auto, bfloat16 or float32, not \"%s\"", val);
+                          "--kv-cache-dtype must be auto, bfloat16, float16 or float32, not \"%s\"",
+                          val);
         }
         DONE();
     }

@@ -9,11 +9,13 @@
 #include <stdio.h>
 
 #include "model/config.h"
+#include "model/model.h"
 #include "scheduler/engine.h"
 
 struct engine_flags {
     struct engine_opts opts;
     bool kv_dtype_auto; // --kv-cache-dtype auto: follow the checkpoint (resolved by engine_flags_finish)
+    enum load_format load_format; // --load-format auto | dummy
 };
 
 void engine_flags_init(struct engine_flags *f);

@@ -624,19 +624,52 @@ static struct cpu_mm mm_of(const struct backend_mm *j)
                            .accumulate = j->accumulate};
 }
 
+// An output slice that starts inside a packed block of a matrix held only
+// packed (dummy weights keep no rows): compute from the block's start into a
+// temporary, then move the wanted columns. The forward pass never asks for
+// one (its vocabulary slices are whole blocks); the contract allows it.
+static int matmul_unaligned(struct cpu_backend *c, const struct backend_mm *j)
+{
+    const int n = j->n_out > 0 ? j->n_out : j->w->rows - j->o0, lead = j->o0 % CPU_PACK_OUTS;
+    const size_t width = (size_t)(n + lead);
+    float *tmp = malloc((size_t)(j->rows ? j->rows : 1) * width * sizeof *tmp);
+    if (!tmp) return backend_fail(&c->b, MS_ENOMEM, "out of memory for a %d-row matmul", j->rows);
+    struct backend_mm a = *j;
+    a.o0 = j->o0 - lead;
+    a.n_out = (int)width;
+    a.y = tmp;
+    a.ldy = width;
+    a.y_rows = NULL;
+    a.accumulate = false;
+    struct cpu_mm m = mm_of(&a);
+    cpu_matmul(&c->ex, &m, 1);
+    for (int r = 0; r < j->rows; r++) {
+        float *y = j->y + (size_t)(j->y_rows ? j->y_rows[r] : r) * j->ldy;
+        const float *t = tmp + (size_t)r * width + lead;
+        for (int o = 0; o < n; o++) y[o] = j->accumulate ? y[o] + t[o] : t[o];
+    }
+    free(tmp);
+    return 0;
+}
+
 static int cpu_matmul_op(struct backend *b, const struct backend_mm *jobs, int n_jobs)
 {
     struct cpu_backend *c = cpu_of(b);
     int rc = grow(c, (void **)&c->jobs, &c->jobs_cap, n_jobs, sizeof *c->jobs, "matmul jobs");
     if (rc) return rc;
+    int nj = 0;
     for (int i = 0; i < n_jobs; i++) {
         const struct backend_mm *j = &jobs[i];
         if (j->o0 < 0 || j->n_out < 0 || j->o0 + j->n_out > j->w->rows)
             return backend_fail(b, MS_EINVAL, "matmul outputs [%d, %d) are outside the matrix's %d",
                                 j->o0, j->o0 + j->n_out, j->w->rows);
-        c->jobs[i] = mm_of(j);
+        if (!j->w->data && j->o0 % CPU_PACK_OUTS) {
+            if ((rc = matmul_unaligned(c, j))) return rc;
+            continue;
+        }
+        c->jobs[nj++] = mm_of(j);
     }
-    cpu_matmul(&c->ex, c->jobs, n_jobs);
+    cpu_matmul(&c->ex, c->jobs, nj);
     return 0;
 }
 

@@ -296,7 +296,8 @@ const char *cpu_packed_blocks(const struct cpu_wmat *w, int b0, int b1, void *bu
 struct cpu_wmat cpu_wmat_slice(const struct cpu_wmat *w, int o0, int n)
 {
     struct cpu_wmat s = *w;
-    s.data = (const char *)w->data + (size_t)o0 * (size_t)w->in * dtype_size(w->dtype);
+    // A matrix held only packed (dummy weights) has no rows to offset.
+    if (w->data) s.data = (const char *)w->data + (size_t)o0 * (size_t)w->in * dtype_size(w->dtype);
     s.out = n;
     s.packed = NULL;
     if (w->packed && o0 % CPU_PACK_OUTS == 0)

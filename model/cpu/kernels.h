@@ -16,7 +16,7 @@
 // optionally the same weights repacked once at load time for the tables that
 // read the packed layout (see cpu_pack_bytes).
 struct cpu_wmat {
-    const void *data;   // (out, in) row-major
+    const void *data;   // (out, in) row-major; NULL when only the packed copy exists (dummy weights)
     const void *packed; // NULL, or (ceil(out / 16), the block) in the packed layout
     enum dtype dtype;
     int out, in;
