@@ -195,6 +195,8 @@ static void bad_arguments_exit_2_with_a_sentence(void **state)
         {"--prompt-ids 1 --kv-cache-dtype int8", "--kv-cache-dtype", 2},
         {"--prompt-ids 1 --top-logprobs 21", "--top-logprobs", 2},
         {"--prompt-ids 1 --temperature -1", "--temperature", 2},
+        {"--prompt-ids 1 --device gpu", "--device must be auto, cpu or cuda", 2},
+        {"--prompt-ids 1 --load-format pt", "--load-format must be auto or dummy", 2},
         {"", "either --prompt-ids or --prompt", 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -212,6 +214,42 @@ static void bad_arguments_exit_2_with_a_sentence(void **state)
     assert_non_null(strstr(err, "/nonexistent/model"));
     free(out);
     free(err);
+}
+
+// --load-format dummy reads only config.json: a folder with nothing else
+// generates (random weights made by the backend), the same seed the same ids;
+// --device cuda where there is no CUDA backend or GPU fails with a sentence.
+static void dummy_weights_need_only_the_config(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/moeserve-dummy-XXXXXX", cmd[2048], *out, *out2, *err;
+    assert_non_null(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "cp %s/qwen3moe-v2048/config.json %s/", data, dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s generate %s --load-format dummy --prompt-ids 1,2,3 --max-tokens 6 "
+             "--temperature 0", bin, dir);
+    assert_int_equal(run(cmd, &out, &err), 0);
+    int n = 0;
+    for (char *p = out; *p; p++) n += *p == ' ';
+    if (n != 5) fail_msg("expected 6 ids, got '%s' (%s)", out, err);
+    assert_int_equal(run(cmd, &out2, NULL), 0);
+    assert_string_equal(out, out2);
+    free(out);
+    free(out2);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s generate %s --prompt-ids 1,2,3", bin, dir); // no weights on disk
+    assert_int_not_equal(run(cmd, &out, &err), 0);
+    assert_non_null(strstr(err, "safetensors"));
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s generate %s --load-format dummy --device cuda --prompt-ids 1", bin, dir);
+    int rc = run(cmd, &out, &err);
+    if (rc == 0) fprintf(stderr, "note: this machine runs --device cuda\n");
+    else if (!strstr(err, "cuda") && !strstr(err, "CUDA")) fail_msg("--device cuda: %s", err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
 }
 
 static void bench_reports_speed_beside_the_machine_limits(void **state)
@@ -243,6 +281,7 @@ int main(void)
         cmocka_unit_test(a_seed_reproduces_the_sample),
         cmocka_unit_test(text_prompts_use_the_checkpoint_tokenizer),
         cmocka_unit_test(bad_arguments_exit_2_with_a_sentence),
+        cmocka_unit_test(dummy_weights_need_only_the_config),
         cmocka_unit_test(bench_reports_speed_beside_the_machine_limits),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
