@@ -118,6 +118,10 @@ int grammar_matcher_fill_mask(struct grammar_matcher *m, uint32_t *mask);
 // Advances by one token. MS_EINVAL (matcher unchanged) when id is not
 // allowed here; accepting an EOS id terminates the matcher.
 int grammar_matcher_accept(struct grammar_matcher *m, int32_t id, char *err, size_t errlen);
+// Whether accept(id) would succeed now, without advancing (a sampler may
+// draw from the unmasked logits first and build the mask only when this
+// says no).
+bool grammar_matcher_allows(struct grammar_matcher *m, int32_t id);
 // Advances by raw bytes (forced text, tests); MS_EINVAL, unchanged, when the
 // bytes do not continue the language.
 int grammar_matcher_accept_bytes(struct grammar_matcher *m, const void *bytes, size_t n,

@@ -216,21 +216,39 @@ static int advance(struct grammar_matcher *m, const uint8_t *p, size_t n, char *
     return 0;
 }
 
-int grammar_matcher_accept(struct grammar_matcher *m, int32_t id, char *err, size_t errlen)
+// Why a token can never be accepted here whatever the stacks say, or NULL.
+static const char *token_barred(const struct grammar_matcher *m, int32_t id)
 {
     const struct grammar_vocab *v = m->g->vocab;
-    if (m->terminated) return ms_err(err, errlen, MS_EINVAL, "token %d after the end of the grammar", id);
-    if (id < 0 || id >= v->n_vocab) return ms_err(err, errlen, MS_EINVAL, "token %d out of range", id);
-    if (is_eos(v, id)) {
-        if (!m->cur.ended) return ms_err(err, errlen, MS_EINVAL, "end of sequence (token %d) before the grammar is complete", id);
-        m->terminated = true;
-        return 0;
-    }
-    if (id >= v->n_tok || !v->bytes[id]) return ms_err(err, errlen, MS_EINVAL, "token %d has no text", id);
+    if (m->terminated) return "after the end of the grammar";
+    if (id < 0 || id >= v->n_vocab) return "out of range";
+    if (is_eos(v, id)) return m->cur.ended ? NULL : "(end of sequence) before the grammar is complete";
+    if (id >= v->n_tok || !v->bytes[id]) return "has no text";
     bool special = false, spelled = false;
     for (int i = 0; i < v->n_special; i++) special |= v->special[i] == id;
     for (int i = 0; i < m->g->n_specials; i++) spelled |= m->g->specials[i] == id;
-    if (special && !spelled) return ms_err(err, errlen, MS_EINVAL, "special token %d is not allowed in the grammar", id);
+    if (special && !spelled) return "is a special token the grammar does not spell";
+    return NULL;
+}
+
+bool grammar_matcher_allows(struct grammar_matcher *m, int32_t id)
+{
+    if (token_barred(m, id)) return false;
+    const struct grammar_vocab *v = m->g->vocab;
+    if (is_eos(v, id)) return true;
+    m->sc.status = 0;
+    return run_bytes(m, &m->cur, v->bytes[id], v->len[id]) && !m->sc.status;
+}
+
+int grammar_matcher_accept(struct grammar_matcher *m, int32_t id, char *err, size_t errlen)
+{
+    const struct grammar_vocab *v = m->g->vocab;
+    const char *why = token_barred(m, id);
+    if (why) return ms_err(err, errlen, MS_EINVAL, "token %d %s", id, why);
+    if (is_eos(v, id)) {
+        m->terminated = true;
+        return 0;
+    }
     int rc = advance(m, v->bytes[id], v->len[id], err, errlen);
     if (rc == MS_EINVAL) return ms_err(err, errlen, MS_EINVAL, "token %d is not allowed here", id);
     return rc;

@@ -322,7 +322,8 @@ static struct gx *magnitude_expr(struct sc *s, uint64_t p, bool pex, uint64_t q,
 {
     struct gbuild *b = s->b;
     struct gx *frac = gx_seq2(b, gx_byte(b, '.'), digits(s, 1, GRAMMAR_JSON_MAX_DIGITS));
-    struct gx *nonzero_frac = gx_seq3(b, gx_byte(b, '.'), digits(s, 0, GRAMMAR_JSON_MAX_DIGITS - 1),
+    // zeros, then a non-zero digit, then any: deterministic as written
+    struct gx *nonzero_frac = gx_seq3(b, gx_byte(b, '.'), gx_repeat(b, gx_byte(b, '0'), 0, GRAMMAR_JSON_MAX_DIGITS - 1),
                                       gx_seq2(b, gx_range(b, '1', '9'), digits(s, 0, GRAMMAR_JSON_MAX_DIGITS - 1)));
     struct gx *zero_frac = gx_opt(b, gx_seq2(b, gx_byte(b, '.'), gx_repeat(b, gx_byte(b, '0'), 1, GRAMMAR_JSON_MAX_DIGITS)));
     struct gx_list alts = {0};
@@ -377,13 +378,18 @@ static struct gx *number_expr(struct sc *s, json_t *sch)
 
 // ---- strings ----
 
+// RFC 3339 full-date: year 0001 on, each month's days (February to 28: a
+// leap day would need the year's arithmetic, and leaving it out is safe).
+#define RFC3339_DATE "(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|" \
+                     "(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))"
+
 static const struct {
     const char *name;
     const char *regex; // over the decoded string, anchored
 } formats[] = {
-    {"date", "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"},
+    {"date", "^" RFC3339_DATE "$"},
     {"time", "^([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"},
-    {"date-time", "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
+    {"date-time", "^" RFC3339_DATE "T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
                   "(\\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"},
     {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
     {"ipv4", "^((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])$"},
@@ -945,7 +951,7 @@ int grammar_schema_build(struct gbuild *b, const char *text, size_t len, bool an
         return b->status;
     }
     json_error_t je;
-    s.doc = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    s.doc = json_loadb(text, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
     if (!s.doc) return gb_fail(b, MS_EFORMAT, "the schema is not JSON (%s at line %d)", je.text, je.line);
     *root = gb_rule_new(b, "root");
     gb_rule_set(b, *root, sc_value(&s, s.doc, 0));
