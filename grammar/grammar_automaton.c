@@ -19,7 +19,6 @@ struct nfa_edge {
 
 struct nfa {
     int32_t *first;      // per state, first edge or -1
-    int32_t *final_rule; // unused
     size_t n, cap;
     struct nfa_edge *e;
     size_t ne, cape;
@@ -922,8 +921,6 @@ static int automaton_follow(struct grammar *g, const uint8_t *nullable)
     free(first);
     return 0;
 }
-
-int grammar_automaton(struct grammar *g, struct gbuild *b, char *err, size_t errlen);
 
 int grammar_automaton(struct grammar *g, struct gbuild *b, char *err, size_t errlen)
 {

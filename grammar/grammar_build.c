@@ -310,6 +310,35 @@ void gx_list_push(struct gbuild *b, struct gx_list *l, struct gx *x)
     l->kids[l->n++] = x;
 }
 
+// ---- readers ----
+
+bool gx_read_uint(const uint8_t **p, const uint8_t *end, uint32_t *v)
+{
+    const uint8_t *s = *p;
+    uint64_t x = 0;
+    while (*p < end && **p >= '0' && **p <= '9') {
+        x = x * 10 + (uint64_t)(*(*p)++ - '0');
+        if (x > UINT32_MAX - 1) x = UINT32_MAX - 1;
+    }
+    *v = (uint32_t)x;
+    return *p > s;
+}
+
+bool gx_read_hex(const uint8_t **p, const uint8_t *end, int n, uint32_t *v)
+{
+    uint32_t x = 0;
+    for (int i = 0; i < n; i++) {
+        if (*p >= end) return false;
+        uint8_t c = **p, l = c | 0x20;
+        int d = c >= '0' && c <= '9' ? c - '0' : l >= 'a' && l <= 'f' ? l - 'a' + 10 : -1;
+        if (d < 0) return false;
+        (*p)++;
+        x = x * 16 + (uint32_t)d;
+    }
+    *v = x;
+    return true;
+}
+
 // ---- code-point classes ----
 
 int cp_class_add(struct cp_class *c, uint32_t lo, uint32_t hi)

@@ -49,16 +49,8 @@ static void gp_space(struct gp *g, bool nl_ok)
 
 static int gp_hex(struct gp *g, int n, uint32_t *out)
 {
-    uint32_t v = 0;
-    for (int i = 0; i < n; i++) {
-        if (g->p >= g->end) return gp_fail(g, MS_EINVAL, "a truncated escape");
-        uint8_t c = *g->p++;
-        int d = c >= '0' && c <= '9' ? c - '0' : (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (c | 0x20) - 'a' + 10 : -1;
-        if (d < 0) return gp_fail(g, MS_EINVAL, "a bad hex escape");
-        v = v * 16 + (uint32_t)d;
-    }
-    if (v > 0x10ffff) return gp_fail(g, MS_EINVAL, "an escape beyond U+10FFFF");
-    *out = v;
+    if (!gx_read_hex(&g->p, g->end, n, out)) return gp_fail(g, MS_EINVAL, "a bad or truncated hex escape");
+    if (*out > 0x10ffff) return gp_fail(g, MS_EINVAL, "an escape beyond U+10FFFF");
     return 0;
 }
 
@@ -175,18 +167,6 @@ out:
     return x;
 }
 
-static bool gp_uint(struct gp *g, uint32_t *v)
-{
-    const uint8_t *s = g->p;
-    uint64_t x = 0;
-    while (g->p < g->end && *g->p >= '0' && *g->p <= '9') {
-        x = x * 10 + (uint64_t)(*g->p++ - '0');
-        if (x > UINT32_MAX - 1) x = UINT32_MAX - 1;
-    }
-    *v = (uint32_t)x;
-    return g->p > s;
-}
-
 static struct gx *gp_quantify(struct gp *g, struct gx *x, bool nested)
 {
     struct gbuild *b = g->b;
@@ -201,14 +181,14 @@ static struct gx *gp_quantify(struct gp *g, struct gx *x, bool nested)
         } else if (c == '{') {
             g->p++;
             gp_space(g, nested);
-            bool has_min = gp_uint(g, &min);
+            bool has_min = gx_read_uint(&g->p, g->end, &min);
             if (!has_min) min = 0;
             gp_space(g, nested);
             max = min;
             if (g->p < g->end && *g->p == ',') {
                 g->p++;
                 gp_space(g, nested);
-                if (!gp_uint(g, &max)) max = GX_INF;
+                if (!gx_read_uint(&g->p, g->end, &max)) max = GX_INF;
                 gp_space(g, nested);
             } else if (!has_min) {
                 return gp_fail(g, MS_EINVAL, "a bad repetition {}"), NULL;
@@ -322,6 +302,7 @@ int grammar_gbnf_build(struct gbuild *b, const char *text, size_t len, int *root
             break;
         }
         g.p += 3;
+        gp_space(&g, true); // the body may start on the next line
         uint8_t *d = realloc(defined, (size_t)b->n_rules);
         if (!d) {
             gb_fail(b, MS_ENOMEM, "out of memory parsing a grammar");

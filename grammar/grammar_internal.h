@@ -107,6 +107,13 @@ int cp_class_negate(struct cp_class *c);                         // within U+000
 void cp_class_free(struct cp_class *c);
 struct gx *gx_utf8_class(struct gbuild *b, const struct cp_class *c);
 
+// Readers shared by the regex and GBNF parsers, over [*p, end).
+// Decimal digits (at least one; saturating below UINT32_MAX): false, *p
+// unchanged, when there are none.
+bool gx_read_uint(const uint8_t **p, const uint8_t *end, uint32_t *v);
+// Exactly n hex digits: false when fewer are there (*p then past the good ones).
+bool gx_read_hex(const uint8_t **p, const uint8_t *end, int n, uint32_t *v);
+
 // Expressions shared by the compilers.
 struct gx *gx_json_string_char(struct gbuild *b); // one character of a JSON string body, escapes included
 
@@ -191,6 +198,13 @@ struct grammar {
     size_t bytes;              // memory held, for the cache
     double compile_ms;
 };
+
+// The automaton half of grammar_build: DFAs, trimming, minimization, the
+// left-recursion check and FOLLOW sets (grammar_automaton.c).
+int grammar_automaton(struct grammar *g, struct gbuild *b, char *err, size_t errlen);
+// Rebuilds a matcher's frame pool from its live stacks (the matcher does it
+// by itself past a size; exposed for tests).
+int grammar_matcher_compact(struct grammar_matcher *m);
 
 // Builds the automaton from the builder's rules (root = rule index) and
 // precomputes the token sets against vocab. On success *out holds one reference.

@@ -158,7 +158,7 @@ int grammar_matcher_fill_mask(struct grammar_matcher *m, uint32_t *mask)
 }
 
 // Rebuilds the pool with only the frames the live stacks use.
-static int matcher_compact(struct grammar_matcher *m)
+int grammar_matcher_compact(struct grammar_matcher *m)
 {
     struct gs_pool old = m->pool;
     memset(&m->pool, 0, sizeof m->pool);
@@ -211,7 +211,7 @@ static int advance(struct grammar_matcher *m, const uint8_t *p, size_t n, char *
     struct gs_set t = m->cur;
     m->cur = *r;
     *r = t;
-    if (m->pool.n > MATCHER_POOL_COMPACT && matcher_compact(m))
+    if (m->pool.n > MATCHER_POOL_COMPACT && grammar_matcher_compact(m))
         return ms_err(err, errlen, MS_ENOMEM, "out of memory in the grammar matcher");
     return 0;
 }

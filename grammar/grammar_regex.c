@@ -61,16 +61,7 @@ static int cls_shorthand(struct rx *r, struct cp_class *c, uint8_t e)
 
 static int hex_digits(struct rx *r, int n, uint32_t *out)
 {
-    uint32_t v = 0;
-    for (int i = 0; i < n; i++) {
-        if (r->p >= r->end) return rx_fail(r, MS_EINVAL, "a truncated hex escape");
-        uint8_t c = *r->p++;
-        int d = c >= '0' && c <= '9' ? c - '0' : (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (c | 0x20) - 'a' + 10 : -1;
-        if (d < 0) return rx_fail(r, MS_EINVAL, "a bad hex escape");
-        v = v * 16 + (uint32_t)d;
-    }
-    *out = v;
-    return 0;
+    return gx_read_hex(&r->p, r->end, n, out) ? 0 : rx_fail(r, MS_EINVAL, "a bad or truncated hex escape");
 }
 
 // After a backslash: one character (*cp) or a shorthand class added to c
@@ -228,28 +219,16 @@ static struct gx *class_expr(struct gbuild *b, struct cp_class *c, bool json)
 
 static struct gx *rx_alt(struct rx *r, bool top);
 
-static bool parse_uint(struct rx *r, uint32_t *v)
-{
-    const uint8_t *s = r->p;
-    uint64_t x = 0;
-    while (r->p < r->end && *r->p >= '0' && *r->p <= '9') {
-        x = x * 10 + (uint64_t)(*r->p++ - '0');
-        if (x > UINT32_MAX - 1) x = UINT32_MAX - 1;
-    }
-    *v = (uint32_t)x;
-    return r->p > s;
-}
-
 // {n}, {n,}, {n,m} at r->p (on '{'); false (r->p unchanged) when it is not one.
 static bool rx_braces(struct rx *r, uint32_t *min, uint32_t *max)
 {
     const uint8_t *save = r->p;
     r->p++;
-    if (!parse_uint(r, min)) goto no;
+    if (!gx_read_uint(&r->p, r->end, min)) goto no;
     *max = *min;
     if (r->p < r->end && *r->p == ',') {
         r->p++;
-        if (!parse_uint(r, max)) *max = GX_INF;
+        if (!gx_read_uint(&r->p, r->end, max)) *max = GX_INF;
     }
     if (r->p >= r->end || *r->p != '}') goto no;
     r->p++;

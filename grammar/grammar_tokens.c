@@ -11,8 +11,6 @@
 #include "base/base.h"
 #include "grammar/grammar_internal.h"
 
-int grammar_automaton(struct grammar *g, struct gbuild *b, char *err, size_t errlen);
-
 struct unc_entry {
     int32_t id;
     uint16_t k; // bytes consumed inside the rule

@@ -29,6 +29,12 @@ static uint32_t next_rand(void)
     return (uint32_t)rng;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 static void bench(struct grammar_vocab *v, const char *name, const struct grammar_source *src, int eos, int walks)
 {
     char err[512];
@@ -44,6 +50,7 @@ static void bench(struct grammar_vocab *v, const char *name, const struct gramma
     uint32_t *mask = malloc((size_t)words * 4);
     double mask_time = 0, max_mask = 0;
     long masks = 0, allowed_sum = 0;
+    double *times = malloc(sizeof *times * (size_t)walks * 400);
     for (int w = 0; w < walks; w++) {
         struct grammar_matcher *m;
         if (grammar_matcher_create(g, &m, err, sizeof err)) break;
@@ -52,6 +59,7 @@ static void bench(struct grammar_vocab *v, const char *name, const struct gramma
             if (grammar_matcher_fill_mask(m, mask)) break;
             double d = ms_now() - a;
             mask_time += d;
+            times[masks] = d;
             if (d > max_mask) max_mask = d;
             masks++;
             int cnt = 0;
@@ -73,10 +81,13 @@ static void bench(struct grammar_vocab *v, const char *name, const struct gramma
         }
         grammar_matcher_destroy(m);
     }
-    printf("%-12s compile %7.2f ms  states %5d  memory %7.1f KiB  mask mean %6.1f us  max %7.1f us  "
+    qsort(times, (size_t)masks, sizeof *times, cmp_double);
+    printf("%-12s compile %6.2f ms  states %4d  %6.0f KiB  mask mean %5.1f us  p50 %5.1f  p99 %6.1f  max %7.1f us  "
            "(%ld masks, mean %ld allowed)\n",
            name, (t1 - t0) * 1e3, grammar_states(g), grammar_bytes(g) / 1024.0, masks ? mask_time / masks * 1e6 : 0,
-           max_mask * 1e6, masks, masks ? allowed_sum / masks : 0);
+           masks ? times[masks / 2] * 1e6 : 0, masks ? times[masks * 99 / 100] * 1e6 : 0, max_mask * 1e6, masks,
+           masks ? allowed_sum / masks : 0);
+    free(times);
     free(mask);
     grammar_unref(g);
 }
@@ -115,6 +126,16 @@ int main(int argc, char **argv)
     const char *gbnf = "root ::= item (\", \" item)*\nitem ::= [a-z]+ | \"(\" root \")\"\n";
     struct grammar_source gb = {.kind = GRAMMAR_GBNF, .text = gbnf, .len = strlen(gbnf)};
     bench(v, "gbnf", &gb, eos[0], 20);
+    const char *json_gbnf =
+        "root ::= value\n"
+        "value ::= obj | arr | str | num | (\"true\" | \"false\" | \"null\") ws\n"
+        "obj ::= \"{\" ws ( str \":\" ws value (\",\" ws str \":\" ws value)* )? \"}\" ws\n"
+        "arr ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\n"
+        "str ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1F] | \"\\\\\" [\"\\\\/bfnrt] )* \"\\\"\" ws\n"
+        "num ::= \"-\"? [0-9]+ (\".\" [0-9]+)? ws\n"
+        "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n";
+    struct grammar_source gj = {.kind = GRAMMAR_GBNF, .text = json_gbnf, .len = strlen(json_gbnf)};
+    bench(v, "gbnf json", &gj, eos[0], 20);
     grammar_vocab_destroy(v);
     tok_destroy(tok);
     return 0;

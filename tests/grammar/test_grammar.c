@@ -16,6 +16,7 @@
 
 #include "base/base.h"
 #include "grammar/grammar.h"
+#include "grammar/grammar_internal.h"
 #include "moeserve_build.h"
 #include "tokenizer/tokenizer.h"
 
@@ -176,6 +177,24 @@ static void gbnf_follows_llama_cpp_syntax(void **state)
     REFUSES(g, "1+");
     REFUSES(g, "1234");
     REFUSES(g, "(1");
+    grammar_unref(g);
+    // JSON in the style of llama.cpp's grammars: bodies on the next line,
+    // an empty alternative, a whitespace rule called everywhere
+    const char *json =
+        "root ::= value\n"
+        "value ::= obj | arr | str | num | (\"true\" | \"false\" | \"null\") ws\n"
+        "obj ::=\n"
+        "  \"{\" ws (\n"
+        "    str \":\" ws value\n"
+        "    (\",\" ws str \":\" ws value)*\n"
+        "  )? \"}\" ws\n"
+        "arr ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\n"
+        "str ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1F] | \"\\\\\" [\"\\\\nt] )* \"\\\"\" ws  # strings\n"
+        "num ::= \"-\"? [0-9]+ ws\n"
+        "ws ::= | \" \" | \"\\n\" [ \\t]{0,8}\n";
+    g = must_compile(GRAMMAR_GBNF, json);
+    ACCEPTS(g, "{\"a\": [1, -2, {\"b\":\"c\\n\"}], \"d\":\n  true}");
+    REFUSES(g, "{\"a\": [1,]}");
     grammar_unref(g);
     g = must_compile(GRAMMAR_GBNF, "root ::= \"a\"{2,3} [^x-z]+ . \"é\"?\n");
     ACCEPTS(g, "aab€x");
@@ -371,6 +390,29 @@ static void a_token_not_allowed_is_refused_and_changes_nothing(void **state)
     assert_true(grammar_matcher_must_end(m));
     grammar_matcher_destroy(m);
     grammar_unref(g);
+}
+
+static void compacting_the_frame_pool_changes_no_mask(void **state)
+{
+    (void)state;
+    struct grammar *g = must_compile(GRAMMAR_JSON_OBJECT, NULL);
+    struct grammar_matcher *m;
+    int words = grammar_vocab_mask_words(vocab);
+    uint32_t *before = calloc((size_t)words, sizeof *before), *after = calloc((size_t)words, sizeof *after);
+    assert_int_equal(grammar_matcher_create(g, &m, err, sizeof err), 0);
+    const char *text = "{\"a\":[[{\"b\":[1,{\"c\":\"x\"}]}],[[[\"d\",{\"e\":[tru";
+    assert_int_equal(grammar_matcher_accept_bytes(m, text, strlen(text), err, sizeof err), 0);
+    assert_int_equal(grammar_matcher_fill_mask(m, before), 0);
+    assert_int_equal(grammar_matcher_compact(m), 0);
+    assert_int_equal(grammar_matcher_fill_mask(m, after), 0);
+    assert_memory_equal(before, after, (size_t)words * sizeof *before);
+    const char *rest = "e]}]]]]}";
+    assert_int_equal(grammar_matcher_accept_bytes(m, rest, strlen(rest), err, sizeof err), 0);
+    assert_true(grammar_matcher_must_end(m));
+    grammar_matcher_destroy(m);
+    grammar_unref(g);
+    free(before);
+    free(after);
 }
 
 static void eos_is_allowed_exactly_where_the_grammar_may_end(void **state)
@@ -675,6 +717,7 @@ int main(void)
         cmocka_unit_test(schema_refuses_unsupported_keywords_by_name),
         cmocka_unit_test(masks_agree_with_token_by_token_checks),
         cmocka_unit_test(a_token_not_allowed_is_refused_and_changes_nothing),
+        cmocka_unit_test(compacting_the_frame_pool_changes_no_mask),
         cmocka_unit_test(eos_is_allowed_exactly_where_the_grammar_may_end),
         cmocka_unit_test(tool_call_tokens_are_allowed_where_their_text_is),
         cmocka_unit_test(special_tokens_need_a_literal_and_padding_is_never_allowed),
