@@ -92,8 +92,9 @@ int grammar_states(const struct grammar *g);     // automaton states
 
 // ---- Cache ----
 // Compiled grammars keyed by (kind, text, prefix, suffix), least recently
-// used dropped first beyond max_entries or max_bytes. Failures are not
-// cached. Thread-safe; compilation runs outside the lock (two threads asking
+// used dropped first beyond max_entries or max_bytes (max_bytes 0: no byte
+// bound; a single grammar larger than max_bytes is still kept, alone).
+// Failures are not cached. Thread-safe; compilation runs outside the lock (two threads asking
 // for the same new text at once may both compile it; one result is kept).
 int grammar_cache_create(const struct grammar_vocab *v, size_t max_entries, size_t max_bytes,
                          struct grammar_cache **out, char *err, size_t errlen);
@@ -110,7 +111,9 @@ void grammar_cache_stats(struct grammar_cache *c, size_t *entries, size_t *bytes
 int grammar_matcher_create(struct grammar *g, struct grammar_matcher **out, char *err, size_t errlen);
 void grammar_matcher_destroy(struct grammar_matcher *m);
 // Writes grammar_vocab_mask_words words: bit (id % 32) of word id / 32 set =
-// id allowed. Never all zero before the matcher is terminated. Returns 0, or
+// id allowed. Never all zero (once terminated: the EOS ids only, which
+// accept then refuses). Typical cost on the Qwen3 vocabulary: a few
+// microseconds (tests/grammar/bench_grammar). Returns 0, or
 // MS_ENOFIT when the output went past GRAMMAR_MAX_STACK_DEPTH nesting or
 // the grammar is so ambiguous that more than GRAMMAR_MAX_TOPS parses are
 // alive (the request should be ended), MS_ENOMEM.
