@@ -16,7 +16,7 @@ packages=(
   build-essential meson ninja-build pkg-config
   libmicrohttpd-dev libjansson-dev libcurl4-openssl-dev libcmocka-dev
   libpcre2-dev libutf8proc-dev libsystemd-dev
-  python3-jinja2
+  python3-jinja2 python3-jsonschema
   nginx prometheus systemd curl ca-certificates
 )
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
