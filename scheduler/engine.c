@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "grammar/grammar.h"
 #include "model/backend_registry.h"
 #include "model/forward.h"
 #include "model/planner.h"
@@ -38,6 +39,14 @@ struct seq {
     bool prompt_lp_sent;
     struct seq *inbox_next;
     struct sample_token sampled;       // written by the rank thread
+    // Structured output: the matcher (NULL: free text), whether it governs
+    // the next token yet, the id that switches it on, its mask (written by
+    // the rank thread before sampling) and a failure to build it.
+    struct grammar_matcher *gm;
+    bool gm_active;
+    int32_t gm_after;
+    uint32_t *mask;
+    int gm_rc;
     // Milestones for the latency metrics (ms_now(); 0: not yet).
     double t_submit, t_scheduled, t_first, t_last;
 };
@@ -134,6 +143,8 @@ static void seq_free(struct seq *s)
     free(s->bias);
     free(s->q.tokens);
     free(s->prompt_lp);
+    grammar_matcher_destroy(s->gm);
+    free(s->mask);
     stop_free(&s->stop);
     sched_seq_free(&s->q);
     free(s);
@@ -224,6 +235,16 @@ static int seq_create(struct engine *e, const struct engine_request *r,
     s->skip_special = r->stop.skip_special_tokens;
     if (e->tok) tok_stream_init(&s->ts, e->tok, s->skip_special);
     s->sink = *sink;
+    if (r->grammar) {
+        s->mask = malloc(((size_t)e->vocab + 31) / 32 * sizeof *s->mask);
+        if (!s->mask) goto oom;
+        if ((rc = grammar_matcher_create(r->grammar, &s->gm, err, errlen))) {
+            seq_free(s);
+            return rc;
+        }
+        s->gm_after = r->grammar_after;
+        s->gm_active = r->grammar_after < 0;
+    }
     *out = s;
     return 0;
 oom:
@@ -320,9 +341,38 @@ static void abort_all(struct engine *e, const char *error)
 }
 
 // Decodes a just-sampled token, applies the stop rules and emits its delta.
+// The grammar's view of a sampled token: refused (a mask that could not be
+// built, or a token outside it: a bug) ends the request with a sentence.
+static bool seq_grammar_accept(struct seq *s, int32_t id, char *msg, size_t len)
+{
+    if (!s->gm) return true;
+    if (!s->gm_active) {
+        s->gm_active = id == s->gm_after;
+        return true;
+    }
+    if (s->gm_rc) {
+        snprintf(msg, len, "structured output could not go on (%s): the output nests deeper or "
+                 "is more ambiguous than the grammar's limits", ms_status_name(s->gm_rc));
+        return false;
+    }
+    char err[256];
+    if (grammar_matcher_accept(s->gm, id, err, sizeof err)) {
+        snprintf(msg, len, "structured output: token %d does not continue the grammar (%s)",
+                 (int)id, err);
+        return false;
+    }
+    return true;
+}
+
 static void seq_accept_token(struct engine *e, struct seq *s)
 {
     int32_t id = s->sampled.id;
+    char gmsg[384];
+    if (!seq_grammar_accept(s, id, gmsg, sizeof gmsg)) {
+        ms_log(MS_LOG_ERROR, "request %llu: %s", (unsigned long long)s->id, gmsg);
+        seq_abort(e, s, gmsg);
+        return;
+    }
     s->q.tokens[s->q.n_tokens++] = id;
     int n_out = s->q.n_tokens - s->q.n_prompt;
     e->generation_tokens++;
@@ -399,6 +449,11 @@ static int seq_rows(struct rank_slot *r, struct sched_seq *q, int n)
         }
     }
     if (q->sched_sample) {
+        const uint32_t *allowed = NULL;
+        if (s->gm && s->gm_active && !s->gm_rc) {
+            s->gm_rc = grammar_matcher_fill_mask(s->gm, s->mask);
+            if (!s->gm_rc) allowed = s->mask;
+        }
         r->rows[n + added] = (struct backend_sample_row){
             .logits = rows + (size_t)(q->sched_rows - 1) * V,
             .p = &s->sampling,
@@ -407,6 +462,7 @@ static int seq_rows(struct rank_slot *r, struct sched_seq *q, int n)
             .output = q->tokens + q->n_prompt,
             .n_output = q->n_tokens - q->n_prompt,
             .position = (uint32_t)q->n_tokens,
+            .allowed = allowed,
             .score = -1,
         };
         r->row_dst[n + added++] = &s->sampled;

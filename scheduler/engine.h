@@ -15,6 +15,7 @@
 #include "tokenizer/tokenizer.h"
 
 struct metrics; // scheduler/metrics.h
+struct grammar; // grammar/grammar.h
 
 struct engine_opts {
     enum backend_device device;  // --device: auto (the default), cpu, cuda
@@ -49,6 +50,14 @@ struct engine_request {
     int n_prompt;
     struct sampling_params sampling;
     struct engine_stop stop;     // strings and arrays copied by engine_submit
+    // Structured output: every token drawn while the grammar is active is
+    // one its matcher allows (the mask goes to the backend's sample op
+    // before everything else). NULL: free text. engine_submit takes its own
+    // reference; the grammar must have been compiled for the model's
+    // vocabulary size.
+    struct grammar *grammar;
+    int32_t grammar_after;       // -1: from the first token; else once this id has been
+                                 // generated (Qwen3's </think>: the reasoning stays free)
 };
 void engine_request_default(struct engine_request *r);
 

@@ -28,6 +28,7 @@ void engine_request_default(struct engine_request *r)
     sampling_params_default(&r->sampling);
     r->stop.max_tokens = 16;
     r->stop.skip_special_tokens = true;
+    r->grammar_after = -1;
 }
 
 const char *engine_finish_name(enum engine_finish f)

@@ -8,7 +8,10 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <jansson.h>
+
 #include "engine_harness.h"
+#include "grammar/grammar.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
@@ -303,6 +306,83 @@ static void stop_token_ids_and_eos_end_generation_without_their_text(void **stat
     free(prompt);
 }
 
+// Structured output through the engine: random sampling at temperature 1
+// under a JSON schema ends at EOS with text that parses and fits the schema,
+// for several seeds, batched together; with grammar_after, the first token
+// (forced by a bias) is free and what follows is one of the choices.
+static void grammar_constrained_output_is_always_in_the_language(void **state)
+{
+    (void)state;
+    char err[512];
+    struct grammar_vocab *v;
+    assert_int_equal(grammar_vocab_create(g_tok, g_model->cfg.vocab_size, g_model->cfg.eos_ids,
+                                          g_model->cfg.n_eos, &v, err, sizeof err), 0);
+    const char *schema = "{\"type\": \"object\", \"properties\": {\"answer\": {\"enum\": "
+                         "[\"yes\", \"no\"]}, \"n\": {\"type\": \"integer\", \"minimum\": 0, "
+                         "\"maximum\": 99}}, \"required\": [\"answer\", \"n\"]}";
+    struct grammar *g;
+    const struct grammar_source src = {.kind = GRAMMAR_JSON_SCHEMA, .text = schema,
+                                       .len = strlen(schema)};
+    assert_int_equal(grammar_compile(v, &src, &g, err, sizeof err), 0);
+    int32_t *prompt;
+    int n;
+    prompt_of("Answer in JSON:", &prompt, &n);
+    enum { SEEDS = 4 };
+    struct h_batch *b = h_batch_new(SEEDS);
+    for (int i = 0; i < SEEDS; i++) {
+        struct engine_request r;
+        base_request(&r, prompt, n, 120);
+        r.sampling.temperature = 1;
+        r.sampling.has_seed = true;
+        r.sampling.seed = 100 + (uint64_t)i;
+        r.stop.ignore_eos = false;
+        r.grammar = g;
+        if (h_submit(g_engine, b, i, &r, err, sizeof err)) fail_msg("submit: %s", err);
+    }
+    grammar_unref(g); // the engine holds its own references
+    h_wait(b, SEEDS);
+    for (int i = 0; i < SEEDS; i++) {
+        struct h_result *res = &b->res[i];
+        if (res->has_error) fail_msg("seed %d aborted: %s", i, res->error);
+        assert_int_equal(res->finish, FINISH_STOP);
+        json_error_t je;
+        json_t *j = json_loads(res->text, 0, &je);
+        if (!j) fail_msg("seed %d: not JSON: '%s'", i, res->text);
+        const char *a = json_string_value(json_object_get(j, "answer"));
+        json_t *nv = json_object_get(j, "n");
+        if (!a || (strcmp(a, "yes") && strcmp(a, "no")) || !json_is_integer(nv) ||
+            json_integer_value(nv) < 0 || json_integer_value(nv) > 99 || json_object_size(j) != 2)
+            fail_msg("seed %d: '%s' does not fit the schema", i, res->text);
+        json_decref(j);
+    }
+    h_batch_free(b);
+
+    const char *choices = "[\" Alpha\", \" Beta\"]";
+    const struct grammar_source csrc = {.kind = GRAMMAR_CHOICE, .text = choices,
+                                        .len = strlen(choices)};
+    assert_int_equal(grammar_compile(v, &csrc, &g, err, sizeof err), 0);
+    const int32_t first = tok_find_token(g_tok, "Hello");
+    assert_true(first >= 0);
+    struct engine_request r;
+    base_request(&r, prompt, n, 10);
+    r.stop.ignore_eos = false;
+    const struct sampling_logit_bias bias = {.id = first, .bias = 100};
+    r.sampling.logit_bias = &bias;
+    r.sampling.n_logit_bias = 1;
+    r.grammar = g;
+    r.grammar_after = first;
+    b = run_one(&r);
+    struct h_result *res = &b->res[0];
+    assert_int_equal(res->tokens[0], first);
+    if (strcmp(res->text, "Hello Alpha") && strcmp(res->text, "Hello Beta"))
+        fail_msg("after the free token: '%s'", res->text);
+    assert_int_equal(res->finish, FINISH_STOP);
+    h_batch_free(b);
+    grammar_unref(g);
+    grammar_vocab_destroy(v);
+    free(prompt);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -310,6 +390,7 @@ int main(void)
         cmocka_unit_test(stop_strings_split_across_tokens_cut_the_text_and_never_appear),
         cmocka_unit_test(a_character_split_across_tokens_is_never_cut),
         cmocka_unit_test(stop_token_ids_and_eos_end_generation_without_their_text),
+        cmocka_unit_test(grammar_constrained_output_is_always_in_the_language),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
