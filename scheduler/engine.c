@@ -19,7 +19,7 @@
 #include "model/planner.h"
 #include "scheduler/kv_blocks.h"
 #include "scheduler/metrics.h"
-#include "scheduler/scheduler.h"
+#include "scheduler/step_plan.h"
 #include "scheduler/stop.h"
 
 // Logits rows beyond one per sequence, for prompt-logprob chunks.

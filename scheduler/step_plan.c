@@ -1,5 +1,5 @@
-// scheduler: the step planner (see scheduler.h).
-#include "scheduler/scheduler.h"
+// step_plan: the step planner (see step_plan.h).
+#include "scheduler/step_plan.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "base/base.h"
-#include "scheduler/scheduler.h"
+#include "scheduler/step_plan.h"
 
 struct sim_seq {
     struct sched_seq q;

@@ -1,10 +1,11 @@
-// scheduler: step planning over the sequences of every rank — the waiting queue,
+// step_plan: step planning over the sequences of every rank — the waiting queue,
 // the running list in admission order, rank placement, the per-step token
 // budget with decodes first and chunked prefills after, and preemption of the
 // most recently admitted sequence when KV blocks run out. No model, no
-// threads: the engine runs what sched_plan decides.
-#ifndef MOESERVE_SCHEDULER_SCHEDULER_H
-#define MOESERVE_SCHEDULER_SCHEDULER_H
+// threads: the engine runs what sched_plan decides. Its names keep the
+// short `sched_` prefix (struct sched is the engine's planner state).
+#ifndef MOESERVE_SCHEDULER_STEP_PLAN_H
+#define MOESERVE_SCHEDULER_STEP_PLAN_H
 
 #include <stdbool.h>
 #include <stddef.h>
