@@ -1,7 +1,8 @@
-// metrics: the Prometheus series moeserve exports on /metrics — vLLM's names
-// under the prefix `moeserve:` plus what MoE serving needs (tokens per
-// expert and rank, expert-load imbalance, all-to-all and step time). The
-// engine feeds observations; the server renders the text format.
+// metrics: the counters behind /metrics that the engine feeds — vLLM's
+// latency histograms, step and all-to-all times, tokens per expert and rank,
+// and the expert-load imbalance over a sliding window of steps. Readers take
+// a consistent snapshot; rendering it as text is the server's
+// (server/prometheus.h), so nothing here formats a byte.
 #ifndef MOESERVE_SCHEDULER_METRICS_H
 #define MOESERVE_SCHEDULER_METRICS_H
 
@@ -14,7 +15,6 @@
 #define METRICS_MAX_RANKS ENGINE_MAX_RANKS
 
 struct metrics_opts {
-    const char *model_name;   // the `model_name` label (the first served model name)
     int n_ranks;              // the `rank` label takes 0..n_ranks-1
     int n_experts;            // experts per MoE layer (0 for a dense model)
     int imbalance_window;     // steps in the imbalance gauge's sliding window (100)
@@ -25,7 +25,7 @@ struct metrics;
 int metrics_create(const struct metrics_opts *o, struct metrics **out, char *err, size_t errlen);
 void metrics_destroy(struct metrics *m);
 
-// All observation and render functions are thread-safe (one mutex; each
+// All observation and snapshot functions are thread-safe (one mutex; each
 // observation is a few additions). Times are seconds.
 
 // A request's first generated token arrived ttft seconds after it was submitted.
@@ -55,13 +55,44 @@ struct metrics_step {
 };
 void metrics_observe_step(struct metrics *m, const struct metrics_step *s);
 
-// The text exposition format (version 0.0.4): engine gauges and counters
-// from st, then the histograms and MoE series. *out is malloc'd.
-int metrics_render(struct metrics *m, const struct engine_stats *st, char **out, size_t *len,
-                   char *err, size_t errlen);
+// A histogram: counts per bucket, not cumulative.
+#define METRICS_MAX_BOUNDS 31
+struct metrics_hist {
+    const double *bounds;                  // (n) upper bounds, ascending; static storage
+    int n;
+    uint64_t counts[METRICS_MAX_BOUNDS + 1]; // counts[i]: observations in (bounds[i-1], bounds[i]];
+                                           // counts[n]: above the last bound (+Inf)
+    double sum;
+    uint64_t count;
+};
 
-// Busiest rank's expert load over the mean, over the sliding window
-// (1 = balanced; 0 before any expert load). Exposed for tests.
-double metrics_imbalance(struct metrics *m);
+// The histograms every server has, in the order /metrics lists them.
+enum metrics_hist_id {
+    METRICS_TTFT,          // submission to first token
+    METRICS_ITL,           // between successive tokens
+    METRICS_E2E,           // submission to the end
+    METRICS_QUEUE,         // submission until first scheduled
+    METRICS_PREFILL,       // first scheduled until the first token
+    METRICS_DECODE,        // first token until the end
+    METRICS_ITER_TOKENS,   // tokens per step, all ranks
+    METRICS_STEP,          // wall time of a step
+    METRICS_HISTS,
+};
+
+// Every counter at one moment (copied under the lock).
+struct metrics_snapshot {
+    struct metrics_hist hist[METRICS_HISTS];
+    int n_ranks, n_experts;
+    struct metrics_hist a2a[METRICS_MAX_RANKS]; // (n_ranks) time in all-to-all exchanges per step
+    uint64_t *expert_tokens;  // (n_ranks, n_experts) latest cumulative tokens per expert; NULL when n_experts is 0
+    bool *expert_held;        // (n_ranks, n_experts) whether the rank holds (and reported) the expert
+    double imbalance;         // busiest rank's expert load over the mean, over the
+                              // sliding window (1 = balanced; 0 before any expert load)
+};
+
+// Fills *s. Its two arrays are malloc'd (MS_ENOMEM when they cannot be);
+// metrics_snapshot_release frees them (and sets them to NULL).
+int metrics_take_snapshot(struct metrics *m, struct metrics_snapshot *s, char *err, size_t errlen);
+void metrics_snapshot_release(struct metrics_snapshot *s);
 
 #endif

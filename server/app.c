@@ -19,6 +19,7 @@
 #include "tokenizer/tokenizer.h"
 #include "moeserve_build.h"
 #include "scheduler/metrics.h"
+#include "server/prometheus.h"
 
 #define MAX_CHOICES 1024 // prompts x n in one request
 #define MAX_NAMES 16
@@ -989,9 +990,13 @@ static void h_metrics(void *app, struct http_request *r)
     }
     struct engine_stats st;
     engine_get_stats(a->engine, &st);
+    struct metrics_snapshot ms;
     char *text = NULL, err[256];
     size_t len = 0;
-    if (metrics_render(a->metrics, &st, &text, &len, err, sizeof err)) {
+    int rc = metrics_take_snapshot(a->metrics, &ms, err, sizeof err);
+    if (!rc) rc = prometheus_render(a->names[0], &st, &ms, &text, &len, err, sizeof err);
+    metrics_snapshot_release(&ms);
+    if (rc) {
         http_respond(r, 500, "text/plain; charset=utf-8", err, strlen(err));
         return;
     }
@@ -1061,7 +1066,6 @@ int app_load(struct app *a, const struct app_opts *o, char *err, size_t errlen)
     struct engine_opts eo = o->engine;
     if (o->kv_dtype_auto) eo.kv_dtype = a->model->cfg.torch_dtype == DTYPE_F32 ? DTYPE_F32 : DTYPE_BF16;
     struct metrics_opts mo = {
-        .model_name = a->names[0],
         .n_ranks = eo.data_parallel_size > 0 ? eo.data_parallel_size : 1,
         .n_experts = a->model->cfg.n_experts,
         .imbalance_window = 100,

@@ -13,10 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "tests/server/harness.h"
+#include "tests/server/promtool.h"
 
 #define KEY "metrics-key"
 
@@ -54,36 +53,6 @@ static double sample_sum(const char *text, const char *series, const char *label
     return sum;
 }
 
-// promtool must be there (deploy/setup.sh installs Debian's prometheus) and
-// find nothing but the two lints vLLM's names draw (see test_metrics.c).
-static void promtool_accepts(const char *text)
-{
-    const char *promtool = getenv("MOESERVE_PROMTOOL");
-    if (!promtool || !*promtool) fail_msg("promtool not found: run deploy/setup.sh (package prometheus)");
-    char in[] = "/tmp/moeserve-serve-metrics-XXXXXX";
-    int fd = mkstemp(in);
-    assert_true(fd >= 0);
-    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
-    close(fd);
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "'%s' check metrics < '%s' 2>&1", promtool, in);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    char line[1024];
-    int other = 0;
-    while (fgets(line, sizeof line, p)) {
-        if (strstr(line, "metric names should not contain ':'")) continue;
-        if (strstr(line, "iteration_tokens_total non-counter metrics should not have \"_total\" suffix"))
-            continue;
-        fprintf(stderr, "promtool: %s", line);
-        other++;
-    }
-    int st = pclose(p);
-    unlink(in);
-    assert_int_equal(other, 0);
-    assert_true(WIFEXITED(st) && (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == 3));
-}
-
 // n completions of max_tokens each (ignore_eos, so every one ends by length);
 // returns the prompt tokens their usage reported.
 static long run_requests(const struct srv *s, int n, int max_tokens)
@@ -116,14 +85,14 @@ static void metrics_are_valid_and_count_what_requests_did(void **state)
     const char *extra[] = {"--api-key", KEY, "--served-model-name", "tiny", NULL};
     assert_int_equal(srv_start(&s, extra), 0);
     char *before = get_metrics(&s); // no key: /metrics is open, like /health
-    promtool_accepts(before);
+    promtool_check_metrics(before);
     assert_non_null(strstr(before, "model_name=\"tiny\""));
 
     const int n = 3, max_tokens = 5;
     long prompt = run_requests(&s, n, max_tokens);
     assert_true(srv_wait_idle(&s, 10));
     char *after = get_metrics(&s);
-    promtool_accepts(after);
+    promtool_check_metrics(after);
 
     assert_true(DELTA("moeserve:prompt_tokens_total", "") == (double)prompt);
     assert_true(DELTA("moeserve:generation_tokens_total", "") == (double)(n * max_tokens));
@@ -159,7 +128,7 @@ static void two_ranks_report_expert_loads_and_exchanges_per_rank(void **state)
     run_requests(&s, 2, 4);
     assert_true(srv_wait_idle(&s, 10));
     char *text = get_metrics(&s);
-    promtool_accepts(text);
+    promtool_check_metrics(text);
     // Both ranks joined every step's exchanges, and both hold experts that ran.
     double a2a0 = sample_sum(text, "moeserve:all_to_all_seconds_count", "rank=\"0\"");
     double a2a1 = sample_sum(text, "moeserve:all_to_all_seconds_count", "rank=\"1\"");

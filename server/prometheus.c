@@ -1,0 +1,205 @@
+// prometheus: the text format written line by line into one growing buffer;
+// a failed allocation is remembered and reported once at the end.
+#include "server/prometheus.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+
+// Label values may hold any bytes a user chose (--served-model-name):
+// backslash, double quote and newline are escaped, per the text format.
+static char *escape_label(const char *s)
+{
+    size_t n = strlen(s);
+    char *o = malloc(2 * n + 1);
+    if (!o) return NULL;
+    char *p = o;
+    for (; *s; s++) {
+        if (*s == '\\' || *s == '"') {
+            *p++ = '\\';
+            *p++ = *s;
+        } else if (*s == '\n') {
+            *p++ = '\\';
+            *p++ = 'n';
+        } else {
+            *p++ = *s;
+        }
+    }
+    *p = 0;
+    return o;
+}
+
+// ---- a growing text buffer --------------------------------------------------------------------
+struct buf {
+    char *p;
+    size_t len, cap;
+    bool oom;
+};
+
+static void put(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(struct buf *b, const char *fmt, ...)
+{
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = true;
+            return;
+        }
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap * 2 + (size_t)n + 1;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+}
+
+static void head(struct buf *b, const char *name, const char *type, const char *help)
+{
+    put(b, "# HELP moeserve:%s %s\n# TYPE moeserve:%s %s\n", name, help, name, type);
+}
+
+static void hist_render(struct buf *b, const char *model, const char *name, const char *extra,
+                        const struct metrics_hist *h)
+{
+    uint64_t cum = 0;
+    for (int i = 0; i <= h->n; i++) {
+        cum += h->counts[i];
+        if (i < h->n)
+            put(b, "moeserve:%s_bucket{model_name=\"%s\"%s,le=\"%.6g\"} %llu\n", name, model, extra,
+                h->bounds[i], (unsigned long long)cum);
+        else
+            put(b, "moeserve:%s_bucket{model_name=\"%s\"%s,le=\"+Inf\"} %llu\n", name, model, extra,
+                (unsigned long long)cum);
+    }
+    put(b, "moeserve:%s_sum{model_name=\"%s\"%s} %.9g\n", name, model, extra, h->sum);
+    put(b, "moeserve:%s_count{model_name=\"%s\"%s} %llu\n", name, model, extra,
+        (unsigned long long)h->count);
+}
+
+// The histograms in the order they are listed, with their help lines.
+static const struct {
+    enum metrics_hist_id id;
+    const char *name, *help;
+} hists[] = {
+    {METRICS_TTFT, "time_to_first_token_seconds", "Submission to first generated token."},
+    {METRICS_ITL, "inter_token_latency_seconds", "Time between successive generated tokens."},
+    {METRICS_E2E, "e2e_request_latency_seconds", "Submission to the end of the request."},
+    {METRICS_QUEUE, "request_queue_time_seconds", "Submission until first scheduled."},
+    {METRICS_PREFILL, "request_prefill_time_seconds", "First scheduled until the first token."},
+    {METRICS_DECODE, "request_decode_time_seconds", "First token until the end of the request."},
+    {METRICS_ITER_TOKENS, "iteration_tokens_total", "Tokens processed per engine step, all ranks."},
+    {METRICS_STEP, "step_duration_seconds", "Wall time of one engine step."},
+};
+
+// Long because it is the page itself: every series in the order Prometheus
+// users see it, each a head line and its samples.
+int prometheus_render(const char *model_name, const struct engine_stats *st,
+                      const struct metrics_snapshot *ms, char **out, size_t *len, char *err,
+                      size_t errlen)
+{
+    struct buf b = {.cap = 16384};
+    b.p = malloc(b.cap);
+    char *ml = escape_label(model_name ? model_name : "");
+    if (!b.p || !ml) {
+        free(b.p);
+        free(ml);
+        return ms_err(err, errlen, MS_ENOMEM, "out of memory rendering metrics");
+    }
+    b.p[0] = 0;
+    int nr = st->n_ranks < ms->n_ranks ? st->n_ranks : ms->n_ranks;
+
+    head(&b, "num_requests_running", "gauge", "Requests in the running batches of all ranks.");
+    put(&b, "moeserve:num_requests_running{model_name=\"%s\"} %d\n", ml, st->num_running);
+    head(&b, "num_requests_waiting", "gauge", "Requests waiting to be scheduled.");
+    put(&b, "moeserve:num_requests_waiting{model_name=\"%s\"} %d\n", ml, st->num_waiting);
+    head(&b, "kv_cache_usage_perc", "gauge",
+         "Share of the rank's KV blocks held by running sequences (1 = full).");
+    for (int r = 0; r < nr; r++) {
+        const struct engine_rank_stats *rs = &st->rank[r];
+        double u = rs->kv_blocks_total > 0 ? (double)rs->kv_blocks_used / rs->kv_blocks_total : 0.0;
+        put(&b, "moeserve:kv_cache_usage_perc{model_name=\"%s\",rank=\"%d\"} %.6g\n", ml, r, u);
+    }
+    head(&b, "num_requests_running_per_rank", "gauge", "Running sequences placed on each rank.");
+    for (int r = 0; r < nr; r++)
+        put(&b, "moeserve:num_requests_running_per_rank{model_name=\"%s\",rank=\"%d\"} %d\n", ml, r,
+            st->rank[r].num_running);
+    const struct {
+        const char *name, *help;
+        uint64_t v;
+    } counters[] = {
+        {"prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", st->prefix_cache_queries},
+        {"prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", st->prefix_cache_hits},
+        {"num_preemptions_total", "Sequences preempted to free KV blocks.", st->num_preemptions},
+        {"prompt_tokens_total", "Prompt tokens processed.", st->prompt_tokens_total},
+        {"generation_tokens_total", "Tokens generated.", st->generation_tokens_total},
+        {"engine_steps_total", "Engine steps run (all ranks in lockstep).", st->steps},
+    };
+    for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++) {
+        head(&b, counters[i].name, "counter", counters[i].help);
+        put(&b, "moeserve:%s{model_name=\"%s\"} %llu\n", counters[i].name, ml,
+            (unsigned long long)counters[i].v);
+    }
+    head(&b, "request_success_total", "counter", "Requests finished, by finish reason.");
+    for (int f = FINISH_STOP; f < FINISH_COUNT_; f++) // vLLM's label values
+        put(&b, "moeserve:request_success_total{model_name=\"%s\",finished_reason=\"%s\"} %llu\n", ml,
+            engine_finish_name((enum engine_finish)f), (unsigned long long)st->request_success[f]);
+
+    for (size_t i = 0; i < sizeof hists / sizeof hists[0]; i++) {
+        head(&b, hists[i].name, "histogram", hists[i].help);
+        hist_render(&b, ml, hists[i].name, "", &ms->hist[hists[i].id]);
+    }
+    head(&b, "all_to_all_seconds", "histogram", "Time a rank spends in MoE all-to-all exchanges per step.");
+    for (int r = 0; r < ms->n_ranks; r++) {
+        char extra[32];
+        snprintf(extra, sizeof extra, ",rank=\"%d\"", r);
+        hist_render(&b, ml, "all_to_all_seconds", extra, &ms->a2a[r]);
+    }
+    // Where the step time goes, per rank: a counter per phase, so that
+    // rate() over any window gives each phase's share of the wall time.
+    head(&b, "step_phase_seconds_total", "counter",
+         "Wall time of each rank's steps by phase: attention, moe (with its exchanges), "
+         "lm_head, sampling.");
+    for (int r = 0; r < st->n_ranks && r < ENGINE_MAX_RANKS; r++)
+        for (int f = 0; f < ENGINE_PHASES; f++)
+            put(&b, "moeserve:step_phase_seconds_total{model_name=\"%s\",rank=\"%d\",phase=\"%s\"} %.6f\n",
+                ml, r, engine_phase_names[f], st->rank[r].phase_seconds[f]);
+    if (ms->n_experts) {
+        head(&b, "expert_tokens_total", "counter",
+             "Tokens routed to each expert on each rank, summed over MoE layers.");
+        for (int r = 0; r < ms->n_ranks; r++)
+            for (int x = 0; x < ms->n_experts; x++) {
+                size_t i = (size_t)r * (size_t)ms->n_experts + (size_t)x;
+                if (!ms->expert_held[i]) continue;
+                put(&b, "moeserve:expert_tokens_total{model_name=\"%s\",rank=\"%d\",expert=\"%d\"} %llu\n",
+                    ml, r, x, (unsigned long long)ms->expert_tokens[i]);
+            }
+        head(&b, "expert_load_imbalance", "gauge",
+             "Busiest rank's expert tokens over the mean across ranks, over the last steps "
+             "(1 = balanced, 0 = no load yet).");
+        put(&b, "moeserve:expert_load_imbalance{model_name=\"%s\"} %.6g\n", ml, ms->imbalance);
+    }
+    free(ml);
+    if (b.oom) {
+        free(b.p);
+        return ms_err(err, errlen, MS_ENOMEM, "out of memory rendering metrics");
+    }
+    *out = b.p;
+    *len = b.len;
+    return 0;
+}
