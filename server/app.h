@@ -1,6 +1,7 @@
 // app: the model being served and the routes over it — OpenAI chat and
 // completions turned into engine requests and their output into responses
-// and streams; /tokenize, /detokenize, /v1/models, /health, /version.
+// and streams (routes_generate.c, job.c); /tokenize, /detokenize,
+// /v1/models, /health, /version, /metrics (routes_text.c).
 #ifndef MOESERVE_SERVER_APP_H
 #define MOESERVE_SERVER_APP_H
 

@@ -1,0 +1,68 @@
+// app_state: the served model as the routes see it — what app.c loads and
+// routes_generate.c and routes_text.c read — and the helpers they share:
+// the serving check, error responses, the served name, the chat template
+// and prompt encoding. For server/ only; app.h is the public face.
+#ifndef MOESERVE_SERVER_APP_STATE_H
+#define MOESERVE_SERVER_APP_STATE_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "api/chat_template.h"
+#include "api/openai.h"
+#include "model/model.h"
+#include "scheduler/engine.h"
+#include "scheduler/metrics.h"
+#include "server/http.h"
+#include "tokenizer/tokenizer.h"
+
+#define APP_MAX_NAMES 16
+
+enum app_state { APP_LOADING, APP_SERVING, APP_DRAINING };
+
+// app_load writes every field before state turns APP_SERVING; after that
+// they are read-only, except state and last_delta_us (atomics) and the
+// health_* fields (under health_mu). Handlers may read the rest on any HTTP
+// thread once they have seen APP_SERVING (app_serving).
+struct app {
+    atomic_int state;
+    struct model *model;
+    struct tokenizer *tok;
+    struct chat_template *tmpl;      // NULL when the checkpoint has none
+    struct engine *engine;
+    struct metrics *metrics;         // what /metrics renders; the engine feeds it
+    char *names[APP_MAX_NAMES];      // the served model names; names[0] labels /metrics
+    int n_names;
+    int max_model_len;
+    bool use_gen;                    // generation_config.json's defaults apply
+    struct oa_limits limits;
+    int64_t created;
+    double health_timeout_s;
+    pthread_mutex_t health_mu;
+    uint64_t health_steps;           // engine steps at health_t
+    double health_t;                 // when /health last saw a step (or no work)
+    atomic_uint_least64_t last_delta_us; // the last engine output (job.c stamps it)
+};
+
+// True while serving; otherwise answers r with 503 (loading, or shutting
+// down) and returns false.
+bool app_serving(struct app *a, struct http_request *r);
+// http_respond_error, with Retry-After on a 503.
+void app_respond_error(struct http_request *r, const struct oa_error *e);
+// The served name the request asked for (the first when model is NULL), or
+// NULL with a 404 in *e. The name lives as long as the app.
+const char *app_served_name(struct app *a, const char *model, struct oa_error *e);
+// Renders the chat template over messages into *out (malloc'd, *len bytes).
+// 0, or a status with *e filled (400 when the model has no template or the
+// template refuses the messages).
+int app_render_chat(struct app *a, json_t *messages, bool add_generation_prompt, json_t *kwargs,
+                    char **out, size_t *len, struct oa_error *e);
+// Tokenizes text into *ids (malloc'd, *n_ids of them); errors name param.
+int app_encode(struct app *a, const char *text, size_t len, const char *param, int32_t **ids,
+               int *n_ids, struct oa_error *e);
+
+#endif

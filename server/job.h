@@ -1,0 +1,81 @@
+// job: one generation request in flight, the job/SSE state machine. A job
+// holds one engine request per choice; their sinks run on the engine thread
+// and only copy output under the job's lock and wake the connection, which
+// turns it into JSON on an HTTP thread: one body once every choice has
+// finished, or SSE chunks as they come, then usage and `data: [DONE]`.
+#ifndef MOESERVE_SERVER_JOB_H
+#define MOESERVE_SERVER_JOB_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "api/openai.h"
+#include "base/arena.h"
+#include "scheduler/engine.h"
+#include "server/http.h"
+
+#define JOB_MAX_CHOICES 1024 // prompts x n in one request
+
+// One prompt of the request, as token ids.
+struct job_prompt {
+    int32_t *ids;                    // (n_ids) malloc'd
+    int n_ids;
+    char *text;                      // for echo: the prompt as text (malloc'd)
+    size_t text_len;
+    struct oa_token *echo_tokens;    // (n_ids) when echo; logprobs filled from the engine
+};
+
+struct job_choice;                   // one choice's output and streaming progress (job.c)
+
+// References: job_create gives its caller one; each submitted choice holds
+// one until its engine request finishes, and the connection one from
+// job_respond until the HTTP side lets go. The last job_unref frees the job
+// with its arena, prompts and choices. The engine must outlive every job.
+//
+// The route fills the request fields after job_create and before the first
+// job_submit; they are read-only from then on. The state fields are this
+// module's, under mu.
+struct job {
+    // request
+    struct arena *arena;             // the request's parse arena (16 KiB blocks)
+    bool chat, stream, echo;
+    bool include_usage, continuous_usage;
+    char id[96];
+    struct oa_meta meta;             // meta.id points at id
+    struct job_prompt *prompts;      // (n_prompts) calloc'd by the route
+    int n_prompts;
+    // state
+    pthread_mutex_t mu;
+    int refs;
+    struct engine *engine;
+    atomic_uint_least64_t *last_delta_us; // stamped at every engine output (for /health)
+    struct http_async *async;
+    struct job_choice *choices;      // (n_choices)
+    int n_choices;
+    int n_finished;
+    bool gone;
+    bool usage_sent, done_sent;
+};
+
+// NULL when out of memory. last_delta_us must outlive the job.
+struct job *job_create(struct engine *engine, atomic_uint_least64_t *last_delta_us, bool chat);
+void job_unref(struct job *j);
+// n choices (at most JOB_MAX_CHOICES), none submitted yet. 0 or MS_ENOMEM.
+int job_add_choices(struct job *j, int n);
+// Submits choice i, which continues prompt `prompt`, as er. On failure
+// (engine_submit's code and sentence) the choice holds no reference; the
+// caller cancels what it submitted before (job_cancel_all).
+int job_submit(struct job *j, int i, int prompt, const struct engine_request *er, char *err,
+               size_t errlen);
+// Cancels every submitted choice that has not finished (the client is gone,
+// or the request failed half way).
+void job_cancel_all(struct job *j);
+// After every job_submit: answers r as an SSE stream (j->stream) or one
+// deferred body, fed by the sinks. MS_ENOMEM (every choice cancelled, r not
+// answered) when the response could not be queued.
+int job_respond(struct job *j, struct http_request *r);
+
+#endif
