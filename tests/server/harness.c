@@ -1,8 +1,7 @@
 // harness: starts `moeserve serve` as a child process, collects its stderr,
-// finds the port from its "listening on" line, and wraps libcurl.
+// finds the port from its "listening on" line, and talks to it (client.h).
 #include "tests/server/harness.h"
 
-#include <curl/curl.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -10,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -166,70 +164,12 @@ char *srv_stderr(struct srv *s)
     return c;
 }
 
-void resp_free(struct resp *r)
-{
-    free(r->body);
-    r->body = NULL;
-}
-
-static size_t on_body(char *p, size_t sz, size_t n, void *ud)
-{
-    struct resp *r = ud;
-    size_t k = sz * n;
-    char *b = realloc(r->body, r->len + k + 1);
-    if (!b) return 0;
-    r->body = b;
-    memcpy(r->body + r->len, p, k);
-    r->len += k;
-    r->body[r->len] = 0;
-    return k;
-}
-
-static size_t on_header(char *p, size_t sz, size_t n, void *ud)
-{
-    struct resp *r = ud;
-    size_t k = sz * n;
-    if (k > 12 && !strncasecmp(p, "Retry-After:", 12)) {
-        const char *v = p + 12;
-        while (*v == ' ') v++;
-        snprintf(r->retry_after, sizeof r->retry_after, "%.*s", (int)(p + k - v), v);
-        r->retry_after[strcspn(r->retry_after, "\r\n")] = 0;
-    }
-    return k;
-}
-
 struct resp srv_request(const struct srv *s, const char *method, const char *path,
                         const char *body, size_t len, const char *key)
 {
-    struct resp r;
-    memset(&r, 0, sizeof r);
-    CURL *c = curl_easy_init();
-    char url[512];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", s->port, path);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, &r);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
-    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
-    h = curl_slist_append(h, "Expect:");
-    char auth[256];
-    if (key) {
-        snprintf(auth, sizeof auth, "Authorization: Bearer %s", key);
-        h = curl_slist_append(h, auth);
-    }
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    if (body) {
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-    }
-    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
-    if (!r.body) r.body = strdup("");
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
-    return r;
+    // "Expect:" turns off curl's Expect: 100-continue: bodies go at once.
+    static const char *const json[] = {"Content-Type: application/json", "Expect:", NULL};
+    return client_request(s->port, method, path, body, len, key, json, 120);
 }
 
 json_t *srv_post_json(const struct srv *s, const char *path, const char *body, long *status)

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "tests/server/client.h"
+
 struct srv {
     pid_t pid;
     int port;
@@ -24,14 +26,6 @@ int srv_start(struct srv *s, const char *const *extra);
 int srv_stop(struct srv *s, int sig, double timeout_s);
 // Everything the server wrote to stderr so far (NUL-terminated copy, free it).
 char *srv_stderr(struct srv *s);
-
-struct resp {
-    long status;
-    char *body;                  // NUL-terminated
-    size_t len;
-    char retry_after[32];
-};
-void resp_free(struct resp *r);
 
 // One request; body NULL for none; key NULL for no Authorization header.
 struct resp srv_request(const struct srv *s, const char *method, const char *path,

@@ -8,9 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <arpa/inet.h>
 #include <curl/curl.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -21,6 +19,7 @@
 
 #include "base/base.h"
 #include "server/http.h"
+#include "tests/server/client.h"
 
 static atomic_int g_gone, g_released;
 static struct http_server *g_srv;
@@ -200,71 +199,18 @@ static const struct http_route routes[] = {
 
 // ---- clients -------------------------------------------------------------------------
 
-struct reply {
-    long status;
-    char *body;
-    size_t len;
-    char allow[128];
-};
-
-static size_t on_body(char *p, size_t sz, size_t n, void *ud)
+static struct resp request(const char *method, const char *path, const char *body, size_t len,
+                           const char *key)
 {
-    struct reply *r = ud;
-    r->body = realloc(r->body, r->len + sz * n + 1);
-    memcpy(r->body + r->len, p, sz * n);
-    r->len += sz * n;
-    r->body[r->len] = 0;
-    return sz * n;
-}
-
-static size_t on_header(char *p, size_t sz, size_t n, void *ud)
-{
-    struct reply *r = ud;
-    if (sz * n > 6 && !strncasecmp(p, "Allow:", 6)) snprintf(r->allow, sizeof r->allow, "%.*s", (int)(sz * n - 6), p + 6);
-    return sz * n;
-}
-
-static struct reply request(const char *method, const char *path, const char *body, size_t len,
-                            const char *key)
-{
-    struct reply r = {0};
-    CURL *c = curl_easy_init();
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", g_port, path);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, &r);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 20L);
-    struct curl_slist *h = NULL;
-    char auth[128];
-    if (key) {
-        snprintf(auth, sizeof auth, "Authorization: Bearer %s", key);
-        h = curl_slist_append(h, auth);
-    }
-    if (body) {
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-    }
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    CURLcode rc = curl_easy_perform(c);
-    if (rc != CURLE_OK) fail_msg("%s %s: %s", method, path, curl_easy_strerror(rc));
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
+    struct resp r = client_request(g_port, method, path, body, len, key, NULL, 20);
+    if (r.curl_code != CURLE_OK) fail_msg("%s %s: %s", method, path, curl_easy_strerror(r.curl_code));
     return r;
 }
 
 static int connect_raw(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port)};
-    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    struct timeval tv = {.tv_sec = 10};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    int fd = client_connect_raw(g_port, 10);
+    assert_true(fd >= 0);
     return fd;
 }
 
@@ -279,21 +225,6 @@ static void send_all(int fd, const char *s)
     }
 }
 
-// Reads until the buffer holds needle (or the peer closes); returns bytes read.
-static size_t read_until(int fd, char *buf, size_t cap, const char *needle)
-{
-    size_t len = 0;
-    while (len + 1 < cap) {
-        ssize_t r = recv(fd, buf + len, cap - 1 - len, 0);
-        if (r <= 0) break;
-        len += (size_t)r;
-        buf[len] = 0;
-        if (needle && strstr(buf, needle)) break;
-    }
-    buf[len] = 0;
-    return len;
-}
-
 static void wait_counter(atomic_int *c, int want)
 {
     for (int i = 0; i < 500 && atomic_load(c) < want; i++) usleep(10000);
@@ -305,7 +236,7 @@ static void wait_counter(atomic_int *c, int want)
 static void routes_answer_and_unknown_paths_get_404_or_405(void **state)
 {
     (void)state;
-    struct reply r = request("GET", "/hello", NULL, 0, "k");
+    struct resp r = request("GET", "/hello", NULL, 0, "k");
     assert_int_equal(r.status, 200);
     assert_string_equal(r.body, "hi");
     free(r.body);
@@ -327,7 +258,7 @@ static void routes_answer_and_unknown_paths_get_404_or_405(void **state)
 static void api_key_is_required_except_on_public_routes(void **state)
 {
     (void)state;
-    struct reply r = request("GET", "/hello", NULL, 0, NULL);
+    struct resp r = request("GET", "/hello", NULL, 0, NULL);
     assert_int_equal(r.status, 401);
     json_t *j = json_loads(r.body, 0, NULL);
     assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
@@ -351,7 +282,7 @@ static void bodies_arrive_whole_and_oversized_ones_get_413(void **state)
     size_t n = 100000;
     char *big = malloc(n);
     for (size_t i = 0; i < n; i++) big[i] = (char)('a' + i % 26);
-    struct reply r = request("POST", "/echo", big, n, "k");
+    struct resp r = request("POST", "/echo", big, n, "k");
     assert_int_equal(r.status, 200);
     assert_int_equal(r.len, n);
     assert_memory_equal(r.body, big, n);
@@ -379,7 +310,7 @@ static void bodies_arrive_whole_and_oversized_ones_get_413(void **state)
     }
     send(fd, "0\r\n\r\n", 5, MSG_NOSIGNAL);
     char buf[4096];
-    read_until(fd, buf, sizeof buf, "\r\n\r\n");
+    client_read_until(fd, buf, sizeof buf, "\r\n\r\n");
     assert_non_null(strstr(buf, " 413 "));
     close(fd);
 }
@@ -387,7 +318,7 @@ static void bodies_arrive_whole_and_oversized_ones_get_413(void **state)
 static void deferred_responses_wait_without_a_thread(void **state)
 {
     (void)state;
-    struct reply r = request("GET", "/later", NULL, 0, "k");
+    struct resp r = request("GET", "/later", NULL, 0, "k");
     assert_int_equal(r.status, 200);
     assert_string_equal(r.body, "later");
     free(r.body);
@@ -396,7 +327,7 @@ static void deferred_responses_wait_without_a_thread(void **state)
 static void streams_deliver_every_event_in_order(void **state)
 {
     (void)state;
-    struct reply r = request("GET", "/stream", NULL, 0, "k");
+    struct resp r = request("GET", "/stream", NULL, 0, "k");
     assert_int_equal(r.status, 200);
     char want[1024] = "";
     for (int i = 0; i < 20; i++) sprintf(want + strlen(want), "data: %d\n\n", i);
@@ -412,7 +343,7 @@ static void hangup_while_streaming_is_noticed(void **state)
     int fd = connect_raw();
     send_all(fd, "GET /forever HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n\r\n");
     char buf[4096];
-    read_until(fd, buf, sizeof buf, "\r\n\r\n");
+    client_read_until(fd, buf, sizeof buf, "\r\n\r\n");
     assert_non_null(strstr(buf, " 200 "));
     close(fd);
     wait_counter(&g_gone, before + 1);
@@ -437,7 +368,7 @@ static void idle_streams_get_keepalive_comments(void **state)
     int fd = connect_raw();
     send_all(fd, "GET /forever HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n\r\n");
     char buf[8192];
-    read_until(fd, buf, sizeof buf, ": keep-alive\n\n");
+    client_read_until(fd, buf, sizeof buf, ": keep-alive\n\n");
     assert_non_null(strstr(buf, ": keep-alive\n\n"));
     close(fd);
 }
@@ -453,7 +384,7 @@ static void slow_bodies_and_malformed_http(void **state)
         usleep(1000);
     }
     char buf[4096];
-    read_until(fd, buf, sizeof buf, NULL);
+    client_read_until(fd, buf, sizeof buf, NULL);
     assert_non_null(strstr(buf, " 200 "));
     assert_non_null(strstr(buf, "hello world"));
     close(fd);
@@ -470,7 +401,7 @@ static void slow_bodies_and_malformed_http(void **state)
         fd = connect_raw();
         send(fd, bad[i], strlen(bad[i]), MSG_NOSIGNAL);
         shutdown(fd, SHUT_WR);
-        size_t n = read_until(fd, buf, sizeof buf, NULL);
+        size_t n = client_read_until(fd, buf, sizeof buf, NULL);
         // Either an error status or a closed connection; never a 200.
         if (n) assert_null(strstr(buf, " 200 "));
         close(fd);
@@ -479,7 +410,7 @@ static void slow_bodies_and_malformed_http(void **state)
     fd = connect_raw();
     send_all(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc");
     close(fd);
-    struct reply r = request("GET", "/hello", NULL, 0, "k");
+    struct resp r = request("GET", "/hello", NULL, 0, "k");
     assert_int_equal(r.status, 200);
     free(r.body);
 }
@@ -488,39 +419,16 @@ static void many_concurrent_streams_on_two_threads(void **state)
 {
     (void)state;
     enum { N = 200 };
-    CURLM *m = curl_multi_init();
     CURL *h[N];
-    struct reply rep[N];
-    memset(rep, 0, sizeof rep);
-    char url[128];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/stream", g_port);
-    struct curl_slist *hdr = curl_slist_append(NULL, "Authorization: Bearer k");
+    struct resp rep[N];
+    for (int i = 0; i < N; i++) h[i] = client_prepare(&rep[i], g_port, "GET", "/stream", NULL, 0, "k", NULL, 60);
+    assert_int_equal(client_perform_all(h, N), 0);
     for (int i = 0; i < N; i++) {
-        h[i] = curl_easy_init();
-        curl_easy_setopt(h[i], CURLOPT_URL, url);
-        curl_easy_setopt(h[i], CURLOPT_HTTPHEADER, hdr);
-        curl_easy_setopt(h[i], CURLOPT_WRITEFUNCTION, on_body);
-        curl_easy_setopt(h[i], CURLOPT_WRITEDATA, &rep[i]);
-        curl_easy_setopt(h[i], CURLOPT_TIMEOUT, 60L);
-        curl_multi_add_handle(m, h[i]);
-    }
-    int running = 1;
-    while (running) {
-        curl_multi_perform(m, &running);
-        if (running) curl_multi_poll(m, NULL, 0, 100, NULL);
-    }
-    for (int i = 0; i < N; i++) {
-        long st = 0;
-        curl_easy_getinfo(h[i], CURLINFO_RESPONSE_CODE, &st);
-        assert_int_equal(st, 200);
-        assert_non_null(rep[i].body);
+        client_finish(h[i], &rep[i]);
+        assert_int_equal(rep[i].status, 200);
         assert_non_null(strstr(rep[i].body, "data: 19\n\ndata: [DONE]\n\n"));
-        curl_multi_remove_handle(m, h[i]);
-        curl_easy_cleanup(h[i]);
-        free(rep[i].body);
+        resp_free(&rep[i]);
     }
-    curl_slist_free_all(hdr);
-    curl_multi_cleanup(m);
 }
 
 static int setup(void **state)

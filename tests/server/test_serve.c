@@ -9,10 +9,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <arpa/inet.h>
 #include <curl/curl.h>
 #include <math.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,19 +31,7 @@ static json_t *post(const char *path, const char *body, long want_status)
     return j;
 }
 
-static const char *str(json_t *j, const char *path)
-{
-    // "a.b.0.c" walks objects and arrays.
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", path);
-    json_t *cur = j;
-    for (char *tok = strtok(buf, "."); tok && cur; tok = strtok(NULL, ".")) {
-        if (json_is_array(cur)) cur = json_array_get(cur, (size_t)atoi(tok));
-        else cur = json_object_get(cur, tok);
-    }
-    return json_is_string(cur) ? json_string_value(cur) : NULL;
-}
-
+// "a.b.0.c" walks objects and arrays.
 static json_t *at(json_t *j, const char *path)
 {
     char buf[256];
@@ -56,6 +42,12 @@ static json_t *at(json_t *j, const char *path)
         else cur = json_object_get(cur, tok);
     }
     return cur;
+}
+
+static const char *str(json_t *j, const char *path)
+{
+    json_t *v = at(j, path);
+    return json_is_string(v) ? json_string_value(v) : NULL;
 }
 
 static long num(json_t *j, const char *path)
@@ -524,25 +516,9 @@ static void wrong_types_for_every_parameter_are_400(void **state)
 // Raw sockets: what curl will not send.
 static int connect_raw(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)S.port)};
-    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    struct timeval tv = {.tv_sec = 30};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    int fd = client_connect_raw(S.port, 30);
+    assert_true(fd >= 0);
     return fd;
-}
-
-static size_t read_all(int fd, char *buf, size_t cap)
-{
-    size_t len = 0;
-    while (len + 1 < cap) {
-        ssize_t r = recv(fd, buf + len, cap - 1 - len, 0);
-        if (r <= 0) break;
-        len += (size_t)r;
-    }
-    buf[len] = 0;
-    return len;
 }
 
 static void malformed_http_and_slow_bodies_leave_the_server_serving(void **state)
@@ -560,7 +536,7 @@ static void malformed_http_and_slow_bodies_leave_the_server_serving(void **state
         int fd = connect_raw();
         send(fd, bad[i], strlen(bad[i]), MSG_NOSIGNAL);
         shutdown(fd, SHUT_WR);
-        size_t n = read_all(fd, buf, sizeof buf);
+        size_t n = client_read_until(fd, buf, sizeof buf, NULL);
         if (n) assert_null(strstr(buf, " 200 "));
         close(fd);
     }
@@ -577,7 +553,7 @@ static void malformed_http_and_slow_bodies_leave_the_server_serving(void **state
         assert_int_equal(send(fd, req + i, k, MSG_NOSIGNAL), (ssize_t)k);
         usleep(2000);
     }
-    read_all(fd, buf, sizeof buf);
+    client_read_until(fd, buf, sizeof buf, NULL);
     assert_non_null(strstr(buf, " 200 "));
     assert_non_null(strstr(buf, "text_completion"));
     close(fd);
@@ -663,39 +639,22 @@ static void concurrent_streams_match_their_solo_runs(void **state)
         solo_prompt[i] = num(r, "usage.prompt_tokens");
         json_decref(r);
     }
-    CURLM *m = curl_multi_init();
     CURL *h[N_LOAD];
+    struct resp rep[N_LOAD];
     char streams[N_LOAD][600];
-    FILE *sinks[N_LOAD];
-    char *bufs[N_LOAD];
-    size_t lens[N_LOAD];
-    struct curl_slist *hdr = curl_slist_append(NULL, "Content-Type: application/json");
-    char url[128];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/chat/completions", S.port);
+    static const char *const json[] = {"Content-Type: application/json", NULL};
     for (int i = 0; i < N_LOAD; i++) {
         snprintf(streams[i], sizeof streams[i], bodies[i],
                  ", \"stream\": true, \"stream_options\": {\"include_usage\": true}");
-        sinks[i] = open_memstream(&bufs[i], &lens[i]);
-        h[i] = curl_easy_init();
-        curl_easy_setopt(h[i], CURLOPT_URL, url);
-        curl_easy_setopt(h[i], CURLOPT_HTTPHEADER, hdr);
-        curl_easy_setopt(h[i], CURLOPT_POSTFIELDS, streams[i]);
-        curl_easy_setopt(h[i], CURLOPT_WRITEDATA, sinks[i]); // curl's own fwrite
-        curl_easy_setopt(h[i], CURLOPT_TIMEOUT, 300L);
-        curl_multi_add_handle(m, h[i]);
+        h[i] = client_prepare(&rep[i], S.port, "POST", "/v1/chat/completions", streams[i],
+                              strlen(streams[i]), NULL, json, 300);
     }
-    int running = 1;
-    while (running) {
-        curl_multi_perform(m, &running);
-        if (running) curl_multi_poll(m, NULL, 0, 100, NULL);
-    }
+    assert_int_equal(client_perform_all(h, N_LOAD), 0);
     for (int i = 0; i < N_LOAD; i++) {
-        long st = 0;
-        curl_easy_getinfo(h[i], CURLINFO_RESPONSE_CODE, &st);
-        assert_int_equal(st, 200);
-        fclose(sinks[i]);
+        client_finish(h[i], &rep[i]);
+        assert_int_equal(rep[i].status, 200);
         struct sse e;
-        sse_parse(bufs[i], lens[i], &e);
+        sse_parse(rep[i].body, rep[i].len, &e);
         assert_true(e.done);
         json_t *last = json_array_get(e.events, json_array_size(e.events) - 1);
         assert_int_equal(num(last, "usage.completion_tokens"), LOAD_TOKENS);
@@ -704,13 +663,9 @@ static void concurrent_streams_match_their_solo_runs(void **state)
         if (strcmp(text, solo[i])) fail_msg("request %d under load: \"%s\", alone: \"%s\"", i, text, solo[i]);
         free(text);
         json_decref(e.events);
-        free(bufs[i]);
+        resp_free(&rep[i]);
         free(solo[i]);
-        curl_multi_remove_handle(m, h[i]);
-        curl_easy_cleanup(h[i]);
     }
-    curl_slist_free_all(hdr);
-    curl_multi_cleanup(m);
     expect_idle();
 }
 
