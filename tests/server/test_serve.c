@@ -1,8 +1,9 @@
 // Pins `moeserve serve` end to end on the tiny model over loopback: response
 // and stream shapes, streamed == non-streamed, every prompt shape, n > 1,
 // logprobs, stop strings, errors naming their parameter, hostile bodies,
-// clients that hang up (KV freed), and 64 concurrent streams whose greedy
-// output equals each request run alone.
+// clients that hang up (generation seen running, then stopped, KV freed),
+// and 64 concurrent streams whose greedy output equals each request run
+// alone.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -566,8 +567,24 @@ static void malformed_http_and_slow_bodies_leave_the_server_serving(void **state
 
 // ---- hang-ups --------------------------------------------------------------------------------
 
+// generation_tokens_total on /health (the engine's counter) once it has
+// passed `above`, polled for up to 10 s; -1 when it never did.
+static long generation_above(long above)
+{
+    double end = now_s() + 10;
+    do {
+        long g = srv_health_field(&S, "generation_tokens_total");
+        if (g > above) return g;
+        usleep(1000);
+    } while (now_s() < end);
+    return -1;
+}
+
+// A stream that hangs up after `limit` bytes, noting the token counter then.
 struct abort_after {
     size_t bytes, limit;
+    long gen_before;                 // the counter before the request
+    long gen_at_hangup;              // the counter as it hung up (-1: it never rose)
 };
 
 static size_t abort_writer(char *p, size_t sz, size_t n, void *ud)
@@ -575,20 +592,26 @@ static size_t abort_writer(char *p, size_t sz, size_t n, void *ud)
     (void)p;
     struct abort_after *a = ud;
     a->bytes += sz * n;
-    return a->bytes > a->limit ? 0 : sz * n; // returning less makes curl hang up
+    if (a->bytes <= a->limit) return sz * n;
+    a->gen_at_hangup = generation_above(a->gen_before);
+    return 0; // less than given: curl hangs up
 }
 
+// Each half proves first that the request was generating (the counter rose
+// while it ran), then that it stopped: the server is idle again long before
+// the 1900 tokens asked for.
 static void clients_that_hang_up_have_their_requests_cancelled(void **state)
 {
     (void)state;
     expect_idle();
     long gen0 = srv_health_field(&S, "generation_tokens_total");
+    assert_true(gen0 >= 0);
     CURL *c = curl_easy_init();
     char url[128];
     snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/completions", S.port);
     const char *body = "{\"prompt\": \"Go on forever\", \"max_tokens\": 1900, \"temperature\": 0, "
                        "\"ignore_eos\": true, \"stream\": true}";
-    struct abort_after aa = {0, 600};
+    struct abort_after aa = {.limit = 600, .gen_before = gen0};
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, abort_writer);
@@ -596,9 +619,10 @@ static void clients_that_hang_up_have_their_requests_cancelled(void **state)
     CURLcode rc = curl_easy_perform(c);
     assert_int_equal(rc, CURLE_WRITE_ERROR);
     curl_easy_cleanup(c);
+    if (aa.gen_at_hangup < 0) fail_msg("the stream's tokens never reached generation_tokens_total");
     expect_idle();
     long gen1 = srv_health_field(&S, "generation_tokens_total");
-    // Cancelled long before 1900 tokens.
+    assert_true(gen1 >= aa.gen_at_hangup);
     assert_true(gen1 - gen0 < 1900);
 
     // Not streaming: the client gives up while the server is still generating.
@@ -609,11 +633,13 @@ static void clients_that_hang_up_have_their_requests_cancelled(void **state)
     snprintf(req, sizeof req,
              "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
              strlen(b2), b2);
-    send(fd, req, strlen(req), MSG_NOSIGNAL);
-    usleep(200000);
+    assert_int_equal(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    long started = generation_above(gen1);
+    if (started < 0) fail_msg("the request never generated a token");
     close(fd);
     expect_idle();
     long gen2 = srv_health_field(&S, "generation_tokens_total");
+    assert_true(gen2 >= started);
     assert_true(gen2 - gen1 < 1900);
 }
 
