@@ -14,15 +14,7 @@
 
 #include "base/base.h"
 #include "scheduler/metrics.h"
-
-static struct metrics *make(int ranks, int experts, int window)
-{
-    struct metrics_opts o = {.n_ranks = ranks, .n_experts = experts, .imbalance_window = window};
-    struct metrics *m;
-    char err[256];
-    assert_int_equal(metrics_create(&o, &m, err, sizeof err), 0);
-    return m;
-}
+#include "tests/metrics_fixture.h"
 
 static void snap(struct metrics *m, struct metrics_snapshot *s)
 {
@@ -51,7 +43,7 @@ static uint64_t all_buckets(const struct metrics_hist *h)
 static void a_new_object_counts_nothing(void **state)
 {
     (void)state;
-    struct metrics *m = make(2, 8, 10);
+    struct metrics *m = metrics_fixture_create(2, 8, 10);
     struct metrics_snapshot s;
     snap(m, &s);
     assert_int_equal(s.n_ranks, 2);
@@ -73,7 +65,7 @@ static void a_new_object_counts_nothing(void **state)
     assert_null(s.expert_tokens);
     metrics_destroy(m);
 
-    m = make(1, 0, 0); // dense: no expert arrays
+    m = metrics_fixture_create(1, 0, 0); // dense: no expert arrays
     snap(m, &s);
     assert_null(s.expert_tokens);
     assert_null(s.expert_held);
@@ -84,27 +76,12 @@ static void a_new_object_counts_nothing(void **state)
 static void observations_land_in_their_buckets(void **state)
 {
     (void)state;
-    struct metrics *m = make(2, 4, 10);
-    metrics_observe_first_token(m, 0.03);
-    metrics_observe_first_token(m, 3.0);
-    metrics_observe_first_token(m, 1e9);   // beyond every bound
-    metrics_observe_first_token(m, NAN);   // not observed
-    metrics_observe_inter_token(m, 0.02, 1);
-    metrics_observe_inter_token(m, 0.09, 3); // three tokens at 0.03 each
-    metrics_observe_inter_token(m, 0.5, 0);  // no tokens: nothing
-    metrics_observe_request(m, 4.0, 0.1, 0.2, 3.7);
-    metrics_observe_request(m, 1.0, -1, -1, -1); // aborted before it ran
-    uint64_t e0[4] = {5, 7, 0, 0}, e1[4] = {0, 0, 1, 3};
-    struct metrics_step st = {.seconds = 0.004, .tokens = 48, .n_ranks = 2};
-    st.rank[0].a2a_seconds = 0.001;
-    st.rank[0].expert_tokens = e0;
-    st.rank[0].expert_begin = 0;
-    st.rank[0].expert_end = 2;
-    st.rank[1].a2a_seconds = 0.0003;
-    st.rank[1].expert_tokens = e1;
-    st.rank[1].expert_begin = 2;
-    st.rank[1].expert_end = 4;
-    metrics_observe_step(m, &st);
+    struct metrics *m = metrics_fixture_create(2, 4, 10);
+    metrics_fixture_observe(m);
+    metrics_observe_first_token(m, 1e9);         // beyond every bound
+    metrics_observe_first_token(m, NAN);         // not observed
+    metrics_observe_inter_token(m, 0.5, 0);      // no tokens: nothing
+    metrics_observe_request(m, NAN, -1, -1, -1); // not observed
 
     struct metrics_snapshot s;
     snap(m, &s);
@@ -154,7 +131,7 @@ static double imbalance(struct metrics *m)
 static void imbalance_forgets_steps_older_than_the_window(void **state)
 {
     (void)state;
-    struct metrics *m = make(2, 2, 3);
+    struct metrics *m = metrics_fixture_create(2, 2, 3);
     assert_true(imbalance(m) == 0.0);
     uint64_t a[2] = {0, 0}, b[2] = {0, 0};
     struct metrics_step s = {.n_ranks = 2};
@@ -185,7 +162,7 @@ static void imbalance_forgets_steps_older_than_the_window(void **state)
 static void a_snapshot_is_a_copy(void **state)
 {
     (void)state;
-    struct metrics *m = make(1, 2, 10);
+    struct metrics *m = metrics_fixture_create(1, 2, 10);
     uint64_t e[2] = {4, 6};
     struct metrics_step st = {.seconds = 0.002, .tokens = 3, .n_ranks = 1};
     st.rank[0].expert_tokens = e;

@@ -14,16 +14,8 @@
 
 #include "scheduler/metrics.h"
 #include "server/prometheus.h"
+#include "tests/metrics_fixture.h"
 #include "tests/server/promtool.h"
-
-static struct metrics *make(int ranks, int experts, int window)
-{
-    struct metrics_opts o = {.n_ranks = ranks, .n_experts = experts, .imbalance_window = window};
-    struct metrics *m;
-    char err[256];
-    assert_int_equal(metrics_create(&o, &m, err, sizeof err), 0);
-    return m;
-}
 
 static char *render(const char *model, struct metrics *m, const struct engine_stats *st)
 {
@@ -47,7 +39,7 @@ static void assert_line(const char *text, const char *line)
 static void a_fresh_engine_renders_every_series_at_zero(void **state)
 {
     (void)state;
-    struct metrics *m = make(2, 8, 10);
+    struct metrics *m = metrics_fixture_create(2, 8, 10);
     struct engine_stats st = {0};
     st.n_ranks = 2;
     st.rank[0].kv_blocks_total = st.rank[1].kv_blocks_total = 100;
@@ -77,24 +69,8 @@ static void a_fresh_engine_renders_every_series_at_zero(void **state)
 static void observations_move_the_series(void **state)
 {
     (void)state;
-    struct metrics *m = make(2, 4, 10);
-    metrics_observe_first_token(m, 0.03);
-    metrics_observe_first_token(m, 3.0);
-    metrics_observe_inter_token(m, 0.02, 1);
-    metrics_observe_inter_token(m, 0.09, 3); // three tokens at 0.03 each
-    metrics_observe_request(m, 4.0, 0.1, 0.2, 3.7);
-    metrics_observe_request(m, 1.0, -1, -1, -1); // aborted before it ran
-    uint64_t e0[4] = {5, 7, 0, 0}, e1[4] = {0, 0, 1, 3};
-    struct metrics_step s = {.seconds = 0.004, .tokens = 48, .n_ranks = 2};
-    s.rank[0].a2a_seconds = 0.001;
-    s.rank[0].expert_tokens = e0;
-    s.rank[0].expert_begin = 0;
-    s.rank[0].expert_end = 2;
-    s.rank[1].a2a_seconds = 0.0003;
-    s.rank[1].expert_tokens = e1;
-    s.rank[1].expert_begin = 2;
-    s.rank[1].expert_end = 4;
-    metrics_observe_step(m, &s);
+    struct metrics *m = metrics_fixture_create(2, 4, 10);
+    metrics_fixture_observe(m);
     struct engine_stats st = {0};
     st.n_ranks = 2;
     st.num_running = 3;
@@ -152,7 +128,7 @@ static void observations_move_the_series(void **state)
 static void label_values_are_escaped(void **state)
 {
     (void)state;
-    struct metrics *m = make(1, 0, 0);
+    struct metrics *m = metrics_fixture_create(1, 0, 0);
     struct engine_stats st = {0};
     st.n_ranks = 1;
     char *t = render("we\"ird\\na\nme", m, &st);
