@@ -10,7 +10,10 @@ source "$here/nginx_env.sh"
 nginx_bin="${MOESERVE_NGINX:-nginx}"
 dir="$(mktemp -d /tmp/moeserve-nginx-live-XXXXXX)"
 pids=()
+traffic=""
 cleanup() {
+  # The traffic client too: on a failure its stop file never comes.
+  [ -n "$traffic" ] && kill -KILL "$traffic" 2>/dev/null
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
   [ -f "$dir/nginx.pid" ] && kill -QUIT "$(cat "$dir/nginx.pid")" 2>/dev/null
   rm -rf "$dir"
@@ -38,9 +41,14 @@ nginx_prepare "$dir" "$pn" "$pa" "$pb" || fail "nginx_prepare"
 
 node "$here/nginx_traffic.mjs" "http://127.0.0.1:$pn" 6 24 "$dir/stop" >"$dir/traffic.out" 2>&1 &
 traffic=$!
-sleep 2
+# Both servers take streams before the signal (a busy machine may need a
+# while: wait for it rather than for a fixed time).
+for _ in $(seq 600); do
+  grep -q 'POST /v1/completions 200' "$dir/a.log" && break
+  sleep 0.05
+done
 served_a_before=$(grep -c 'POST /v1/completions 200' "$dir/a.log")
-[ "$served_a_before" -gt 0 ] || fail "nginx sent nothing to server a before the SIGTERM"
+[ "$served_a_before" -gt 0 ] || fail "nginx sent nothing to server a in 30 s of traffic"
 kill -TERM "$pid_a"
 wait "$pid_a"; rc_a=$?
 [ "$rc_a" -eq 0 ] || fail "server a exited $rc_a after SIGTERM, not 0"
