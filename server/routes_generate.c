@@ -173,8 +173,9 @@ static void fill_engine_request(struct app *a, const struct oa_gen_params *g,
     s->frequency_penalty = g->frequency_penalty;
     s->repetition_penalty = g->repetition_penalty;
     s->has_seed = g->has_seed;
-    // n > 1 with a seed: each choice its own stream, all reproducible.
-    s->seed = (uint64_t)g->seed + (uint64_t)choice_in_prompt;
+    s->seed = (uint64_t)g->seed;
+    // n > 1: each choice draws its own stream under the one seed, all reproducible.
+    s->stream = (uint32_t)choice_in_prompt;
     s->logit_bias = bias;
     s->n_logit_bias = g->n_logit_bias;
     s->logprobs = g->logprobs;
