@@ -43,11 +43,6 @@ static struct jv dict_value(struct jdict *d, int type)
     return v;
 }
 
-static struct jv str_value(struct jsbuf *b)
-{
-    return jv_str(b->p ? b->p : "", b->n);
-}
-
 // Binds positional and keyword arguments to parameter names, Python style.
 // what_fmt (e.g. "filter '%.*s'") describes the callee in errors; it is only
 // formatted when there is an error to report.
@@ -162,7 +157,7 @@ static bool is_cased(uint32_t cp)
 // characters such as ß -> SS; those keep their simple mapping here).
 static int change_case(struct jrender *r, struct jstr s, int mode, struct jv *out)
 {
-    struct jsbuf b = {0};
+    struct ms_buf b = jsb_new(r);
     bool prev_cased = false, first = true, word_start = true;
     for (size_t i = 0; i < s.n;) {
         uint32_t cp;
@@ -209,7 +204,7 @@ static int change_case(struct jrender *r, struct jstr s, int mode, struct jv *ou
         if (rc) return rc;
         i += k;
     }
-    *out = str_value(&b);
+    *out = jsb_str(&b);
     return 0;
 }
 
@@ -220,7 +215,7 @@ static int replace_str(struct jrender *r, struct jstr s, struct jstr old, struct
         *out = jv_str(s.p, s.n);
         return 0;
     }
-    struct jsbuf b = {0};
+    struct ms_buf b = jsb_new(r);
     int rc = 0;
     int64_t done = 0;
     if (old.n == 0) {
@@ -239,7 +234,7 @@ static int replace_str(struct jrender *r, struct jstr s, struct jstr old, struct
         }
         if (!rc && i < s.n) rc = jsb_put(r, &b, s.p + i, s.n - i);
         if (rc) return rc;
-        *out = str_value(&b);
+        *out = jsb_str(&b);
         return 0;
     }
     size_t i = 0;
@@ -256,7 +251,7 @@ static int replace_str(struct jrender *r, struct jstr s, struct jstr old, struct
         done++;
     }
     if (rc) return rc;
-    *out = str_value(&b);
+    *out = jsb_str(&b);
     return 0;
 }
 
@@ -478,16 +473,16 @@ static int f_tojson(struct jrender *r, struct jv v, struct jcallargs *a, struct 
         o.item_sep = s.l->v[0].s;
         o.key_sep = s.l->v[1].s;
     }
-    struct jsbuf b = {0};
+    struct ms_buf b = jsb_new(r);
     if ((rc = jv_to_json(r, v, &o, &b, 0))) return rc;
-    *out = str_value(&b);
+    *out = jsb_str(&b);
     return 0;
 }
 
 // ---- %-formatting (str % args, the format filter) ------------------------------------------------
 int jb_percent_format(struct jrender *r, struct jstr fmt, struct jv args, struct jv *out)
 {
-    struct jsbuf b = {0};
+    struct ms_buf b = jsb_new(r);
     size_t argi = 0;
     bool is_tuple = args.t == JV_TUPLE;
     size_t nargs = is_tuple ? args.l->n : 1;
@@ -536,7 +531,7 @@ int jb_percent_format(struct jrender *r, struct jstr fmt, struct jv args, struct
         spec[sn] = 0;
         switch (conv) {
         case 's': case 'r': {
-            struct jsbuf t = {0};
+            struct ms_buf t = jsb_new(r);
             rc = conv == 's' ? jv_to_str(r, arg, &t) : jv_to_repr(r, arg, &t, 0);
             if (rc) break;
             // Width and precision count characters.
@@ -550,13 +545,13 @@ int jb_percent_format(struct jrender *r, struct jstr fmt, struct jv args, struct
                 for (k++; k < sn && spec[k] >= '0' && spec[k] <= '9'; k++) prec = prec * 10 + (size_t)(spec[k] - '0');
             }
             size_t bytes = 0, chars = 0;
-            while (bytes < t.n && chars < prec) {
+            while (bytes < t.len && chars < prec) {
                 uint32_t cp;
-                bytes += ju_decode(t.p + bytes, t.n - bytes, &cp);
+                bytes += ju_decode(t.data + bytes, t.len - bytes, &cp);
                 chars++;
             }
             for (size_t pad = chars; !left && pad < width && !rc; pad++) rc = jsb_putc(r, &b, ' ');
-            if (!rc) rc = jsb_put(r, &b, t.p ? t.p : "", bytes);
+            if (!rc) rc = jsb_put(r, &b, t.data, bytes);
             for (size_t pad = chars; left && pad < width && !rc; pad++) rc = jsb_putc(r, &b, ' ');
             break;
         }
@@ -588,14 +583,14 @@ int jb_percent_format(struct jrender *r, struct jstr fmt, struct jv args, struct
     }
     if (rc) return rc;
     if (is_tuple && argi < nargs) return jr_fail(r, "not all arguments converted during string formatting");
-    *out = str_value(&b);
+    *out = jsb_str(&b);
     return 0;
 }
 
 // str.format with {} / {0} / {name} fields and {{ }} escapes.
 static int str_format(struct jrender *r, struct jstr fmt, struct jcallargs *a, struct jv *out)
 {
-    struct jsbuf b = {0};
+    struct ms_buf b = jsb_new(r);
     size_t auto_idx = 0;
     int rc = 0;
     for (size_t i = 0; i < fmt.n && !rc;) {
@@ -645,7 +640,7 @@ static int str_format(struct jrender *r, struct jstr fmt, struct jcallargs *a, s
         rc = repr ? jv_to_repr(r, arg, &b, 0) : jv_to_str(r, arg, &b);
     }
     if (rc) return rc;
-    *out = str_value(&b);
+    *out = jsb_str(&b);
     return 0;
 }
 
@@ -663,7 +658,7 @@ static int m_str(struct jrender *r, const struct jfunc *f, struct jcallargs *a, 
         if (a->npos != 1 || a->nkw) return jr_fail(r, "str.join() takes exactly one argument");
         struct jlist *items;
         if ((rc = jv_iterate(r, a->pos[0], &items))) return rc;
-        struct jsbuf b = {0};
+        struct ms_buf b = jsb_new(r);
         for (size_t i = 0; i < items->n; i++) {
             if (items->v[i].t != JV_STR)
                 return jr_fail(r, "sequence item %zu: expected str instance, %s found", i,
@@ -671,7 +666,7 @@ static int m_str(struct jrender *r, const struct jfunc *f, struct jcallargs *a, 
             if (i && (rc = jsb_put(r, &b, s.p, s.n))) return rc;
             if ((rc = jsb_put(r, &b, items->v[i].s.p, items->v[i].s.n))) return rc;
         }
-        *out = str_value(&b);
+        *out = jsb_str(&b);
         return 0;
     }
     static const char *const n1[] = {"chars"};
@@ -1336,7 +1331,7 @@ static int py_float_parse(struct jstr s, double *out)
 
 static int html_escape(struct jrender *r, struct jstr s, struct jv *out)
 {
-    struct jsbuf b = {0};
+    struct ms_buf b = jsb_new(r);
     int rc = 0;
     for (size_t i = 0; i < s.n && !rc; i++) {
         switch (s.p[i]) {
@@ -1349,7 +1344,7 @@ static int html_escape(struct jrender *r, struct jstr s, struct jv *out)
         }
     }
     if (rc) return rc;
-    *out = str_value(&b);
+    *out = jsb_str(&b);
     return 0;
 }
 
@@ -1451,7 +1446,7 @@ int jb_filter(struct jrender *r, struct jstr name, struct jv v, struct jcallargs
         if (given[0] && (rc = jv_stringify(r, vals[0], &sep))) return rc;
         struct jlist *items;
         if ((rc = jv_iterate(r, v, &items))) return rc;
-        struct jsbuf b = {0};
+        struct ms_buf b = jsb_new(r);
         for (size_t i = 0; i < items->n; i++) {
             struct jv it = items->v[i];
             if (given[1] && vals[1].t != JV_NONE) {
@@ -1462,7 +1457,7 @@ int jb_filter(struct jrender *r, struct jstr name, struct jv v, struct jcallargs
             if (i && (rc = jsb_put(r, &b, sep.p, sep.n))) return rc;
             if ((rc = jv_to_str(r, it, &b))) return rc;
         }
-        *out = str_value(&b);
+        *out = jsb_str(&b);
         return 0;
     }
     if (jstr_eq(name, "first") || jstr_eq(name, "last")) {
@@ -1651,7 +1646,7 @@ int jb_filter(struct jrender *r, struct jstr name, struct jv v, struct jcallargs
         tmp[s.n + 1] = 0;
         struct jlist *lines;
         if ((rc = splitlines(r, (struct jstr){tmp, s.n + 1}, false, &lines))) return rc;
-        struct jsbuf b = {0};
+        struct ms_buf b = jsb_new(r);
         if (first) rc = jsb_put(r, &b, ind.p, ind.n);
         for (size_t i = 0; i < lines->n && !rc; i++) {
             struct jstr ln = lines->v[i].s;
@@ -1662,7 +1657,7 @@ int jb_filter(struct jrender *r, struct jstr name, struct jv v, struct jcallargs
             if (!rc) rc = jsb_put(r, &b, ln.p, ln.n);
         }
         if (rc) return rc;
-        *out = str_value(&b);
+        *out = jsb_str(&b);
         return 0;
     }
     if (jstr_eq(name, "center")) {
@@ -1678,12 +1673,12 @@ int jb_filter(struct jrender *r, struct jstr name, struct jv v, struct jcallargs
             return 0;
         }
         int64_t marg = w - len, left = marg / 2 + (marg & w & 1);
-        struct jsbuf b = {0};
+        struct ms_buf b = jsb_new(r);
         for (int64_t i = 0; i < left && !rc; i++) rc = jsb_putc(r, &b, ' ');
         if (!rc) rc = jsb_put(r, &b, s.p, s.n);
         for (int64_t i = 0; i < marg - left && !rc; i++) rc = jsb_putc(r, &b, ' ');
         if (rc) return rc;
-        *out = str_value(&b);
+        *out = jsb_str(&b);
         return 0;
     }
     if (jstr_eq(name, "wordcount")) {

@@ -138,13 +138,13 @@ static int eval_args(struct jrender *r, struct jframe *f, const struct jargs_ast
 static int capture(struct jrender *r, struct jframe *f, struct jnode *const *body, size_t n,
                    struct jv *out, int *flow)
 {
-    struct jsbuf buf = {0}, *saved = r->out;
+    struct ms_buf buf = jsb_new(r), *saved = r->out;
     r->out = &buf;
     int rc = exec_body(r, f, body, n);
     r->out = saved;
     if (rc < 0) return rc;
     if (flow) *flow = rc;
-    *out = jv_str(buf.p ? buf.p : "", buf.n);
+    *out = jsb_str(&buf);
     return 0;
 }
 
@@ -773,12 +773,12 @@ static int eval(struct jrender *r, struct jframe *f, const struct jnode *n, stru
         }
         return eval(r, f, n->b, out);
     case JN_E_CONCAT: {
-        struct jsbuf buf = {0};
+        struct ms_buf buf = jsb_new(r);
         for (size_t i = 0; i < n->nitems; i++) {
             if ((rc = eval(r, f, n->items[i], &a))) return rc;
             if ((rc = jv_to_str(r, a, &buf))) return rc;
         }
-        *out = jv_str(buf.p ? buf.p : "", buf.n);
+        *out = jsb_str(&buf);
         return 0;
     }
     case JN_E_COMPARE: {
@@ -1063,7 +1063,7 @@ int jinja_render(const struct jinja_template *t, const struct jinja_var *vars, s
     r.a = arena_create(64 * 1024);
     if (!r.a) return ms_err(err, errlen, MS_ENOMEM, "out of memory rendering the chat template");
     int rc = 0;
-    struct jsbuf buf = {0};
+    struct ms_buf buf = jsb_new(&r);
     r.out = &buf;
     r.root = frame_new(&r, NULL);
     if (!r.root) rc = MS_EINVAL;
@@ -1080,13 +1080,13 @@ int jinja_render(const struct jinja_template *t, const struct jinja_var *vars, s
     if (!rc) rc = exec_body(&r, r.root, t->body, t->nbody);
     if (rc > 0) rc = 0; // break/continue cannot leave a loop (the parser checks), but be safe
     if (!rc) {
-        *out = malloc(buf.n + 1);
+        *out = malloc(buf.len + 1);
         if (!*out) {
             rc = ms_err(err, errlen, MS_ENOMEM, "out of memory rendering the chat template");
         } else {
-            if (buf.n) memcpy(*out, buf.p, buf.n);
-            (*out)[buf.n] = 0;
-            *len = buf.n;
+            if (buf.len) memcpy(*out, buf.data, buf.len);
+            (*out)[buf.len] = 0;
+            *len = buf.len;
         }
     }
     arena_destroy(r.a);

@@ -10,6 +10,7 @@
 
 #include "api/jinja.h"
 #include "base/arena.h"
+#include "base/buf.h"
 #include "base/utf8.h"
 
 // Nesting of statements plus expressions the parser accepts; it bounds the
@@ -258,10 +259,6 @@ struct jinja_template {
 };
 
 // ---- rendering ---------------------------------------------------------------------
-struct jsbuf {
-    char *p;
-    size_t n, cap;
-};
 
 struct jvar {
     struct jstr name;
@@ -285,7 +282,8 @@ struct jrender {
     int call_depth;
     bool raised;      // err holds a raise_exception message
     struct jframe *root;
-    struct jsbuf *out; // where output goes now (captures push their own)
+    struct ms_buf *out; // where output goes now (captures push their own)
+    struct ms_buf_alloc buf_alloc; // every buffer's memory: the arena, within the memory limit
 };
 
 // Control flow out of statement execution, next to the negative MS_* errors.
@@ -298,9 +296,14 @@ int jr_fail(struct jrender *r, const char *fmt, ...) __attribute__((format(print
 int jr_nomem(struct jrender *r);
 int jr_step(struct jrender *r, uint64_t n);
 
-int jsb_put(struct jrender *r, struct jsbuf *b, const char *p, size_t n);
-int jsb_putc(struct jrender *r, struct jsbuf *b, char c);
-int jsb_printf(struct jrender *r, struct jsbuf *b, const char *fmt, ...)
+// Text buffers of a render: base/buf.h buffers whose memory comes from the
+// render's arena and whose length is capped at max_output_bytes. Make each
+// with jsb_new; append through jsb_*, which turn a refusal into the render's
+// error sentence; jsb_str is the text as a string value (no copy).
+struct ms_buf jsb_new(struct jrender *r);
+int jsb_put(struct jrender *r, struct ms_buf *b, const char *p, size_t n);
+int jsb_putc(struct jrender *r, struct ms_buf *b, char c);
+int jsb_printf(struct jrender *r, struct ms_buf *b, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 // Value constructors and helpers (jinja_value.c).
@@ -316,6 +319,10 @@ static inline struct jv jv_str(const char *p, size_t n)
     v.s.p = p;
     v.s.n = n;
     return v;
+}
+static inline struct jv jsb_str(const struct ms_buf *b)
+{
+    return jv_str(b->data ? b->data : "", b->len);
 }
 struct jv jv_undef_name(struct jstr name);
 struct jv jv_undef_attr(int objtype, struct jstr name);
@@ -341,8 +348,8 @@ int jv_compare(struct jrender *r, struct jv a, struct jv b, int *cmp, const char
 int jv_undef_fail(struct jrender *r, struct jv v);
 
 // str(v) and repr(v) as Python prints them.
-int jv_to_str(struct jrender *r, struct jv v, struct jsbuf *b);
-int jv_to_repr(struct jrender *r, struct jv v, struct jsbuf *b, int depth);
+int jv_to_str(struct jrender *r, struct jv v, struct ms_buf *b);
+int jv_to_repr(struct jrender *r, struct jv v, struct ms_buf *b, int depth);
 // str(v) as a value (no copy for strings).
 int jv_stringify(struct jrender *r, struct jv v, struct jstr *out);
 void jv_format_float(double d, char buf[40]);
@@ -354,7 +361,7 @@ struct jjson_opts {
     struct jstr indent;
     struct jstr item_sep, key_sep;
 };
-int jv_to_json(struct jrender *r, struct jv v, const struct jjson_opts *o, struct jsbuf *b,
+int jv_to_json(struct jrender *r, struct jv v, const struct jjson_opts *o, struct ms_buf *b,
                int depth);
 
 // Iterate: list/tuple items, dict keys, string characters, nothing for

@@ -51,39 +51,47 @@ int jr_step(struct jrender *r, uint64_t n)
     return 0;
 }
 
-static int jsb_reserve(struct jrender *r, struct jsbuf *b, size_t n)
+// The arena hands out a new block and keeps the old one until the render
+// ends; jr_alloc enforces the memory limit and writes its sentence.
+static void *jsb_grow(void *ctx, void *old, size_t len, size_t new_cap)
 {
-    size_t need;
-    if (ms_add_overflow(b->n, n, &need) || need > r->lim.max_output_bytes)
-        return jr_fail(r, "the rendered text exceeds %zu bytes", r->lim.max_output_bytes);
-    if (need <= b->cap) return 0;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < need) cap = cap > SIZE_MAX / 2 ? need : cap * 2;
-    char *p = jr_alloc(r, cap);
-    if (!p) return MS_EINVAL;
-    if (b->n) memcpy(p, b->p, b->n);
-    b->p = p;
-    b->cap = cap;
-    return 0;
+    char *p = jr_alloc(ctx, new_cap);
+    if (p && len) memcpy(p, old, len);
+    return p;
 }
 
-int jsb_put(struct jrender *r, struct jsbuf *b, const char *p, size_t n)
+struct ms_buf jsb_new(struct jrender *r)
+{
+    // The first buffer of a render (its output) sets the allocator up.
+    if (!r->buf_alloc.grow) r->buf_alloc = (struct ms_buf_alloc){jsb_grow, NULL, r};
+    return (struct ms_buf){.max = r->lim.max_output_bytes, .alloc = &r->buf_alloc};
+}
+
+// A buffer's refusal as the render's error (jr_alloc has already written
+// the out-of-memory one); MS_EINVAL either way, as every render failure.
+static int jsb_status(struct jrender *r, int rc)
+{
+    if (rc == MS_ETOOLONG)
+        return jr_fail(r, "the rendered text exceeds %zu bytes", r->lim.max_output_bytes);
+    if (rc == MS_EINVAL) return jr_fail(r, "formatting failed");
+    return rc ? MS_EINVAL : 0;
+}
+
+int jsb_put(struct jrender *r, struct ms_buf *b, const char *p, size_t n)
 {
     if (!n) return 0;
-    int rc = jsb_reserve(r, b, n);
-    if (rc) return rc;
-    memcpy(b->p + b->n, p, n);
-    b->n += n;
-    return 0;
+    // A cap of 0 is no cap to ms_buf; to the render it means no output at all.
+    return jsb_status(r, r->lim.max_output_bytes ? ms_buf_append(b, p, n) : MS_ETOOLONG);
 }
 
-int jsb_putc(struct jrender *r, struct jsbuf *b, char c)
+int jsb_putc(struct jrender *r, struct ms_buf *b, char c)
 {
     return jsb_put(r, b, &c, 1);
 }
 
-int jsb_printf(struct jrender *r, struct jsbuf *b, const char *fmt, ...)
+int jsb_printf(struct jrender *r, struct ms_buf *b, const char *fmt, ...)
 {
+    // Short text (nearly all of it) goes through jsb_put like any other.
     char tmp[256];
     va_list ap;
     va_start(ap, fmt);
@@ -91,13 +99,11 @@ int jsb_printf(struct jrender *r, struct jsbuf *b, const char *fmt, ...)
     va_end(ap);
     if (k < 0) return jr_fail(r, "formatting failed");
     if ((size_t)k < sizeof tmp) return jsb_put(r, b, tmp, (size_t)k);
-    int rc = jsb_reserve(r, b, (size_t)k + 1);
-    if (rc) return rc;
+    if (!r->lim.max_output_bytes) return jsb_status(r, MS_ETOOLONG);
     va_start(ap, fmt);
-    vsnprintf(b->p + b->n, (size_t)k + 1, fmt, ap);
+    int rc = ms_buf_append_vfmt(b, fmt, ap);
     va_end(ap);
-    b->n += (size_t)k;
-    return 0;
+    return jsb_status(r, rc);
 }
 
 // ---- UTF-8 --------------------------------------------------------------------------
@@ -556,7 +562,7 @@ static bool is_printable(uint32_t cp)
     }
 }
 
-static int repr_str(struct jrender *r, struct jstr s, struct jsbuf *b)
+static int repr_str(struct jrender *r, struct jstr s, struct ms_buf *b)
 {
     bool has_sq = memchr(s.p, '\'', s.n) != NULL, has_dq = memchr(s.p, '"', s.n) != NULL;
     char q = has_sq && !has_dq ? '"' : '\'';
@@ -579,7 +585,7 @@ static int repr_str(struct jrender *r, struct jstr s, struct jsbuf *b)
     return rc ? rc : jsb_putc(r, b, q);
 }
 
-int jv_to_repr(struct jrender *r, struct jv v, struct jsbuf *b, int depth)
+int jv_to_repr(struct jrender *r, struct jv v, struct ms_buf *b, int depth)
 {
     if (depth > JINJA_MAX_VALUE_DEPTH) return jr_fail(r, "a value nests too deeply to print");
     int rc = 0;
@@ -613,7 +619,7 @@ int jv_to_repr(struct jrender *r, struct jv v, struct jsbuf *b, int depth)
     }
 }
 
-int jv_to_str(struct jrender *r, struct jv v, struct jsbuf *b)
+int jv_to_str(struct jrender *r, struct jv v, struct ms_buf *b)
 {
     char num[48];
     switch (v.t) {
@@ -643,16 +649,15 @@ int jv_stringify(struct jrender *r, struct jv v, struct jstr *out)
         out->n = 0;
         return 0;
     }
-    struct jsbuf b = {0};
+    struct ms_buf b = jsb_new(r);
     int rc = jv_to_str(r, v, &b);
     if (rc) return rc;
-    out->p = b.p ? b.p : "";
-    out->n = b.n;
+    *out = jsb_str(&b).s;
     return 0;
 }
 
 // ---- json.dumps -------------------------------------------------------------------------
-static int json_str(struct jrender *r, struct jstr s, bool ascii, struct jsbuf *b)
+static int json_str(struct jrender *r, struct jstr s, bool ascii, struct ms_buf *b)
 {
     int rc = jsb_putc(r, b, '"');
     size_t run = 0; // bytes copied verbatim, flushed in one piece
@@ -695,7 +700,7 @@ static int json_str(struct jrender *r, struct jstr s, bool ascii, struct jsbuf *
     return rc ? rc : jsb_putc(r, b, '"');
 }
 
-static int json_newline(struct jrender *r, const struct jjson_opts *o, struct jsbuf *b, int level)
+static int json_newline(struct jrender *r, const struct jjson_opts *o, struct ms_buf *b, int level)
 {
     int rc = jsb_putc(r, b, '\n');
     for (int i = 0; i < level && !rc; i++) rc = jsb_put(r, b, o->indent.p, o->indent.n);
@@ -731,7 +736,7 @@ static int json_key(struct jrender *r, struct jv k, struct jstr *out)
     }
 }
 
-int jv_to_json(struct jrender *r, struct jv v, const struct jjson_opts *o, struct jsbuf *b,
+int jv_to_json(struct jrender *r, struct jv v, const struct jjson_opts *o, struct ms_buf *b,
                int depth)
 {
     if (depth > JINJA_MAX_VALUE_DEPTH) return jr_fail(r, "tojson: a value nests too deeply");

@@ -6,24 +6,24 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "base/buf.h"
 
 struct sse_parser {
-    size_t max;
     sse_on_data cb;
     void *ctx;
-    char *line;       // the line being assembled
-    size_t line_len, line_cap;
-    char *data;       // the event's data so far
-    size_t data_len, data_cap;
-    bool has_data;    // a data field was seen (even an empty one)
-    bool last_cr;     // the previous byte ended a line with \r: skip a following \n
+    struct ms_buf line; // the line being assembled (capped at max_event_bytes)
+    struct ms_buf data; // the event's data so far (capped likewise)
+    bool has_data;      // a data field was seen (even an empty one)
+    bool last_cr;       // the previous byte ended a line with \r: skip a following \n
 };
 
 struct sse_parser *sse_create(size_t max_event_bytes, sse_on_data cb, void *ctx)
 {
     struct sse_parser *p = calloc(1, sizeof *p);
     if (!p) return NULL;
-    p->max = max_event_bytes ? max_event_bytes : 1;
+    size_t max = max_event_bytes ? max_event_bytes : 1;
+    p->line.max = max;
+    p->data.max = max;
     p->cb = cb;
     p->ctx = ctx;
     return p;
@@ -32,47 +32,30 @@ struct sse_parser *sse_create(size_t max_event_bytes, sse_on_data cb, void *ctx)
 void sse_destroy(struct sse_parser *p)
 {
     if (!p) return;
-    free(p->line);
-    free(p->data);
+    ms_buf_free(&p->line);
+    ms_buf_free(&p->data);
     free(p);
 }
 
-// Appends n bytes to a growable buffer that never exceeds max (+1 for NUL).
-static int append(char **buf, size_t *len, size_t *cap, size_t max, const char *s, size_t n)
+// Appends to a capped buffer; past the cap the stream is malformed.
+static int append(struct ms_buf *b, const char *s, size_t n)
 {
-    size_t need;
-    if (ms_add_overflow(*len, n, &need) || need > max) return MS_EFORMAT;
-    if (need + 1 > *cap) {
-        size_t c = *cap ? *cap : 256;
-        while (c < need + 1) c = c > max / 2 ? max + 1 : c * 2;
-        char *b = realloc(*buf, c);
-        if (!b) return MS_ENOMEM;
-        *buf = b;
-        *cap = c;
-    }
-    memcpy(*buf + *len, s, n);
-    *len = need;
-    (*buf)[need] = 0;
-    return 0;
+    int rc = ms_buf_append(b, s, n);
+    return rc == MS_ETOOLONG ? MS_EFORMAT : rc;
 }
 
 static int dispatch(struct sse_parser *p)
 {
     if (!p->has_data) return 0;
-    int rc = 0;
-    if (!p->data) rc = append(&p->data, &p->data_len, &p->data_cap, p->max, "", 0);
-    if (!rc) rc = p->cb(p->ctx, p->data, p->data_len);
-    p->data_len = 0;
-    if (p->data) p->data[0] = 0;
+    int rc = append(&p->data, "", 0); // the callback gets a string even for empty data
+    if (!rc) rc = p->cb(p->ctx, p->data.data, p->data.len);
+    ms_buf_reset(&p->data);
     p->has_data = false;
     return rc;
 }
 
-static int end_line(struct sse_parser *p)
+static int field_line(struct sse_parser *p, const char *l, size_t n)
 {
-    const char *l = p->line ? p->line : "";
-    size_t n = p->line_len;
-    p->line_len = 0;
     if (n == 0) return dispatch(p);
     if (l[0] == ':') return 0; // comment (keep-alive pings)
     const char *colon = memchr(l, ':', n);
@@ -85,9 +68,16 @@ static int end_line(struct sse_parser *p)
         vn--;
     }
     int rc = 0;
-    if (p->has_data) rc = append(&p->data, &p->data_len, &p->data_cap, p->max, "\n", 1);
-    if (!rc) rc = append(&p->data, &p->data_len, &p->data_cap, p->max, v, vn);
+    if (p->has_data) rc = append(&p->data, "\n", 1);
+    if (!rc) rc = append(&p->data, v, vn);
     p->has_data = true;
+    return rc;
+}
+
+static int end_line(struct sse_parser *p)
+{
+    int rc = field_line(p, p->line.data ? p->line.data : "", p->line.len);
+    ms_buf_reset(&p->line);
     return rc;
 }
 
@@ -106,7 +96,7 @@ int sse_feed(struct sse_parser *p, const char *buf, size_t n)
         size_t j = i;
         while (j < n && buf[j] != '\n' && buf[j] != '\r') j++;
         if (j > i) {
-            int rc = append(&p->line, &p->line_len, &p->line_cap, p->max, buf + i, j - i);
+            int rc = append(&p->line, buf + i, j - i);
             if (rc) return rc;
         }
         if (j == n) break;
@@ -121,7 +111,7 @@ int sse_feed(struct sse_parser *p, const char *buf, size_t n)
 int sse_finish(struct sse_parser *p)
 {
     int rc = 0;
-    if (p->line_len) rc = end_line(p);
+    if (p->line.len) rc = end_line(p);
     if (!rc) rc = dispatch(p);
     return rc;
 }

@@ -5,40 +5,11 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "base/utf8.h"
 
 bool stop_utf8_valid(const char *str, size_t len)
 {
-    const unsigned char *s = (const unsigned char *)str;
-    size_t i = 0;
-    while (i < len) {
-        unsigned c = s[i];
-        size_t n;
-        uint32_t cp;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if ((c & 0xe0) == 0xc0) {
-            n = 2;
-            cp = c & 0x1f;
-        } else if ((c & 0xf0) == 0xe0) {
-            n = 3;
-            cp = c & 0x0f;
-        } else if ((c & 0xf8) == 0xf0) {
-            n = 4;
-            cp = c & 0x07;
-        } else {
-            return false;
-        }
-        if (len - i < n) return false;
-        for (size_t k = 1; k < n; k++) {
-            if ((s[i + k] & 0xc0) != 0x80) return false;
-            cp = cp << 6 | (s[i + k] & 0x3f);
-        }
-        static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
-        if (cp < min_cp[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-        i += n;
-    }
-    return true;
+    return utf8_valid_prefix((const uint8_t *)str, len) == len;
 }
 
 int stop_init(struct stop_state *s, const struct engine_stop *p, const int *eos_ids, int n_eos,
@@ -90,9 +61,8 @@ int stop_init(struct stop_state *s, const struct engine_stop *p, const int *eos_
             s->lens[i] = strlen(s->strs[i]);
             s->n_strs = i + 1;
         }
-        s->cap = 2 * STOP_MAX_STRING_BYTES + 256;
-        s->buf = malloc(s->cap);
-        if (!s->buf) goto oom;
+        // Room for a held-back tail and a chunk, so that feeding rarely allocates.
+        if (ms_buf_reserve(&s->text, 2 * STOP_MAX_STRING_BYTES + 256)) goto oom;
     }
     return 0;
 oom:
@@ -106,7 +76,7 @@ void stop_free(struct stop_state *s)
     for (int i = 0; i < s->n_strs; i++) free(s->strs[i]);
     free(s->strs);
     free(s->lens);
-    free(s->buf);
+    ms_buf_free(&s->text);
     memset(s, 0, sizeof *s);
 }
 
@@ -137,19 +107,12 @@ int stop_feed_text(struct stop_state *s, const char *text, size_t len, int *matc
         return 0;
     }
     // Bring the held-back tail of the last call to the front.
-    size_t held = s->len - s->held_off;
-    memmove(s->buf, s->buf + s->held_off, held);
-    s->len = held;
+    ms_buf_drop_front(&s->text, s->held_off);
     s->held_off = 0;
-    if (len > s->cap - s->len) {
-        size_t cap = s->len + len + 256;
-        char *nb = realloc(s->buf, cap);
-        if (!nb) return MS_ENOMEM;
-        s->buf = nb;
-        s->cap = cap;
-    }
-    memcpy(s->buf + s->len, text, len);
-    s->len += len;
+    int rc = ms_buf_append(&s->text, text, len);
+    if (rc) return rc == MS_ETOOLONG ? MS_ENOMEM : rc;
+    const char *buf = s->text.data;
+    size_t blen = s->text.len;
 
     // No stop string occurred before: held text is the longest suffix that is
     // a proper prefix of one, so any occurrence now lies within buf.
@@ -158,39 +121,39 @@ int stop_feed_text(struct stop_state *s, const char *text, size_t len, int *matc
     // split into tokens.
     size_t best = SIZE_MAX, best_end = SIZE_MAX;
     for (int i = 0; i < s->n_strs; i++) {
-        const char *p = memmem(s->buf, s->len, s->strs[i], s->lens[i]);
+        const char *p = memmem(buf, blen, s->strs[i], s->lens[i]);
         if (!p) continue;
-        size_t at = (size_t)(p - s->buf), end = at + s->lens[i];
+        size_t at = (size_t)(p - buf), end = at + s->lens[i];
         if (end < best_end || (end == best_end && at < best)) {
             best = at;
             best_end = end;
             *matched = i;
         }
     }
-    *out = s->buf;
+    *out = buf;
     if (*matched >= 0) {
         s->matched = true;
         *out_len = best;
-        s->held_off = s->len = 0;
+        s->held_off = blen; // nothing is held back any more
         return 0;
     }
     size_t hold = 0;
     for (int i = 0; i < s->n_strs; i++) {
         size_t k = s->lens[i] - 1;
-        if (k > s->len) k = s->len;
+        if (k > blen) k = blen;
         for (; k > hold; k--)
-            if (s->buf[s->len - k] == s->strs[i][0] &&
-                !memcmp(s->buf + s->len - k, s->strs[i], k))
+            if (buf[blen - k] == s->strs[i][0] &&
+                !memcmp(buf + blen - k, s->strs[i], k))
                 break;
         if (k > hold) hold = k;
     }
     // Valid text and stop strings make this a character boundary already;
     // never cut a character even if the text was not.
-    while (hold > 0 && hold < s->len &&
-           ((unsigned char)s->buf[s->len - hold] & 0xc0) == 0x80)
+    while (hold > 0 && hold < blen &&
+           ((unsigned char)buf[blen - hold] & 0xc0) == 0x80)
         hold++;
-    *out_len = s->len - hold;
-    s->held_off = s->len - hold;
+    *out_len = blen - hold;
+    s->held_off = blen - hold;
     return 0;
 }
 
@@ -201,7 +164,7 @@ void stop_flush(struct stop_state *s, const char **out, size_t *out_len)
         *out_len = 0;
         return;
     }
-    *out = s->buf + s->held_off;
-    *out_len = s->len - s->held_off;
-    s->len = s->held_off = 0;
+    *out = s->text.data + s->held_off;
+    *out_len = s->text.len - s->held_off;
+    s->held_off = s->text.len; // released: the next feed drops it
 }

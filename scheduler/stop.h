@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/buf.h"
 #include "scheduler/engine.h"
 
 #define STOP_MAX_STRINGS 64
@@ -20,10 +21,8 @@ struct stop_state {
     char **strs;      // (n_strs) NUL-terminated copies
     size_t *lens;     // (n_strs)
     int n_strs;
-    char *buf;        // held-back text followed by the newest chunk
-    size_t len;       // bytes in buf
-    size_t held_off;  // buf[held_off, len) is held back from the last call
-    size_t cap;
+    struct ms_buf text; // held-back text followed by the newest chunk
+    size_t held_off;    // text.data[held_off, text.len) is held back from the last call
     bool matched;
 };
 

@@ -47,8 +47,7 @@ struct http_request {
     char method[16];
     char *path;
     char peer[64];
-    char *body;
-    size_t len, cap;
+    struct ms_buf body;          // capped at max_body
     bool too_large, responded, dispatched;
     int status;
     double t0;
@@ -79,7 +78,7 @@ struct http_async {
     int in_gone;                 // gone() calls running on the watcher
     bool keepalive_due;
     double last_out;
-    struct http_buf out;         // streams: bytes not yet handed to MHD (connection thread only)
+    struct ms_buf out;           // streams: bytes not yet handed to MHD (connection thread only)
     size_t off;
     // watcher registration (under s->mu)
     uint64_t id;
@@ -88,32 +87,6 @@ struct http_async {
     struct http_async *prev, *next;
     atomic_int log_prompt, log_completion;
 };
-
-// ---- buffers -----------------------------------------------------------------------
-
-int http_buf_append(struct http_buf *b, const void *data, size_t n)
-{
-    size_t need;
-    if (ms_add_overflow(b->len, n, &need)) return -1;
-    if (need > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        while (cap < need)
-            if (ms_mul_overflow(cap, 2, &cap)) return -1;
-        char *p = realloc(b->data, cap);
-        if (!p) return -1;
-        b->data = p;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, data, n);
-    b->len = need;
-    return 0;
-}
-
-void http_buf_free(struct http_buf *b)
-{
-    free(b->data);
-    memset(b, 0, sizeof *b);
-}
 
 // ---- asyncs ----------------------------------------------------------------------------
 
@@ -140,7 +113,7 @@ void http_async_unref(struct http_async *a)
     if (atomic_fetch_sub(&a->refs, 1) != 1) return;
     pthread_mutex_destroy(&a->mu);
     pthread_cond_destroy(&a->cv);
-    http_buf_free(&a->out);
+    ms_buf_free(&a->out);
     free(a);
 }
 
@@ -303,8 +276,8 @@ const char *http_header(const struct http_request *r, const char *name)
 
 const char *http_body(const struct http_request *r, size_t *len)
 {
-    if (len) *len = r->len;
-    return r->body ? r->body : "";
+    if (len) *len = r->body.len;
+    return r->body.data ? r->body.data : "";
 }
 
 // ---- streams -------------------------------------------------------------------------------
@@ -320,7 +293,10 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
             if (n > max) n = max;
             memcpy(buf, a->out.data + a->off, n);
             a->off += n;
-            if (a->off == a->out.len) a->off = a->out.len = 0;
+            if (a->off == a->out.len) {
+                a->off = 0;
+                ms_buf_reset(&a->out);
+            }
             a->last_out = ms_now();
             pthread_mutex_unlock(&a->mu);
             return (ssize_t)n;
@@ -345,7 +321,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
         if (a->keepalive_due) {
             a->keepalive_due = false;
             static const char comment[] = ": keep-alive\n\n";
-            if (http_buf_append(&a->out, comment, sizeof comment - 1) == 0) continue;
+            if (ms_buf_append(&a->out, comment, sizeof comment - 1) == 0) continue;
         }
         if (atomic_load(&a->s->stopping)) {
             pthread_mutex_unlock(&a->mu);
@@ -538,27 +514,15 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         size_t n = *upload_data_size;
         *upload_data_size = 0;
         if (r->responded || r->too_large) return MHD_YES; // discarded
-        size_t need;
-        if (ms_add_overflow(r->len, n, &need) || need > s->o.max_body) {
+        // The buffer's cap is max_body; 0 would mean no cap, but here it means no body.
+        r->body.max = s->o.max_body;
+        int rc = s->o.max_body ? ms_buf_append(&r->body, upload_data, n) : MS_ETOOLONG;
+        if (rc == MS_ETOOLONG) {
             r->too_large = true;
-            free(r->body);
-            r->body = NULL;
-            r->len = r->cap = 0;
+            ms_buf_free(&r->body);
             return MHD_YES;
         }
-        if (need + 1 > r->cap) {
-            size_t cap = r->cap ? r->cap : 4096;
-            while (cap < need + 1) cap *= 2;
-            if (cap > s->o.max_body + 1) cap = s->o.max_body + 1;
-            char *p = realloc(r->body, cap);
-            if (!p) return MHD_NO;
-            r->body = p;
-            r->cap = cap;
-        }
-        memcpy(r->body + r->len, upload_data, n);
-        r->len = need;
-        r->body[r->len] = 0;
-        return MHD_YES;
+        return rc ? MHD_NO : MHD_YES;
     }
     if (r->responded) return MHD_YES;
     if (r->too_large) {
@@ -622,7 +586,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     ms_log(MS_LOG_INFO, "%s %s %s %d prompt_tokens=%d completion_tokens=%d %.3fs%s",
            r->peer[0] ? r->peer : "-", r->method, r->path, r->status, r->prompt_tokens,
            r->completion_tokens, ms_now() - r->t0, how);
-    free(r->body);
+    ms_buf_free(&r->body);
     free(r->path);
     free(r);
 }

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/buf.h"
 #include "server/http.h"
 #include "tests/server/client.h"
 
@@ -31,7 +32,7 @@ struct tctx {
     pthread_mutex_t mu;
     int refs;
     struct http_async *a;
-    struct http_buf pending;
+    struct ms_buf pending;
     bool done, gone;
     int total;
     char answer[64];
@@ -52,17 +53,17 @@ static void tctx_unref(struct tctx *t)
     pthread_mutex_unlock(&t->mu);
     if (left) return;
     http_async_unref(t->a);
-    http_buf_free(&t->pending);
+    ms_buf_free(&t->pending);
     pthread_mutex_destroy(&t->mu);
     free(t);
 }
 
-static bool t_fill(void *ctx, struct http_buf *out)
+static bool t_fill(void *ctx, struct ms_buf *out)
 {
     struct tctx *t = ctx;
     pthread_mutex_lock(&t->mu);
-    if (t->pending.len) http_buf_append(out, t->pending.data, t->pending.len);
-    t->pending.len = 0;
+    if (t->pending.len) ms_buf_append(out, t->pending.data, t->pending.len);
+    ms_buf_reset(&t->pending);
     bool done = t->done;
     pthread_mutex_unlock(&t->mu);
     return done;
@@ -154,13 +155,13 @@ static void *stream_thread(void *arg)
         int n = snprintf(line, sizeof line, "data: %d\n\n", i);
         pthread_mutex_lock(&t->mu);
         bool gone = t->gone;
-        if (!gone) http_buf_append(&t->pending, line, (size_t)n);
+        if (!gone) ms_buf_append(&t->pending, line, (size_t)n);
         pthread_mutex_unlock(&t->mu);
         if (gone) break;
         http_async_wake(t->a);
     }
     pthread_mutex_lock(&t->mu);
-    http_buf_append(&t->pending, "data: [DONE]\n\n", 14);
+    ms_buf_append(&t->pending, "data: [DONE]\n\n", 14);
     t->done = true;
     pthread_mutex_unlock(&t->mu);
     http_async_wake(t->a);
