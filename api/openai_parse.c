@@ -10,6 +10,7 @@
 
 #include "api/openai.h"
 #include "base/base.h"
+#include "base/json.h"
 
 // ---- errors ------------------------------------------------------------------
 
@@ -118,20 +119,6 @@ struct parser {
 static int oom(struct parser *p)
 {
     return oa_errorf(p->e, MS_ENOMEM, "internal_error", NULL, "out of memory parsing the request");
-}
-
-static const char *json_kind(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
 }
 
 static int type_error(struct parser *p, const char *key, const char *want, const json_t *v)

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "base/base.h"
+#include "base/json.h"
 
 // config.json of the largest real models is a few KiB; anything past this is not a config.
 #define CONFIG_MAX_FILE_BYTES (16u << 20)
@@ -39,21 +40,6 @@ size_t dtype_size(enum dtype t)
     case DTYPE_F32: return 4;
     }
     return 0;
-}
-
-static const char *json_kind(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE: return "true";
-    case JSON_FALSE: return "false";
-    case JSON_NULL: return "null";
-    }
-    return "unknown";
 }
 
 // Reads an integer field in [lo, hi]. Absent or null leaves *out untouched
