@@ -10,6 +10,7 @@
 
 #include "bench/bench.h"
 #include "base/base.h"
+#include "base/cli.h"
 #include "server/commands.h"
 
 static void usage(FILE *f)
@@ -42,30 +43,13 @@ static void usage(FILE *f)
             "  --fail-on-error             exit 1 when any request failed\n");
 }
 
-static int parse_int(const char *s, const char *flag, int lo, int *out)
+// A whole number from lo to INT_MAX for flag, into *out.
+static int int_flag(const char *flag, const char *s, int lo, int *out, char *err, size_t errlen)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno || v < lo || v > INT_MAX) {
-        fprintf(stderr, "moeserve bench: %s must be a whole number >= %d, not '%s'\n", flag, lo, s);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
-static int parse_double(const char *s, const char *flag, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || *end || errno || isnan(v) || v < 0) {
-        fprintf(stderr, "moeserve bench: %s must be a non-negative number, not '%s'\n", flag, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
+    int64_t v;
+    int rc = cli_parse_int(flag, s, lo, INT_MAX, &v, err, errlen);
+    if (!rc) *out = (int)v;
+    return rc;
 }
 
 int cmd_bench(int argc, char **argv)
@@ -99,38 +83,36 @@ int cmd_bench(int argc, char **argv)
     o.api_key = getenv("OPENAI_API_KEY");
     const char *save = NULL;
     bool progress = true, fail_on_error = false;
+    char err[1024];
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        int rc = 0;
         switch (c) {
         case 'u': o.base_url = optarg; break;
         case 'e':
-            if (strcmp(optarg, "/v1/completions") && strcmp(optarg, "/v1/chat/completions")) {
-                fprintf(stderr, "moeserve bench: --endpoint must be /v1/completions or "
-                        "/v1/chat/completions, not '%s'\n", optarg);
-                return 2;
-            }
+            if (strcmp(optarg, "/v1/completions") && strcmp(optarg, "/v1/chat/completions"))
+                rc = cli_refuse("--endpoint", optarg, "/v1/completions or /v1/chat/completions",
+                                err, sizeof err);
             o.endpoint = optarg;
             break;
         case 'm': o.model = optarg; break;
-        case 'n': if (parse_int(optarg, "--num-prompts", 1, &o.num_prompts)) return 2; break;
-        case 'c': if (parse_int(optarg, "--max-concurrency", 1, &o.max_concurrency)) return 2; break;
+        case 'n': rc = int_flag("--num-prompts", optarg, 1, &o.num_prompts, err, sizeof err); break;
+        case 'c': rc = int_flag("--max-concurrency", optarg, 1, &o.max_concurrency, err, sizeof err); break;
         case 'r':
-            if (!strcmp(optarg, "inf")) o.request_rate = INFINITY;
-            else if (parse_double(optarg, "--request-rate", &o.request_rate)) return 2;
-            if (!(o.request_rate > 0)) {
-                fprintf(stderr, "moeserve bench: --request-rate must be positive or inf\n");
-                return 2;
-            }
+            // "inf" (the default) sends every request at once.
+            if (cli_parse_double("--request-rate", optarg, 0, INFINITY, &o.request_rate, err,
+                                 sizeof err) || o.request_rate == 0)
+                rc = cli_refuse("--request-rate", optarg, "a positive number or inf", err,
+                                sizeof err);
             break;
-        case 'I': if (parse_int(optarg, "--random-input-len", 1, &o.random_input_len)) return 2; break;
-        case 'O': if (parse_int(optarg, "--random-output-len", 1, &o.random_output_len)) return 2; break;
+        case 'I': rc = int_flag("--random-input-len", optarg, 1, &o.random_input_len, err, sizeof err); break;
+        case 'O': rc = int_flag("--random-output-len", optarg, 1, &o.random_output_len, err, sizeof err); break;
         case 'R':
-            if (parse_double(optarg, "--random-range-ratio", &o.random_range_ratio)) return 2;
-            if (o.random_range_ratio >= 1) {
-                fprintf(stderr, "moeserve bench: --random-range-ratio must be below 1\n");
-                return 2;
-            }
+            if (cli_parse_double("--random-range-ratio", optarg, 0, 1, &o.random_range_ratio, err,
+                                 sizeof err) || o.random_range_ratio == 1)
+                rc = cli_refuse("--random-range-ratio", optarg, "a number >= 0 and below 1", err,
+                                sizeof err);
             break;
         case 'V': {
             char *end;
@@ -141,11 +123,9 @@ int cmd_bench(int argc, char **argv)
                 hi = strtol(end + 1, &e2, 10);
                 if (e2 == end + 1 || *e2) hi = -1;
             }
-            if (errno || lo < 0 || hi <= lo || hi > INT_MAX) {
-                fprintf(stderr, "moeserve bench: --random-vocab-range must be LO:HI with 0 <= LO < HI, "
-                        "not '%s'\n", optarg);
-                return 2;
-            }
+            if (errno || lo < 0 || hi <= lo || hi > INT_MAX)
+                rc = cli_refuse("--random-vocab-range", optarg, "LO:HI with 0 <= LO < HI", err,
+                                sizeof err);
             o.vocab_lo = (int)lo;
             o.vocab_hi = (int)hi;
             break;
@@ -153,26 +133,19 @@ int cmd_bench(int argc, char **argv)
         case 'k':
             if (!strcmp(optarg, "ids")) o.prompt_kind = BENCH_PROMPT_IDS;
             else if (!strcmp(optarg, "words")) o.prompt_kind = BENCH_PROMPT_WORDS;
-            else {
-                fprintf(stderr, "moeserve bench: --prompt-kind must be ids or words, not '%s'\n", optarg);
-                return 2;
-            }
+            else rc = cli_refuse("--prompt-kind", optarg, "ids or words", err, sizeof err);
             break;
         case 'E': o.ignore_eos = true; break;
-        case 't': if (parse_double(optarg, "--temperature", &o.temperature)) return 2; break;
-        case 's': {
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull(optarg, &end, 10);
-            if (end == optarg || *end || errno || optarg[0] == '-') {
-                fprintf(stderr, "moeserve bench: --seed must be a non-negative integer, not '%s'\n", optarg);
-                return 2;
-            }
-            o.seed = v;
+        case 't':
+            rc = cli_parse_double("--temperature", optarg, 0, INFINITY, &o.temperature, err,
+                                  sizeof err);
             break;
-        }
+        case 's': rc = cli_parse_u64("--seed", optarg, &o.seed, err, sizeof err); break;
         case 'a': o.api_key = optarg; break;
-        case 'T': if (parse_double(optarg, "--request-timeout", &o.request_timeout)) return 2; break;
+        case 'T':
+            rc = cli_parse_double("--request-timeout", optarg, 0, INFINITY, &o.request_timeout,
+                                  err, sizeof err);
+            break;
         case 'S': save = optarg; break;
         case 'N': o.initial_test = false; break;
         case 'P': progress = false; break;
@@ -180,12 +153,15 @@ int cmd_bench(int argc, char **argv)
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
+        if (rc) {
+            fprintf(stderr, "moeserve bench: %s\n", err);
+            return 2;
+        }
     }
     if (optind < argc) {
         fprintf(stderr, "moeserve bench: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    char err[1024];
     struct bench_result r;
     int rc = bench_run(&o, &r, progress ? stderr : NULL, err, sizeof err);
     if (rc) {

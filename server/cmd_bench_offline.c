@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "base/cli.h"
 #include "model/model.h"
 #include "scheduler/engine.h"
 #include "server/commands.h"
@@ -225,6 +226,7 @@ int cmd_bench_offline(int argc, char **argv)
         }
         if (rc > 0) continue;
         int64_t v;
+        rc = 0;
         if (!strcmp(a, "--json")) {
             json = true;
         } else if (a[0] == '-' && i + 1 >= argc) {
@@ -232,57 +234,35 @@ int cmd_bench_offline(int argc, char **argv)
             return 2;
         } else if (!strcmp(a, "--num-prompts") || !strcmp(a, "--input-len") ||
                    !strcmp(a, "--output-len")) {
-            if (engine_flags_parse_count(argv[i + 1], 1, 1 << 24, &v)) {
-                fprintf(stderr, "moeserve bench-offline: %s must be a positive whole number, not \"%s\"\n",
-                        a, argv[i + 1]);
-                return 2;
-            }
-            if (!strcmp(a, "--num-prompts")) n_prompts = (int)v;
-            else if (!strcmp(a, "--input-len")) input_len = (int)v;
-            else output_len = (int)v;
-            i++;
+            int *dst = !strcmp(a, "--num-prompts") ? &n_prompts
+                     : !strcmp(a, "--input-len")   ? &input_len
+                                                   : &output_len;
+            if (!(rc = cli_parse_count(a, argv[++i], 1, 1 << 24, &v, err, sizeof err)))
+                *dst = (int)v;
         } else if (!strcmp(a, "--max-concurrency")) {
             char *list = strdup(argv[++i]);
             if (!list) return 1;
             n_conc = 0;
-            for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
+            for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok && !rc;
                  tok = strtok_r(NULL, ",", &save)) {
-                if (n_conc == MAX_PASSES || engine_flags_parse_count(tok, 1, 1 << 20, &v)) {
-                    fprintf(stderr, "moeserve bench-offline: --max-concurrency takes up to %d "
-                            "positive numbers separated by commas, not \"%s\"\n", MAX_PASSES,
-                            argv[i]);
-                    free(list);
-                    return 2;
-                }
-                conc[n_conc++] = (int)v;
+                char what[64];
+                snprintf(what, sizeof what, "at most %d numbers separated by commas", MAX_PASSES);
+                if (n_conc == MAX_PASSES)
+                    rc = cli_refuse(a, argv[i], what, err, sizeof err);
+                else if (!(rc = cli_parse_count(a, tok, 1, 1 << 20, &v, err, sizeof err)))
+                    conc[n_conc++] = (int)v;
             }
             free(list);
         } else if (!strcmp(a, "--rounds")) {
-            if (engine_flags_parse_count(argv[i + 1], 1, MAX_ROUNDS, &v)) {
-                fprintf(stderr, "moeserve bench-offline: --rounds must be from 1 to %d, not \"%s\"\n",
-                        MAX_ROUNDS, argv[i + 1]);
-                return 2;
-            }
-            rounds = (int)v;
-            i++;
+            if (!(rc = cli_parse_count(a, argv[++i], 1, MAX_ROUNDS, &v, err, sizeof err)))
+                rounds = (int)v;
         } else if (!strcmp(a, "--temperature")) {
-            char *end;
-            double t = strtod(argv[i + 1], &end);
-            if (end == argv[i + 1] || *end || !(t >= 0 && t <= 100)) {
-                fprintf(stderr, "moeserve bench-offline: --temperature must be a number from 0 "
-                        "to 100, not \"%s\"\n", argv[i + 1]);
-                return 2;
-            }
-            temperature = (float)t;
-            i++;
+            double t;
+            if (!(rc = cli_parse_double(a, argv[++i], 0, 100, &t, err, sizeof err)))
+                temperature = (float)t;
         } else if (!strcmp(a, "--seed")) {
-            if (engine_flags_parse_count(argv[i + 1], 0, INT64_MAX, &v)) {
-                fprintf(stderr, "moeserve bench-offline: --seed must be a whole number, not \"%s\"\n",
-                        argv[i + 1]);
-                return 2;
-            }
-            seed = (uint64_t)v;
-            i++;
+            if (!(rc = cli_parse_count(a, argv[++i], 0, INT64_MAX, &v, err, sizeof err)))
+                seed = (uint64_t)v;
         } else if (a[0] == '-') {
             fprintf(stderr, "moeserve bench-offline: unknown option %s (see --help)\n", a);
             return 2;
@@ -290,6 +270,10 @@ int cmd_bench_offline(int argc, char **argv)
             dir = a;
         } else {
             fprintf(stderr, "moeserve bench-offline: one MODEL_DIR only (got %s and %s)\n", dir, a);
+            return 2;
+        }
+        if (rc) {
+            fprintf(stderr, "moeserve bench-offline: %s\n", err);
             return 2;
         }
     }

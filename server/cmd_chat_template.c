@@ -9,6 +9,7 @@
 
 #include "api/chat_template.h"
 #include "base/base.h"
+#include "base/cli.h"
 #include "server/commands.h"
 
 #define MAX_TEMPLATE_BYTES ((size_t)16 << 20)
@@ -216,12 +217,13 @@ int cmd_chat_template(int argc, char **argv)
         case 'b': bos = optarg; break;
         case 'e': eos = optarg; break;
         case 'r': {
-            char *end;
-            repeat = strtol(optarg, &end, 10);
-            if (*end || repeat < 1 || repeat > 100000000) {
-                fprintf(stderr, "chat-template: --repeat needs a positive count, not '%s'\n", optarg);
+            char err[256];
+            int64_t v;
+            if (cli_parse_int("--repeat", optarg, 1, 100000000, &v, err, sizeof err)) {
+                fprintf(stderr, "chat-template: %s\n", err);
                 return 2;
             }
+            repeat = (long)v;
             break;
         }
         case 'h': usage(stdout); return 0;

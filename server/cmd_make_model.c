@@ -1,6 +1,5 @@
 // cmd_make_model: `moeserve make-model` — writes a random-weight Qwen3-MoE
 // checkpoint (tiny for tests, demo for the README) in Hugging Face layout.
-#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -8,6 +7,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "base/cli.h"
 #include "model/makemodel.h"
 #include "moeserve_build.h"
 #include "server/commands.h"
@@ -46,15 +46,11 @@ int cmd_make_model(int argc, char **argv)
         case 'o': out = optarg; break;
         case 't': tok = optarg; break;
         case 'S': {
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull(optarg, &end, 10);
-            if (errno || end == optarg || *end || optarg[0] == '-') {
-                fprintf(stderr, "moeserve make-model: --seed must be a non-negative integer, "
-                        "not '%s'\n", optarg);
+            char err[256];
+            if (cli_parse_u64("--seed", optarg, &seed, err, sizeof err)) {
+                fprintf(stderr, "moeserve make-model: %s\n", err);
                 return 2;
             }
-            seed = v;
             break;
         }
         case 'h': usage(stdout); return 0;

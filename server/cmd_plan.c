@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "base/cli.h"
 #include "model/config.h"
 #include "model/planner.h"
 #include "server/commands.h"
@@ -42,34 +43,13 @@ static void usage(FILE *f)
             "  --memory-bandwidth RATE       one device's memory bandwidth (4.8TB/s)\n");
 }
 
-// vLLM's human-readable counts: 32k = 32000, 32K = 32768, m/M, g/G likewise.
-static int parse_count(const char *s, const char *flag, long long max, int *out)
+// vLLM's human-readable counts (32k = 32000, 32K = 32768), from 1 to max, for flag.
+static int count_flag(const char *flag, const char *s, int max, int *out, char *err, size_t errlen)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || v < 0) goto bad;
-    double mult = 1;
-    if (*end) {
-        switch (*end) {
-        case 'k': mult = 1e3; break;
-        case 'K': mult = 1024; break;
-        case 'm': mult = 1e6; break;
-        case 'M': mult = 1048576; break;
-        case 'g': mult = 1e9; break;
-        case 'G': mult = 1073741824.0; break;
-        default: goto bad;
-        }
-        if (end[1]) goto bad;
-    }
-    v *= mult;
-    if (v != (double)(long long)v || v < 1 || v > (double)max) goto bad;
-    *out = (int)v;
-    return 0;
-bad:
-    fprintf(stderr, "moeserve plan: %s must be a whole number from 1 to %lld (32K and 32k are fine), not '%s'\n",
-            flag, max, s);
-    return -1;
+    int64_t v;
+    int rc = cli_parse_count(flag, s, 1, max, &v, err, errlen);
+    if (!rc) *out = (int)v;
+    return rc;
 }
 
 static int parse_batches(const char *s, int *out, int *n)
@@ -180,20 +160,21 @@ int cmd_plan(int argc, char **argv)
             break;
         case 'm': rc = plan_parse_bytes(optarg, &po.device_memory, err, sizeof err); break;
         case 'K': rc = plan_parse_bytes(optarg, &po.kv_cache_bytes, err, sizeof err); break;
-        case 'u': {
-            char *end;
-            errno = 0;
-            po.memory_utilization = strtod(optarg, &end);
-            if (end == optarg || *end || errno || !(po.memory_utilization > 0 && po.memory_utilization <= 1))
-                rc = ms_err(err, sizeof err, MS_EINVAL,
-                            "--gpu-memory-utilization must be a number in (0, 1], not '%s'", optarg);
+        case 'u':
+            // A share of the device: above 0, at most all of it.
+            if (cli_parse_double("--gpu-memory-utilization", optarg, 0, 1, &po.memory_utilization,
+                                 err, sizeof err) || po.memory_utilization == 0)
+                rc = cli_refuse("--gpu-memory-utilization", optarg, "a number in (0, 1]", err,
+                                sizeof err);
             break;
-        }
-        case 'n': if (parse_count(optarg, "--devices", 4096, &devices)) return 2; break;
+        case 'n': rc = count_flag("--devices", optarg, 4096, &devices, err, sizeof err); break;
         case 'l': rc = plan_layout_parse(optarg, &only, err, sizeof err); have_layout = true; break;
-        case 'L': if (parse_count(optarg, "--max-model-len", INT_MAX, &po.max_model_len)) return 2; break;
-        case 'T': if (parse_count(optarg, "--max-num-batched-tokens", INT_MAX, &po.max_num_batched_tokens)) return 2; break;
-        case 'S': if (parse_count(optarg, "--max-num-seqs", INT_MAX, &po.max_num_seqs)) return 2; break;
+        case 'L': rc = count_flag("--max-model-len", optarg, INT_MAX, &po.max_model_len, err, sizeof err); break;
+        case 'T':
+            rc = count_flag("--max-num-batched-tokens", optarg, INT_MAX, &po.max_num_batched_tokens,
+                            err, sizeof err);
+            break;
+        case 'S': rc = count_flag("--max-num-seqs", optarg, INT_MAX, &po.max_num_seqs, err, sizeof err); break;
         case 'b': if (parse_batches(optarg, batches, &n_batches)) return 2; break;
         case 'w': rc = plan_parse_bandwidth(optarg, &po.memory_bandwidth, err, sizeof err); break;
         case 'h': usage(stdout); return 0;

@@ -1,7 +1,6 @@
 // cmd_serve: `moeserve serve MODEL_DIR` — the OpenAI-compatible server:
 // flags, start-up (listen first, 503 while loading), and the drain on
 // SIGTERM/SIGINT.
-#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -12,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/cli.h"
 #include "server/app.h"
 #include "server/commands.h"
 #include "server/engine_flags.h"
@@ -46,29 +46,8 @@ static void usage(FILE *f)
     engine_flags_usage(f);
 }
 
-static int parse_seconds(const char *flag, const char *v, double *out, char *err, size_t errlen)
-{
-    char *end;
-    errno = 0;
-    double d = strtod(v, &end);
-    if (errno || end == v || *end || !(d >= 0) || d > 1e7)
-        return ms_err(err, errlen, MS_EINVAL, "%s takes seconds (a number >= 0), got \"%s\"", flag, v);
-    *out = d;
-    return 0;
-}
-
-static int parse_int(const char *flag, const char *v, long lo, long hi, long *out, char *err,
-                     size_t errlen)
-{
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi)
-        return ms_err(err, errlen, MS_EINVAL, "%s takes a whole number from %ld to %ld, got \"%s\"",
-                      flag, lo, hi, v);
-    *out = x;
-    return 0;
-}
+// --shutdown-timeout, --sse-keepalive and --health-timeout: seconds, up to about four months.
+#define MAX_SECONDS 1e7
 
 // "--name value" or "--name=value"; returns the value or NULL (no match).
 static const char *flag_value(const char *name, int argc, char **argv, int *i, int *rc, char *err,
@@ -89,14 +68,14 @@ static const char *flag_value(const char *name, int argc, char **argv, int *i, i
 struct serve_opts {
     const char *model_dir;
     const char *host;
-    long port;
+    int64_t port;
     const char *served[MAX_SERVED];
     int n_served;
     const char *api_key;
     size_t max_body;
     double shutdown_timeout;
     bool gen_vllm;
-    long http_threads;
+    int64_t http_threads;
     double keepalive;
     double health_timeout;
     struct engine_flags ef;
@@ -127,7 +106,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
         if ((v = flag_value("--host", argc, argv, &i, &rc, err, errlen))) {
             o->host = v;
         } else if (!rc && (v = flag_value("--port", argc, argv, &i, &rc, err, errlen))) {
-            rc = parse_int("--port", v, 0, 65535, &o->port, err, errlen);
+            rc = cli_parse_int("--port", v, 0, 65535, &o->port, err, errlen);
         } else if (!rc && (v = flag_value("--served-model-name", argc, argv, &i, &rc, err, errlen))) {
             // vLLM takes several names after one flag.
             for (;;) {
@@ -141,22 +120,22 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
         } else if (!rc && (v = flag_value("--api-key", argc, argv, &i, &rc, err, errlen))) {
             o->api_key = v;
         } else if (!rc && (v = flag_value("--max-request-body", argc, argv, &i, &rc, err, errlen))) {
-            if (engine_flags_parse_bytes(v, &o->max_body) || o->max_body < 1024)
-                rc = ms_err(err, errlen, MS_EINVAL,
-                            "--max-request-body takes a size of at least 1KiB (bytes, 8MiB, 8M...), "
-                            "got \"%s\"", v);
+            rc = cli_parse_bytes("--max-request-body", v, 1024, &o->max_body, err, errlen);
         } else if (!rc && (v = flag_value("--shutdown-timeout", argc, argv, &i, &rc, err, errlen))) {
-            rc = parse_seconds("--shutdown-timeout", v, &o->shutdown_timeout, err, errlen);
+            rc = cli_parse_double("--shutdown-timeout", v, 0, MAX_SECONDS, &o->shutdown_timeout, err,
+                                  errlen);
         } else if (!rc && (v = flag_value("--generation-config", argc, argv, &i, &rc, err, errlen))) {
             if (!strcmp(v, "vllm")) o->gen_vllm = true;
             else if (!strcmp(v, "auto")) o->gen_vllm = false;
             else rc = ms_err(err, errlen, MS_EINVAL, "--generation-config takes auto or vllm, got \"%s\"", v);
         } else if (!rc && (v = flag_value("--http-threads", argc, argv, &i, &rc, err, errlen))) {
-            rc = parse_int("--http-threads", v, 1, 256, &o->http_threads, err, errlen);
+            rc = cli_parse_int("--http-threads", v, 1, 256, &o->http_threads, err, errlen);
         } else if (!rc && (v = flag_value("--sse-keepalive", argc, argv, &i, &rc, err, errlen))) {
-            rc = parse_seconds("--sse-keepalive", v, &o->keepalive, err, errlen);
+            rc = cli_parse_double("--sse-keepalive", v, 0, MAX_SECONDS, &o->keepalive, err,
+                                  errlen);
         } else if (!rc && (v = flag_value("--health-timeout", argc, argv, &i, &rc, err, errlen))) {
-            rc = parse_seconds("--health-timeout", v, &o->health_timeout, err, errlen);
+            rc = cli_parse_double("--health-timeout", v, 0, MAX_SECONDS, &o->health_timeout, err,
+                                  errlen);
         } else if (!rc && a[0] == '-' && a[1]) {
             rc = ms_err(err, errlen, MS_EINVAL, "unknown option %s (see moeserve serve --help)", a);
         } else if (!rc) {

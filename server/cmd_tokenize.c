@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "base/cli.h"
 #include "tokenizer/tokenizer.h"
 #include "server/commands.h"
 
@@ -300,6 +301,7 @@ int cmd_tokenize(int argc, char **argv)
     bool decode = false, skip = false, stream = false;
     size_t chunk = 4096;
     double seconds = 1.0;
+    char err[1024];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -314,18 +316,15 @@ int cmd_tokenize(int argc, char **argv)
         } else if (!strcmp(a, "--bench") && i + 1 < argc) {
             bench_file = argv[++i];
         } else if (!strcmp(a, "--chunk") && i + 1 < argc) {
-            char *end;
-            unsigned long long v = strtoull(argv[++i], &end, 10);
-            if (*end || v == 0 || v > (1ull << 30)) {
-                fprintf(stderr, "moeserve tokenize: --chunk wants a byte count from 1 to 2^30\n");
+            int64_t v;
+            if (cli_parse_int(a, argv[++i], 1, 1 << 30, &v, err, sizeof err)) {
+                fprintf(stderr, "moeserve tokenize: %s\n", err);
                 return 2;
             }
             chunk = (size_t)v;
         } else if (!strcmp(a, "--seconds") && i + 1 < argc) {
-            char *end;
-            seconds = strtod(argv[++i], &end);
-            if (*end || !(seconds >= 0 && seconds <= 600)) {
-                fprintf(stderr, "moeserve tokenize: --seconds wants 0 to 600\n");
+            if (cli_parse_double(a, argv[++i], 0, 600, &seconds, err, sizeof err)) {
+                fprintf(stderr, "moeserve tokenize: %s\n", err);
                 return 2;
             }
         } else if (a[0] == '-' || dir) {
@@ -341,7 +340,6 @@ int cmd_tokenize(int argc, char **argv)
         return 2;
     }
     struct tokenizer *t;
-    char err[1024];
     if (tok_load(dir, &t, err, sizeof err)) {
         fprintf(stderr, "moeserve tokenize: %s\n", err);
         return 1;

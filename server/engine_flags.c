@@ -1,13 +1,11 @@
 // engine_flags: parsing of the engine's command-line flags (see engine_flags.h).
 #include "server/engine_flags.h"
 
-#include <ctype.h>
-#include <errno.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/base.h"
+#include "base/cli.h"
 #include "model/backend_registry.h"
 
 void engine_flags_init(struct engine_flags *f)
@@ -44,86 +42,6 @@ void engine_flags_usage(FILE *out)
         "  --max-waiting-requests N      queued requests before new ones get 503 (0: no limit)\n");
 }
 
-// The value of a multiplier letter; 0 when c is not one.
-static double suffix_mult(char c, bool binary)
-{
-    static const char letters[] = "kmgt";
-    const char *p = strchr(letters, tolower((unsigned char)c));
-    if (!p || !c) return 0;
-    int e = (int)(p - letters) + 1;
-    return binary ? ldexp(1.0, 10 * e) : pow(1000.0, e);
-}
-
-// Splits "<number><suffix>" and returns the number times the multiplier.
-// bytes_units admits the B, iB and decimal-B spellings.
-static int parse_scaled(const char *s, bool bytes_units, long double *out)
-{
-    if (!s || !*s) return MS_EINVAL;
-    const char *p = s;
-    while (*p == ' ') p++;
-    if (*p == '-' || *p == '+') return MS_EINVAL; // sizes and counts are never signed
-    errno = 0;
-    char *end;
-    long double v = strtold(p, &end);
-    if (end == p || errno == ERANGE || !isfinite((double)v) || v < 0) return MS_EINVAL;
-    // strtold takes hex and inf/nan too; allow only digits, '.', and exponents.
-    for (const char *q = p; q < end; q++)
-        if (!isdigit((unsigned char)*q) && *q != '.' && *q != 'e' && *q != 'E' && *q != '+' &&
-            *q != '-')
-            return MS_EINVAL;
-    const char *u = end;
-    long double mult = 1;
-    if (*u) {
-        char c = *u;
-        bool upper = isupper((unsigned char)c);
-        if (!suffix_mult(c, true)) {
-            if (bytes_units && (!strcmp(u, "B") || !strcmp(u, "b"))) u += 1, c = 0;
-            else return MS_EINVAL;
-        }
-        if (c) {
-            u++;
-            if (!*u) {
-                mult = suffix_mult(c, upper); // K = 1024, k = 1000, as vLLM reads them
-            } else if (bytes_units && (!strcmp(u, "iB") || !strcmp(u, "ib") || !strcmp(u, "i"))) {
-                mult = suffix_mult(c, true);
-                u += strlen(u);
-            } else if (bytes_units && (!strcmp(u, "B") || !strcmp(u, "b"))) {
-                mult = suffix_mult(c, false);
-                u += 1;
-            } else {
-                return MS_EINVAL;
-            }
-        }
-        if (*u) return MS_EINVAL;
-    }
-    v *= mult;
-    // Decimal fractions such as 25.6k are not exact in binary: snap to the
-    // whole number they mean.
-    long double r = roundl(v);
-    if (fabsl(v - r) <= 1e-9L * (r > 1 ? r : 1)) v = r;
-    *out = v;
-    return 0;
-}
-
-int engine_flags_parse_bytes(const char *s, size_t *out)
-{
-    long double v;
-    if (parse_scaled(s, true, &v)) return MS_EINVAL;
-    v = floorl(v);
-    if (v > (long double)SIZE_MAX) return MS_EINVAL;
-    *out = (size_t)v;
-    return 0;
-}
-
-int engine_flags_parse_count(const char *s, int64_t lo, int64_t hi, int64_t *out)
-{
-    long double v;
-    if (parse_scaled(s, false, &v)) return MS_EINVAL;
-    if (v != floorl(v) || v < (long double)lo || v > (long double)hi) return MS_EINVAL;
-    *out = (int64_t)v;
-    return 0;
-}
-
 // Matches argv[*i] against --name, --name=value; *val is the value (or NULL
 // for a flag that takes none). Returns 1 on a match.
 static int match(const char *arg, const char *name, bool takes_value, int argc, char **argv,
@@ -157,10 +75,8 @@ static int int_value(const char *name, const char *val, int64_t lo, int64_t hi, 
                      char *err, size_t errlen)
 {
     int64_t v;
-    if (engine_flags_parse_count(val, lo, hi, &v))
-        return ms_err(err, errlen, MS_EINVAL,
-                      "%s must be a whole number from %lld to %lld (e.g. 8, 2K, 32k), not \"%s\"",
-                      name, (long long)lo, (long long)hi, val);
+    int rc = cli_parse_count(name, val, lo, hi, &v, err, errlen);
+    if (rc) return rc;
     *out = (int)v;
     return 0;
 }
@@ -218,10 +134,7 @@ int engine_flags_parse_one(struct engine_flags *f, int argc, char **argv, int *i
     if (MATCH("--kv-cache-memory", true) || MATCH("--kv-cache-memory-bytes", true)) {
         if (rc < 0) return rc;
         size_t b;
-        if (engine_flags_parse_bytes(val, &b) || b == 0)
-            return ms_err(err, errlen, MS_EINVAL,
-                          "--kv-cache-memory must be a positive size such as 4GiB, 512MiB, "
-                          "4GB or 1073741824, not \"%s\"", val);
+        if ((rc = cli_parse_bytes("--kv-cache-memory", val, 1, &b, err, errlen))) return rc;
         o->kv_cache_bytes = b;
         DONE();
     }

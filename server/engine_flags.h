@@ -34,12 +34,4 @@ void engine_flags_finish(struct engine_flags *f, const struct model_config *cfg)
 // The flags' help lines, for a command's --help.
 void engine_flags_usage(FILE *out);
 
-// "4GiB", "512MiB", "2G" (binary: an upper-case K/M/G/T alone or with iB),
-// "2g" or "2GB" (decimal), "1e9", "123": bytes. MS_EINVAL when malformed,
-// negative or beyond SIZE_MAX.
-int engine_flags_parse_bytes(const char *s, size_t *out);
-// vLLM's human-readable integers: "32K" = 32768, "32k" = 32000, "25.6k" =
-// 25600, "1M", "1m", "1G", "1g"; the result must be a whole number in [lo, hi].
-int engine_flags_parse_count(const char *s, int64_t lo, int64_t hi, int64_t *out);
-
 #endif

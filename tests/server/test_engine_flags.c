@@ -1,5 +1,6 @@
 // Pins the shared engine flag parser: vLLM's flag names, human-readable
-// sizes and counts, --no- forms, and refusals that name the flag.
+// sizes and counts (read by base/cli, pinned in tests/base/test_cli.c), --no-
+// forms, and refusals that name the flag.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -73,51 +74,9 @@ static void other_arguments_are_left_alone(void **state)
     assert_int_equal(f.opts.max_num_seqs, 256);
 }
 
-static void sizes_and_counts_read_like_vllm(void **state)
-{
-    (void)state;
-    size_t b;
-    assert_int_equal(engine_flags_parse_bytes("4GiB", &b), 0);
-    assert_true(b == 4ull << 30);
-    assert_int_equal(engine_flags_parse_bytes("4G", &b), 0);
-    assert_true(b == 4ull << 30);
-    assert_int_equal(engine_flags_parse_bytes("4GB", &b), 0);
-    assert_true(b == 4000000000ull);
-    assert_int_equal(engine_flags_parse_bytes("4g", &b), 0);
-    assert_true(b == 4000000000ull);
-    assert_int_equal(engine_flags_parse_bytes("512MiB", &b), 0);
-    assert_true(b == 512ull << 20);
-    assert_int_equal(engine_flags_parse_bytes("1e9", &b), 0);
-    assert_true(b == 1000000000ull);
-    assert_int_equal(engine_flags_parse_bytes("1.5GiB", &b), 0);
-    assert_true(b == 3ull << 29);
-    assert_int_equal(engine_flags_parse_bytes("123", &b), 0);
-    assert_true(b == 123);
-    int64_t v;
-    assert_int_equal(engine_flags_parse_count("32K", 1, 1 << 30, &v), 0);
-    assert_int_equal(v, 32768);
-    assert_int_equal(engine_flags_parse_count("32k", 1, 1 << 30, &v), 0);
-    assert_int_equal(v, 32000);
-    assert_int_equal(engine_flags_parse_count("25.6k", 1, 1 << 30, &v), 0);
-    assert_int_equal(v, 25600);
-    assert_int_equal(engine_flags_parse_count("1M", 1, 1 << 30, &v), 0);
-    assert_int_equal(v, 1 << 20);
-}
-
 static void malformed_values_are_refused(void **state)
 {
     (void)state;
-    size_t b;
-    const char *bad_bytes[] = {"", "-1", "4X", "4GiBs", "0x10", "inf", "nan", "1e400", "GiB",
-                               "4 GiB", "99999999999999999999999T"};
-    for (size_t i = 0; i < sizeof bad_bytes / sizeof *bad_bytes; i++)
-        assert_int_equal(engine_flags_parse_bytes(bad_bytes[i], &b), MS_EINVAL);
-    int64_t v;
-    const char *bad_counts[] = {"", "-3", "1.5", "3GiB", "2.5K1", "abc", "0"};
-    for (size_t i = 0; i < sizeof bad_counts / sizeof *bad_counts; i++)
-        assert_int_equal(engine_flags_parse_count(bad_counts[i], 1, 1000000, &v), MS_EINVAL);
-    assert_int_equal(engine_flags_parse_count("2M", 1, 1000000, &v), MS_EINVAL); // above hi
-
     struct engine_flags f;
     engine_flags_init(&f);
     char err[256] = "";
@@ -144,7 +103,6 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_engine_flag_is_parsed),
         cmocka_unit_test(other_arguments_are_left_alone),
-        cmocka_unit_test(sizes_and_counts_read_like_vllm),
         cmocka_unit_test(malformed_values_are_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
