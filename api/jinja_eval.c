@@ -11,8 +11,6 @@
 #include "api/jinja_impl.h"
 #include "base/base.h"
 
-int jb_percent_format(struct jrender *r, struct jstr fmt, struct jv args, struct jv *out);
-
 void jinja_limits_default(struct jinja_limits *lim)
 {
     lim->max_output_bytes = (size_t)64 << 20;

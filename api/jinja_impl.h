@@ -129,6 +129,7 @@ struct jdict {
 };
 
 struct jrender;
+struct jb_row;
 struct jcallargs {
     size_t npos;
     struct jv *pos;
@@ -144,6 +145,7 @@ struct jfunc {
     const char *name;
     jfn_t fn;
     struct jv self;
+    const struct jb_row *row; // the builtin's row in jinja_builtins.c's table
 };
 
 struct jnode;
@@ -387,7 +389,9 @@ bool ju_is_ascii(const char *p, size_t n);
 bool ju_is_space(uint32_t cp); // Python str.isspace
 size_t ju_count(const char *p, size_t n); // code points
 
-// Builtins (jinja_builtins.c).
+// Builtins (jinja_builtins.c): filters, tests, methods and globals, all
+// found in one table that also answers which names exist. A call's
+// arguments are checked against its row before the builtin runs.
 int jb_filter(struct jrender *r, struct jstr name, struct jv operand, struct jcallargs *a,
               struct jv *out);
 int jb_test(struct jrender *r, struct jstr name, struct jv operand, struct jcallargs *a,
@@ -396,9 +400,24 @@ bool jb_has_filter(struct jstr name);
 bool jb_has_test(struct jstr name);
 // A global function (range, namespace, dict, raise_exception, strftime_now...).
 bool jb_global(struct jrender *r, struct jstr name, struct jv *out);
-// obj.name for the types with methods; false when the type has no such attribute.
+// obj.name for the types with methods (str, dict, list, tuple); false when
+// the type has no such attribute.
 bool jb_method(struct jrender *r, struct jv obj, struct jstr name, struct jv *out, int *rc);
 int jb_loop_attr(struct jrender *r, struct jv loop, struct jstr name, struct jv *out);
+// str % args, as Python formats it (the format filter too).
+int jb_percent_format(struct jrender *r, struct jstr fmt, struct jv args, struct jv *out);
+
+// The table, for the tests that walk it: entry i's kind, name and, for
+// methods and attributes, the value types (1 << JV_*) that have it. False
+// past the end.
+enum jb_kind {
+    JB_FILTER,
+    JB_TEST,
+    JB_METHOD, // obj.name(...): a function bound to obj
+    JB_GLOBAL,
+    JB_ATTR,   // obj.name computed from obj (loop.index)
+};
+bool jb_entry(size_t i, int *kind, const char **name, unsigned *receivers);
 
 // Calls any callable value (evaluator: macros; builtins: functions).
 int jinja_call_value(struct jrender *r, struct jv fn, struct jcallargs *a, struct jv *out);
