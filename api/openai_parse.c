@@ -1,9 +1,12 @@
 // openai_parse: request bodies of chat, completions, tokenize and detokenize
-// to validated structs; every parameter checked for type and range.
+// to validated structs; every parameter checked for type and range. A field
+// is a row in its endpoint's table (or in the table chat and completions
+// share): its name, type, range and where the value goes.
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,30 +91,44 @@ json_t *oa_error_json(const struct oa_error *e)
 
 enum endpoint { EP_CHAT, EP_COMPLETION, EP_TOKENIZE, EP_DETOKENIZE };
 
+// Fields whose presence matters after the pass (defaults, cross-field rules,
+// required fields): the parser sets a field row's bit when the field is given
+// and not null.
+enum seen {
+    SEEN_TEMPERATURE = 1 << 0,
+    SEEN_TOP_P = 1 << 1,
+    SEEN_TOP_K = 1 << 2,
+    SEEN_MIN_P = 1 << 3,
+    SEEN_REPETITION_PENALTY = 1 << 4,
+    SEEN_MAX_TOKENS = 1 << 5,
+    SEEN_MAX_COMPLETION_TOKENS = 1 << 6,
+    SEEN_TOP_LOGPROBS = 1 << 7,
+    SEEN_BEST_OF = 1 << 8,
+    SEEN_ADD_SPECIAL_TOKENS = 1 << 9,
+    SEEN_PROMPT = 1 << 10,
+    SEEN_MESSAGES = 1 << 11,
+    SEEN_TOKENS = 1 << 12,
+};
+
 struct parser {
     enum endpoint ep;
     struct oa_error *e;
     struct arena *a;
     const struct oa_limits *lim;
+    void *req;                 // the endpoint's request struct (field rows' IN_REQUEST)
     struct oa_gen_params *gen; // NULL for tokenize/detokenize
-    const char **model;
+    unsigned seen;             // enum seen
     // Values seen in the pass, resolved against each other afterwards.
-    bool has_temperature, has_top_p, has_top_k, has_min_p, has_repetition_penalty;
-    bool has_max_tokens, has_max_completion_tokens;
     int max_tokens, max_completion_tokens;
     bool chat_logprobs;
-    bool has_top_logprobs;
     int top_logprobs;
     json_t *stream_options;
-    bool has_best_of;
-    long long best_of;
-    bool has_add_special_tokens;
+    int best_of;
     // outputs by endpoint
     struct oa_chat_request *chat;
     struct oa_completion_request *cmpl;
     struct oa_tokenize_request *tokz;
     struct oa_detokenize_request *detok;
-    bool has_prompt, has_messages, has_tokens;
     char ignored[1024];
     size_t ignored_len;
 };
@@ -202,58 +219,30 @@ static int want_token_id(struct parser *p, const char *key, json_t *v, int32_t *
     return 0;
 }
 
-// ---- fields shared by chat and completions --------------------------------------
-
-static int f_model(struct parser *p, const char *k, json_t *v)
+// An array of token ids; "what[i]" names each in errors.
+static int ids_array(struct parser *p, const char *what, json_t *arr, int32_t **ids, int *n_ids)
 {
-    return want_string(p, k, v, p->model, NULL);
-}
-
-static int f_temperature(struct parser *p, const char *k, json_t *v)
-{
-    p->has_temperature = true;
-    return want_number(p, k, v, 0, false, 2, &p->gen->temperature);
-}
-
-static int f_top_p(struct parser *p, const char *k, json_t *v)
-{
-    p->has_top_p = true;
-    return want_number(p, k, v, 0, true, 1, &p->gen->top_p);
-}
-
-static int f_top_k(struct parser *p, const char *k, json_t *v)
-{
-    long long x;
-    int rc = want_int(p, k, v, -1, INT32_MAX, &x);
-    if (rc) return rc;
-    p->has_top_k = true;
-    p->gen->top_k = x <= 0 ? 0 : (int)x; // -1 and 0 both mean off, as in vLLM
+    char key[96];
+    size_t n = json_array_size(arr);
+    if (n > INT32_MAX / 2) return oa_errorf(p->e, MS_EINVAL, "invalid_value", what, "too many ids");
+    int32_t *out = arena_calloc(p->a, n ? n : 1, sizeof *out);
+    if (!out) return oom(p);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(key, sizeof key, "%s[%zu]", what, i);
+        int rc = want_token_id(p, key, json_array_get(arr, i), &out[i]);
+        if (rc) return rc;
+    }
+    *ids = out;
+    *n_ids = (int)n;
     return 0;
 }
 
-static int f_min_p(struct parser *p, const char *k, json_t *v)
-{
-    p->has_min_p = true;
-    return want_number(p, k, v, 0, false, 1, &p->gen->min_p);
-}
+// ---- fields that need more than a type and a range ---------------------------------------
+// Each gets the key, the value (never null) and where its row says the value
+// goes (NULL when the row names no place).
 
-static int f_presence_penalty(struct parser *p, const char *k, json_t *v)
-{
-    return want_number(p, k, v, -2, false, 2, &p->gen->presence_penalty);
-}
-
-static int f_frequency_penalty(struct parser *p, const char *k, json_t *v)
-{
-    return want_number(p, k, v, -2, false, 2, &p->gen->frequency_penalty);
-}
-
-static int f_repetition_penalty(struct parser *p, const char *k, json_t *v)
-{
-    p->has_repetition_penalty = true;
-    return want_number(p, k, v, 0, true, 10, &p->gen->repetition_penalty);
-}
-
-static int f_max_tokens(struct parser *p, const char *k, json_t *v)
+// The two names of the output length, each into its own place.
+static int f_max_tokens(struct parser *p, const char *k, json_t *v, void *dst)
 {
     long long x;
     int rc = want_int(p, k, v, LLONG_MIN, LLONG_MAX, &x);
@@ -269,27 +258,22 @@ static int f_max_tokens(struct parser *p, const char *k, json_t *v)
         return oa_errorf(p->e, MS_EINVAL, "invalid_value", k, "'%s' must be at most %d, got %lld",
                          k, INT32_MAX, x);
     }
-    if (!strcmp(k, "max_completion_tokens")) {
-        p->has_max_completion_tokens = true;
-        p->max_completion_tokens = (int)x;
-    } else {
-        p->has_max_tokens = true;
-        p->max_tokens = (int)x;
-    }
+    *(int *)dst = (int)x;
     return 0;
 }
 
-static int f_n(struct parser *p, const char *k, json_t *v)
+static int f_top_k(struct parser *p, const char *k, json_t *v, void *dst)
 {
     long long x;
-    int rc = want_int(p, k, v, 1, OA_MAX_N, &x);
+    int rc = want_int(p, k, v, -1, INT32_MAX, &x);
     if (rc) return rc;
-    p->gen->n = (int)x;
+    *(int *)dst = x <= 0 ? 0 : (int)x; // -1 and 0 both mean off, as in vLLM
     return 0;
 }
 
-static int f_stop(struct parser *p, const char *k, json_t *v)
+static int f_stop(struct parser *p, const char *k, json_t *v, void *dst)
 {
+    (void)dst;
     char key[64];
     if (json_is_string(v)) {
         const char **list = arena_alloc(p->a, sizeof *list);
@@ -321,40 +305,32 @@ static int f_stop(struct parser *p, const char *k, json_t *v)
     return 0;
 }
 
-static int f_stop_token_ids(struct parser *p, const char *k, json_t *v)
+static int f_stop_token_ids(struct parser *p, const char *k, json_t *v, void *dst)
 {
-    char key[64];
+    (void)dst;
     if (!json_is_array(v)) return type_error(p, k, "an array of token ids", v);
     size_t n = json_array_size(v);
     if (n > OA_MAX_STOP_TOKEN_IDS)
         return oa_errorf(p->e, MS_EINVAL, "invalid_value", k,
                          "'stop_token_ids' may hold at most %d ids, got %zu",
                          OA_MAX_STOP_TOKEN_IDS, n);
-    int32_t *ids = arena_calloc(p->a, n ? n : 1, sizeof *ids);
-    if (!ids) return oom(p);
-    for (size_t i = 0; i < n; i++) {
-        snprintf(key, sizeof key, "stop_token_ids[%zu]", i);
-        int rc = want_token_id(p, key, json_array_get(v, i), &ids[i]);
-        if (rc) return rc;
-    }
-    p->gen->stop_token_ids = ids;
-    p->gen->n_stop_token_ids = (int)n;
-    return 0;
+    return ids_array(p, k, v, &p->gen->stop_token_ids, &p->gen->n_stop_token_ids);
 }
 
-static int f_seed(struct parser *p, const char *k, json_t *v)
+static int f_seed(struct parser *p, const char *k, json_t *v, void *dst)
 {
     long long x;
     int rc = want_int(p, k, v, LLONG_MIN, LLONG_MAX, &x);
     if (rc) return rc;
     p->gen->has_seed = true;
-    p->gen->seed = x;
+    *(int64_t *)dst = x;
     return 0;
 }
 
 // Keys are token ids written as decimal strings, as OpenAI defines them.
-static int f_logit_bias(struct parser *p, const char *k, json_t *v)
+static int f_logit_bias(struct parser *p, const char *k, json_t *v, void *dst)
 {
+    (void)dst;
     char key[96];
     if (!json_is_object(v)) return type_error(p, k, "an object of token id to bias", v);
     size_t n = json_object_size(v);
@@ -386,39 +362,16 @@ static int f_logit_bias(struct parser *p, const char *k, json_t *v)
     return 0;
 }
 
-static int f_stream(struct parser *p, const char *k, json_t *v)
-{
-    return want_bool(p, k, v, &p->gen->stream);
-}
-
-static int f_stream_options(struct parser *p, const char *k, json_t *v)
+// stream_options is read after the pass (it depends on stream); the root
+// that holds it outlives the pass.
+static int f_stream_options(struct parser *p, const char *k, json_t *v, void *dst)
 {
     if (!json_is_object(v)) return type_error(p, k, "an object", v);
-    p->stream_options = v;
+    *(json_t **)dst = v;
     return 0;
 }
 
-static int f_ignore_eos(struct parser *p, const char *k, json_t *v)
-{
-    return want_bool(p, k, v, &p->gen->ignore_eos);
-}
-
-static int f_skip_special_tokens(struct parser *p, const char *k, json_t *v)
-{
-    return want_bool(p, k, v, &p->gen->skip_special_tokens);
-}
-
-static int f_return_tokens_as_token_ids(struct parser *p, const char *k, json_t *v)
-{
-    return want_bool(p, k, v, &p->gen->return_tokens_as_token_ids);
-}
-
-static int f_user(struct parser *p, const char *k, json_t *v)
-{
-    return want_string(p, k, v, &p->gen->user, NULL);
-}
-
-static int f_request_id(struct parser *p, const char *k, json_t *v)
+static int f_request_id(struct parser *p, const char *k, json_t *v, void *dst)
 {
     const char *s;
     size_t n;
@@ -433,47 +386,8 @@ static int f_request_id(struct parser *p, const char *k, json_t *v)
             return oa_errorf(p->e, MS_EINVAL, "invalid_value", k,
                              "'request_id' may hold only printable ASCII without spaces");
     }
-    p->gen->request_id = s;
+    *(const char **)dst = s;
     return 0;
-}
-
-// chat: "logprobs": true|false and "top_logprobs": k
-static int f_chat_logprobs(struct parser *p, const char *k, json_t *v)
-{
-    return want_bool(p, k, v, &p->chat_logprobs);
-}
-
-static int f_top_logprobs(struct parser *p, const char *k, json_t *v)
-{
-    long long x;
-    int rc = want_int(p, k, v, 0, OA_MAX_LOGPROBS, &x);
-    if (rc) return rc;
-    p->has_top_logprobs = true;
-    p->top_logprobs = (int)x;
-    return 0;
-}
-
-// completions: "logprobs": k
-static int f_legacy_logprobs(struct parser *p, const char *k, json_t *v)
-{
-    long long x;
-    int rc = want_int(p, k, v, 0, OA_MAX_LOGPROBS, &x);
-    if (rc) return rc;
-    p->gen->logprobs = (int)x;
-    return 0;
-}
-
-static int f_best_of(struct parser *p, const char *k, json_t *v)
-{
-    int rc = want_int(p, k, v, 1, OA_MAX_N, &p->best_of);
-    if (rc) return rc;
-    p->has_best_of = true;
-    return 0;
-}
-
-static int f_echo(struct parser *p, const char *k, json_t *v)
-{
-    return want_bool(p, k, v, &p->cmpl->echo);
 }
 
 // ---- messages -------------------------------------------------------------------
@@ -602,65 +516,26 @@ static int parse_messages(struct parser *p, json_t *v, json_t **out)
     return 0;
 }
 
-static int f_messages(struct parser *p, const char *k, json_t *v)
+static int f_messages(struct parser *p, const char *k, json_t *v, void *dst)
 {
     (void)k;
-    p->has_messages = true;
-    json_t **dst = p->ep == EP_CHAT ? &p->chat->messages : &p->tokz->messages;
     return parse_messages(p, v, dst);
 }
 
-static int f_chat_template_kwargs(struct parser *p, const char *k, json_t *v)
+// chat_template_kwargs: an object the request keeps a reference to.
+static int f_kwargs(struct parser *p, const char *k, json_t *v, void *dst)
 {
     if (!json_is_object(v)) return type_error(p, k, "an object", v);
-    json_t **dst = p->ep == EP_CHAT ? &p->chat->chat_template_kwargs
-                                    : &p->tokz->chat_template_kwargs;
-    *dst = json_incref(v);
-    return 0;
-}
-
-static int f_add_generation_prompt(struct parser *p, const char *k, json_t *v)
-{
-    bool *dst = p->ep == EP_CHAT ? &p->chat->add_generation_prompt
-                                 : &p->tokz->add_generation_prompt;
-    return want_bool(p, k, v, dst);
-}
-
-// Our tokenizer adds what the checkpoint's post-processor says (nothing, for
-// Qwen3), so the flag is accepted in both forms.
-static int f_add_special_tokens(struct parser *p, const char *k, json_t *v)
-{
-    bool b = false;
-    int rc = want_bool(p, k, v, &b);
-    if (rc) return rc;
-    p->has_add_special_tokens = true;
-    if (p->tokz) p->tokz->add_special_tokens = b;
+    *(json_t **)dst = json_incref(v);
     return 0;
 }
 
 // ---- prompts (completions, tokenize) ---------------------------------------------
 
-static int ids_array(struct parser *p, const char *what, json_t *arr, int32_t **ids, int *n_ids)
+static int f_prompt_completion(struct parser *p, const char *k, json_t *v, void *dst)
 {
-    char key[96];
-    size_t n = json_array_size(arr);
-    if (n > INT32_MAX / 2) return oa_errorf(p->e, MS_EINVAL, "invalid_value", what, "too many ids");
-    int32_t *out = arena_calloc(p->a, n ? n : 1, sizeof *out);
-    if (!out) return oom(p);
-    for (size_t i = 0; i < n; i++) {
-        snprintf(key, sizeof key, "%s[%zu]", what, i);
-        int rc = want_token_id(p, key, json_array_get(arr, i), &out[i]);
-        if (rc) return rc;
-    }
-    *ids = out;
-    *n_ids = (int)n;
-    return 0;
-}
-
-static int f_prompt_completion(struct parser *p, const char *k, json_t *v)
-{
+    (void)dst;
     char key[64];
-    p->has_prompt = true;
     struct oa_completion_request *r = p->cmpl;
     if (json_is_string(v)) {
         r->prompts = arena_calloc(p->a, 1, sizeof *r->prompts);
@@ -714,20 +589,14 @@ static int f_prompt_completion(struct parser *p, const char *k, json_t *v)
     return 0;
 }
 
-static int f_prompt_tokenize(struct parser *p, const char *k, json_t *v)
+static int f_prompt_tokenize(struct parser *p, const char *k, json_t *v, void *dst)
 {
-    p->has_prompt = true;
-    return want_string(p, k, v, &p->tokz->prompt, &p->tokz->prompt_len);
+    return want_string(p, k, v, dst, &p->tokz->prompt_len);
 }
 
-static int f_return_token_strs(struct parser *p, const char *k, json_t *v)
+static int f_tokens(struct parser *p, const char *k, json_t *v, void *dst)
 {
-    return want_bool(p, k, v, &p->tokz->return_token_strs);
-}
-
-static int f_tokens(struct parser *p, const char *k, json_t *v)
-{
-    p->has_tokens = true;
+    (void)dst;
     if (!json_is_array(v)) return type_error(p, k, "an array of token ids", v);
     return ids_array(p, "tokens", v, &p->detok->tokens, &p->detok->n_tokens);
 }
@@ -819,89 +688,155 @@ static bool is_neutral(enum neutral n, json_t *v)
     return false;
 }
 
-typedef int (*field_fn)(struct parser *p, const char *key, json_t *v);
+typedef int (*field_fn)(struct parser *p, const char *key, json_t *v, void *dst);
+
+// What a field's value must be.
+enum field_kind {
+    FK_BOOL,   // true or false, into a bool
+    FK_NUMBER, // a number in [lo, hi] (lo itself excluded when lo_open), into a float
+    FK_INT,    // an integer in [lo, hi] (10.0 counts), into an int
+    FK_STRING, // a string, copied into the arena, into a const char *
+    FK_CUSTOM, // fn checks it and stores it
+};
+
+// Where the value goes: a member of the request's generation parameters, of
+// the endpoint's request struct, or of the parser (read after the pass); or
+// nowhere (accepted and checked only).
+enum field_home { IN_NONE, IN_GEN, IN_REQUEST, IN_PARSER };
 
 struct field {
     const char *name;
-    field_fn fn;
+    uint8_t kind;   // enum field_kind
+    uint8_t home;   // enum field_home
+    uint8_t lo_open;
+    unsigned seen;  // enum seen bits set when the field is given (not null)
+    size_t off;     // offsetof the member within home
+    double lo, hi;  // FK_NUMBER and FK_INT
+    field_fn fn;    // FK_CUSTOM
+};
+
+#define GEN(m) .home = IN_GEN, .off = offsetof(struct oa_gen_params, m)
+#define REQ(type, m) .home = IN_REQUEST, .off = offsetof(struct type, m)
+#define PARSER(m) .home = IN_PARSER, .off = offsetof(struct parser, m)
+#define SEEN(bit) .seen = (bit)
+#define BOOL_FIELD(n, ...) {.name = n, .kind = FK_BOOL, __VA_ARGS__}
+#define NUMBER_FIELD(n, l, h, ...) {.name = n, .kind = FK_NUMBER, .lo = l, .hi = h, __VA_ARGS__}
+#define INT_FIELD(n, l, h, ...) {.name = n, .kind = FK_INT, .lo = l, .hi = h, __VA_ARGS__}
+#define STRING_FIELD(n, ...) {.name = n, .kind = FK_STRING, __VA_ARGS__}
+#define CUSTOM_FIELD(n, f, ...) {.name = n, .kind = FK_CUSTOM, .fn = f, __VA_ARGS__}
+#define LO_OPEN .lo_open = 1
+
+// The sampling, stopping and output fields chat and completions share.
+static const struct field gen_fields[] = {
+    BOOL_FIELD("add_special_tokens", SEEN(SEEN_ADD_SPECIAL_TOKENS)), // accepted; see tokenize
+    NUMBER_FIELD("frequency_penalty", -2, 2, GEN(frequency_penalty)),
+    BOOL_FIELD("ignore_eos", GEN(ignore_eos)),
+    CUSTOM_FIELD("logit_bias", f_logit_bias),
+    CUSTOM_FIELD("max_tokens", f_max_tokens, PARSER(max_tokens), SEEN(SEEN_MAX_TOKENS)),
+    NUMBER_FIELD("min_p", 0, 1, GEN(min_p), SEEN(SEEN_MIN_P)),
+    INT_FIELD("n", 1, OA_MAX_N, GEN(n)),
+    NUMBER_FIELD("presence_penalty", -2, 2, GEN(presence_penalty)),
+    NUMBER_FIELD("repetition_penalty", 0, 10, LO_OPEN, GEN(repetition_penalty),
+                 SEEN(SEEN_REPETITION_PENALTY)),
+    CUSTOM_FIELD("request_id", f_request_id, GEN(request_id)),
+    BOOL_FIELD("return_tokens_as_token_ids", GEN(return_tokens_as_token_ids)),
+    CUSTOM_FIELD("seed", f_seed, GEN(seed)),
+    BOOL_FIELD("skip_special_tokens", GEN(skip_special_tokens)),
+    CUSTOM_FIELD("stop", f_stop),
+    CUSTOM_FIELD("stop_token_ids", f_stop_token_ids),
+    BOOL_FIELD("stream", GEN(stream)),
+    CUSTOM_FIELD("stream_options", f_stream_options, PARSER(stream_options)),
+    NUMBER_FIELD("temperature", 0, 2, GEN(temperature), SEEN(SEEN_TEMPERATURE)),
+    CUSTOM_FIELD("top_k", f_top_k, GEN(top_k), SEEN(SEEN_TOP_K)),
+    NUMBER_FIELD("top_p", 0, 1, LO_OPEN, GEN(top_p), SEEN(SEEN_TOP_P)),
+    STRING_FIELD("user", GEN(user)),
 };
 
 static const struct field chat_fields[] = {
-    {"add_generation_prompt", f_add_generation_prompt},
-    {"add_special_tokens", f_add_special_tokens},
-    {"chat_template_kwargs", f_chat_template_kwargs},
-    {"frequency_penalty", f_frequency_penalty},
-    {"ignore_eos", f_ignore_eos},
-    {"logit_bias", f_logit_bias},
-    {"logprobs", f_chat_logprobs},
-    {"max_completion_tokens", f_max_tokens},
-    {"max_tokens", f_max_tokens},
-    {"messages", f_messages},
-    {"min_p", f_min_p},
-    {"model", f_model},
-    {"n", f_n},
-    {"presence_penalty", f_presence_penalty},
-    {"repetition_penalty", f_repetition_penalty},
-    {"request_id", f_request_id},
-    {"return_tokens_as_token_ids", f_return_tokens_as_token_ids},
-    {"seed", f_seed},
-    {"skip_special_tokens", f_skip_special_tokens},
-    {"stop", f_stop},
-    {"stop_token_ids", f_stop_token_ids},
-    {"stream", f_stream},
-    {"stream_options", f_stream_options},
-    {"temperature", f_temperature},
-    {"top_k", f_top_k},
-    {"top_logprobs", f_top_logprobs},
-    {"top_p", f_top_p},
-    {"user", f_user},
+    BOOL_FIELD("add_generation_prompt", REQ(oa_chat_request, add_generation_prompt)),
+    CUSTOM_FIELD("chat_template_kwargs", f_kwargs, REQ(oa_chat_request, chat_template_kwargs)),
+    BOOL_FIELD("logprobs", PARSER(chat_logprobs)),
+    CUSTOM_FIELD("max_completion_tokens", f_max_tokens, PARSER(max_completion_tokens),
+                 SEEN(SEEN_MAX_COMPLETION_TOKENS)),
+    CUSTOM_FIELD("messages", f_messages, REQ(oa_chat_request, messages), SEEN(SEEN_MESSAGES)),
+    STRING_FIELD("model", REQ(oa_chat_request, model)),
+    INT_FIELD("top_logprobs", 0, OA_MAX_LOGPROBS, PARSER(top_logprobs), SEEN(SEEN_TOP_LOGPROBS)),
 };
 
 static const struct field completion_fields[] = {
-    {"add_special_tokens", f_add_special_tokens},
-    {"best_of", f_best_of},
-    {"echo", f_echo},
-    {"frequency_penalty", f_frequency_penalty},
-    {"ignore_eos", f_ignore_eos},
-    {"logit_bias", f_logit_bias},
-    {"logprobs", f_legacy_logprobs},
-    {"max_tokens", f_max_tokens},
-    {"min_p", f_min_p},
-    {"model", f_model},
-    {"n", f_n},
-    {"presence_penalty", f_presence_penalty},
-    {"prompt", f_prompt_completion},
-    {"repetition_penalty", f_repetition_penalty},
-    {"request_id", f_request_id},
-    {"return_tokens_as_token_ids", f_return_tokens_as_token_ids},
-    {"seed", f_seed},
-    {"skip_special_tokens", f_skip_special_tokens},
-    {"stop", f_stop},
-    {"stop_token_ids", f_stop_token_ids},
-    {"stream", f_stream},
-    {"stream_options", f_stream_options},
-    {"temperature", f_temperature},
-    {"top_k", f_top_k},
-    {"top_p", f_top_p},
-    {"user", f_user},
+    INT_FIELD("best_of", 1, OA_MAX_N, PARSER(best_of), SEEN(SEEN_BEST_OF)),
+    BOOL_FIELD("echo", REQ(oa_completion_request, echo)),
+    INT_FIELD("logprobs", 0, OA_MAX_LOGPROBS, GEN(logprobs)), // the legacy integer
+    STRING_FIELD("model", REQ(oa_completion_request, model)),
+    CUSTOM_FIELD("prompt", f_prompt_completion, SEEN(SEEN_PROMPT)),
 };
 
 static const struct field tokenize_fields[] = {
-    {"add_generation_prompt", f_add_generation_prompt},
-    {"add_special_tokens", f_add_special_tokens},
-    {"chat_template_kwargs", f_chat_template_kwargs},
-    {"messages", f_messages},
-    {"model", f_model},
-    {"prompt", f_prompt_tokenize},
-    {"return_token_strs", f_return_token_strs},
+    BOOL_FIELD("add_generation_prompt", REQ(oa_tokenize_request, add_generation_prompt)),
+    // Our tokenizer adds what the checkpoint's post-processor says (nothing,
+    // for Qwen3), so the flag is accepted in both forms.
+    BOOL_FIELD("add_special_tokens", REQ(oa_tokenize_request, add_special_tokens),
+               SEEN(SEEN_ADD_SPECIAL_TOKENS)),
+    CUSTOM_FIELD("chat_template_kwargs", f_kwargs, REQ(oa_tokenize_request, chat_template_kwargs)),
+    CUSTOM_FIELD("messages", f_messages, REQ(oa_tokenize_request, messages), SEEN(SEEN_MESSAGES)),
+    STRING_FIELD("model", REQ(oa_tokenize_request, model)),
+    CUSTOM_FIELD("prompt", f_prompt_tokenize, REQ(oa_tokenize_request, prompt), SEEN(SEEN_PROMPT)),
+    BOOL_FIELD("return_token_strs", REQ(oa_tokenize_request, return_token_strs)),
 };
 
 static const struct field detokenize_fields[] = {
-    {"model", f_model},
-    {"tokens", f_tokens},
+    STRING_FIELD("model", REQ(oa_detokenize_request, model)),
+    CUSTOM_FIELD("tokens", f_tokens, SEEN(SEEN_TOKENS)),
 };
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+static const struct field *find_field(const struct field *t, size_t n, const char *key)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(t[i].name, key)) return &t[i];
+    return NULL;
+}
+
+// Checks a given (non-null) field against its row and stores it.
+static int field_parse(struct parser *p, const struct field *f, const char *key, json_t *v)
+{
+    void *dst = NULL;
+    switch (f->home) {
+    case IN_GEN: dst = (char *)p->gen + f->off; break;
+    case IN_REQUEST: dst = (char *)p->req + f->off; break;
+    case IN_PARSER: dst = (char *)p + f->off; break;
+    }
+    p->seen |= f->seen;
+    int rc = 0;
+    switch (f->kind) {
+    case FK_BOOL: {
+        bool b = false;
+        rc = want_bool(p, key, v, &b);
+        if (!rc && dst) *(bool *)dst = b;
+        return rc;
+    }
+    case FK_NUMBER: {
+        float x = 0;
+        rc = want_number(p, key, v, f->lo, f->lo_open, f->hi, &x);
+        if (!rc && dst) *(float *)dst = x;
+        return rc;
+    }
+    case FK_INT: {
+        long long x = 0;
+        rc = want_int(p, key, v, (long long)f->lo, (long long)f->hi, &x);
+        if (!rc && dst) *(int *)dst = (int)x;
+        return rc;
+    }
+    case FK_STRING: {
+        const char *str = NULL;
+        rc = want_string(p, key, v, &str, NULL);
+        if (!rc && dst) *(const char **)dst = str;
+        return rc;
+    }
+    default: return f->fn(p, key, v, dst);
+    }
+}
 
 static const struct unsupported *find_unsupported(const struct unsupported *t, size_t n,
                                                   const char *key)
@@ -932,7 +867,8 @@ static void note_ignored(struct parser *p, const char *key)
     p->ignored[p->ignored_len] = 0;
 }
 
-// One pass over the body's keys: known fields to their parsers, unsupported
+// One pass over the body's keys: known fields (the endpoint's, then for chat
+// and completions the shared generation fields) to their rows, unsupported
 // ones refused unless neutral, the rest noted as ignored.
 static int parse_fields(struct parser *p, json_t *root, const struct field *fields,
                         size_t n_fields, const struct unsupported *extra, size_t n_extra)
@@ -940,15 +876,11 @@ static int parse_fields(struct parser *p, json_t *root, const struct field *fiel
     const char *key;
     json_t *v;
     json_object_foreach(root, key, v) {
-        const struct field *f = NULL;
-        for (size_t i = 0; i < n_fields; i++)
-            if (!strcmp(fields[i].name, key)) {
-                f = &fields[i];
-                break;
-            }
+        const struct field *f = find_field(fields, n_fields, key);
+        if (!f && p->gen) f = find_field(gen_fields, COUNT(gen_fields), key);
         if (f) {
             if (json_is_null(v)) continue; // null is "not given" for every optional field
-            int rc = f->fn(p, key, v);
+            int rc = field_parse(p, f, key, v);
             if (rc) return rc;
             continue;
         }
@@ -1004,16 +936,16 @@ static int gen_finish(struct parser *p)
     struct oa_gen_params *g = p->gen;
     const struct gen_defaults *d = p->lim->gen;
     if (d) {
-        if (!p->has_temperature && d->has_temperature) g->temperature = d->temperature;
-        if (!p->has_top_p && d->has_top_p) g->top_p = d->top_p;
-        if (!p->has_top_k && d->has_top_k) g->top_k = d->top_k > 0 ? d->top_k : 0;
-        if (!p->has_min_p && d->has_min_p) g->min_p = d->min_p;
-        if (!p->has_repetition_penalty && d->has_repetition_penalty)
+        if (!(p->seen & SEEN_TEMPERATURE) && d->has_temperature) g->temperature = d->temperature;
+        if (!(p->seen & SEEN_TOP_P) && d->has_top_p) g->top_p = d->top_p;
+        if (!(p->seen & SEEN_TOP_K) && d->has_top_k) g->top_k = d->top_k > 0 ? d->top_k : 0;
+        if (!(p->seen & SEEN_MIN_P) && d->has_min_p) g->min_p = d->min_p;
+        if (!(p->seen & SEEN_REPETITION_PENALTY) && d->has_repetition_penalty)
             g->repetition_penalty = d->repetition_penalty;
     }
     // max_completion_tokens is the newer name; when both come, it wins (as in vLLM).
-    if (p->has_max_completion_tokens) g->max_tokens = p->max_completion_tokens;
-    else if (p->has_max_tokens) g->max_tokens = p->max_tokens;
+    if (p->seen & SEEN_MAX_COMPLETION_TOKENS) g->max_tokens = p->max_completion_tokens;
+    else if (p->seen & SEEN_MAX_TOKENS) g->max_tokens = p->max_tokens;
 
     if (p->stream_options) {
         if (!g->stream)
@@ -1038,14 +970,15 @@ static int gen_finish(struct parser *p)
         }
     }
     if (p->ep == EP_CHAT) {
-        if (p->has_top_logprobs && !p->chat_logprobs && p->top_logprobs > 0)
+        bool has_top_logprobs = p->seen & SEEN_TOP_LOGPROBS;
+        if (has_top_logprobs && !p->chat_logprobs && p->top_logprobs > 0)
             return oa_errorf(p->e, MS_EINVAL, "invalid_value", "top_logprobs",
                              "'top_logprobs' needs 'logprobs' set to true");
-        if (p->chat_logprobs) g->logprobs = p->has_top_logprobs ? p->top_logprobs : 0;
+        if (p->chat_logprobs) g->logprobs = has_top_logprobs ? p->top_logprobs : 0;
     }
-    if (p->has_best_of && p->best_of != g->n)
+    if ((p->seen & SEEN_BEST_OF) && p->best_of != g->n)
         return oa_errorf(p->e, MS_EUNSUPPORTED, "unsupported_parameter", "best_of",
-                         "'best_of' other than n is not supported by moeserve yet (got %lld with "
+                         "'best_of' other than n is not supported by moeserve yet (got %d with "
                          "n %d)",
                          p->best_of, g->n);
     return 0;
@@ -1076,14 +1009,14 @@ int oa_parse_chat(const char *body, size_t len, const struct oa_limits *lim, str
     out->add_generation_prompt = true;
     gen_init(&out->gen);
     p.chat = out;
+    p.req = out;
     p.gen = &out->gen;
-    p.model = &out->model;
     json_t *root;
     int rc = load_root(&p, body, len, &root);
     if (rc) return rc;
     rc = parse_fields(&p, root, chat_fields, COUNT(chat_fields), unsupported_chat,
                       COUNT(unsupported_chat));
-    if (!rc && !p.has_messages)
+    if (!rc && !(p.seen & SEEN_MESSAGES))
         rc = oa_errorf(e, MS_EINVAL, "missing_required_parameter", "messages",
                        "'messages' is required");
     if (!rc) rc = gen_finish(&p);
@@ -1101,14 +1034,14 @@ int oa_parse_completion(const char *body, size_t len, const struct oa_limits *li
     memset(out, 0, sizeof *out);
     gen_init(&out->gen);
     p.cmpl = out;
+    p.req = out;
     p.gen = &out->gen;
-    p.model = &out->model;
     json_t *root;
     int rc = load_root(&p, body, len, &root);
     if (rc) return rc;
     rc = parse_fields(&p, root, completion_fields, COUNT(completion_fields),
                       unsupported_completion, COUNT(unsupported_completion));
-    if (!rc && !p.has_prompt)
+    if (!rc && !(p.seen & SEEN_PROMPT))
         rc = oa_errorf(e, MS_EINVAL, "missing_required_parameter", "prompt", "'prompt' is required");
     if (!rc) rc = gen_finish(&p);
     if (!rc) out->ignored = finish_ignored(&p);
@@ -1124,20 +1057,21 @@ int oa_parse_tokenize(const char *body, size_t len, const struct oa_limits *lim,
     memset(out, 0, sizeof *out);
     out->add_generation_prompt = true;
     p.tokz = out;
-    p.model = &out->model;
+    p.req = out;
     json_t *root;
     int rc = load_root(&p, body, len, &root);
     if (rc) return rc;
     rc = parse_fields(&p, root, tokenize_fields, COUNT(tokenize_fields), unsupported_tokenize,
                       COUNT(unsupported_tokenize));
-    if (!rc && p.has_prompt == p.has_messages)
-        rc = oa_errorf(e, MS_EINVAL, p.has_prompt ? "invalid_value" : "missing_required_parameter",
-                       p.has_prompt ? "messages" : "prompt",
+    bool has_prompt = p.seen & SEEN_PROMPT, has_messages = p.seen & SEEN_MESSAGES;
+    if (!rc && has_prompt == has_messages)
+        rc = oa_errorf(e, MS_EINVAL, has_prompt ? "invalid_value" : "missing_required_parameter",
+                       has_prompt ? "messages" : "prompt",
                        "give exactly one of 'prompt' and 'messages'");
     if (!rc) {
-        out->is_chat = p.has_messages;
+        out->is_chat = has_messages;
         // vLLM's defaults: special tokens added to a raw prompt, not to a rendered chat.
-        if (!p.has_add_special_tokens) out->add_special_tokens = !out->is_chat;
+        if (!(p.seen & SEEN_ADD_SPECIAL_TOKENS)) out->add_special_tokens = !out->is_chat;
     }
     json_decref(root);
     if (rc) oa_tokenize_request_release(out);
@@ -1151,12 +1085,12 @@ int oa_parse_detokenize(const char *body, size_t len, const struct oa_limits *li
     parser_init(&p, EP_DETOKENIZE, lim, a, e);
     memset(out, 0, sizeof *out);
     p.detok = out;
-    p.model = &out->model;
+    p.req = out;
     json_t *root;
     int rc = load_root(&p, body, len, &root);
     if (rc) return rc;
     rc = parse_fields(&p, root, detokenize_fields, COUNT(detokenize_fields), NULL, 0);
-    if (!rc && !p.has_tokens)
+    if (!rc && !(p.seen & SEEN_TOKENS))
         rc = oa_errorf(e, MS_EINVAL, "missing_required_parameter", "tokens", "'tokens' is required");
     json_decref(root);
     return rc;
