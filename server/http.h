@@ -15,17 +15,6 @@ struct http_server;
 struct http_request; // one HTTP request, valid from its handler until it completes
 struct http_async;   // a response that waits: deferred (one body later) or streamed
 
-// Streams append to the shared byte buffer (base/buf.h). struct http_buf and
-// its two calls are the names the routes (server/app.c) still use, kept
-// while app.c is split; they go once the routes call ms_buf_* themselves.
-#define http_buf ms_buf
-// 0, or -1 when the bytes could not be added (out of memory).
-static inline int http_buf_append(struct ms_buf *b, const void *data, size_t n)
-{
-    return ms_buf_append(b, data, n) ? -1 : 0;
-}
-static inline void http_buf_free(struct ms_buf *b) { ms_buf_free(b); }
-
 struct http_route {
     const char *method;          // "GET", "POST"
     const char *path;            // exact
@@ -75,7 +64,8 @@ int http_respond_error(struct http_request *r, const struct oa_error *e);
 // ---- responses that wait ----
 struct http_async_ops {
     // Streams: on an HTTP thread when the connection can take bytes; appends
-    // what is ready to out and returns true once the stream is complete.
+    // what is ready to out (the shared byte buffer, base/buf.h) and returns
+    // true once the stream is complete.
     bool (*fill)(void *ctx, struct ms_buf *out);
     // Deferred: on an HTTP thread after a wake; responds (http_respond*) when
     // the answer is ready, or returns without responding to wait on.

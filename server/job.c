@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "base/buf.h"
 
 struct job_choice {
     struct job *job;
@@ -16,7 +17,7 @@ struct job_choice {
     uint64_t engine_id;
     bool submitted, finished;
     // output so far (under job->mu while unfinished)
-    struct http_buf text;
+    struct ms_buf text;
     struct oa_token *tokens;
     int n_tokens, cap_tokens;
     const char *finish;
@@ -36,7 +37,7 @@ static void job_free(struct job *j)
 {
     for (int i = 0; i < j->n_choices; i++) {
         struct job_choice *c = &j->choices[i];
-        http_buf_free(&c->text);
+        ms_buf_free(&c->text);
         free(c->tokens);
         free(c->stop_str);
         free(c->error);
@@ -98,7 +99,7 @@ static void on_delta(void *ctx, const struct engine_delta *d)
     }
     c->got_prompt_lp = true;
     bool oom = false;
-    if (d->text_len && http_buf_append(&c->text, d->text, d->text_len)) oom = true;
+    if (d->text_len && ms_buf_append(&c->text, d->text, d->text_len)) oom = true;
     if (d->n_tokens > 0) {
         int need = c->n_tokens + d->n_tokens;
         if (need > c->cap_tokens) {
@@ -227,15 +228,15 @@ static void job_ready(void *ctx, struct http_request *r)
 
 static int dump_to_buf(const char *buf, size_t size, void *data)
 {
-    return http_buf_append(data, buf, size);
+    return ms_buf_append(data, buf, size);
 }
 
-static void sse_event(struct http_buf *out, json_t *j)
+static void sse_event(struct ms_buf *out, json_t *j)
 {
     if (!j) return;
-    http_buf_append(out, "data: ", 6);
+    ms_buf_append(out, "data: ", 6);
     json_dump_callback(j, dump_to_buf, out, JSON_COMPACT | JSON_REAL_PRECISION(9));
-    http_buf_append(out, "\n\n", 2);
+    ms_buf_append(out, "\n\n", 2);
     json_decref(j);
 }
 
@@ -255,7 +256,7 @@ struct piece {
 // it takes what each choice has not sent yet (role first, then the echoed
 // prompt, then text and tokens, then the finish), and off the lock it writes
 // those pieces as chunks, then usage and [DONE] once every choice is done.
-static bool job_fill(void *ctx, struct http_buf *out)
+static bool job_fill(void *ctx, struct ms_buf *out)
 {
     struct job *j = ctx;
     struct piece *pc = calloc((size_t)j->n_choices * 2 + 1, sizeof *pc);
@@ -353,7 +354,7 @@ static bool job_fill(void *ctx, struct http_buf *out)
         j->usage_sent = true;
         sse_event(out, oa_usage_chunk(&j->meta, j->chat ? "chat.completion.chunk" : "text_completion", &u));
     }
-    http_buf_append(out, "data: [DONE]\n\n", 14);
+    ms_buf_append(out, "data: [DONE]\n\n", 14);
     return true;
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "base/buf.h"
 
 // Label values may hold any bytes a user chose (--served-model-name):
 // backslash, double quote and newline are escaped, per the text format.
@@ -34,10 +35,11 @@ static char *escape_label(const char *s)
     return o;
 }
 
-// ---- a growing text buffer --------------------------------------------------------------------
+// ---- the page's text --------------------------------------------------------------------------
+// The shared byte buffer, with the first failure remembered so that the many
+// put calls need no checks: render reports it once at the end.
 struct buf {
-    char *p;
-    size_t len, cap;
+    struct ms_buf text;
     bool oom;
 };
 
@@ -45,28 +47,10 @@ static void put(struct buf *b, const char *fmt, ...) __attribute__((format(print
 static void put(struct buf *b, const char *fmt, ...)
 {
     if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->oom = true;
-            return;
-        }
-        if ((size_t)n < b->cap - b->len) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = b->cap * 2 + (size_t)n + 1;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    if (ms_buf_append_vfmt(&b->text, fmt, ap)) b->oom = true;
+    va_end(ap);
 }
 
 static void head(struct buf *b, const char *name, const char *type, const char *help)
@@ -113,15 +97,13 @@ int prometheus_render(const char *model_name, const struct engine_stats *st,
                       const struct metrics_snapshot *ms, char **out, size_t *len, char *err,
                       size_t errlen)
 {
-    struct buf b = {.cap = 16384};
-    b.p = malloc(b.cap);
+    struct buf b = {0};
     char *ml = escape_label(model_name ? model_name : "");
-    if (!b.p || !ml) {
-        free(b.p);
+    if (ms_buf_reserve(&b.text, 16384) || !ml) {
+        ms_buf_free(&b.text);
         free(ml);
         return ms_err(err, errlen, MS_ENOMEM, "out of memory rendering metrics");
     }
-    b.p[0] = 0;
     int nr = st->n_ranks < ms->n_ranks ? st->n_ranks : ms->n_ranks;
 
     head(&b, "num_requests_running", "gauge", "Requests in the running batches of all ranks.");
@@ -196,10 +178,9 @@ int prometheus_render(const char *model_name, const struct engine_stats *st,
     }
     free(ml);
     if (b.oom) {
-        free(b.p);
+        ms_buf_free(&b.text);
         return ms_err(err, errlen, MS_ENOMEM, "out of memory rendering metrics");
     }
-    *out = b.p;
-    *len = b.len;
+    *out = ms_buf_steal(&b.text, len);
     return 0;
 }
