@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/buf.h"
 #include "grammar/grammar.h"
 #include "model/backend_registry.h"
 #include "model/forward.h"
@@ -126,8 +127,7 @@ struct engine {
     bool thread_started;
     struct sched sched;                // the waiting queue, the running list, the plan
     bool sched_ready;
-    char *text;                        // a delta's text
-    size_t text_cap, text_len;
+    struct ms_buf text;                // a delta's text
     char *tsbuf;                       // one token's decoded text
     size_t tsbuf_cap;
     bool check_blocks;                 // MOESERVE_CHECK_BLOCKS=1: verify accounting each step
@@ -257,16 +257,7 @@ oom:
 
 static int text_append(struct engine *e, const char *p, size_t n)
 {
-    if (n > e->text_cap - e->text_len) {
-        size_t cap = e->text_len + n + 1024;
-        char *nb = realloc(e->text, cap);
-        if (!nb) return MS_ENOMEM;
-        e->text = nb;
-        e->text_cap = cap;
-    }
-    memcpy(e->text + e->text_len, p, n);
-    e->text_len += n;
-    return 0;
+    return ms_buf_append(&e->text, p, n);
 }
 
 static void seq_emit(struct engine *e, struct seq *s, const struct sample_token *tok, int n_tok,
@@ -284,8 +275,8 @@ static void seq_emit(struct engine *e, struct seq *s, const struct sample_token 
     }
     d.tokens = tok;
     d.n_tokens = n_tok;
-    d.text = e->text_len ? e->text : "";
-    d.text_len = e->text_len;
+    d.text = e->text.len ? e->text.data : "";
+    d.text_len = e->text.len;
     d.finish = fin;
     d.stop_str = stop_str;
     d.stop_id = stop_id;
@@ -330,7 +321,7 @@ static void seq_finish(struct engine *e, struct seq *s, const struct sample_toke
 
 static void seq_abort(struct engine *e, struct seq *s, const char *error)
 {
-    e->text_len = 0;
+    ms_buf_reset(&e->text);
     seq_finish(e, s, NULL, 0, FINISH_ABORT, NULL, -1, error);
 }
 
@@ -379,7 +370,7 @@ static void seq_accept_token(struct engine *e, struct seq *s)
     int32_t stop_id;
     enum engine_finish fin = stop_check_token(&s->stop, id, n_out, s->q.n_tokens,
                                               e->max_model_len, &stop_id);
-    e->text_len = 0;
+    ms_buf_reset(&e->text);
     const char *stop_str = NULL;
     int matched = -1;
     if (e->tok) {
@@ -942,9 +933,7 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
         e->tsbuf_cap = tok_stream_max_output(tok);
         e->tsbuf = malloc(e->tsbuf_cap);
     }
-    e->text_cap = 4096;
-    e->text = malloc(e->text_cap);
-    if ((tok && !e->tsbuf) || !e->text) {
+    if ((tok && !e->tsbuf) || ms_buf_reserve(&e->text, 4096)) {
         rc = ms_err(err, errlen, MS_ENOMEM, "out of memory for the engine's text buffers");
         goto fail;
     }
@@ -1028,7 +1017,7 @@ void engine_destroy(struct engine *e)
     if (e->ranks)
         for (int i = 0; i < e->n_ranks; i++) backend_destroy(e->ranks[i].b);
     free(e->ranks);
-    free(e->text);
+    ms_buf_free(&e->text);
     free(e->tsbuf);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/cli.h"
 #include "model/backend_registry.h"
 #include "model/model.h"
 #include "model/sampling.h"
@@ -70,28 +71,25 @@ struct gen_opts {
     enum load_format load_format;
 };
 
+// The shared number parsers (base/cli.h), their sentence on stderr.
 static bool parse_long(const char *flag, const char *s, long lo, long hi, long *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "moeserve generate: %s must be an integer from %ld to %ld, not '%s'\n", flag,
-                lo, hi, s);
+    char err[256];
+    int64_t v;
+    if (cli_parse_int(flag, s, lo, hi, &v, err, sizeof err)) {
+        fprintf(stderr, "moeserve generate: %s\n", err);
         return false;
     }
-    *out = v;
+    *out = (long)v;
     return true;
 }
 
 static bool parse_float(const char *flag, const char *s, double lo, double hi, float *out)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "moeserve generate: %s must be a number from %g to %g, not '%s'\n", flag, lo,
-                hi, s);
+    char err[256];
+    double v;
+    if (cli_parse_double(flag, s, lo, hi, &v, err, sizeof err)) {
+        fprintf(stderr, "moeserve generate: %s\n", err);
         return false;
     }
     *out = (float)v;
@@ -159,15 +157,11 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
             o->has_rep = true;
             break;
         case O_SEED: {
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(optarg, &end, 10);
-            if (errno || end == optarg || *end || optarg[0] == '-') {
-                fprintf(stderr, "moeserve generate: --seed must be a non-negative integer, not '%s'\n",
-                        optarg);
+            char err[256];
+            if (cli_parse_u64("--seed", optarg, &o->seed, err, sizeof err)) {
+                fprintf(stderr, "moeserve generate: %s\n", err);
                 return 2;
             }
-            o->seed = s;
             o->has_seed = true;
             break;
         }
