@@ -12,6 +12,7 @@
 
 #include "base/arena.h"
 #include "model/config.h"
+#include "model/sampling.h"
 #include "tokenizer/tokenizer.h"
 
 #define OA_MAX_LOGPROBS 20      // top_logprobs / logprobs at most (vLLM's max_logprobs)
@@ -56,25 +57,15 @@ struct oa_limits {
     int max_model_len;              // for messages that quote it; 0 when unknown
 };
 
-struct oa_logit_bias {
-    int32_t id;
-    float bias;                     // [-100, 100]
-};
-
 // Sampling, stopping and output options shared by chat and completions,
-// resolved: a value the request omitted holds its default.
+// resolved: a value the request omitted holds its default (the checkpoint's
+// generation_config.json where it has one, merged by
+// sampling_params_merge_defaults).
 struct oa_gen_params {
-    float temperature;              // [0, 2]; 0 greedy
-    float top_p;                    // (0, 1]
-    int top_k;                      // 0 off, else >= 1
-    float min_p;                    // [0, 1]
-    float presence_penalty;         // [-2, 2]
-    float frequency_penalty;        // [-2, 2]
-    float repetition_penalty;       // (0, 10]; 1 off
-    bool has_seed;
-    int64_t seed;
-    struct oa_logit_bias *logit_bias; // (n_logit_bias)
-    int n_logit_bias;
+    // temperature, top_p, top_k, min_p, the penalties, the seed and
+    // logit_bias, ranges as model/sampling.h checks them; logprobs and
+    // prompt_logprobs there are left to the route (see logprobs below).
+    struct sampling_params sampling;
 
     int max_tokens;                 // 0: not given (the room left in the context)
     const char **stop;              // (n_stop) non-empty strings

@@ -322,8 +322,8 @@ static int f_seed(struct parser *p, const char *k, json_t *v, void *dst)
     long long x;
     int rc = want_int(p, k, v, LLONG_MIN, LLONG_MAX, &x);
     if (rc) return rc;
-    p->gen->has_seed = true;
-    *(int64_t *)dst = x;
+    p->gen->sampling.has_seed = true;
+    *(uint64_t *)dst = (uint64_t)x;
     return 0;
 }
 
@@ -337,7 +337,7 @@ static int f_logit_bias(struct parser *p, const char *k, json_t *v, void *dst)
     if (n > OA_MAX_LOGIT_BIAS)
         return oa_errorf(p->e, MS_EINVAL, "invalid_value", k,
                          "'logit_bias' may hold at most %d entries, got %zu", OA_MAX_LOGIT_BIAS, n);
-    struct oa_logit_bias *lb = arena_calloc(p->a, n ? n : 1, sizeof *lb);
+    struct sampling_logit_bias *lb = arena_calloc(p->a, n ? n : 1, sizeof *lb);
     if (!lb) return oom(p);
     const char *tk;
     json_t *tv;
@@ -357,8 +357,8 @@ static int f_logit_bias(struct parser *p, const char *k, json_t *v, void *dst)
         if (rc) return rc;
         i++;
     }
-    p->gen->logit_bias = lb;
-    p->gen->n_logit_bias = (int)n;
+    p->gen->sampling.logit_bias = lb;
+    p->gen->sampling.n_logit_bias = (int)n;
     return 0;
 }
 
@@ -694,6 +694,7 @@ typedef int (*field_fn)(struct parser *p, const char *key, json_t *v, void *dst)
 enum field_kind {
     FK_BOOL,   // true or false, into a bool
     FK_NUMBER, // a number in [lo, hi] (lo itself excluded when lo_open), into a float
+    FK_SAMPLING, // a number in the range model/sampling.h gives its name, into a float
     FK_INT,    // an integer in [lo, hi] (10.0 counts), into an int
     FK_STRING, // a string, copied into the arena, into a const char *
     FK_CUSTOM, // fn checks it and stores it
@@ -721,6 +722,7 @@ struct field {
 #define SEEN(bit) .seen = (bit)
 #define BOOL_FIELD(n, ...) {.name = n, .kind = FK_BOOL, __VA_ARGS__}
 #define NUMBER_FIELD(n, l, h, ...) {.name = n, .kind = FK_NUMBER, .lo = l, .hi = h, __VA_ARGS__}
+#define SAMPLING_FIELD(n, ...) {.name = n, .kind = FK_SAMPLING, __VA_ARGS__}
 #define INT_FIELD(n, l, h, ...) {.name = n, .kind = FK_INT, .lo = l, .hi = h, __VA_ARGS__}
 #define STRING_FIELD(n, ...) {.name = n, .kind = FK_STRING, __VA_ARGS__}
 #define CUSTOM_FIELD(n, f, ...) {.name = n, .kind = FK_CUSTOM, .fn = f, __VA_ARGS__}
@@ -729,26 +731,26 @@ struct field {
 // The sampling, stopping and output fields chat and completions share.
 static const struct field gen_fields[] = {
     BOOL_FIELD("add_special_tokens", SEEN(SEEN_ADD_SPECIAL_TOKENS)), // accepted; see tokenize
-    NUMBER_FIELD("frequency_penalty", -2, 2, GEN(frequency_penalty)),
+    SAMPLING_FIELD("frequency_penalty", GEN(sampling.frequency_penalty)),
     BOOL_FIELD("ignore_eos", GEN(ignore_eos)),
     CUSTOM_FIELD("logit_bias", f_logit_bias),
     CUSTOM_FIELD("max_tokens", f_max_tokens, PARSER(max_tokens), SEEN(SEEN_MAX_TOKENS)),
-    NUMBER_FIELD("min_p", 0, 1, GEN(min_p), SEEN(SEEN_MIN_P)),
+    SAMPLING_FIELD("min_p", GEN(sampling.min_p), SEEN(SEEN_MIN_P)),
     INT_FIELD("n", 1, OA_MAX_N, GEN(n)),
-    NUMBER_FIELD("presence_penalty", -2, 2, GEN(presence_penalty)),
-    NUMBER_FIELD("repetition_penalty", 0, 10, LO_OPEN, GEN(repetition_penalty),
-                 SEEN(SEEN_REPETITION_PENALTY)),
+    SAMPLING_FIELD("presence_penalty", GEN(sampling.presence_penalty)),
+    SAMPLING_FIELD("repetition_penalty", GEN(sampling.repetition_penalty),
+                   SEEN(SEEN_REPETITION_PENALTY)),
     CUSTOM_FIELD("request_id", f_request_id, GEN(request_id)),
     BOOL_FIELD("return_tokens_as_token_ids", GEN(return_tokens_as_token_ids)),
-    CUSTOM_FIELD("seed", f_seed, GEN(seed)),
+    CUSTOM_FIELD("seed", f_seed, GEN(sampling.seed)),
     BOOL_FIELD("skip_special_tokens", GEN(skip_special_tokens)),
     CUSTOM_FIELD("stop", f_stop),
     CUSTOM_FIELD("stop_token_ids", f_stop_token_ids),
     BOOL_FIELD("stream", GEN(stream)),
     CUSTOM_FIELD("stream_options", f_stream_options, PARSER(stream_options)),
-    NUMBER_FIELD("temperature", 0, 2, GEN(temperature), SEEN(SEEN_TEMPERATURE)),
-    CUSTOM_FIELD("top_k", f_top_k, GEN(top_k), SEEN(SEEN_TOP_K)),
-    NUMBER_FIELD("top_p", 0, 1, LO_OPEN, GEN(top_p), SEEN(SEEN_TOP_P)),
+    SAMPLING_FIELD("temperature", GEN(sampling.temperature), SEEN(SEEN_TEMPERATURE)),
+    CUSTOM_FIELD("top_k", f_top_k, GEN(sampling.top_k), SEEN(SEEN_TOP_K)),
+    SAMPLING_FIELD("top_p", GEN(sampling.top_p), SEEN(SEEN_TOP_P)),
     STRING_FIELD("user", GEN(user)),
 };
 
@@ -816,9 +818,15 @@ static int field_parse(struct parser *p, const struct field *f, const char *key,
         if (!rc && dst) *(bool *)dst = b;
         return rc;
     }
-    case FK_NUMBER: {
+    case FK_NUMBER:
+    case FK_SAMPLING: {
+        double lo = f->lo, hi = f->hi;
+        bool lo_open = f->lo_open;
+        if (f->kind == FK_SAMPLING && !sampling_param_range(f->name, &lo, &hi, &lo_open))
+            return oa_errorf(p->e, MS_EINTERNAL, "internal_error", key,
+                             "'%s' has no range in the sampling table", key);
         float x = 0;
-        rc = want_number(p, key, v, f->lo, f->lo_open, f->hi, &x);
+        rc = want_number(p, key, v, lo, lo_open, hi, &x);
         if (!rc && dst) *(float *)dst = x;
         return rc;
     }
@@ -921,9 +929,7 @@ static int load_root(struct parser *p, const char *body, size_t len, json_t **ou
 static void gen_init(struct oa_gen_params *g)
 {
     memset(g, 0, sizeof *g);
-    g->temperature = 1.0f;
-    g->top_p = 1.0f;
-    g->repetition_penalty = 1.0f;
+    sampling_params_default(&g->sampling);
     g->skip_special_tokens = true;
     g->n = 1;
     g->logprobs = -1;
@@ -934,15 +940,11 @@ static void gen_init(struct oa_gen_params *g)
 static int gen_finish(struct parser *p)
 {
     struct oa_gen_params *g = p->gen;
-    const struct gen_defaults *d = p->lim->gen;
-    if (d) {
-        if (!(p->seen & SEEN_TEMPERATURE) && d->has_temperature) g->temperature = d->temperature;
-        if (!(p->seen & SEEN_TOP_P) && d->has_top_p) g->top_p = d->top_p;
-        if (!(p->seen & SEEN_TOP_K) && d->has_top_k) g->top_k = d->top_k > 0 ? d->top_k : 0;
-        if (!(p->seen & SEEN_MIN_P) && d->has_min_p) g->min_p = d->min_p;
-        if (!(p->seen & SEEN_REPETITION_PENALTY) && d->has_repetition_penalty)
-            g->repetition_penalty = d->repetition_penalty;
-    }
+    const struct sampling_set set = {
+        .temperature = p->seen & SEEN_TEMPERATURE, .top_p = p->seen & SEEN_TOP_P,
+        .top_k = p->seen & SEEN_TOP_K, .min_p = p->seen & SEEN_MIN_P,
+        .repetition_penalty = p->seen & SEEN_REPETITION_PENALTY};
+    sampling_params_merge_defaults(&g->sampling, &set, p->lim->gen);
     // max_completion_tokens is the newer name; when both come, it wins (as in vLLM).
     if (p->seen & SEEN_MAX_COMPLETION_TOKENS) g->max_tokens = p->max_completion_tokens;
     else if (p->seen & SEEN_MAX_TOKENS) g->max_tokens = p->max_tokens;

@@ -52,6 +52,18 @@ static const struct range ranges[] = {
 };
 #undef FIELD
 
+bool sampling_param_range(const char *name, double *lo, double *hi, bool *lo_open)
+{
+    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++)
+        if (!strcmp(ranges[i].name, name)) {
+            *lo = ranges[i].lo;
+            *hi = ranges[i].hi;
+            *lo_open = ranges[i].lo_open;
+            return true;
+        }
+    return false;
+}
+
 static int refuse(const char *param, const char **param_out, char *err, size_t errlen,
                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 

@@ -63,6 +63,13 @@ void sampling_params_merge_defaults(struct sampling_params *p, const struct samp
 int sampling_params_check(const struct sampling_params *p, int vocab, const char **param_out,
                           char *err, size_t errlen);
 
+// The range of a float parameter by its name ("temperature", "top_p",
+// "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+// [lo, hi], lo itself excluded when *lo_open. False for any other name. The
+// API checks each field with it as it parses, sampling_params_check the
+// whole set: one table of ranges for both.
+bool sampling_param_range(const char *name, double *lo, double *hi, bool *lo_open);
+
 struct sample_logprob {
     int32_t id;
     float logprob;

@@ -158,26 +158,15 @@ static int make_choices(struct app *a, struct job *j, const struct parsed *q, st
 
 static void fill_engine_request(struct app *a, const struct oa_gen_params *g,
                                 const struct job_prompt *p, int choice_in_prompt,
-                                bool want_prompt_lp, struct sampling_logit_bias *bias,
-                                struct engine_request *er)
+                                bool want_prompt_lp, struct engine_request *er)
 {
     engine_request_default(er);
     er->prompt = p->ids;
     er->n_prompt = p->n_ids;
     struct sampling_params *s = &er->sampling;
-    s->temperature = g->temperature;
-    s->top_p = g->top_p;
-    s->top_k = g->top_k;
-    s->min_p = g->min_p;
-    s->presence_penalty = g->presence_penalty;
-    s->frequency_penalty = g->frequency_penalty;
-    s->repetition_penalty = g->repetition_penalty;
-    s->has_seed = g->has_seed;
-    s->seed = (uint64_t)g->seed;
+    *s = g->sampling;
     // n > 1: each choice draws its own stream under the one seed, all reproducible.
     s->stream = (uint32_t)choice_in_prompt;
-    s->logit_bias = bias;
-    s->n_logit_bias = g->n_logit_bias;
     s->logprobs = g->logprobs;
     s->prompt_logprobs = want_prompt_lp ? g->logprobs : -1;
     struct engine_stop *st = &er->stop;
@@ -203,20 +192,10 @@ static void fill_engine_request(struct app *a, const struct oa_gen_params *g,
 static int submit_choices(struct app *a, struct job *j, const struct parsed *q, struct oa_error *e)
 {
     const struct oa_gen_params *g = q->g;
-    struct sampling_logit_bias *bias = NULL;
-    if (g->n_logit_bias) {
-        bias = arena_calloc(j->arena, (size_t)g->n_logit_bias, sizeof *bias);
-        if (!bias) return oa_errorf(e, MS_ENOMEM, "internal_error", NULL, "out of memory");
-        for (int i = 0; i < g->n_logit_bias; i++) {
-            bias[i].id = g->logit_bias[i].id;
-            bias[i].bias = g->logit_bias[i].bias;
-        }
-    }
     for (int i = 0; i < j->n_choices; i++) {
         int prompt = i / g->n;
         struct engine_request er;
-        fill_engine_request(a, g, &j->prompts[prompt], i % g->n, j->echo && g->logprobs >= 0, bias,
-                            &er);
+        fill_engine_request(a, g, &j->prompts[prompt], i % g->n, j->echo && g->logprobs >= 0, &er);
         char err[512];
         int rc = job_submit(j, i, prompt, &er, err, sizeof err);
         if (rc) {

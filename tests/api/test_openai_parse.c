@@ -301,11 +301,11 @@ static void omitted_sampling_comes_from_generation_config(void **state)
     struct oa_chat_request r;
     struct oa_error e;
     assert_int_equal(chat("{" MSGS "}", &r, &e, a, &lim), 0);
-    assert_float_equal(r.gen.temperature, 0.6f, 1e-6);
-    assert_float_equal(r.gen.top_p, 0.95f, 1e-6);
-    assert_int_equal(r.gen.top_k, 20);
-    assert_float_equal(r.gen.min_p, 0.0f, 0);
-    assert_float_equal(r.gen.repetition_penalty, 1.0f, 0);
+    assert_float_equal(r.gen.sampling.temperature, 0.6f, 1e-6);
+    assert_float_equal(r.gen.sampling.top_p, 0.95f, 1e-6);
+    assert_int_equal(r.gen.sampling.top_k, 20);
+    assert_float_equal(r.gen.sampling.min_p, 0.0f, 0);
+    assert_float_equal(r.gen.sampling.repetition_penalty, 1.0f, 0);
     assert_int_equal(r.gen.max_tokens, 0);
     assert_int_equal(r.gen.n, 1);
     assert_int_equal(r.gen.logprobs, -1);
@@ -314,15 +314,15 @@ static void omitted_sampling_comes_from_generation_config(void **state)
     // What the request gives wins, null included as "not given".
     assert_int_equal(chat("{" MSGS ", \"temperature\": 0, \"top_k\": -1, \"top_p\": null}", &r,
                           &e, a, &lim), 0);
-    assert_float_equal(r.gen.temperature, 0.0f, 0);
-    assert_int_equal(r.gen.top_k, 0);
-    assert_float_equal(r.gen.top_p, 0.95f, 1e-6);
+    assert_float_equal(r.gen.sampling.temperature, 0.0f, 0);
+    assert_int_equal(r.gen.sampling.top_k, 0);
+    assert_float_equal(r.gen.sampling.top_p, 0.95f, 1e-6);
     oa_chat_request_release(&r);
     // Without generation_config: vLLM's neutral defaults.
     assert_int_equal(chat("{" MSGS "}", &r, &e, a, NULL), 0);
-    assert_float_equal(r.gen.temperature, 1.0f, 0);
-    assert_float_equal(r.gen.top_p, 1.0f, 0);
-    assert_int_equal(r.gen.top_k, 0);
+    assert_float_equal(r.gen.sampling.temperature, 1.0f, 0);
+    assert_float_equal(r.gen.sampling.top_p, 1.0f, 0);
+    assert_int_equal(r.gen.sampling.top_k, 0);
     oa_chat_request_release(&r);
     arena_destroy(a);
 }
@@ -347,21 +347,21 @@ static void every_parameter_lands_in_the_request(void **state)
     assert_int_equal(chat(body, &r, &e, a, NULL), 0);
     assert_string_equal(r.model, "m");
     assert_int_equal(r.gen.max_tokens, 9); // max_completion_tokens wins
-    assert_float_equal(r.gen.temperature, 0.5f, 1e-6);
-    assert_float_equal(r.gen.top_p, 0.9f, 1e-6);
-    assert_int_equal(r.gen.top_k, 5);
-    assert_float_equal(r.gen.min_p, 0.1f, 1e-6);
+    assert_float_equal(r.gen.sampling.temperature, 0.5f, 1e-6);
+    assert_float_equal(r.gen.sampling.top_p, 0.9f, 1e-6);
+    assert_int_equal(r.gen.sampling.top_k, 5);
+    assert_float_equal(r.gen.sampling.min_p, 0.1f, 1e-6);
     assert_int_equal(r.gen.n, 3);
     assert_int_equal(r.gen.n_stop, 2);
     assert_string_equal(r.gen.stop[1], "yz");
-    assert_true(r.gen.has_seed);
-    assert_int_equal(r.gen.seed, -42);
-    assert_float_equal(r.gen.presence_penalty, 0.5f, 1e-6);
-    assert_float_equal(r.gen.frequency_penalty, -0.5f, 1e-6);
-    assert_float_equal(r.gen.repetition_penalty, 1.1f, 1e-6);
-    assert_int_equal(r.gen.n_logit_bias, 2);
-    assert_int_equal(r.gen.logit_bias[0].id, 5);
-    assert_float_equal(r.gen.logit_bias[0].bias, -100.0f, 0);
+    assert_true(r.gen.sampling.has_seed);
+    assert_int_equal(r.gen.sampling.seed, -42);
+    assert_float_equal(r.gen.sampling.presence_penalty, 0.5f, 1e-6);
+    assert_float_equal(r.gen.sampling.frequency_penalty, -0.5f, 1e-6);
+    assert_float_equal(r.gen.sampling.repetition_penalty, 1.1f, 1e-6);
+    assert_int_equal(r.gen.sampling.n_logit_bias, 2);
+    assert_int_equal(r.gen.sampling.logit_bias[0].id, 5);
+    assert_float_equal(r.gen.sampling.logit_bias[0].bias, -100.0f, 0);
     assert_int_equal(r.gen.logprobs, 4);
     assert_true(r.gen.stream);
     assert_true(r.gen.include_usage);
