@@ -57,6 +57,25 @@ struct oa_limits {
     int max_model_len;              // for messages that quote it; 0 when unknown
 };
 
+// Structured output: the language the output must be in, from
+// response_format, vLLM's structured_outputs (or its older guided_* fields),
+// or llama-server's grammar / json_schema. The route compiles it (grammar/).
+enum oa_structured_kind {
+    OA_SO_NONE = 0,
+    OA_SO_JSON_OBJECT,              // any JSON object
+    OA_SO_JSON_SCHEMA,              // text: a JSON Schema document
+    OA_SO_REGEX,                    // text: a regular expression
+    OA_SO_CHOICE,                   // text: a JSON array of strings
+    OA_SO_GRAMMAR,                  // text: a GBNF grammar
+};
+
+struct oa_structured {
+    enum oa_structured_kind kind;
+    const char *text;               // arena, NUL-terminated (may be "" for JSON_OBJECT)
+    size_t len;
+    const char *param;              // the field it came from, to name in errors
+};
+
 // Sampling, stopping and output options shared by chat and completions,
 // resolved: a value the request omitted holds its default (the checkpoint's
 // generation_config.json where it has one, merged by
@@ -83,6 +102,14 @@ struct oa_gen_params {
     bool return_tokens_as_token_ids;
     const char *user;               // or NULL
     const char *request_id;         // vLLM's request_id, or NULL
+    struct oa_structured structured;
+};
+
+enum oa_tool_choice {
+    OA_TOOL_AUTO = 0,               // the default when tools are given: parse calls
+    OA_TOOL_NONE,                   // no call parsing (tools still reach the template)
+    OA_TOOL_REQUIRED,               // the output is a call to one of the tools
+    OA_TOOL_NAMED,                  // the output is a call to tool_choice_name
 };
 
 struct oa_chat_request {
@@ -91,6 +118,13 @@ struct oa_chat_request {
     bool add_generation_prompt;     // true
     json_t *chat_template_kwargs;   // owned object, or NULL
     struct oa_gen_params gen;
+    json_t *tools;                  // owned array of {type: "function", function: {name, ...}}, or NULL
+    enum oa_tool_choice tool_choice;
+    const char *tool_choice_name;   // OA_TOOL_NAMED: a name in tools
+    bool parallel_tool_calls;       // true
+    int thinking;                   // -1: the template's default; 0: off (reasoning_effort
+                                    // "none", enable_thinking false); 1: on
+    bool include_reasoning;         // true: reasoning in the answer (vLLM's include_reasoning)
     const char *ignored;            // unknown top-level fields, comma-separated, or NULL
 };
 
@@ -119,6 +153,7 @@ struct oa_tokenize_request {
     json_t *messages;               // owned, when is_chat
     bool add_generation_prompt;     // true
     json_t *chat_template_kwargs;   // owned, or NULL
+    json_t *tools;                  // owned, or NULL (rendered into the template as chat does)
     bool add_special_tokens;        // true for prompt, false for messages (vLLM)
     bool return_token_strs;
 };

@@ -3,6 +3,7 @@
 // is a row in its endpoint's table (or in the table chat and completions
 // share): its name, type, range and where the value goes.
 #include <errno.h>
+#include <ctype.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -501,6 +502,13 @@ static int parse_messages(struct parser *p, json_t *v, json_t **out)
             return rc;
         }
         json_t *mc = json_copy(m);
+        // The Qwen3 template drops a role it does not know; OpenAI's
+        // developer messages are system messages by another name.
+        if (mc && !strcmp(json_string_value(role), "developer") &&
+            json_object_set_new(mc, "role", json_string("system"))) {
+            json_decref(mc);
+            mc = NULL;
+        }
         if (!norm || !mc || json_object_set_new(mc, "content", norm)) {
             if (!mc) json_decref(norm);
             json_decref(mc);
@@ -527,6 +535,310 @@ static int f_kwargs(struct parser *p, const char *k, json_t *v, void *dst)
 {
     if (!json_is_object(v)) return type_error(p, k, "an object", v);
     *(json_t **)dst = json_incref(v);
+    return 0;
+}
+
+// ---- agents: tools, tool_choice, reasoning and structured output ----------------
+
+#define OA_MAX_TOOLS 128
+#define OA_MAX_TOOL_NAME 64
+
+// OpenAI's function names: letters, digits, '_', '-' (and '.', which some
+// clients use for namespaces), 1 to 64 of them.
+static bool tool_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n < 1 || n > OA_MAX_TOOL_NAME) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && s[i] != '_' && s[i] != '-' && s[i] != '.') return false;
+    return true;
+}
+
+// tools: [{type: "function", function: {name, description?, parameters?,
+// strict?}}], names distinct. The array reaches the chat template as given.
+static int f_tools(struct parser *p, const char *k, json_t *v, void *dst)
+{
+    if (!json_is_array(v)) return type_error(p, k, "an array of tools", v);
+    const size_t n = json_array_size(v);
+    if (n > OA_MAX_TOOLS)
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", k,
+                         "'tools' may hold at most %d tools, got %zu", OA_MAX_TOOLS, n);
+    char key[96];
+    for (size_t i = 0; i < n; i++) {
+        json_t *t = json_array_get(v, i), *f, *x;
+        snprintf(key, sizeof key, "tools[%zu]", i);
+        if (!json_is_object(t)) return type_error(p, key, "an object", t);
+        x = json_object_get(t, "type");
+        snprintf(key, sizeof key, "tools[%zu].type", i);
+        if (!json_is_string(x) || strcmp(json_string_value(x), "function"))
+            return oa_errorf(p->e, MS_EINVAL, "invalid_value", key,
+                             "'%s' must be \"function\" (the only tool type served)", key);
+        f = json_object_get(t, "function");
+        snprintf(key, sizeof key, "tools[%zu].function", i);
+        if (!json_is_object(f)) return type_error(p, key, "an object", f ? f : json_null());
+        x = json_object_get(f, "name");
+        snprintf(key, sizeof key, "tools[%zu].function.name", i);
+        if (!json_is_string(x)) return type_error(p, key, "a string", x ? x : json_null());
+        if (!tool_name_ok(json_string_value(x)))
+            return oa_errorf(p->e, MS_EINVAL, "invalid_value", key,
+                             "'%s' must be 1 to %d letters, digits, '_', '-' or '.'", key,
+                             OA_MAX_TOOL_NAME);
+        for (size_t j = 0; j < i; j++) {
+            json_t *o = json_object_get(json_object_get(json_array_get(v, j), "function"), "name");
+            if (!strcmp(json_string_value(o), json_string_value(x)))
+                return oa_errorf(p->e, MS_EINVAL, "invalid_value", key,
+                                 "'%s' repeats the name of tools[%zu]", key, j);
+        }
+        x = json_object_get(f, "parameters");
+        snprintf(key, sizeof key, "tools[%zu].function.parameters", i);
+        if (x && !json_is_null(x) && !json_is_object(x)) return type_error(p, key, "an object", x);
+        x = json_object_get(f, "description");
+        snprintf(key, sizeof key, "tools[%zu].function.description", i);
+        if (x && !json_is_null(x) && !json_is_string(x)) return type_error(p, key, "a string", x);
+    }
+    if (n > 0) *(json_t **)dst = json_incref(v);
+    return 0;
+}
+
+// tool_choice: "none", "auto", "required", or {type: "function", function: {name}}.
+static int f_tool_choice(struct parser *p, const char *k, json_t *v, void *dst)
+{
+    (void)dst;
+    struct oa_chat_request *r = p->chat;
+    if (json_is_string(v)) {
+        const char *c = json_string_value(v);
+        if (!strcmp(c, "none")) r->tool_choice = OA_TOOL_NONE;
+        else if (!strcmp(c, "auto")) r->tool_choice = OA_TOOL_AUTO;
+        else if (!strcmp(c, "required")) r->tool_choice = OA_TOOL_REQUIRED;
+        else
+            return oa_errorf(p->e, MS_EINVAL, "invalid_value", k,
+                             "'tool_choice' must be \"none\", \"auto\", \"required\" or a named "
+                             "function, got \"%.40s\"", c);
+        return 0;
+    }
+    if (!json_is_object(v)) return type_error(p, k, "a string or an object", v);
+    json_t *f = json_object_get(v, "function"), *name = json_object_get(f, "name");
+    if (!json_is_string(name))
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", "tool_choice.function.name",
+                         "a named 'tool_choice' needs function.name, a string");
+    r->tool_choice = OA_TOOL_NAMED;
+    r->tool_choice_name = arena_strdup(p->a, json_string_value(name));
+    return r->tool_choice_name ? 0 : oom(p);
+}
+
+// reasoning_effort: "none" turns Qwen3's thinking off, the others on.
+static int f_reasoning_effort(struct parser *p, const char *k, json_t *v, void *dst)
+{
+    (void)dst;
+    static const char *const levels[] = {"none", "minimal", "low", "medium", "high"};
+    if (!json_is_string(v)) return type_error(p, k, "a string", v);
+    for (size_t i = 0; i < sizeof levels / sizeof levels[0]; i++)
+        if (!strcmp(json_string_value(v), levels[i])) {
+            p->chat->thinking = i == 0 ? 0 : 1;
+            return 0;
+        }
+    return oa_errorf(p->e, MS_EINVAL, "invalid_value", k,
+                     "'reasoning_effort' must be none, minimal, low, medium or high, got \"%.40s\"",
+                     json_string_value(v));
+}
+
+// One structured-output source per request: a second one is refused rather
+// than one of them silently winning.
+static int set_structured(struct parser *p, const char *param, enum oa_structured_kind kind,
+                          json_t *v)
+{
+    struct oa_structured *so = &p->gen->structured;
+    if (so->kind != OA_SO_NONE)
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", param,
+                         "'%s' and '%s' both ask for structured output; give one of them", so->param,
+                         param);
+    char *text = NULL;
+    if (json_is_string(v)) {
+        text = arena_strndup(p->a, json_string_value(v), json_string_length(v));
+    } else if (v) {
+        char *d = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+        if (!d) return oom(p);
+        text = arena_strdup(p->a, d);
+        free(d);
+    } else {
+        text = arena_strdup(p->a, "");
+    }
+    if (!text) return oom(p);
+    so->kind = kind;
+    so->text = text;
+    so->len = strlen(text);
+    so->param = arena_strdup(p->a, param);
+    return so->param ? 0 : oom(p);
+}
+
+static int want_schema(struct parser *p, const char *key, json_t *v)
+{
+    if (json_is_object(v) || json_is_true(v)) return 0;
+    if (json_is_string(v)) { // some clients send the schema as JSON text
+        json_error_t je;
+        json_t *j = json_loads(json_string_value(v), 0, &je);
+        bool ok = j && json_is_object(j);
+        json_decref(j);
+        if (ok) return 0;
+    }
+    return type_error(p, key, "a JSON Schema (an object)", v);
+}
+
+static int want_choices(struct parser *p, const char *key, json_t *v)
+{
+    if (!json_is_array(v) || json_array_size(v) == 0)
+        return type_error(p, key, "a non-empty array of strings", v);
+    size_t i;
+    json_t *c;
+    json_array_foreach(v, i, c) if (!json_is_string(c)) {
+        char k2[96];
+        snprintf(k2, sizeof k2, "%s[%zu]", key, i);
+        return type_error(p, k2, "a string", c);
+    }
+    return 0;
+}
+
+// response_format: {type: text | json_object | json_schema, json_schema:
+// {name, schema, strict, description}}.
+static int f_response_format(struct parser *p, const char *k, json_t *v, void *dst)
+{
+    (void)dst;
+    if (!json_is_object(v)) return type_error(p, k, "an object", v);
+    json_t *type = json_object_get(v, "type");
+    if (!json_is_string(type))
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", "response_format.type",
+                         "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
+    const char *t = json_string_value(type);
+    if (!strcmp(t, "text")) return 0;
+    if (!strcmp(t, "json_object")) return set_structured(p, "response_format", OA_SO_JSON_OBJECT, NULL);
+    if (strcmp(t, "json_schema"))
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", "response_format.type",
+                         "'response_format.type' must be \"text\", \"json_object\" or "
+                         "\"json_schema\", got \"%.40s\"", t);
+    json_t *js = json_object_get(v, "json_schema");
+    if (!json_is_object(js))
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", "response_format.json_schema",
+                         "'response_format.json_schema' must be an object with the schema");
+    json_t *schema = json_object_get(js, "schema");
+    if (!schema) schema = json_true(); // OpenAI: a missing schema allows any JSON
+    int rc = want_schema(p, "response_format.json_schema.schema", schema);
+    if (rc) return rc;
+    return set_structured(p, "response_format.json_schema.schema", OA_SO_JSON_SCHEMA, schema);
+}
+
+// vLLM's structured_outputs: exactly one of json, regex, choice, grammar,
+// json_object; its whitespace and fallback switches change nothing here
+// (whitespace is always bounded, there is no fallback to loosen to).
+static int f_structured_outputs(struct parser *p, const char *k, json_t *v, void *dst)
+{
+    (void)dst;
+    if (!json_is_object(v)) return type_error(p, k, "an object", v);
+    const char *key;
+    json_t *x;
+    int found = 0, rc = 0;
+    json_object_foreach(v, key, x) {
+        char full[96];
+        snprintf(full, sizeof full, "structured_outputs.%.40s", key);
+        if (json_is_null(x)) continue;
+        if (!strcmp(key, "json")) {
+            if (!(rc = want_schema(p, full, x))) rc = set_structured(p, full, OA_SO_JSON_SCHEMA, x);
+        } else if (!strcmp(key, "regex")) {
+            if (!json_is_string(x)) return type_error(p, full, "a string", x);
+            rc = set_structured(p, full, OA_SO_REGEX, x);
+        } else if (!strcmp(key, "choice")) {
+            if (!(rc = want_choices(p, full, x))) rc = set_structured(p, full, OA_SO_CHOICE, x);
+        } else if (!strcmp(key, "grammar")) {
+            if (!json_is_string(x)) return type_error(p, full, "a string (GBNF)", x);
+            rc = set_structured(p, full, OA_SO_GRAMMAR, x);
+        } else if (!strcmp(key, "json_object")) {
+            if (!json_is_boolean(x)) return type_error(p, full, "a boolean", x);
+            if (json_is_true(x)) rc = set_structured(p, full, OA_SO_JSON_OBJECT, NULL);
+        } else if (!strcmp(key, "disable_fallback") || !strcmp(key, "disable_any_whitespace") ||
+                   !strcmp(key, "disable_additional_properties")) {
+            if (!json_is_boolean(x)) return type_error(p, full, "a boolean", x);
+            continue;
+        } else {
+            return oa_errorf(p->e, MS_EUNSUPPORTED, "unsupported_parameter", full,
+                             "'%s' is not supported; structured_outputs takes json, regex, choice, "
+                             "grammar or json_object", full);
+        }
+        if (rc) return rc;
+        found++;
+    }
+    return 0;
+}
+
+// vLLM's older spellings and llama-server's, each one structured-output source.
+static int f_guided(struct parser *p, const char *k, json_t *v, void *dst)
+{
+    (void)dst;
+    int rc;
+    if (!strcmp(k, "guided_json") || !strcmp(k, "json_schema")) {
+        if ((rc = want_schema(p, k, v))) return rc;
+        return set_structured(p, k, OA_SO_JSON_SCHEMA, v);
+    }
+    if (!strcmp(k, "guided_choice")) {
+        if ((rc = want_choices(p, k, v))) return rc;
+        return set_structured(p, k, OA_SO_CHOICE, v);
+    }
+    if (!json_is_string(v)) return type_error(p, k, "a string", v);
+    return set_structured(p, k, !strcmp(k, "guided_regex") ? OA_SO_REGEX : OA_SO_GRAMMAR, v);
+}
+
+// llama-server's n_predict: its max_tokens (-1: as much as fits).
+static int f_n_predict(struct parser *p, const char *k, json_t *v, void *dst)
+{
+    (void)dst;
+    long long x;
+    int rc = want_int(p, k, v, -1, INT32_MAX, &x);
+    if (rc) return rc;
+    if (x == 0)
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", k, "'n_predict' must be -1 or at least 1");
+    if (x > 0) {
+        p->max_tokens = (int)x;
+        p->seen |= SEEN_MAX_TOKENS;
+    }
+    return 0;
+}
+
+// modalities: only ["text"] (the model has no other).
+static int f_modalities(struct parser *p, const char *k, json_t *v, void *dst)
+{
+    (void)dst;
+    if (!json_is_array(v)) return type_error(p, k, "an array", v);
+    size_t i;
+    json_t *m;
+    json_array_foreach(v, i, m) if (!json_is_string(m) || strcmp(json_string_value(m), "text"))
+        return oa_errorf(p->e, MS_EUNSUPPORTED, "unsupported_parameter", k,
+                         "'modalities' may only hold \"text\" here");
+    return 0;
+}
+
+// The cross-field rules of tools: a named choice names a tool; a forced call
+// needs tools and leaves no room for another output format.
+static int chat_tools_finish(struct parser *p)
+{
+    struct oa_chat_request *r = p->chat;
+    if (r->tool_choice == OA_TOOL_REQUIRED || r->tool_choice == OA_TOOL_NAMED) {
+        if (!r->tools)
+            return oa_errorf(p->e, MS_EINVAL, "invalid_value", "tool_choice",
+                             "'tool_choice' \"required\" or a named function needs 'tools'");
+        if (r->gen.structured.kind != OA_SO_NONE)
+            return oa_errorf(p->e, MS_EINVAL, "invalid_value", "tool_choice",
+                             "'tool_choice' forces a tool call, which leaves no room for '%s'",
+                             r->gen.structured.param);
+    }
+    if (r->tool_choice == OA_TOOL_NAMED) {
+        size_t i;
+        json_t *t;
+        json_array_foreach(r->tools, i, t) {
+            const char *n = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+            if (n && !strcmp(n, r->tool_choice_name)) return 0;
+        }
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", "tool_choice.function.name",
+                         "'tool_choice' names \"%.64s\", which is not one of 'tools'",
+                         r->tool_choice_name);
+    }
     return 0;
 }
 
@@ -616,11 +928,7 @@ static const struct unsupported unsupported_common[] = {
     {"allowed_token_ids", N_NULL},
     {"bad_words", N_EMPTY},
     {"cache_salt", N_NULL},
-    {"guided_choice", N_NULL},
     {"guided_decoding_backend", N_NULL},
-    {"guided_grammar", N_NULL},
-    {"guided_json", N_NULL},
-    {"guided_regex", N_NULL},
     {"guided_whitespace_pattern", N_NULL},
     {"include_stop_str_in_output", N_FALSE},
     {"kv_transfer_params", N_NULL},
@@ -630,11 +938,9 @@ static const struct unsupported unsupported_common[] = {
     {"min_tokens", N_ZERO},
     {"priority", N_ZERO},
     {"prompt_logprobs", N_NULL},
-    {"response_format", N_NULL},
     {"service_tier", N_ANY}, // billing tier: nothing to do with the output
     {"spaces_between_special_tokens", N_TRUE},
-    {"store", N_FALSE},
-    {"structured_outputs", N_NULL},
+    {"store", N_ANY},        // nothing is stored here either way
     {"truncate_prompt_tokens", N_NULL},
     {"use_beam_search", N_FALSE},
     {"vllm_xargs", N_NULL},
@@ -649,12 +955,7 @@ static const struct unsupported unsupported_chat[] = {
     {"function_call", N_STR_NONE},
     {"functions", N_EMPTY},
     {"mm_processor_kwargs", N_NULL},
-    {"modalities", N_NULL},
-    {"parallel_tool_calls", N_ANY}, // meaningless without tools, which are refused
     {"prediction", N_NULL},
-    {"reasoning_effort", N_NULL},
-    {"tool_choice", N_STR_NONE},
-    {"tools", N_EMPTY},
     {"web_search_options", N_NULL},
 };
 
@@ -667,7 +968,6 @@ static const struct unsupported unsupported_tokenize[] = {
     {"chat_template", N_NULL},
     {"continue_final_message", N_FALSE},
     {"mm_processor_kwargs", N_NULL},
-    {"tools", N_EMPTY},
 };
 
 static bool is_neutral(enum neutral n, json_t *v)
@@ -741,12 +1041,21 @@ static const struct field gen_fields[] = {
     SAMPLING_FIELD("repetition_penalty", GEN(sampling.repetition_penalty),
                    SEEN(SEEN_REPETITION_PENALTY)),
     CUSTOM_FIELD("request_id", f_request_id, GEN(request_id)),
+    CUSTOM_FIELD("response_format", f_response_format),
     BOOL_FIELD("return_tokens_as_token_ids", GEN(return_tokens_as_token_ids)),
     CUSTOM_FIELD("seed", f_seed, GEN(sampling.seed)),
     BOOL_FIELD("skip_special_tokens", GEN(skip_special_tokens)),
     CUSTOM_FIELD("stop", f_stop),
     CUSTOM_FIELD("stop_token_ids", f_stop_token_ids),
     BOOL_FIELD("stream", GEN(stream)),
+    CUSTOM_FIELD("structured_outputs", f_structured_outputs),
+    CUSTOM_FIELD("guided_json", f_guided),
+    CUSTOM_FIELD("guided_regex", f_guided),
+    CUSTOM_FIELD("guided_choice", f_guided),
+    CUSTOM_FIELD("guided_grammar", f_guided),
+    CUSTOM_FIELD("grammar", f_guided),     // llama-server
+    CUSTOM_FIELD("json_schema", f_guided), // llama-server
+    CUSTOM_FIELD("n_predict", f_n_predict), // llama-server
     CUSTOM_FIELD("stream_options", f_stream_options, PARSER(stream_options)),
     SAMPLING_FIELD("temperature", GEN(sampling.temperature), SEEN(SEEN_TEMPERATURE)),
     CUSTOM_FIELD("top_k", f_top_k, GEN(sampling.top_k), SEEN(SEEN_TOP_K)),
@@ -763,6 +1072,12 @@ static const struct field chat_fields[] = {
     CUSTOM_FIELD("messages", f_messages, REQ(oa_chat_request, messages), SEEN(SEEN_MESSAGES)),
     STRING_FIELD("model", REQ(oa_chat_request, model)),
     INT_FIELD("top_logprobs", 0, OA_MAX_LOGPROBS, PARSER(top_logprobs), SEEN(SEEN_TOP_LOGPROBS)),
+    CUSTOM_FIELD("tools", f_tools, REQ(oa_chat_request, tools)),
+    CUSTOM_FIELD("tool_choice", f_tool_choice),
+    BOOL_FIELD("parallel_tool_calls", REQ(oa_chat_request, parallel_tool_calls)),
+    CUSTOM_FIELD("reasoning_effort", f_reasoning_effort),
+    BOOL_FIELD("include_reasoning", REQ(oa_chat_request, include_reasoning)),
+    CUSTOM_FIELD("modalities", f_modalities),
 };
 
 static const struct field completion_fields[] = {
@@ -784,6 +1099,7 @@ static const struct field tokenize_fields[] = {
     STRING_FIELD("model", REQ(oa_tokenize_request, model)),
     CUSTOM_FIELD("prompt", f_prompt_tokenize, REQ(oa_tokenize_request, prompt), SEEN(SEEN_PROMPT)),
     BOOL_FIELD("return_token_strs", REQ(oa_tokenize_request, return_token_strs)),
+    CUSTOM_FIELD("tools", f_tools, REQ(oa_tokenize_request, tools)),
 };
 
 static const struct field detokenize_fields[] = {
@@ -963,10 +1279,12 @@ static int gen_finish(struct parser *p)
             if (!strcmp(k, "include_usage")) rc = want_bool(p, key, v, &g->include_usage);
             else if (!strcmp(k, "continuous_usage_stats"))
                 rc = want_bool(p, key, v, &g->continuous_usage_stats);
+            else if (!strcmp(k, "include_obfuscation")) // OpenAI's padding: nothing to hide here
+                rc = want_bool(p, key, v, &(bool){false});
             else
                 rc = oa_errorf(p->e, MS_EUNSUPPORTED, "unsupported_parameter", key,
-                               "'%s' is not supported; stream_options takes include_usage and "
-                               "continuous_usage_stats",
+                               "'%s' is not supported; stream_options takes include_usage, "
+                               "continuous_usage_stats and include_obfuscation",
                                key);
             if (rc) return rc;
         }
@@ -1009,6 +1327,9 @@ int oa_parse_chat(const char *body, size_t len, const struct oa_limits *lim, str
     parser_init(&p, EP_CHAT, lim, a, e);
     memset(out, 0, sizeof *out);
     out->add_generation_prompt = true;
+    out->parallel_tool_calls = true;
+    out->thinking = -1;
+    out->include_reasoning = true;
     gen_init(&out->gen);
     p.chat = out;
     p.req = out;
@@ -1022,6 +1343,7 @@ int oa_parse_chat(const char *body, size_t len, const struct oa_limits *lim, str
         rc = oa_errorf(e, MS_EINVAL, "missing_required_parameter", "messages",
                        "'messages' is required");
     if (!rc) rc = gen_finish(&p);
+    if (!rc) rc = chat_tools_finish(&p);
     if (!rc) out->ignored = finish_ignored(&p);
     json_decref(root);
     if (rc) oa_chat_request_release(out);
@@ -1102,14 +1424,18 @@ void oa_chat_request_release(struct oa_chat_request *r)
 {
     json_decref(r->messages);
     json_decref(r->chat_template_kwargs);
+    json_decref(r->tools);
     r->messages = NULL;
     r->chat_template_kwargs = NULL;
+    r->tools = NULL;
 }
 
 void oa_tokenize_request_release(struct oa_tokenize_request *r)
 {
     json_decref(r->messages);
     json_decref(r->chat_template_kwargs);
+    json_decref(r->tools);
     r->messages = NULL;
     r->chat_template_kwargs = NULL;
+    r->tools = NULL;
 }

@@ -45,6 +45,8 @@ struct seq {
     // the rank thread before sampling) and a failure to build it.
     struct grammar_matcher *gm;
     bool gm_active;
+    int32_t pause_open, pause_close;   // stop strings rest between these tokens
+    bool paused;
     int32_t gm_after;
     uint32_t *mask;
     int gm_rc;
@@ -245,6 +247,8 @@ static int seq_create(struct engine *e, const struct engine_request *r,
         s->gm_after = r->grammar_after;
         s->gm_active = r->grammar_after < 0;
     }
+    s->pause_open = r->stop_pause_open;
+    s->pause_close = r->stop_pause_close;
     *out = s;
     return 0;
 oom:
@@ -379,17 +383,33 @@ static void seq_accept_token(struct engine *e, struct seq *s)
         int rc = 0;
         // Ids past the tokenizer's vocabulary (the model's may be padded)
         // have no text.
-        if (stop_id < 0 && id < tok_vocab_size(e->tok)) {
+        if (fin != FINISH_STOP && id < tok_vocab_size(e->tok)) {
             rc = tok_stream_feed(&s->ts, id, e->tsbuf, e->tsbuf_cap, &n_dec);
-            if (!rc) rc = stop_feed_text(&s->stop, e->tsbuf, n_dec, &matched, &out, &n_out_text);
-            if (!rc) rc = text_append(e, out, n_out_text);
+            if (!rc && id == s->pause_open && !s->paused) {
+                // A tool call begins: what the stop strings held back goes
+                // out, and until the call ends its text is not matched.
+                stop_flush(&s->stop, &out, &n_out_text);
+                rc = text_append(e, out, n_out_text);
+                s->paused = true;
+            }
+            if (!rc && s->paused) {
+                rc = text_append(e, e->tsbuf, n_dec);
+            } else if (!rc) {
+                rc = stop_feed_text(&s->stop, e->tsbuf, n_dec, &matched, &out, &n_out_text);
+                if (!rc) rc = text_append(e, out, n_out_text);
+            }
+            if (id == s->pause_close) s->paused = false;
         }
         if (!rc && matched < 0 && fin != FINISH_NONE) {
             // The end: an incomplete character becomes U+FFFD (as a full
             // decode would), then whatever the stop strings held back.
             rc = tok_stream_finish(&s->ts, e->tsbuf, e->tsbuf_cap, &n_dec);
-            if (!rc) rc = stop_feed_text(&s->stop, e->tsbuf, n_dec, &matched, &out, &n_out_text);
-            if (!rc) rc = text_append(e, out, n_out_text);
+            if (!rc && s->paused) {
+                rc = text_append(e, e->tsbuf, n_dec);
+            } else if (!rc) {
+                rc = stop_feed_text(&s->stop, e->tsbuf, n_dec, &matched, &out, &n_out_text);
+                if (!rc) rc = text_append(e, out, n_out_text);
+            }
             if (!rc && matched < 0) {
                 stop_flush(&s->stop, &out, &n_out_text);
                 rc = text_append(e, out, n_out_text);

@@ -58,6 +58,9 @@ struct engine_request {
     struct grammar *grammar;
     int32_t grammar_after;       // -1: from the first token; else once this id has been
                                  // generated (Qwen3's </think>: the reasoning stays free)
+    // Stop strings are not matched from a stop_pause_open token to the next
+    // stop_pause_close token (-1: never): a tool call's JSON is not cut.
+    int32_t stop_pause_open, stop_pause_close;
 };
 void engine_request_default(struct engine_request *r);
 
@@ -81,7 +84,7 @@ struct engine_delta {
     size_t text_len;
     enum engine_finish finish;          // not FINISH_NONE on the last delta, and only there
     const char *stop_str;               // the matched stop string, or NULL
-    int32_t stop_id;                    // the matched stop token, or -1
+    int32_t stop_id;                    // the matched stop_ids entry, or -1 (the model's eos too)
     int prompt_tokens;                  // usage, valid on every delta
     int completion_tokens;
     int cached_tokens;                  // prompt tokens served from the prefix cache

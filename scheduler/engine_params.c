@@ -29,6 +29,7 @@ void engine_request_default(struct engine_request *r)
     r->stop.max_tokens = 16;
     r->stop.skip_special_tokens = true;
     r->grammar_after = -1;
+    r->stop_pause_open = r->stop_pause_close = -1;
 }
 
 const char *engine_finish_name(enum engine_finish f)

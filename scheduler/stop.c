@@ -49,6 +49,7 @@ int stop_init(struct stop_state *s, const struct engine_stop *p, const int *eos_
         if (!s->ids) goto oom;
         if (!p->ignore_eos)
             for (int i = 0; i < n_eos; i++) s->ids[s->n_ids++] = eos_ids[i];
+        s->n_eos = s->n_ids;
         for (int i = 0; i < p->n_stop_ids; i++) s->ids[s->n_ids++] = p->stop_ids[i];
     }
     if (p->n_stop_strs > 0) {
@@ -86,9 +87,11 @@ enum engine_finish stop_check_token(const struct stop_state *s, int32_t id, int 
                                     int seq_len, int max_model_len, int32_t *stop_id)
 {
     *stop_id = -1;
-    for (int i = 0; i < s->n_ids; i++)
+    // The request's own stop ids name themselves (vLLM's stop_reason); the
+    // model's eos is an ordinary end, reported as -1 (stop_reason null).
+    for (int i = s->n_ids - 1; i >= 0; i--)
         if (s->ids[i] == id) {
-            *stop_id = id;
+            if (i >= s->n_eos) *stop_id = id;
             return FINISH_STOP;
         }
     if (n_generated >= s->max_tokens) return FINISH_LENGTH;

@@ -17,6 +17,7 @@
 struct stop_state {
     int32_t *ids;     // (n_ids) eos ids (unless ignore_eos), then the request's stop ids
     int n_ids;
+    int n_eos;        // how many of ids are the model's eos ids
     int max_tokens;
     char **strs;      // (n_strs) NUL-terminated copies
     size_t *lens;     // (n_strs)

@@ -292,7 +292,8 @@ static void stop_token_ids_and_eos_end_generation_without_their_text(void **stat
     re.stop.ignore_eos = false;
     b = run_one(&re);
     assert_int_equal(b->res[0].finish, FINISH_STOP);
-    assert_int_equal(b->res[0].stop_id, eos);
+    assert_int_equal(b->res[0].stop_id, -1); // the model's own end: stop_reason null, as vLLM
+
     assert_int_equal(b->res[0].n_tokens, 1);
     assert_int_equal(b->res[0].text_len, 0);
     h_batch_free(b);
@@ -378,6 +379,45 @@ static void grammar_constrained_output_is_always_in_the_language(void **state)
         fail_msg("after the free token: '%s'", res->text);
     assert_int_equal(res->finish, FINISH_STOP);
     h_batch_free(b);
+    grammar_unref(g);
+
+    // Stop strings rest inside a tool call: a grammar forces the text
+    // "<tool_call>\nABC\n</tool_call> done" (a bias makes the tags the single
+    // tokens a trained model writes); "ABC" inside the call does not stop it,
+    // " done" after it does. Without the pause, "ABC" would.
+    const char *forced = "[\"<tool_call>\\nABC\\n</tool_call> done\"]";
+    const struct grammar_source fsrc = {.kind = GRAMMAR_CHOICE, .text = forced,
+                                        .len = strlen(forced)};
+    assert_int_equal(grammar_compile(v, &fsrc, &g, err, sizeof err), 0);
+    const char *stops[2] = {"ABC", " done"};
+    const struct sampling_logit_bias tags[2] = {{tok_find_token(g_tok, "<tool_call>"), 100},
+                                                {tok_find_token(g_tok, "</tool_call>"), 100}};
+    for (int pause = 0; pause < 2; pause++) {
+        base_request(&r, prompt, n, 30);
+        r.stop.ignore_eos = false;
+        r.grammar = g;
+        r.sampling.logit_bias = tags;
+        r.sampling.n_logit_bias = 2;
+        r.stop.stop_strs = stops;
+        r.stop.n_stop_strs = 2;
+        r.stop.skip_special_tokens = false;
+        if (pause) {
+            r.stop_pause_open = tok_find_token(g_tok, "<tool_call>");
+            r.stop_pause_close = tok_find_token(g_tok, "</tool_call>");
+            assert_true(r.stop_pause_open >= 0 && r.stop_pause_close >= 0);
+        }
+        b = run_one(&r);
+        res = &b->res[0];
+        assert_int_equal(res->finish, FINISH_STOP);
+        if (pause) {
+            assert_string_equal(res->text, "<tool_call>\nABC\n</tool_call>");
+            assert_string_equal(res->stop_str, " done");
+        } else {
+            assert_string_equal(res->text, "<tool_call>\n");
+            assert_string_equal(res->stop_str, "ABC");
+        }
+        h_batch_free(b);
+    }
     grammar_unref(g);
     grammar_vocab_destroy(v);
     free(prompt);
