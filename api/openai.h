@@ -228,6 +228,9 @@ struct oa_choice {
     size_t echo_len;
     const struct oa_token *echo_tokens;
     int n_echo_tokens;
+    // chat: the message's fields as the output parser split them (content,
+    // reasoning_content, tool_calls), or NULL for plain content = text
+    const json_t *message;
 };
 
 // A fresh id with the prefix ("chatcmpl-", "cmpl-"), 24 random hex digits after it.
@@ -247,6 +250,11 @@ json_t *oa_chat_chunk(const struct oa_meta *m, int index, const char *role, cons
                       size_t text_len, const struct oa_token *tokens, int n_tokens,
                       const char *finish_reason, const char *stop_str, int32_t stop_id,
                       const struct oa_usage *usage);
+// The same with a delta built by the caller (the output parser's events);
+// takes the reference to delta.
+json_t *oa_chat_chunk_delta(const struct oa_meta *m, int index, json_t *delta,
+                            const struct oa_token *tokens, int n_tokens, const char *finish_reason,
+                            const char *stop_str, int32_t stop_id, const struct oa_usage *usage);
 // text_offset_base: characters already streamed for this choice (echo included).
 json_t *oa_completion_chunk(const struct oa_meta *m, int index, const char *text, size_t text_len,
                             const struct oa_token *tokens, int n_tokens, long *text_offset,

@@ -235,6 +235,9 @@ static json_t *envelope(const struct oa_meta *m, const char *object)
     json_object_set_new(o, "object", json_string(object));
     json_object_set_new(o, "created", json_integer(m->created));
     json_object_set_new(o, "model", json_string(m->model));
+    // OpenAI's backend configuration tag: clients read the key; moeserve has
+    // no fingerprint to give (vLLM sends null too).
+    json_object_set_new(o, "system_fingerprint", json_null());
     return o;
 }
 
@@ -261,7 +264,14 @@ json_t *oa_chat_response(const struct oa_meta *m, const struct oa_choice *c, int
         json_t *ch = json_object(), *msg = json_object();
         json_object_set_new(ch, "index", json_integer(c[i].index));
         json_object_set_new(msg, "role", json_string("assistant"));
-        json_object_set_new(msg, "content", json_stringn(c[i].text ? c[i].text : "", c[i].text_len));
+        if (c[i].message) {
+            // The output parser's split: content (or null), reasoning, tool calls.
+            json_object_update(msg, (json_t *)c[i].message); // read, not changed
+        } else {
+            json_object_set_new(msg, "content",
+                                json_stringn(c[i].text ? c[i].text : "", c[i].text_len));
+        }
+        json_object_set_new(msg, "refusal", json_null());
         json_object_set_new(ch, "message", msg);
         json_object_set_new(ch, "logprobs", m->logprobs >= 0
                                                 ? oa_chat_logprobs(m, c[i].tokens, c[i].n_tokens)
@@ -330,8 +340,20 @@ json_t *oa_chat_chunk(const struct oa_meta *m, int index, const char *role, cons
                       const char *finish_reason, const char *stop_str, int32_t stop_id,
                       const struct oa_usage *usage)
 {
+    json_t *delta = json_object();
+    if (!delta) return NULL;
+    if (role) json_object_set_new(delta, "role", json_string(role));
+    if (role || text_len) json_object_set_new(delta, "content", json_stringn(text ? text : "", text_len));
+    return oa_chat_chunk_delta(m, index, delta, tokens, n_tokens, finish_reason, stop_str, stop_id,
+                               usage);
+}
+
+json_t *oa_chat_chunk_delta(const struct oa_meta *m, int index, json_t *delta,
+                            const struct oa_token *tokens, int n_tokens, const char *finish_reason,
+                            const char *stop_str, int32_t stop_id, const struct oa_usage *usage)
+{
     json_t *o = envelope(m, "chat.completion.chunk");
-    json_t *choices = json_array(), *ch = json_object(), *delta = json_object();
+    json_t *choices = json_array(), *ch = json_object();
     if (!o || !choices || !ch || !delta) {
         json_decref(o);
         json_decref(choices);
@@ -340,8 +362,6 @@ json_t *oa_chat_chunk(const struct oa_meta *m, int index, const char *role, cons
         return NULL;
     }
     json_object_set_new(ch, "index", json_integer(index));
-    if (role) json_object_set_new(delta, "role", json_string(role));
-    if (role || text_len) json_object_set_new(delta, "content", json_stringn(text ? text : "", text_len));
     json_object_set_new(ch, "delta", delta);
     json_object_set_new(ch, "logprobs", m->logprobs >= 0 && n_tokens > 0
                                             ? oa_chat_logprobs(m, tokens, n_tokens)

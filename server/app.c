@@ -43,8 +43,8 @@ const char *app_served_name(struct app *a, const char *model, struct oa_error *e
     return NULL;
 }
 
-int app_render_chat(struct app *a, json_t *messages, bool add_generation_prompt, json_t *kwargs,
-                    char **out, size_t *len, struct oa_error *e)
+int app_render_chat(struct app *a, json_t *messages, json_t *tools, bool add_generation_prompt,
+                    json_t *kwargs, char **out, size_t *len, struct oa_error *e)
 {
     if (!a->tmpl)
         return oa_errorf(e, MS_EUNSUPPORTED, "unsupported_value", "messages",
@@ -52,7 +52,7 @@ int app_render_chat(struct app *a, json_t *messages, bool add_generation_prompt,
                          "/v1/completions with a prompt instead");
     struct chat_template_args args = {
         .messages = messages,
-        .tools = NULL,
+        .tools = tools,
         .add_generation_prompt = add_generation_prompt,
         .kwargs = kwargs,
         .bos_token = tok_bos_token(a->tok),
@@ -64,6 +64,19 @@ int app_render_chat(struct app *a, json_t *messages, bool add_generation_prompt,
         return oa_errorf(e, rc == MS_ENOMEM ? MS_ENOMEM : MS_EINVAL, "invalid_value", "messages",
                          "the chat template refused these messages: %s", err);
     return 0;
+}
+
+json_t *app_chat_kwargs(struct app *a, json_t *request_kwargs, int thinking)
+{
+    json_t *k = a->default_kwargs ? json_deep_copy(a->default_kwargs) : json_object();
+    if (!k) return NULL;
+    if (request_kwargs && json_object_update(k, request_kwargs)) goto oom;
+    if (thinking >= 0 && json_object_set_new(k, "enable_thinking", json_boolean(thinking)))
+        goto oom;
+    return k;
+oom:
+    json_decref(k);
+    return NULL;
 }
 
 int app_encode(struct app *a, const char *text, size_t len, const char *param, int32_t **ids_out,
@@ -116,6 +129,37 @@ int app_create(struct app **out, char *err, size_t errlen)
     return 0;
 }
 
+// What agents need: the grammar vocabulary (tens of milliseconds over a
+// 150k vocabulary, once) and a cache of compiled grammars, the reasoning
+// parser's switch, the chat_template_kwargs defaults and the tag tokens.
+static int load_agents(struct app *a, const struct app_opts *o, char *err, size_t errlen)
+{
+    const struct model_config *cfg = &a->model->cfg;
+    int rc = grammar_vocab_create(a->tok, cfg->vocab_size, cfg->eos_ids, cfg->n_eos, &a->gvocab,
+                                  err, errlen);
+    if (rc) return rc;
+    if ((rc = grammar_cache_create(a->gvocab, 256, (size_t)256 << 20, &a->gcache, err, errlen)))
+        return rc;
+    a->think_end_id = tok_find_token(a->tok, "</think>");
+    a->tool_open_id = tok_find_token(a->tok, "<tool_call>");
+    a->tool_close_id = tok_find_token(a->tok, "</tool_call>");
+    const char *rp = o->reasoning_parser ? o->reasoning_parser : "auto";
+    const char *src = tok_chat_template(a->tok);
+    a->reasoning_parser = !strcmp(rp, "qwen3") ||
+                          (!strcmp(rp, "auto") && src && strstr(src, "<think>") &&
+                           a->think_end_id >= 0);
+    if (o->default_chat_template_kwargs) {
+        json_error_t je;
+        a->default_kwargs = json_loads(o->default_chat_template_kwargs, 0, &je);
+        if (!json_is_object(a->default_kwargs))
+            return ms_err(err, errlen, MS_EINVAL, "--default-chat-template-kwargs is not a JSON "
+                          "object: %s", je.text);
+    }
+    ms_log(MS_LOG_INFO, "agents: reasoning parser %s, tool calls parsed when tools are given "
+           "(hermes), structured output on", a->reasoning_parser ? "qwen3" : "off");
+    return 0;
+}
+
 // Long because it is the start-up order in one place: model, tokenizer,
 // chat template, served names, metrics, engine, each needing the one
 // before. A failure returns at once; app_destroy frees what was loaded.
@@ -165,6 +209,7 @@ int app_load(struct app *a, const struct app_opts *o, char *err, size_t errlen)
     a->limits.vocab_size = tok_vocab_size(a->tok);
     if (a->model->cfg.vocab_size > a->limits.vocab_size) a->limits.vocab_size = a->model->cfg.vocab_size;
     a->limits.max_model_len = a->max_model_len;
+    if ((rc = load_agents(a, o, err, errlen))) return rc;
     if (o->health_timeout_s > 0) a->health_timeout_s = o->health_timeout_s;
     a->health_t = ms_now();
     atomic_store(&a->state, APP_SERVING);
@@ -187,6 +232,9 @@ void app_destroy(struct app *a)
     if (a->engine) engine_destroy(a->engine);
     metrics_destroy(a->metrics);
     chat_template_destroy(a->tmpl);
+    grammar_cache_destroy(a->gcache);
+    grammar_vocab_destroy(a->gvocab);
+    json_decref(a->default_kwargs);
     if (a->tok) tok_destroy(a->tok);
     if (a->model) model_destroy(a->model);
     for (int i = 0; i < a->n_names; i++) free(a->names[i]);

@@ -20,6 +20,10 @@ struct app_opts {
     bool kv_dtype_auto;              // resolve engine.kv_dtype from the checkpoint
     enum load_format load_format;    // --load-format: auto, or dummy (random weights)
     double health_timeout_s;         // /health turns 503 when work waits and no step ends for this long
+    // --reasoning-parser: "auto" (qwen3 when the chat template thinks with
+    // <think>), "qwen3", or "none" (reasoning stays in content)
+    const char *reasoning_parser;
+    const char *default_chat_template_kwargs; // JSON object text, or NULL
 };
 
 struct app;

@@ -14,6 +14,7 @@
 
 #include "api/chat_template.h"
 #include "api/openai.h"
+#include "grammar/grammar.h"
 #include "model/model.h"
 #include "scheduler/engine.h"
 #include "scheduler/metrics.h"
@@ -46,6 +47,15 @@ struct app {
     uint64_t health_steps;           // engine steps at health_t
     double health_t;                 // when /health last saw a step (or no work)
     atomic_uint_least64_t last_delta_us; // the last engine output (job.c stamps it)
+    // Agents: structured output's vocabulary and compiled grammars, whether
+    // reasoning is split off (--reasoning-parser), the chat_template_kwargs
+    // defaults, and the tokens that open and close reasoning and tool calls
+    // (-1 when the tokenizer has none).
+    struct grammar_vocab *gvocab;
+    struct grammar_cache *gcache;
+    bool reasoning_parser;
+    json_t *default_kwargs;          // owned object, or NULL
+    int32_t think_end_id, tool_open_id, tool_close_id;
 };
 
 // True while serving; otherwise answers r with 503 (loading, or shutting
@@ -59,8 +69,12 @@ const char *app_served_name(struct app *a, const char *model, struct oa_error *e
 // Renders the chat template over messages into *out (malloc'd, *len bytes).
 // 0, or a status with *e filled (400 when the model has no template or the
 // template refuses the messages).
-int app_render_chat(struct app *a, json_t *messages, bool add_generation_prompt, json_t *kwargs,
-                    char **out, size_t *len, struct oa_error *e);
+int app_render_chat(struct app *a, json_t *messages, json_t *tools, bool add_generation_prompt,
+                    json_t *kwargs, char **out, size_t *len, struct oa_error *e);
+// The chat_template_kwargs a chat renders with: --default-chat-template-kwargs,
+// then the request's, then enable_thinking from reasoning_effort when thinking
+// is 0 or 1 (-1: leave it). A new reference, or NULL when out of memory.
+json_t *app_chat_kwargs(struct app *a, json_t *request_kwargs, int thinking);
 // Tokenizes text into *ids (malloc'd, *n_ids of them); errors name param.
 int app_encode(struct app *a, const char *text, size_t len, const char *param, int32_t **ids,
                int *n_ids, struct oa_error *e);

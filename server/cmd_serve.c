@@ -1,6 +1,7 @@
 // cmd_serve: `moeserve serve MODEL_DIR` — the OpenAI-compatible server:
 // flags, start-up (listen first, 503 while loading), and the drain on
 // SIGTERM/SIGINT.
+#include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -42,6 +43,14 @@ static void usage(FILE *f)
         "  --sse-keepalive S             SSE comment after S idle seconds in a stream (15; 0 off)\n"
         "  --health-timeout S            /health says 503 when work waits and no engine step\n"
         "                                ends for S seconds (120)\n"
+        "\n"
+        "agent options (vLLM's names):\n"
+        "  --reasoning-parser P          auto, qwen3 or none: text up to </think> goes to\n"
+        "                                reasoning_content (auto: qwen3 for templates that think)\n"
+        "  --enable-auto-tool-choice     accepted: tool calls are parsed whenever tools are given\n"
+        "  --tool-call-parser P          hermes (Qwen3's <tool_call> format, the only one)\n"
+        "  --default-chat-template-kwargs JSON  defaults for chat_template_kwargs, e.g.\n"
+        "                                '{\"enable_thinking\": false}'\n"
         "\n");
     engine_flags_usage(f);
 }
@@ -78,6 +87,8 @@ struct serve_opts {
     int64_t http_threads;
     double keepalive;
     double health_timeout;
+    const char *reasoning_parser;
+    const char *default_kwargs;
     struct engine_flags ef;
 };
 
@@ -136,6 +147,28 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
         } else if (!rc && (v = flag_value("--health-timeout", argc, argv, &i, &rc, err, errlen))) {
             rc = cli_parse_double("--health-timeout", v, 0, MAX_SECONDS, &o->health_timeout, err,
                                   errlen);
+        } else if (!rc && (v = flag_value("--reasoning-parser", argc, argv, &i, &rc, err, errlen))) {
+            if (strcmp(v, "auto") && strcmp(v, "qwen3") && strcmp(v, "none") && strcmp(v, "deepseek_r1"))
+                rc = ms_err(err, errlen, MS_EINVAL,
+                            "--reasoning-parser takes auto, qwen3 or none, got \"%s\"", v);
+            o->reasoning_parser = !strcmp(v, "deepseek_r1") ? "qwen3" : v; // the same <think> tags
+        } else if (!rc && !strcmp(a, "--enable-auto-tool-choice")) {
+            ms_log(MS_LOG_INFO, "--enable-auto-tool-choice: tool calls are parsed whenever a "
+                   "request gives tools; the flag changes nothing");
+        } else if (!rc && (v = flag_value("--tool-call-parser", argc, argv, &i, &rc, err, errlen))) {
+            if (strcmp(v, "hermes"))
+                rc = ms_err(err, errlen, MS_EUNSUPPORTED,
+                            "--tool-call-parser %s is not served; hermes (Qwen3's <tool_call> "
+                            "format) is", v);
+        } else if (!rc && (v = flag_value("--default-chat-template-kwargs", argc, argv, &i, &rc,
+                                          err, errlen))) {
+            json_error_t je;
+            json_t *j = json_loads(v, 0, &je);
+            if (!json_is_object(j))
+                rc = ms_err(err, errlen, MS_EINVAL,
+                            "--default-chat-template-kwargs must be a JSON object, not \"%.80s\"", v);
+            json_decref(j);
+            o->default_kwargs = v;
         } else if (!rc && a[0] == '-' && a[1]) {
             rc = ms_err(err, errlen, MS_EINVAL, "unknown option %s (see moeserve serve --help)", a);
         } else if (!rc) {
@@ -263,6 +296,8 @@ int cmd_serve(int argc, char **argv)
         .kv_dtype_auto = o.ef.kv_dtype_auto,
         .load_format = o.ef.load_format,
         .health_timeout_s = o.health_timeout,
+        .reasoning_parser = o.reasoning_parser,
+        .default_chat_template_kwargs = o.default_kwargs,
     };
     double t0 = ms_now();
     if (app_load(app, &ao, err, sizeof err)) {

@@ -31,6 +31,7 @@ struct job_choice {
     bool role_sent, echo_sent, finish_sent;
     long text_offset;                // legacy logprobs: characters streamed
     bool got_prompt_lp;
+    struct output_parser *parser;    // HTTP side, when the job parses output (made on first use)
 };
 
 static void job_free(struct job *j)
@@ -38,6 +39,7 @@ static void job_free(struct job *j)
     for (int i = 0; i < j->n_choices; i++) {
         struct job_choice *c = &j->choices[i];
         ms_buf_free(&c->text);
+        output_parser_destroy(c->parser);
         free(c->tokens);
         free(c->stop_str);
         free(c->error);
@@ -196,6 +198,49 @@ static void job_choice_view(struct job *j, const struct job_choice *c, struct oa
 
 // ---- the HTTP side of a job ---------------------------------------------------------------
 
+// Tool call ids as OpenAI spells them: "call_" and 24 random hex digits.
+static void make_call_id(void *ctx, int index, char *out, size_t cap)
+{
+    (void)ctx;
+    (void)index;
+    oa_make_id(out, cap, "call_");
+}
+
+static struct output_parser *choice_parser(struct job *j, struct job_choice *c)
+{
+    if (!j->parse_output) return NULL;
+    if (!c->parser) {
+        struct output_parser_opts o = j->parse_opts;
+        o.make_id = make_call_id;
+        char err[128];
+        if (output_parser_create(&o, &c->parser, err, sizeof err)) c->parser = NULL;
+    }
+    return c->parser;
+}
+
+// The whole answer of a finished choice through its parser: the message's
+// fields in *message (a new object) and the finish reason to report.
+static int parse_whole(struct job *j, struct job_choice *c, json_t **message, const char **finish)
+{
+    struct output_parser *p = choice_parser(j, c);
+    const struct output_event *ev;
+    size_t n_ev;
+    char err[128];
+    *message = NULL;
+    if (!p || output_parser_feed(p, c->text.data ? c->text.data : "", c->text.len, &ev, &n_ev, err,
+                                 sizeof err) ||
+        output_parser_finish(p, &ev, &n_ev, err, sizeof err))
+        return MS_ENOMEM;
+    json_t *m = json_object();
+    if (!m || output_parser_message_fill(p, m, j->include_reasoning)) {
+        json_decref(m);
+        return MS_ENOMEM;
+    }
+    *message = m;
+    *finish = output_parser_finish_reason(p, *finish);
+    return 0;
+}
+
 static void job_ready(void *ctx, struct http_request *r)
 {
     struct job *j = ctx;
@@ -219,11 +264,22 @@ static void job_ready(void *ctx, struct http_request *r)
         http_respond_json(r, 500, NULL);
         return;
     }
-    for (int i = 0; i < j->n_choices; i++) job_choice_view(j, &j->choices[i], &cs[i]);
-    json_t *body = j->chat ? oa_chat_response(&j->meta, cs, j->n_choices, &u)
+    json_t **msgs = calloc((size_t)j->n_choices, sizeof *msgs);
+    bool oom = !msgs;
+    for (int i = 0; i < j->n_choices; i++) {
+        job_choice_view(j, &j->choices[i], &cs[i]);
+        if (j->parse_output && !oom) {
+            oom = parse_whole(j, &j->choices[i], &msgs[i], &cs[i].finish_reason) != 0;
+            cs[i].message = msgs[i];
+        }
+    }
+    json_t *body = oom ? NULL
+                 : j->chat ? oa_chat_response(&j->meta, cs, j->n_choices, &u)
                            : oa_completion_response(&j->meta, cs, j->n_choices, &u);
+    for (int i = 0; msgs && i < j->n_choices; i++) json_decref(msgs[i]);
+    free(msgs);
     free(cs);
-    http_respond_json(r, 200, body);
+    http_respond_json(r, body ? 200 : 500, body);
 }
 
 static int dump_to_buf(const char *buf, size_t size, void *data)
@@ -251,6 +307,42 @@ struct piece {
     bool finish;
     struct oa_usage usage;           // this choice so far (continuous usage)
 };
+
+// One piece of a parsed chat stream: the new text through the choice's
+// parser (and, at the end, what it still held), its events as one delta. A
+// piece whose text the parser holds back (a tag not yet decided) and that
+// carries no logprobs or finish sends nothing.
+static void stream_parsed(struct job *j, struct job_choice *c, const struct piece *p,
+                          const char *fr, const char *ss, int32_t sid, const struct oa_usage *cu,
+                          struct ms_buf *out)
+{
+    struct output_parser *op = choice_parser(j, c);
+    json_t *delta = json_object();
+    const struct output_event *ev;
+    size_t n_ev = 0;
+    char err[128];
+    int rc = !op || !delta ? MS_ENOMEM : 0;
+    if (!rc && p->text_len) rc = output_parser_feed(op, p->text, p->text_len, &ev, &n_ev, err, sizeof err);
+    if (!rc && n_ev) rc = output_events_delta_fill(delta, ev, n_ev, j->include_reasoning);
+    if (!rc && p->finish) {
+        rc = output_parser_finish(op, &ev, &n_ev, err, sizeof err);
+        if (!rc) rc = output_events_delta_fill(delta, ev, n_ev, j->include_reasoning);
+        if (!rc) fr = output_parser_finish_reason(op, fr);
+    }
+    if (rc) {
+        json_decref(delta);
+        struct oa_error e;
+        oa_errorf(&e, MS_ENOMEM, "internal_error", NULL, "out of memory parsing the output");
+        sse_event(out, oa_error_json(&e));
+        return;
+    }
+    if (json_object_size(delta) == 0 && !p->finish && p->n_tokens == 0) {
+        json_decref(delta);
+        return;
+    }
+    sse_event(out, oa_chat_chunk_delta(&j->meta, c->index, delta, p->tokens, p->n_tokens, fr, ss,
+                                       sid, cu));
+}
 
 // Long because it is the stream's whole order in one place: under the lock
 // it takes what each choice has not sent yet (role first, then the echoed
@@ -334,7 +426,9 @@ static bool job_fill(void *ctx, struct ms_buf *out)
         const char *fr = p->finish ? (c->finish ? c->finish : "abort") : NULL;
         const char *ss = p->finish ? c->stop_str : NULL;
         int32_t sid = p->finish && !c->stop_str ? c->stop_id : -1;
-        if (j->chat)
+        if (j->chat && j->parse_output)
+            stream_parsed(j, c, p, fr, ss, sid, cu, out);
+        else if (j->chat)
             sse_event(out, oa_chat_chunk(&j->meta, c->index, NULL, p->text, p->text_len, p->tokens,
                                          p->n_tokens, fr, ss, sid, cu));
         else

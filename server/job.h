@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "api/openai.h"
+#include "api/output_parser.h"
 #include "base/arena.h"
 #include "scheduler/engine.h"
 #include "server/http.h"
@@ -47,6 +48,11 @@ struct job {
     struct oa_meta meta;             // meta.id points at id
     struct job_prompt *prompts;      // (n_prompts) calloc'd by the route
     int n_prompts;
+    // chat: each choice's text split into reasoning, content and tool calls
+    // (on the HTTP side, delta by delta as it streams, or once for a body)
+    bool parse_output;
+    struct output_parser_opts parse_opts;
+    bool include_reasoning;
     // state
     pthread_mutex_t mu;
     int refs;

@@ -11,6 +11,7 @@
 #include "api/openai.h"
 #include "base/arena.h"
 #include "base/base.h"
+#include "grammar/grammar.h"
 #include "server/app_state.h"
 #include "server/job.h"
 
@@ -23,6 +24,10 @@ struct parsed {
     const struct oa_gen_params *g;
     const char *served;              // the served model name it asked for
     const char *param;               // where its prompt is: "messages" or "prompt"
+    // chat: whether the model thinks first (the rendered kwargs' enable_thinking,
+    // and a prompt that left <think> open), and whether tool calls are parsed
+    bool thinking, prompt_in_reasoning, tools;
+    struct grammar *grammar;         // structured output, or NULL (a reference)
 };
 
 static int parse(struct app *a, struct http_request *r, struct job *j, struct parsed *q,
@@ -50,14 +55,22 @@ static int parse(struct app *a, struct http_request *r, struct job *j, struct pa
     return q->served ? 0 : e->status;
 }
 
-static int chat_prompt(struct app *a, const struct parsed *q, struct job_prompt *p,
-                       struct oa_error *e)
+// The chat's prompt, rendered with its tools and kwargs (reasoning_effort
+// decides enable_thinking), and what the rendering says about thinking.
+static int chat_prompt(struct app *a, struct parsed *q, struct job_prompt *p, struct oa_error *e)
 {
     char *text;
     size_t tl;
-    int rc = app_render_chat(a, q->cr.messages, q->cr.add_generation_prompt,
-                             q->cr.chat_template_kwargs, &text, &tl, e);
+    json_t *kw = app_chat_kwargs(a, q->cr.chat_template_kwargs, q->cr.thinking);
+    if (!kw) return oa_errorf(e, MS_ENOMEM, "internal_error", NULL, "out of memory");
+    // Qwen3 thinks unless the kwargs say enable_thinking false.
+    q->thinking = !json_is_false(json_object_get(kw, "enable_thinking"));
+    int rc = app_render_chat(a, q->cr.messages, q->cr.tools, q->cr.add_generation_prompt, kw, &text,
+                             &tl, e);
+    json_decref(kw);
     if (rc) return rc;
+    q->prompt_in_reasoning = output_parser_prompt_in_reasoning(text, tl);
+    q->tools = q->cr.tools && q->cr.tool_choice != OA_TOOL_NONE;
     rc = app_encode(a, text, tl, q->param, &p->ids, &p->n_ids, e);
     free(text);
     return rc;
@@ -118,7 +131,7 @@ static int check_prompts(struct app *a, struct job *j, const struct parsed *q, s
     return 0;
 }
 
-static int make_prompts(struct app *a, struct job *j, const struct parsed *q, struct oa_error *e)
+static int make_prompts(struct app *a, struct job *j, struct parsed *q, struct oa_error *e)
 {
     j->n_prompts = q->chat ? 1 : q->pr.n_prompts;
     j->prompts = calloc((size_t)j->n_prompts, sizeof *j->prompts);
@@ -151,15 +164,95 @@ static int make_choices(struct app *a, struct job *j, const struct parsed *q, st
     j->meta.tokens_as_ids = g->return_tokens_as_token_ids;
     j->meta.logprobs = g->logprobs;
     j->stream = g->stream;
+    j->parse_output = q->chat && (a->reasoning_parser || q->tools);
+    j->parse_opts = (struct output_parser_opts){.reasoning = a->reasoning_parser,
+                                                .start_in_reasoning = q->prompt_in_reasoning,
+                                                .tools = q->tools};
+    j->include_reasoning = q->chat && q->cr.include_reasoning;
     j->include_usage = g->include_usage;
     j->continuous_usage = g->continuous_usage_stats;
     return 0;
 }
 
-static void fill_engine_request(struct app *a, const struct oa_gen_params *g,
-                                const struct job_prompt *p, int choice_in_prompt,
-                                bool want_prompt_lp, struct engine_request *er)
+// ---- agents: the grammar of a structured output or a forced tool call ----------
+
+// A call of one tool as Hermes writes it, as JSON Schema: {"name": its name,
+// "arguments": its parameters} (no parameters: an empty object).
+static json_t *call_schema(json_t *tool)
 {
+    json_t *f = json_object_get(tool, "function"), *params = json_object_get(f, "parameters");
+    json_t *args = json_is_object(params) ? json_incref(params) : json_pack("{s:s}", "type", "object");
+    return json_pack("{s:s, s:{s:{s:O}, s:o}, s:[s, s]}", "type", "object", "properties", "name",
+                     "const", json_object_get(f, "name"), "arguments", args, "required", "name",
+                     "arguments");
+}
+
+// tool_choice "required": a call of any tool; named: of that one.
+static char *forced_call_schema(const struct oa_chat_request *r)
+{
+    json_t *schema = NULL;
+    size_t i;
+    json_t *t;
+    if (r->tool_choice == OA_TOOL_NAMED) {
+        json_array_foreach(r->tools, i, t)
+            if (!strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")),
+                        r->tool_choice_name))
+                schema = call_schema(t);
+    } else if (json_array_size(r->tools) == 1) {
+        schema = call_schema(json_array_get(r->tools, 0));
+    } else {
+        json_t *any = json_array();
+        json_array_foreach(r->tools, i, t) json_array_append_new(any, call_schema(t));
+        schema = json_pack("{s:o}", "anyOf", any);
+    }
+    char *text = schema ? json_dumps(schema, JSON_COMPACT) : NULL;
+    json_decref(schema);
+    return text;
+}
+
+// Compiles (through the app's cache) what the output must be: a forced tool
+// call wrapped in its tags, or the request's structured output. A schema or
+// grammar that cannot be honoured exactly is a 400 naming the field.
+static int make_grammar(struct app *a, struct parsed *q, struct oa_error *e)
+{
+    static const enum grammar_kind kinds[] = {
+        [OA_SO_JSON_OBJECT] = GRAMMAR_JSON_OBJECT, [OA_SO_JSON_SCHEMA] = GRAMMAR_JSON_SCHEMA,
+        [OA_SO_REGEX] = GRAMMAR_REGEX, [OA_SO_CHOICE] = GRAMMAR_CHOICE,
+        [OA_SO_GRAMMAR] = GRAMMAR_GBNF,
+    };
+    const struct oa_structured *so = &q->g->structured;
+    struct grammar_source src = {0};
+    const char *param;
+    char *owned = NULL;
+    if (q->chat && (q->cr.tool_choice == OA_TOOL_REQUIRED || q->cr.tool_choice == OA_TOOL_NAMED)) {
+        owned = forced_call_schema(&q->cr);
+        if (!owned) return oa_errorf(e, MS_ENOMEM, "internal_error", NULL, "out of memory");
+        src = (struct grammar_source){.kind = GRAMMAR_JSON_SCHEMA, .text = owned,
+                                      .len = strlen(owned), .prefix = "<tool_call>\n",
+                                      .prefix_len = 12, .suffix = "\n</tool_call>",
+                                      .suffix_len = 13};
+        param = q->cr.tool_choice == OA_TOOL_NAMED ? "tool_choice" : "tools";
+    } else if (so->kind != OA_SO_NONE) {
+        src = (struct grammar_source){.kind = kinds[so->kind], .text = so->text, .len = so->len};
+        param = so->param;
+    } else {
+        return 0;
+    }
+    char err[512];
+    int rc = grammar_cache_get(a->gcache, &src, &q->grammar, err, sizeof err);
+    free(owned);
+    if (!rc) return 0;
+    if (rc == MS_ENOMEM) return oa_errorf(e, rc, "internal_error", NULL, "%s", err);
+    return oa_errorf(e, rc == MS_EUNSUPPORTED ? MS_EUNSUPPORTED : MS_EINVAL,
+                     rc == MS_EUNSUPPORTED ? "unsupported_value" : "invalid_value", param,
+                     "'%s' cannot be enforced: %s", param, err);
+}
+
+static void fill_engine_request(struct app *a, const struct parsed *q, const struct job_prompt *p,
+                                int choice_in_prompt, bool want_prompt_lp,
+                                struct engine_request *er)
+{
+    const struct oa_gen_params *g = q->g;
     engine_request_default(er);
     er->prompt = p->ids;
     er->n_prompt = p->n_ids;
@@ -185,6 +278,15 @@ static void fill_engine_request(struct app *a, const struct oa_gen_params *g,
     st->stop_strs = g->stop;
     st->n_stop_strs = g->n_stop;
     st->skip_special_tokens = g->skip_special_tokens;
+    er->grammar = q->grammar;
+    // A model that thinks first is free until </think>; the grammar governs
+    // the answer after it.
+    if (q->grammar && a->reasoning_parser && (q->thinking || q->prompt_in_reasoning))
+        er->grammar_after = a->think_end_id;
+    if (q->tools) {
+        er->stop_pause_open = a->tool_open_id;
+        er->stop_pause_close = a->tool_close_id;
+    }
 }
 
 // Submits every choice; the first refusal cancels those already submitted
@@ -195,7 +297,7 @@ static int submit_choices(struct app *a, struct job *j, const struct parsed *q, 
     for (int i = 0; i < j->n_choices; i++) {
         int prompt = i / g->n;
         struct engine_request er;
-        fill_engine_request(a, g, &j->prompts[prompt], i % g->n, j->echo && g->logprobs >= 0, &er);
+        fill_engine_request(a, q, &j->prompts[prompt], i % g->n, j->echo && g->logprobs >= 0, &er);
         char err[512];
         int rc = job_submit(j, i, prompt, &er, err, sizeof err);
         if (rc) {
@@ -229,7 +331,9 @@ static void handle_generate(struct app *a, struct http_request *r, bool chat)
     int rc = parse(a, r, j, &q, &e);
     if (!rc) rc = make_prompts(a, j, &q, &e);
     if (!rc) rc = make_choices(a, j, &q, &e);
+    if (!rc) rc = make_grammar(a, &q, &e);
     if (!rc) rc = submit_choices(a, j, &q, &e);
+    grammar_unref(q.grammar); // each engine request holds its own
     if (!rc && job_respond(j, r)) rc = oa_errorf(&e, MS_ENOMEM, "internal_error", NULL, "out of memory");
     if (chat) oa_chat_request_release(&q.cr);
     if (rc) app_respond_error(r, &e);

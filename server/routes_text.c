@@ -68,8 +68,11 @@ void routes_text_tokenize(void *app, struct http_request *r)
         if (t.is_chat) {
             char *text;
             size_t tl;
-            rc = app_render_chat(a, t.messages, t.add_generation_prompt, t.chat_template_kwargs,
-                                 &text, &tl, &e);
+            json_t *kw = app_chat_kwargs(a, t.chat_template_kwargs, -1);
+            rc = kw ? app_render_chat(a, t.messages, t.tools, t.add_generation_prompt, kw, &text,
+                                      &tl, &e)
+                    : oa_errorf(&e, MS_ENOMEM, "internal_error", NULL, "out of memory");
+            json_decref(kw);
             if (!rc) {
                 rc = app_encode(a, text, tl, "messages", &ids, &n_ids, &e);
                 free(text);

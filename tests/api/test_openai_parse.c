@@ -466,11 +466,7 @@ static void unimplemented_parameters_are_refused_by_name(void **state)
 {
     (void)state;
     const struct wrong cases[] = {
-        {"response_format", "{\"type\": \"json_object\"}"},
-        {"tools", "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]"},
-        {"tool_choice", "\"auto\""},
         {"functions", "[{\"name\": \"f\"}]"},
-        {"guided_json", "{}"},
         {"use_beam_search", "true"},
         {"min_tokens", "5"},
         {"include_stop_str_in_output", "true"},
@@ -479,7 +475,7 @@ static void unimplemented_parameters_are_refused_by_name(void **state)
         {"continue_final_message", "true"},
         {"chat_template", "\"{{ messages }}\""},
         {"audio", "{}"},
-        {"store", "true"},
+        {"modalities", "[\"audio\"]"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char body[512];
@@ -489,14 +485,111 @@ static void unimplemented_parameters_are_refused_by_name(void **state)
     struct arena *a = arena_create(4096);
     struct oa_chat_request r;
     struct oa_error e;
-    assert_int_equal(chat("{" MSGS ", \"response_format\": {\"type\": \"json_object\"}}", &r, &e,
-                          a, NULL), MS_EUNSUPPORTED);
+    assert_int_equal(chat("{" MSGS ", \"min_tokens\": 3}", &r, &e, a, NULL), MS_EUNSUPPORTED);
     assert_string_equal(e.code, "unsupported_parameter");
-    assert_non_null(strstr(e.message, "response_format"));
+    assert_non_null(strstr(e.message, "min_tokens"));
     // Their "off" values and nulls are fine.
     assert_int_equal(chat("{" MSGS ", \"response_format\": null, \"tools\": null, \"echo\": false,"
                           " \"min_tokens\": 0, \"use_beam_search\": false}", &r, &e, a, NULL), 0);
     oa_chat_request_release(&r);
+    arena_destroy(a);
+}
+
+// What agents send: tools with tool_choice, reasoning switches and every
+// spelling of structured output are parsed into the request, and their
+// malformed or contradictory forms are refused naming the parameter.
+static void agent_fields_are_parsed_and_checked(void **state)
+{
+    (void)state;
+    struct arena *a = arena_create(4096);
+    struct oa_chat_request r;
+    struct oa_error e;
+#define TOOL "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\"}}}"
+    assert_int_equal(chat("{" MSGS ", \"tools\": [" TOOL "], \"tool_choice\": {\"type\": \"function\", "
+                          "\"function\": {\"name\": \"get_weather\"}}, \"parallel_tool_calls\": false, "
+                          "\"reasoning_effort\": \"none\", \"include_reasoning\": false, \"store\": true, "
+                          "\"modalities\": [\"text\"]}", &r, &e, a, NULL), 0);
+    assert_int_equal(json_array_size(r.tools), 1);
+    assert_int_equal(r.tool_choice, OA_TOOL_NAMED);
+    assert_string_equal(r.tool_choice_name, "get_weather");
+    assert_false(r.parallel_tool_calls);
+    assert_int_equal(r.thinking, 0);
+    assert_false(r.include_reasoning);
+    oa_chat_request_release(&r);
+    assert_int_equal(chat("{" MSGS "}", &r, &e, a, NULL), 0);
+    assert_null(r.tools);
+    assert_int_equal(r.tool_choice, OA_TOOL_AUTO);
+    assert_int_equal(r.thinking, -1);
+    assert_int_equal(r.gen.structured.kind, OA_SO_NONE);
+    oa_chat_request_release(&r);
+    const struct {
+        const char *field;
+        enum oa_structured_kind kind;
+        const char *text;
+    } so[] = {
+        {"\"response_format\": {\"type\": \"text\"}", OA_SO_NONE, NULL},
+        {"\"response_format\": {\"type\": \"json_object\"}", OA_SO_JSON_OBJECT, ""},
+        {"\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", "
+         "\"schema\": {\"type\": \"integer\"}, \"strict\": true}}", OA_SO_JSON_SCHEMA,
+         "{\"type\": \"integer\"}"},
+        {"\"structured_outputs\": {\"regex\": \"[0-9]+\"}", OA_SO_REGEX, "[0-9]+"},
+        {"\"structured_outputs\": {\"choice\": [\"a\", \"b\"], \"disable_any_whitespace\": true}",
+         OA_SO_CHOICE, "[\"a\", \"b\"]"},
+        {"\"structured_outputs\": {\"grammar\": \"root ::= \\\"x\\\"\"}", OA_SO_GRAMMAR, "root ::= \"x\""},
+        {"\"guided_json\": {\"type\": \"string\"}", OA_SO_JSON_SCHEMA, "{\"type\": \"string\"}"},
+        {"\"guided_choice\": [\"yes\"]", OA_SO_CHOICE, "[\"yes\"]"},
+        {"\"json_schema\": {\"type\": \"boolean\"}", OA_SO_JSON_SCHEMA, "{\"type\": \"boolean\"}"},
+        {"\"grammar\": \"root ::= [0-9]\"", OA_SO_GRAMMAR, "root ::= [0-9]"},
+    };
+    for (size_t i = 0; i < sizeof so / sizeof so[0]; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{" MSGS ", %s}", so[i].field);
+        if (chat(body, &r, &e, a, NULL)) fail_msg("%s: %s", body, e.message);
+        assert_int_equal(r.gen.structured.kind, so[i].kind);
+        if (so[i].text) {
+            // Schemas come back as compact JSON: compare as JSON.
+            json_t *want = json_loads(so[i].text, JSON_DECODE_ANY, NULL);
+            json_t *got = json_loads(r.gen.structured.text, JSON_DECODE_ANY, NULL);
+            if (want && got) assert_true(json_equal(want, got));
+            else assert_string_equal(r.gen.structured.text, so[i].text);
+            json_decref(want);
+            json_decref(got);
+        }
+        oa_chat_request_release(&r);
+    }
+    const struct wrong bad[] = {
+        {"tools", "{}"},
+        {"tools[0].type", "[{\"type\": \"retrieval\"}]"},
+        {"tools[0].function.name", "[{\"type\": \"function\", \"function\": {\"name\": \"has space\"}}]"},
+        {"tools[1].function.name", "[" TOOL ", " TOOL "]"},
+        {"tools[0].function.parameters", "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": 3}}]"},
+        {"tool_choice", "\"sometimes\""},
+        {"reasoning_effort", "\"extreme\""},
+        {"response_format.type", "{\"type\": \"yaml\"}"},
+        {"response_format.json_schema.schema", "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": 5}}"},
+        {"structured_outputs.choice", "{\"choice\": []}"},
+        {"structured_outputs.structural_tag", "{\"structural_tag\": \"x\"}"},
+        {"n_predict", "0"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char body[768];
+        const char *field = strchr(bad[i].param, '.') || strchr(bad[i].param, '[')
+                                ? strndup(bad[i].param, strcspn(bad[i].param, ".["))
+                                : strdup(bad[i].param);
+        snprintf(body, sizeof body, "{" MSGS ", \"%s\": %s}", field, bad[i].value);
+        expect_chat_error(body, 400, bad[i].param);
+        free((void *)field);
+    }
+    // Cross-field: a named choice must name a tool; a forced call needs tools
+    // and excludes another format; two formats at once are refused.
+    expect_chat_error("{" MSGS ", \"tools\": [" TOOL "], \"tool_choice\": {\"type\": \"function\", "
+                      "\"function\": {\"name\": \"other\"}}}", 400, "tool_choice.function.name");
+    expect_chat_error("{" MSGS ", \"tool_choice\": \"required\"}", 400, "tool_choice");
+    expect_chat_error("{" MSGS ", \"tools\": [" TOOL "], \"tool_choice\": \"required\", "
+                      "\"response_format\": {\"type\": \"json_object\"}}", 400, "tool_choice");
+    expect_chat_error("{" MSGS ", \"guided_regex\": \"a\", \"response_format\": {\"type\": "
+                      "\"json_object\"}}", 400, "response_format");
+#undef TOOL
     arena_destroy(a);
 }
 
@@ -666,6 +759,7 @@ int main(void)
         cmocka_unit_test(every_parameter_lands_in_the_request),
         cmocka_unit_test(every_parameter_replaced_by_a_hostile_value_is_taken_or_refused),
         cmocka_unit_test(unimplemented_parameters_are_refused_by_name),
+        cmocka_unit_test(agent_fields_are_parsed_and_checked),
         cmocka_unit_test(cross_field_rules),
         cmocka_unit_test(completion_prompts_in_every_shape),
         cmocka_unit_test(tokenize_and_detokenize_bodies),

@@ -153,8 +153,8 @@ test('BadRequestError names the parameter', async () => {
     (e) => e instanceof OpenAI.BadRequestError && e.param === 'max_tokens');
   await assert.rejects(client.chat.completions.create({ model: 'tiny', messages: [] }),
     (e) => e instanceof OpenAI.BadRequestError && e.param === 'messages');
-  await assert.rejects(client.chat.completions.create({ model: 'tiny', messages, response_format: { type: 'json_object' } }),
-    (e) => e instanceof OpenAI.BadRequestError && e.param === 'response_format');
+  await assert.rejects(client.chat.completions.create({ model: 'tiny', messages, response_format: { type: 'yaml' } }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'response_format.type');
 });
 
 test('AuthenticationError for a wrong key', async () => {

@@ -435,8 +435,9 @@ static void errors_name_what_is_wrong(void **state)
     expect_error(chat, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"", 400, NULL);
     expect_error(chat, "", 400, NULL);
     expect_error(chat, "[]", 400, NULL);
-    expect_error(chat, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"response_format\": {\"type\": \"json_object\"}}", 400, "response_format");
-    expect_error(chat, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}", 400, "tools");
+    // A schema the grammar engine cannot enforce exactly is refused, never loosened.
+    expect_error(chat, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": {\"type\": \"object\", \"patternProperties\": {\"^a\": {}}}}}}", 400, "response_format.json_schema.schema");
+    expect_error(chat, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f g\"}}]}", 400, "tools[0].function.name");
     expect_error(chat, "{\"model\": \"gpt-4\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", 404, "model");
     long st;
     json_t *j = srv_post_json(&S, chat, "{\"model\": \"gpt-4\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", &st);
