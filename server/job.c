@@ -361,6 +361,8 @@ static bool job_fill(void *ctx, struct ms_buf *out)
         if (j->chat && !c->role_sent) {
             c->role_sent = true;
             pc[n].choice = i;
+            pc[n].usage.prompt_tokens = c->prompt_tokens ? c->prompt_tokens
+                                                         : j->prompts[c->prompt].n_ids;
             pc[n++].role = true;
         }
         bool echo_needs_lp = j->meta.logprobs >= 0;
@@ -391,7 +393,8 @@ static bool job_fill(void *ctx, struct ms_buf *out)
         c->tokens_sent = c->n_tokens;
         p->finish = fin;
         if (fin) c->finish_sent = true;
-        p->usage.prompt_tokens = c->prompt_tokens;
+        // Before the engine's first delta the prompt's size is already known.
+        p->usage.prompt_tokens = c->prompt_tokens ? c->prompt_tokens : j->prompts[c->prompt].n_ids;
         p->usage.completion_tokens = c->completion_tokens;
         p->usage.cached_tokens = c->cached_tokens;
     }

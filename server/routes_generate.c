@@ -170,18 +170,67 @@ static int make_choices(struct app *a, struct job *j, const struct parsed *q, st
                                                 .tools = q->tools};
     j->include_reasoning = q->chat && q->cr.include_reasoning;
     j->include_usage = g->include_usage;
-    j->continuous_usage = g->continuous_usage_stats;
+    // vLLM sends usage on every chunk only when include_usage asks for usage at all.
+    j->continuous_usage = g->continuous_usage_stats && g->include_usage;
     return 0;
 }
 
 // ---- agents: the grammar of a structured output or a forced tool call ----------
 
-// A call of one tool as Hermes writes it, as JSON Schema: {"name": its name,
-// "arguments": its parameters} (no parameters: an empty object).
-static json_t *call_schema(json_t *tool)
+// Local references of a tool's parameters, moved under the call schema's
+// root: "#/$defs/X" and "#/definitions/X" become "#/$defs/<prefix>X" and "#"
+// (the parameters themselves) "#/$defs/<prefix>", so that several tools'
+// definitions cannot collide. Rewrites v in place (a copy).
+static void rewrite_refs(json_t *v, const char *prefix)
+{
+    if (json_is_array(v)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(v, i, x) rewrite_refs(x, prefix);
+        return;
+    }
+    if (!json_is_object(v)) return;
+    const char *k;
+    json_t *x;
+    json_object_foreach(v, k, x) {
+        if (!strcmp(k, "$ref") && json_is_string(x)) {
+            const char *r = json_string_value(x), *name = NULL;
+            if (!strncmp(r, "#/$defs/", 8)) name = r + 8;
+            else if (!strncmp(r, "#/definitions/", 14)) name = r + 14;
+            else if (strcmp(r, "#")) continue; // not local: the grammar engine says so
+            char buf[512];
+            snprintf(buf, sizeof buf, "#/$defs/%s%s", prefix, name ? name : "");
+            json_object_set_new(v, "$ref", json_string(buf));
+        } else {
+            rewrite_refs(x, prefix);
+        }
+    }
+}
+
+// A call of tool i as Hermes writes it, as JSON Schema: {"name": its name,
+// "arguments": its parameters} (no parameters: an empty object); the
+// parameters' definitions go into defs.
+static json_t *call_schema(json_t *tool, int i, json_t *defs)
 {
     json_t *f = json_object_get(tool, "function"), *params = json_object_get(f, "parameters");
-    json_t *args = json_is_object(params) ? json_incref(params) : json_pack("{s:s}", "type", "object");
+    json_t *args = json_is_object(params) ? json_deep_copy(params) : json_pack("{s:s}", "type", "object");
+    if (!args) return NULL;
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "tool%d_", i);
+    rewrite_refs(args, prefix);
+    static const char *const keys[] = {"$defs", "definitions"};
+    for (int kk = 0; kk < 2; kk++) {
+        json_t *d = json_object_get(args, keys[kk]);
+        const char *k;
+        json_t *x;
+        json_object_foreach(d, k, x) {
+            char name[320];
+            snprintf(name, sizeof name, "%s%s", prefix, k);
+            json_object_set(defs, name, x);
+        }
+        json_object_del(args, keys[kk]);
+    }
+    json_object_set(defs, prefix, args); // what "#" in the parameters meant
     return json_pack("{s:s, s:{s:{s:O}, s:o}, s:[s, s]}", "type", "object", "properties", "name",
                      "const", json_object_get(f, "name"), "arguments", args, "required", "name",
                      "arguments");
@@ -190,21 +239,24 @@ static json_t *call_schema(json_t *tool)
 // tool_choice "required": a call of any tool; named: of that one.
 static char *forced_call_schema(const struct oa_chat_request *r)
 {
-    json_t *schema = NULL;
+    json_t *schema = NULL, *defs = json_object();
     size_t i;
     json_t *t;
+    if (!defs) return NULL;
     if (r->tool_choice == OA_TOOL_NAMED) {
         json_array_foreach(r->tools, i, t)
             if (!strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")),
                         r->tool_choice_name))
-                schema = call_schema(t);
+                schema = call_schema(t, (int)i, defs);
     } else if (json_array_size(r->tools) == 1) {
-        schema = call_schema(json_array_get(r->tools, 0));
+        schema = call_schema(json_array_get(r->tools, 0), 0, defs);
     } else {
         json_t *any = json_array();
-        json_array_foreach(r->tools, i, t) json_array_append_new(any, call_schema(t));
+        json_array_foreach(r->tools, i, t) json_array_append_new(any, call_schema(t, (int)i, defs));
         schema = json_pack("{s:o}", "anyOf", any);
     }
+    if (schema && json_object_size(defs)) json_object_set(schema, "$defs", defs);
+    json_decref(defs);
     char *text = schema ? json_dumps(schema, JSON_COMPACT) : NULL;
     json_decref(schema);
     return text;
@@ -265,6 +317,9 @@ static void fill_engine_request(struct app *a, const struct parsed *q, const str
     struct engine_stop *st = &er->stop;
     int room = a->max_model_len - p->n_ids;
     int max = g->max_tokens;
+    // OpenAI's and vLLM's default for completions is 16 tokens; a chat may
+    // use the rest of the context.
+    if (max == 0 && !q->chat) max = room < 16 ? room : 16;
     if (max == 0) {
         max = room;
         if (a->use_gen && a->model->cfg.gen.max_new_tokens > 0 &&

@@ -4,40 +4,12 @@
 // classes the SDK must raise (BadRequestError, AuthenticationError,
 // NotFoundError). Exits non-zero on the first failure.
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import OpenAI from 'openai';
-
-const bin = process.env.MOESERVE_BIN;
-const modelDir = process.env.MOESERVE_TINY_MODEL;
-if (!bin || !modelDir) {
-  console.error('MOESERVE_BIN and MOESERVE_TINY_MODEL must be set (meson test sets them)');
-  process.exit(1);
-}
+import { runTests, startServer } from './serve.mjs';
 
 const KEY = 'sdk-test-key';
-const child = spawn(bin, ['serve', modelDir, '--port', '0', '--kv-cache-memory', '64MiB',
-  '--max-model-len', '2048', '--threads', '1', '--api-key', KEY,
-  '--served-model-name', 'tiny'], { stdio: ['ignore', 'inherit', 'pipe'] });
-let exited = null;
-const exitPromise = new Promise((resolve) => child.on('exit', (code, sig) => {
-  exited = { code, sig };
-  resolve(exited);
-}));
-
-const port = await new Promise((resolve, reject) => {
-  let log = '';
-  const timer = setTimeout(() => reject(new Error('the server did not get ready')), 120000);
-  child.stderr.on('data', (d) => {
-    process.stderr.write(d);
-    log += d;
-    const m = log.match(/listening on http:\/\/[^ ]*:(\d+)/);
-    if (m && log.includes('ready: serving')) {
-      clearTimeout(timer);
-      resolve(Number(m[1]));
-    }
-  });
-  exitPromise.then((e) => reject(new Error(`the server exited early: ${JSON.stringify(e)}`)));
-});
+const server = await startServer(['--api-key', KEY]);
+const { port } = server;
 
 const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: KEY, maxRetries: 0 });
 const greedy = { temperature: 0, ignore_eos: true };
@@ -146,6 +118,36 @@ test('models.list', async () => {
   assert.deepEqual(ids, ['tiny']);
 });
 
+test('the shape clients expect: refusal, system_fingerprint, stop_reason on eos, default max_tokens, developer role, usage', async () => {
+  let r = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 3, temperature: 0 });
+  assert.equal(r.choices[0].message.refusal, null);
+  assert.ok('system_fingerprint' in r);
+  // The model's own end of sequence: finish_reason stop, stop_reason null.
+  r = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 5, logit_bias: { 151645: 100 } });
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  assert.equal(r.choices[0].stop_reason, null);
+  // Completions default to 16 tokens, as OpenAI and vLLM do.
+  const c = await client.completions.create({ model: 'tiny', prompt: 'Once', ignore_eos: true, temperature: 0 });
+  assert.equal(c.usage.completion_tokens, 16);
+  // developer messages are system messages to the template.
+  const tok = async (role) => (await (await fetch(`http://127.0.0.1:${port}/tokenize`, { method: 'POST',
+    headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${KEY}` },
+    body: JSON.stringify({ model: 'tiny', messages: [{ role, content: 'Be brief.' }, ...messages] }) })).json()).tokens;
+  assert.deepEqual(await tok('developer'), await tok('system'));
+  // Continuous usage only with include_usage; the first chunk already knows the prompt.
+  let chunks = [];
+  for await (const ch of await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 3, stream: true,
+    stream_options: { continuous_usage_stats: true } })) chunks.push(ch);
+  assert.ok(chunks.every((ch) => !ch.usage));
+  chunks = [];
+  for await (const ch of await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 3, stream: true,
+    stream_options: { include_usage: true, continuous_usage_stats: true } })) chunks.push(ch);
+  assert.ok(chunks.every((ch) => ch.usage && ch.usage.prompt_tokens > 0), JSON.stringify(chunks[0]));
+  // store, modalities and include_obfuscation are accepted as the no-ops they are here.
+  r = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 2, store: true, modalities: ['text'] });
+  assert.equal(r.object, 'chat.completion');
+});
+
 test('BadRequestError names the parameter', async () => {
   await assert.rejects(client.chat.completions.create({ model: 'tiny', messages, temperature: 5 }),
     (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === 'temperature');
@@ -169,21 +171,4 @@ test('NotFoundError for an unknown model', async () => {
     (e) => e instanceof OpenAI.NotFoundError && e.status === 404 && e.code === 'model_not_found');
 });
 
-let failed = 0;
-for (const t of tests) {
-  try {
-    await t.fn();
-    console.log(`ok - ${t.name}`);
-  } catch (e) {
-    failed++;
-    console.log(`not ok - ${t.name}\n${e.stack ?? e}`);
-  }
-}
-child.kill('SIGTERM');
-const e = exited ?? await exitPromise;
-if (e.code !== 0) {
-  console.log(`not ok - the server exited with ${JSON.stringify(e)} after SIGTERM`);
-  failed++;
-}
-console.log(failed ? `${failed} failed` : 'all passed');
-process.exit(failed ? 1 : 0);
+await runTests(tests, server);

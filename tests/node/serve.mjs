@@ -1,0 +1,64 @@
+// serve: what the Node tests against a live `moeserve serve` share — start
+// the server on the tiny model on a free port, wait until it serves, run
+// named tests in order, stop it with SIGTERM and require a clean exit.
+import { spawn } from 'node:child_process';
+
+// Starts the server with extra flags; resolves { port, child, stop }.
+// stop() sends SIGTERM and resolves the exit { code, sig }.
+export async function startServer(extraArgs = []) {
+  const bin = process.env.MOESERVE_BIN;
+  const modelDir = process.env.MOESERVE_TINY_MODEL;
+  if (!bin || !modelDir) {
+    console.error('MOESERVE_BIN and MOESERVE_TINY_MODEL must be set (meson test sets them)');
+    process.exit(1);
+  }
+  const child = spawn(bin, ['serve', modelDir, '--port', '0', '--kv-cache-memory', '64MiB',
+    '--max-model-len', '2048', '--threads', '1', '--served-model-name', 'tiny', ...extraArgs],
+  { stdio: ['ignore', 'inherit', 'pipe'] });
+  let exited = null;
+  const exitPromise = new Promise((resolve) => child.on('exit', (code, sig) => {
+    exited = { code, sig };
+    resolve(exited);
+  }));
+  const port = await new Promise((resolve, reject) => {
+    let log = '';
+    const timer = setTimeout(() => reject(new Error('the server did not get ready')), 120000);
+    child.stderr.on('data', (d) => {
+      process.stderr.write(d);
+      log += d;
+      const m = log.match(/listening on http:\/\/[^ ]*:(\d+)/);
+      if (m && log.includes('ready: serving')) {
+        clearTimeout(timer);
+        resolve(Number(m[1]));
+      }
+    });
+    exitPromise.then((e) => reject(new Error(`the server exited early: ${JSON.stringify(e)}`)));
+  });
+  const stop = async () => {
+    child.kill('SIGTERM');
+    return exited ?? await exitPromise;
+  };
+  return { port, child, stop };
+}
+
+// Runs each { name, fn } in order, then stops the server; exits 1 when any
+// test failed or the server did not exit 0.
+export async function runTests(tests, server) {
+  let failed = 0;
+  for (const t of tests) {
+    try {
+      await t.fn();
+      console.log(`ok - ${t.name}`);
+    } catch (e) {
+      failed++;
+      console.log(`not ok - ${t.name}\n${e.stack ?? e}`);
+    }
+  }
+  const e = await server.stop();
+  if (e.code !== 0) {
+    console.log(`not ok - the server exited with ${JSON.stringify(e)} after SIGTERM`);
+    failed++;
+  }
+  console.log(failed ? `${failed} failed` : 'all passed');
+  process.exit(failed ? 1 : 0);
+}
