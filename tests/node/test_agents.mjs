@@ -13,7 +13,9 @@ import OpenAI from 'openai';
 import { ChatOpenAI } from '@langchain/openai';
 import { runTests, startServer } from './serve.mjs';
 
-const server = await startServer([]);
+// vLLM's agent flags, and a server-wide default that turns thinking off.
+const server = await startServer(['--enable-auto-tool-choice', '--tool-call-parser', 'hermes',
+  '--reasoning-parser', 'qwen3', '--default-chat-template-kwargs', '{"enable_thinking": false}']);
 const baseURL = `http://127.0.0.1:${server.port}/v1`;
 const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0 });
 const ajv = new Ajv({ strict: false, allErrors: true, validateFormats: false });
@@ -196,6 +198,19 @@ test('LangChain: bindTools and withStructuredOutput', async () => {
   validate(weather.function.parameters, msg.tool_calls[0].args, 'bindTools');
   const structured = llm.withStructuredOutput(schemas.enum_anyof, { name: 'reading' });
   validate(schemas.enum_anyof, await structured.invoke('A temperature reading, please.'), 'withStructuredOutput');
+});
+
+// Without reasoning_effort the server's default kwargs decide: thinking off,
+// so the grammar governs from the first token (with thinking on it would
+// wait for a </think> that random weights seldom write).
+test('--default-chat-template-kwargs turns thinking off for every request', async () => {
+  const { reasoning_effort, ...noEffort } = base;
+  assert.equal(reasoning_effort, 'none');
+  for (const seed of [21, 22]) {
+    const r = await client.chat.completions.create({ ...noEffort, seed, response_format: { type: 'json_schema',
+      json_schema: { name: 'x', schema: schemas.enum_anyof } } });
+    validate(schemas.enum_anyof, JSON.parse(r.choices[0].message.content), `seed ${seed}`);
+  }
 });
 
 test('hostile schemas and grammars are refused with a 400 naming the field, or bounded', async () => {
