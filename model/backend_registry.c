@@ -8,6 +8,10 @@
 #include "base/base.h"
 #include "model/cpu/backend_cpu.h"
 #include "model/cpu/comm_inproc.h"
+#include "moeserve_build.h"
+#if MOESERVE_HAVE_CUDA
+#include "gpu/backend_cuda.h"
+#endif
 
 int backend_device_parse(const char *s, enum backend_device *out)
 {
@@ -37,16 +41,26 @@ int backend_device_resolve(enum backend_device want, enum backend_device *out, c
         *out = BACKEND_DEVICE_CPU;
         return 0;
     case BACKEND_DEVICE_AUTO:
-        *out = BACKEND_DEVICE_CPU;
-        if (note && notelen)
-            snprintf(note, notelen, "--device auto: this build has no CUDA backend; running on the CPU");
-        return 0;
     case BACKEND_DEVICE_CUDA:
         break;
     }
-    return ms_err(err, errlen, MS_EUNSUPPORTED,
-                  "--device cuda: this build of moeserve has no CUDA backend; use --device cpu "
-                  "(or auto)");
+#if MOESERVE_HAVE_CUDA
+    char why[320];
+    int n;
+    if (backend_cuda_probe(&n, why, sizeof why) == 0) {
+        *out = BACKEND_DEVICE_CUDA;
+        return 0;
+    }
+#else
+    const char *why = "this build of moeserve has no CUDA backend (it was built without the CUDA "
+                      "toolkit, or with -Dcuda=disabled)";
+#endif
+    if (want == BACKEND_DEVICE_AUTO) {
+        *out = BACKEND_DEVICE_CPU;
+        if (note && notelen) snprintf(note, notelen, "--device auto: %s; running on the CPU", why);
+        return 0;
+    }
+    return ms_err(err, errlen, MS_EUNSUPPORTED, "--device cuda: %s; use --device cpu (or auto)", why);
 }
 
 int backend_create(enum backend_device d, const struct backend_opts *o, struct backend **out,
@@ -67,15 +81,41 @@ int backend_create(enum backend_device d, const struct backend_opts *o, struct b
     case BACKEND_DEVICE_AUTO:
         return ms_err(err, errlen, MS_EINVAL, "resolve --device auto before making a backend");
     case BACKEND_DEVICE_CUDA:
+#if MOESERVE_HAVE_CUDA
+        return backend_cuda_create(o->device_index, o->rank, out, err, errlen);
+#else
         break;
+#endif
     }
     return ms_err(err, errlen, MS_EUNSUPPORTED, "this build of moeserve has no %s backend",
                   backend_device_name(d));
 }
 
+int backend_device_count(enum backend_device d)
+{
+    if (d == BACKEND_DEVICE_CPU) return 1;
+#if MOESERVE_HAVE_CUDA
+    int n;
+    char why[320];
+    if (d == BACKEND_DEVICE_CUDA && backend_cuda_probe(&n, why, sizeof why) == 0) return n;
+#endif
+    return 0;
+}
+
 int backend_variants(enum backend_device d, const char **names, int max)
 {
     int n = 0;
+#if MOESERVE_HAVE_CUDA
+    if (d == BACKEND_DEVICE_CUDA) {
+        int nd;
+        char why[320];
+        if (backend_cuda_probe(&nd, why, sizeof why) == 0 && max > 0) {
+            names[0] = "cuda";
+            return 1;
+        }
+        return 0;
+    }
+#endif
     if (d == BACKEND_DEVICE_CPU) {
         static const char *const tables[] = {"amx", "avx512", "avx2", "scalar"};
         for (int i = 0; i < 4; i++)
@@ -87,10 +127,15 @@ int backend_variants(enum backend_device d, const char **names, int max)
     return n < max ? n : max;
 }
 
-int backend_comm_create(enum backend_device d, int n_ranks, struct comm **out, char *err,
-                        size_t errlen)
+int backend_comm_create(enum backend_device d, int n_ranks, struct backend *const *ranks,
+                        struct comm **out, char *err, size_t errlen)
 {
     if (d == BACKEND_DEVICE_CPU) return comm_inproc_create(n_ranks, out, err, errlen);
+#if MOESERVE_HAVE_CUDA
+    if (d == BACKEND_DEVICE_CUDA) return comm_nccl_create(n_ranks, ranks, out, err, errlen);
+#else
+    (void)ranks;
+#endif
     return ms_err(err, errlen, MS_EUNSUPPORTED, "this build of moeserve has no communicator for %s "
                   "ranks", backend_device_name(d));
 }

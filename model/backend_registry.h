@@ -34,6 +34,10 @@ struct backend_opts {
 // tables); returns how many (at most max names written).
 int backend_variants(enum backend_device d, const char **names, int max);
 
+// Devices of kind d this process can use: 1 for the CPU, the visible GPUs
+// for CUDA (0 without a CUDA build, driver or device).
+int backend_device_count(enum backend_device d);
+
 // Makes one rank's backend on a resolved device (not auto).
 int backend_create(enum backend_device d, const struct backend_opts *o, struct backend **out,
                    char *err, size_t errlen);
@@ -43,9 +47,11 @@ static inline void backend_destroy(struct backend *b)
 }
 
 // One communicator group of n_ranks endpoints for ranks on device d (the
-// in-process one for CPU ranks): out[r] is rank r's; each is released with
-// its ops->destroy.
-int backend_comm_create(enum backend_device d, int n_ranks, struct comm **out, char *err,
-                        size_t errlen);
+// in-process one for CPU ranks, NCCL for CUDA ranks): out[r] is rank r's;
+// each is released with its ops->destroy. ranks (n_ranks) are the ranks'
+// backends, which must outlive the endpoints (a NCCL endpoint enqueues on
+// its rank's stream); the in-process group ignores them (NULL is fine).
+int backend_comm_create(enum backend_device d, int n_ranks, struct backend *const *ranks,
+                        struct comm **out, char *err, size_t errlen);
 
 #endif

@@ -907,7 +907,9 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
             rc = ms_err(err, errlen, MS_ENOMEM, "out of memory for the communicators");
             goto fail;
         }
-        rc = backend_comm_create(dev, n_ranks, e->comms, err, errlen);
+        struct backend *bs[ENGINE_MAX_RANKS];
+        for (int i = 0; i < n_ranks; i++) bs[i] = e->ranks[i].b;
+        rc = backend_comm_create(dev, n_ranks, bs, e->comms, err, errlen);
         if (rc) goto fail;
     }
     int max_rows = o->max_num_seqs + EXTRA_LOGIT_ROWS;

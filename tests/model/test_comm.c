@@ -32,9 +32,25 @@ struct factory {
     int max_ranks;
 };
 
-static const struct factory factories[] = {
-    {"in-process", BACKEND_DEVICE_CPU, true, 3},
-};
+// The in-process communicator always; NCCL when this build has the CUDA
+// backend and a GPU is visible, over as many ranks as there are GPUs.
+static struct factory factories[2];
+static size_t n_factories;
+
+static int list_factories(void **state)
+{
+    (void)state;
+    factories[0] = (struct factory){"in-process", BACKEND_DEVICE_CPU, true, 3};
+    n_factories = 1;
+    const int gpus = backend_device_count(BACKEND_DEVICE_CUDA);
+    if (gpus > 0)
+        factories[n_factories++] = (struct factory){"nccl", BACKEND_DEVICE_CUDA, false,
+                                                    gpus < MAX_R ? gpus : MAX_R};
+    else
+        print_message("note: no CUDA device (or no CUDA build): the NCCL communicator is not "
+                      "tested here\n");
+    return 0;
+}
 
 struct peer {
     const struct factory *f;
@@ -108,10 +124,13 @@ static void *peer_main(void *arg)
 static void open_group(const struct factory *f, int R, struct comm **comms, struct backend **bs)
 {
     char err[256];
-    if (backend_comm_create(f->device, R, comms, err, sizeof err)) fail_msg("%s: %s", f->name, err);
     for (int r = 0; r < R; r++) {
         struct backend_opts bo = {.n_threads = 1, .device_index = r, .rank = r};
         if (backend_create(f->device, &bo, &bs[r], err, sizeof err)) fail_msg("%s: %s", f->name, err);
+    }
+    if (backend_comm_create(f->device, R, bs, comms, err, sizeof err))
+        fail_msg("%s: %s", f->name, err);
+    for (int r = 0; r < R; r++) {
         assert_int_equal(comms[r]->rank, r);
         assert_int_equal(comms[r]->n_ranks, R);
     }
@@ -128,7 +147,7 @@ static void close_group(int R, struct comm **comms, struct backend **bs)
 static void exchanges_deliver_every_peer_bytes(void **state)
 {
     (void)state;
-    for (size_t fi = 0; fi < sizeof factories / sizeof factories[0]; fi++) {
+    for (size_t fi = 0; fi < n_factories; fi++) {
         const struct factory *f = &factories[fi];
         for (int R = 1; R <= f->max_ranks; R++) {
             struct comm *comms[MAX_R];
@@ -170,7 +189,7 @@ static void *wait_in_barrier(void *arg)
 static void abort_releases_blocked_peers_and_fails_later_calls(void **state)
 {
     (void)state;
-    for (size_t fi = 0; fi < sizeof factories / sizeof factories[0]; fi++) {
+    for (size_t fi = 0; fi < n_factories; fi++) {
         const struct factory *f = &factories[fi];
         const int R = f->max_ranks;
         if (R < 2) continue;
@@ -202,10 +221,10 @@ static void abort_releases_blocked_peers_and_fails_later_calls(void **state)
 static void refuses_impossible_rank_counts(void **state)
 {
     (void)state;
-    for (size_t fi = 0; fi < sizeof factories / sizeof factories[0]; fi++) {
+    for (size_t fi = 0; fi < n_factories; fi++) {
         struct comm *c[1];
         char err[256];
-        assert_int_equal(backend_comm_create(factories[fi].device, 0, c, err, sizeof err), MS_EINVAL);
+        assert_int_equal(backend_comm_create(factories[fi].device, 0, NULL, c, err, sizeof err), MS_EINVAL);
         assert_non_null(strstr(err, "not 0"));
     }
 }
@@ -217,5 +236,5 @@ int main(void)
         cmocka_unit_test(abort_releases_blocked_peers_and_fails_later_calls),
         cmocka_unit_test(refuses_impossible_rank_counts),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, list_factories, NULL);
 }

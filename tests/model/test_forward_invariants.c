@@ -253,7 +253,7 @@ static void run_plan(const struct model *m, const struct plan *p, int n_ranks, i
     result_alloc(m, p, res);
     struct comm *comms[4] = {0};
     char err[256];
-    if (n_ranks > 1) assert_int_equal(backend_comm_create(BACKEND_DEVICE_CPU, n_ranks, comms, err, sizeof err), 0);
+    if (n_ranks > 1) assert_int_equal(backend_comm_create(BACKEND_DEVICE_CPU, n_ranks, NULL, comms, err, sizeof err), 0);
     struct rank_run rr[4];
     pthread_t th[4];
     for (int i = 0; i < n_ranks; i++) {
@@ -378,7 +378,7 @@ static void a_bad_batch_on_one_rank_does_not_hang_the_others(void **state)
     result_alloc(moe, &p, &b);
     struct comm *comms[2];
     char err[256];
-    assert_int_equal(backend_comm_create(BACKEND_DEVICE_CPU, 2, comms, err, sizeof err), 0);
+    assert_int_equal(backend_comm_create(BACKEND_DEVICE_CPU, 2, NULL, comms, err, sizeof err), 0);
     struct rank_run rr[2];
     pthread_t th[2];
     for (int i = 0; i < 2; i++) {

@@ -1,0 +1,149 @@
+// attention: causal attention of every new token over its sequence's paged
+// KV (keys (head_dim, 16) and values (16, head_dim) per block), prefill
+// chunks and decode rows in one launch, driven by plan_attention's items.
+//
+// One CTA per (item, KV head): a tile of a sequence's new tokens with every
+// query head of the KV head's group, so each KV block is read from memory
+// once for all of them. Scores, an online softmax and the weighted values
+// stay in shared memory. Decode steps (few tiles) split each tile's KV range
+// over several CTAs (split-KV) that leave partial (max, sum, vector) rows;
+// the combine kernel merges them. fp32 throughout (the CPU reference uses
+// double: within 1e-5 of it).
+#include "gpu/kernels.cuh"
+
+#include <math.h>
+
+#define ATT_THREADS 256
+
+// Shared floats one CTA uses for `rows` rows of head_dim d.
+size_t cuda_attention_smem(int rows, int d)
+{
+    return sizeof(float) * ((size_t)2 * rows * d + (size_t)2 * KV_BLOCK_TOKENS * d +
+                            (size_t)rows * KV_BLOCK_TOKENS + 3 * (size_t)rows);
+}
+
+__global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const struct cuda_attn p)
+{
+    extern __shared__ float sm[];
+    const struct plan_attn_item it = p.items[blockIdx.x];
+    const int h = blockIdx.y, D = p.head_dim, G = p.n_q, H = p.n_kv_heads * G;
+    const int R = it.n_tok * G;
+    float *Q = sm, *ACC = Q + (size_t)R * D, *Ks = ACC + (size_t)R * D;
+    float *Vs = Ks + (size_t)KV_BLOCK_TOKENS * D, *S = Vs + (size_t)KV_BLOCK_TOKENS * D;
+    float *M = S + (size_t)R * KV_BLOCK_TOKENS, *L = M + R, *C = L + R;
+    // Rows are token-major: row r is token r / G, query head h * G + r % G.
+    for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
+        const int r = idx / D, d = idx % D;
+        Q[idx] = p.q[((size_t)(it.t0 + r / G) * H + (size_t)h * G + r % G) * D + d];
+        ACC[idx] = 0.0f;
+    }
+    for (int r = threadIdx.x; r < R; r += blockDim.x) {
+        M[r] = -INFINITY;
+        L[r] = 0.0f;
+    }
+    const int first_pos = p.tok_pos[it.t0];
+    const int32_t *blocks = p.bt + p.bt_start[it.seq];
+    const size_t esz_blk = (size_t)KV_BLOCK_TOKENS * D;
+    __syncthreads();
+    for (int p0 = it.p0; p0 < it.p1; p0 += KV_BLOCK_TOKENS) {
+        const size_t at = ((size_t)blocks[p0 / KV_BLOCK_TOKENS] * p.n_kv_heads + h) * esz_blk;
+        for (int idx = threadIdx.x; idx < KV_BLOCK_TOKENS * D; idx += blockDim.x) {
+            Ks[idx] = load_elem(p.k, p.kv_dtype, at + idx);
+            Vs[idx] = load_elem(p.v, p.kv_dtype, at + idx);
+        }
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < R * KV_BLOCK_TOKENS; idx += blockDim.x) {
+            const int r = idx / KV_BLOCK_TOKENS, j = idx % KV_BLOCK_TOKENS, pos = p0 + j;
+            float s = -INFINITY;
+            if (pos < it.p1 && pos <= first_pos + r / G) {
+                const float *qr = Q + (size_t)r * D;
+                float dot = 0.0f;
+                for (int d = 0; d < D; d++) dot = fmaf(qr[d], Ks[d * KV_BLOCK_TOKENS + j], dot);
+                s = dot * p.scale;
+            }
+            S[idx] = s;
+        }
+        __syncthreads();
+        for (int r = threadIdx.x; r < R; r += blockDim.x) {
+            float *sr = S + (size_t)r * KV_BLOCK_TOKENS;
+            float mx = M[r];
+            for (int j = 0; j < KV_BLOCK_TOKENS; j++) mx = fmaxf(mx, sr[j]);
+            float corr = 1.0f, sum = 0.0f;
+            if (mx == -INFINITY) {
+                for (int j = 0; j < KV_BLOCK_TOKENS; j++) sr[j] = 0.0f;
+            } else {
+                corr = M[r] == -INFINITY ? 0.0f : expf(M[r] - mx);
+                for (int j = 0; j < KV_BLOCK_TOKENS; j++) {
+                    sr[j] = sr[j] == -INFINITY ? 0.0f : expf(sr[j] - mx);
+                    sum += sr[j];
+                }
+            }
+            L[r] = L[r] * corr + sum;
+            C[r] = corr;
+            M[r] = mx;
+        }
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
+            const int r = idx / D, d = idx % D;
+            const float *sr = S + (size_t)r * KV_BLOCK_TOKENS;
+            float a = ACC[idx] * C[r];
+            for (int j = 0; j < KV_BLOCK_TOKENS; j++) a = fmaf(sr[j], Vs[j * D + d], a);
+            ACC[idx] = a;
+        }
+        __syncthreads();
+    }
+    for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
+        const int r = idx / D, d = idx % D, i = r / G, head = h * G + r % G;
+        if (it.part < 0) {
+            p.out[((size_t)(it.t0 + i) * H + head) * D + d] = L[r] > 0 ? ACC[idx] / L[r] : 0.0f;
+        } else {
+            const size_t row = (size_t)it.part + (size_t)i * H + head;
+            p.part_acc[row * D + d] = ACC[idx];
+            if (d == 0) {
+                p.part_m[row] = M[r];
+                p.part_l[row] = L[r];
+            }
+        }
+    }
+}
+
+// One CTA per (combine entry, token of its tile, query head).
+__global__ void attention_combine_kernel(const struct cuda_attn p)
+{
+    const struct plan_attn_combine c = p.combine[blockIdx.x];
+    const int i = blockIdx.y, head = blockIdx.z, D = p.head_dim, H = p.n_kv_heads * p.n_q;
+    if (i >= c.n_tok) return;
+    const size_t stride = (size_t)c.n_tok * H, row0 = (size_t)c.part0 + (size_t)i * H + head;
+    float mx = -INFINITY;
+    for (int s = 0; s < c.n_split; s++) mx = fmaxf(mx, p.part_m[row0 + s * stride]);
+    float den = 0.0f;
+    for (int s = 0; s < c.n_split; s++) {
+        const float m = p.part_m[row0 + s * stride];
+        if (m != -INFINITY) den += p.part_l[row0 + s * stride] * expf(m - mx);
+    }
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float num = 0.0f;
+        for (int s = 0; s < c.n_split; s++) {
+            const float m = p.part_m[row0 + s * stride];
+            if (m != -INFINITY) num += p.part_acc[(row0 + s * stride) * D + d] * expf(m - mx);
+        }
+        p.out[((size_t)(c.t0 + i) * H + head) * D + d] = den > 0 ? num / den : 0.0f;
+    }
+}
+
+cudaError_t cuda_attention(cudaStream_t s, const struct cuda_attn *p)
+{
+    if (p->n_items <= 0) return cudaSuccess;
+    const size_t smem = cuda_attention_smem(p->tile_tokens * p->n_q, p->head_dim);
+    if (smem > 48 * 1024) {
+        cudaError_t e = cudaFuncSetAttribute(attention_kernel,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+    }
+    attention_kernel<<<dim3((unsigned)p->n_items, (unsigned)p->n_kv_heads), ATT_THREADS, smem, s>>>(*p);
+    cudaError_t e = launch_status();
+    if (e != cudaSuccess || p->n_combine <= 0) return e;
+    const unsigned H = (unsigned)(p->n_kv_heads * p->n_q);
+    attention_combine_kernel<<<dim3((unsigned)p->n_combine, (unsigned)p->tile_tokens, H), 128, 0, s>>>(*p);
+    return launch_status();
+}

@@ -1,0 +1,268 @@
+// comm_nccl: model/comm.h over NCCL — one endpoint per rank, each on its
+// rank's GPU and enqueueing on that rank's backend stream, so an exchange is
+// ordered after the ops that produced its send buffer and before the ops
+// that read its receive buffer without a host synchronisation.
+// all_to_all_v is a group of ncclSend/ncclRecv (the rank's own part a
+// device copy), all_gather is ncclAllGather, barrier an all-reduce of one
+// int waited for on the host. Abort sets the group's flag and aborts every
+// endpoint's NCCL communicator (ncclCommAbort), so peers waiting in a
+// barrier (which polls) or a later call return MS_ECANCELLED instead of
+// hanging. NCCL cannot check that the sizes agree: a mismatch is the
+// caller's bug (comm.h).
+#include "gpu/backend_cuda.h"
+
+#include <nccl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/kernels.cuh"
+
+struct nccl_group {
+    int n_ranks;
+    int refs;                       // endpoints not yet destroyed
+    int aborted;                    // atomic: set once by abort
+    pthread_mutex_t mu;
+    ncclComm_t *comms;              // (n_ranks), this process's endpoints (NULL: another process's)
+};
+
+struct nccl_ep {
+    struct comm c;
+    struct nccl_group *g;
+    ncclComm_t nc;
+    cudaStream_t stream;
+    int dev;
+    int32_t *flag;                  // device: the barrier's word
+};
+
+static struct nccl_ep *ep_of(struct comm *c) { return (struct nccl_ep *)c->impl; }
+
+static bool aborted(const struct nccl_group *g) { return __atomic_load_n(&g->aborted, __ATOMIC_ACQUIRE); }
+
+static int nccl_status(ncclResult_t r) { return r == ncclSuccess ? 0 : MS_EIO; }
+
+static int ep_a2a(struct comm *c, const void *send, const size_t *sb, const size_t *so, void *recv,
+                  const size_t *rb, const size_t *ro)
+{
+    struct nccl_ep *e = ep_of(c);
+    if (aborted(e->g)) return MS_ECANCELLED;
+    if (cudaSetDevice(e->dev) != cudaSuccess) return MS_EIO;
+    const int me = c->rank;
+    if (sb[me] != rb[me]) return MS_EINVAL;
+    if (sb[me] && cudaMemcpyAsync((char *)recv + ro[me], (const char *)send + so[me], sb[me],
+                                  cudaMemcpyDeviceToDevice, e->stream) != cudaSuccess)
+        return MS_EIO;
+    ncclResult_t r = ncclGroupStart();
+    for (int p = 0; r == ncclSuccess && p < c->n_ranks; p++) {
+        if (p == me) continue;
+        if (sb[p]) r = ncclSend((const char *)send + so[p], sb[p], ncclUint8, p, e->nc, e->stream);
+        if (r == ncclSuccess && rb[p])
+            r = ncclRecv((char *)recv + ro[p], rb[p], ncclUint8, p, e->nc, e->stream);
+    }
+    const ncclResult_t r2 = ncclGroupEnd();
+    if (aborted(e->g)) return MS_ECANCELLED;
+    return nccl_status(r != ncclSuccess ? r : r2);
+}
+
+static int ep_all_gather(struct comm *c, const void *send, size_t bytes, void *recv)
+{
+    struct nccl_ep *e = ep_of(c);
+    if (aborted(e->g)) return MS_ECANCELLED;
+    if (cudaSetDevice(e->dev) != cudaSuccess) return MS_EIO;
+    if (!bytes) return 0;
+    const ncclResult_t r = ncclAllGather(send, recv, bytes, ncclUint8, e->nc, e->stream);
+    if (aborted(e->g)) return MS_ECANCELLED;
+    return nccl_status(r);
+}
+
+// Polls the stream so that an abort from another thread releases the wait.
+static int ep_barrier(struct comm *c)
+{
+    struct nccl_ep *e = ep_of(c);
+    if (aborted(e->g)) return MS_ECANCELLED;
+    if (cudaSetDevice(e->dev) != cudaSuccess) return MS_EIO;
+    ncclResult_t r = ncclAllReduce(e->flag, e->flag, 1, ncclInt32, ncclSum, e->nc, e->stream);
+    if (r != ncclSuccess) return aborted(e->g) ? MS_ECANCELLED : MS_EIO;
+    for (;;) {
+        const cudaError_t q = cudaStreamQuery(e->stream);
+        if (q == cudaSuccess) return 0;
+        if (aborted(e->g)) return MS_ECANCELLED;
+        if (q != cudaErrorNotReady) return MS_EIO;
+        ncclResult_t ar;
+        if (ncclCommGetAsyncError(e->nc, &ar) == ncclSuccess && ar != ncclSuccess &&
+            ar != ncclInProgress)
+            return MS_EIO;
+        sched_yield();
+    }
+}
+
+static void ep_abort(struct comm *c)
+{
+    struct nccl_group *g = ep_of(c)->g;
+    pthread_mutex_lock(&g->mu);
+    if (!g->aborted) {
+        __atomic_store_n(&g->aborted, 1, __ATOMIC_RELEASE);
+        for (int r = 0; r < g->n_ranks; r++)
+            if (g->comms[r]) ncclCommAbort(g->comms[r]);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void ep_destroy(struct comm *c)
+{
+    if (!c) return;
+    struct nccl_ep *e = ep_of(c);
+    struct nccl_group *g = e->g;
+    cudaSetDevice(e->dev);
+    pthread_mutex_lock(&g->mu);
+    if (!g->aborted && e->nc) ncclCommDestroy(e->nc);
+    g->comms[c->rank] = NULL;
+    const bool last = --g->refs == 0;
+    pthread_mutex_unlock(&g->mu);
+    if (e->flag) cudaFree(e->flag);
+    free(e);
+    if (last) {
+        pthread_mutex_destroy(&g->mu);
+        free(g->comms);
+        free(g);
+    }
+}
+
+static const struct comm_ops nccl_ops = {ep_a2a, ep_all_gather, ep_barrier, ep_abort, ep_destroy};
+
+static struct nccl_group *group_new(int n_ranks)
+{
+    struct nccl_group *g = (struct nccl_group *)calloc(1, sizeof *g);
+    if (!g) return NULL;
+    g->comms = (ncclComm_t *)calloc((size_t)n_ranks, sizeof *g->comms);
+    if (!g->comms) {
+        free(g);
+        return NULL;
+    }
+    g->n_ranks = n_ranks;
+    pthread_mutex_init(&g->mu, NULL);
+    return g;
+}
+
+static int ep_new(struct nccl_group *g, int rank, ncclComm_t nc, struct backend *b,
+                  struct comm **out, char *err, size_t errlen)
+{
+    struct nccl_ep *e = (struct nccl_ep *)calloc(1, sizeof *e);
+    if (!e) return ms_err(err, errlen, MS_ENOMEM, "out of memory for a NCCL endpoint");
+    e->g = g;
+    e->nc = nc;
+    e->stream = backend_cuda_stream(b);
+    e->dev = backend_cuda_device(b);
+    e->c.ops = &nccl_ops;
+    e->c.rank = rank;
+    e->c.n_ranks = g->n_ranks;
+    e->c.impl = e;
+    cudaError_t ce;
+    if ((ce = cudaSetDevice(e->dev)) != cudaSuccess || (ce = cudaMalloc(&e->flag, 64)) != cudaSuccess ||
+        (ce = cudaMemset(e->flag, 0, 64)) != cudaSuccess) {
+        free(e);
+        return ms_err(err, errlen, MS_EIO, "rank %d's NCCL endpoint on GPU %d: %s", rank,
+                      backend_cuda_device(b), cudaGetErrorString(ce));
+    }
+    g->comms[rank] = nc;
+    g->refs++;
+    *out = &e->c;
+    return 0;
+}
+
+int comm_nccl_create(int n_ranks, struct backend *const *ranks, struct comm **out, char *err,
+                     size_t errlen)
+{
+    if (n_ranks < 1)
+        return ms_err(err, errlen, MS_EINVAL, "a communicator group needs at least one rank, not %d",
+                      n_ranks);
+    if (!ranks)
+        return ms_err(err, errlen, MS_EINVAL, "a NCCL group needs the ranks' CUDA backends");
+    int *devs = (int *)calloc((size_t)n_ranks, sizeof *devs);
+    ncclComm_t *nc = (ncclComm_t *)calloc((size_t)n_ranks, sizeof *nc);
+    struct nccl_group *g = group_new(n_ranks);
+    int rc = 0;
+    if (!devs || !nc || !g) {
+        rc = ms_err(err, errlen, MS_ENOMEM, "out of memory for a NCCL group");
+        goto out;
+    }
+    for (int r = 0; r < n_ranks; r++) {
+        devs[r] = backend_cuda_device(ranks[r]);
+        if (devs[r] < 0) {
+            rc = ms_err(err, errlen, MS_EINVAL, "rank %d's backend is not a CUDA backend", r);
+            goto out;
+        }
+        for (int q = 0; q < r; q++)
+            if (devs[q] == devs[r]) {
+                rc = ms_err(err, errlen, MS_EINVAL, "ranks %d and %d are both on GPU %d: NCCL needs "
+                            "one GPU per rank", q, r, devs[r]);
+                goto out;
+            }
+    }
+    {
+        const ncclResult_t r = ncclCommInitAll(nc, n_ranks, devs);
+        if (r != ncclSuccess) {
+            rc = ms_err(err, errlen, MS_EIO, "NCCL could not join %d GPUs: %s (%s)", n_ranks,
+                        ncclGetErrorString(r), ncclGetLastError(NULL));
+            goto out;
+        }
+    }
+    for (int r = 0; r < n_ranks; r++) {
+        if ((rc = ep_new(g, r, nc[r], ranks[r], &out[r], err, errlen))) {
+            for (int q = r; q < n_ranks; q++) ncclCommDestroy(nc[q]);
+            // The endpoints made so far hold the group: the last one frees it.
+            if (r > 0) g = NULL;
+            for (int q = 0; q < r; q++) ep_destroy(out[q]);
+            goto out;
+        }
+    }
+    g = NULL; // owned by the endpoints
+out:
+    if (g) {
+        pthread_mutex_destroy(&g->mu);
+        free(g->comms);
+        free(g);
+    }
+    free(devs);
+    free(nc);
+    return rc;
+}
+
+int comm_nccl_make_id(unsigned char id[NCCL_ID_BYTES], char *err, size_t errlen)
+{
+    ncclUniqueId u;
+    const ncclResult_t r = ncclGetUniqueId(&u);
+    if (r != ncclSuccess)
+        return ms_err(err, errlen, MS_EIO, "NCCL could not make a group id: %s", ncclGetErrorString(r));
+    memcpy(id, u.internal, NCCL_ID_BYTES);
+    return 0;
+}
+
+int comm_nccl_join(const unsigned char id[NCCL_ID_BYTES], int n_ranks, int rank, struct backend *b,
+                   struct comm **out, char *err, size_t errlen)
+{
+    if (n_ranks < 1 || rank < 0 || rank >= n_ranks)
+        return ms_err(err, errlen, MS_EINVAL, "rank %d of %d ranks does not exist", rank, n_ranks);
+    if (backend_cuda_device(b) < 0)
+        return ms_err(err, errlen, MS_EINVAL, "a NCCL endpoint needs a CUDA backend");
+    ncclUniqueId u;
+    memcpy(u.internal, id, NCCL_ID_BYTES);
+    struct nccl_group *g = group_new(n_ranks);
+    if (!g) return ms_err(err, errlen, MS_ENOMEM, "out of memory for a NCCL group");
+    ncclComm_t nc;
+    cudaSetDevice(backend_cuda_device(b));
+    const ncclResult_t r = ncclCommInitRank(&nc, n_ranks, u, rank);
+    int rc = 0;
+    if (r != ncclSuccess)
+        rc = ms_err(err, errlen, MS_EIO, "rank %d could not join its NCCL group: %s", rank,
+                    ncclGetErrorString(r));
+    else if ((rc = ep_new(g, rank, nc, b, out, err, errlen)))
+        ncclCommDestroy(nc);
+    if (rc) {
+        pthread_mutex_destroy(&g->mu);
+        free(g->comms);
+        free(g);
+    }
+    return rc;
+}
