@@ -14,6 +14,27 @@
 #include "model/forward.h"
 #include "model/model.h"
 
+// The device the forward tests run on: the CPU, or CUDA when the test is
+// registered with MOESERVE_TEST_DEVICE=cuda (tests/gpu/ registers the
+// forward tests again that way). harness_pick_device returns 77 (meson's
+// skip) when CUDA is asked for and this build or machine has no GPU.
+static enum backend_device harness_device = BACKEND_DEVICE_CPU;
+
+static inline int harness_pick_device(void)
+{
+    const char *d = getenv("MOESERVE_TEST_DEVICE");
+    if (!d || strcmp(d, "cuda") != 0) return 0;
+    if (backend_device_count(BACKEND_DEVICE_CUDA) < 1) {
+        enum backend_device dv;
+        char why[512];
+        backend_device_resolve(BACKEND_DEVICE_CUDA, &dv, NULL, 0, why, sizeof why);
+        fprintf(stderr, "skipped: no GPU to run on (%s)\n", why);
+        return 77;
+    }
+    harness_device = BACKEND_DEVICE_CUDA;
+    return 0;
+}
+
 struct harness {
     struct model *m;
     struct backend *b;
@@ -36,7 +57,7 @@ static inline int harness_open_on(struct harness *h, const char *variant, const 
         return -1;
     }
     struct backend_opts bo = {.n_threads = threads, .variant = variant};
-    if (backend_create(BACKEND_DEVICE_CPU, &bo, &h->b, err, sizeof err)) {
+    if (backend_create(harness_device, &bo, &h->b, err, sizeof err)) {
         fprintf(stderr, "backend_create: %s\n", err);
         return -1;
     }

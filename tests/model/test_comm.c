@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -37,11 +38,14 @@ struct factory {
 static struct factory factories[2];
 static size_t n_factories;
 
+// MOESERVE_TEST_DEVICE=cuda (tests/gpu/): NCCL alone.
+static bool only_nccl;
+
 static int list_factories(void **state)
 {
     (void)state;
-    factories[0] = (struct factory){"in-process", BACKEND_DEVICE_CPU, true, 3};
-    n_factories = 1;
+    n_factories = 0;
+    if (!only_nccl) factories[n_factories++] = (struct factory){"in-process", BACKEND_DEVICE_CPU, true, 3};
     const int gpus = backend_device_count(BACKEND_DEVICE_CUDA);
     if (gpus > 0)
         factories[n_factories++] = (struct factory){"nccl", BACKEND_DEVICE_CUDA, false,
@@ -231,6 +235,14 @@ static void refuses_impossible_rank_counts(void **state)
 
 int main(void)
 {
+    const char *dev = getenv("MOESERVE_TEST_DEVICE");
+    if (dev && !strcmp(dev, "cuda")) {
+        if (backend_device_count(BACKEND_DEVICE_CUDA) < 1) {
+            fprintf(stderr, "skipped: no GPU, so no NCCL communicator to test\n");
+            return 77;
+        }
+        only_nccl = true;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(exchanges_deliver_every_peer_bytes),
         cmocka_unit_test(abort_releases_blocked_peers_and_fails_later_calls),

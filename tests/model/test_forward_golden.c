@@ -2,6 +2,12 @@
 // case in tests/data/*/expected.json (llama.cpp in fp32), every greedy token
 // exactly and every top-5 logprob within tolerance_logprob, with an fp32 KV
 // cache; and the bf16 KV cache stays close to it.
+//
+// Registered again by tests/gpu/ with MOESERVE_TEST_DEVICE=cuda: the CUDA
+// backend multiplies in bf16 (activations rounded to 8 significant bits,
+// fp32 accumulation), so on the GPU every case is held to the bf16 KV
+// cache's bounds below (mean |diff| of the logprobs under 0.05, at most one
+// greedy token in 20 flipped) instead of fp32's exactness.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -111,6 +117,14 @@ static void check_golden_on(const char *variant, const char *name, enum dtype kv
 static void check_golden(const char *name, enum dtype kv_dtype, int chunk, double tol_scale,
                          bool exact_tokens, struct golden_stats *st)
 {
+    if (harness_device == BACKEND_DEVICE_CUDA) {
+        check_golden_on(NULL, name, kv_dtype, chunk, 1000.0, false, st);
+        fprintf(stderr, "%s on the GPU: worst |diff| %.2e, mean %.2e, %d of %d tokens differ\n",
+                name, st->worst, st->sum / st->logprobs, st->token_mismatches, st->tokens);
+        assert_true(st->sum / st->logprobs < 0.05);
+        assert_true(st->token_mismatches <= st->tokens / 20);
+        return;
+    }
     check_golden_on(NULL, name, kv_dtype, chunk, tol_scale, exact_tokens, st);
 }
 
@@ -165,6 +179,7 @@ static void moe_stays_close_with_bf16_kv(void **state)
 static void every_kernel_table_matches_reference(void **state)
 {
     (void)state;
+    if (harness_device != BACKEND_DEVICE_CPU) skip();
     const char *variants[8];
     const int n = backend_variants(BACKEND_DEVICE_CPU, variants, 8);
     assert_true(n >= 1);
@@ -178,6 +193,8 @@ static void every_kernel_table_matches_reference(void **state)
 
 int main(void)
 {
+    const int pick = harness_pick_device();
+    if (pick) return pick;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(moe_matches_reference_with_fp32_kv),
         cmocka_unit_test(dense_matches_reference_with_fp32_kv),

@@ -1,0 +1,211 @@
+// The CUDA backend's shared plans (gpu/plan.h), on the CPU: attention work
+// items cover every (token, visible position) pair exactly once, split only
+// when a step has few tiles, with partial rows that do not overlap; the
+// grouped-matmul tile bound holds for every routing and the tile list is
+// the groups' rows in order; graph buckets are the smallest captured size
+// that holds a batch.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "gpu/plan.h"
+
+struct layout {
+    int n_seqs;
+    int32_t seq_start[9];
+    int32_t tok_pos[256];
+};
+
+// Sequence s gets n_new[s] new tokens after n_past[s] cached ones.
+static void layout_make(struct layout *l, int n, const int *n_past, const int *n_new)
+{
+    int t = 0;
+    l->n_seqs = n;
+    for (int s = 0; s < n; s++) {
+        l->seq_start[s] = t;
+        for (int i = 0; i < n_new[s]; i++) l->tok_pos[t++] = n_past[s] + i;
+    }
+    l->seq_start[n] = t;
+}
+
+static struct plan_attn_opts opts(int tile, int target)
+{
+    return (struct plan_attn_opts){.tile_tokens = tile, .kv_heads = 4, .target_ctas = target,
+                                   .min_chunk = 32, .max_split = 8, .n_heads = 8};
+}
+
+// Every token sees positions 0..its own exactly once over the items that
+// hold it; parts are disjoint and inside n_part_rows.
+static void check_cover(const struct layout *l, const struct plan_attn_opts *o, int *splits_out)
+{
+    struct plan_attn pa;
+    assert_int_equal(plan_attention(l->seq_start, l->tok_pos, l->n_seqs, o, NULL, 0, NULL, 0, &pa), 0);
+    struct plan_attn_item *it = calloc((size_t)pa.n_items + 1, sizeof *it);
+    struct plan_attn_combine *cb = calloc((size_t)pa.n_combine + 1, sizeof *cb);
+    assert_non_null(it);
+    assert_non_null(cb);
+    struct plan_attn pb;
+    assert_int_equal(plan_attention(l->seq_start, l->tok_pos, l->n_seqs, o, it, pa.n_items, cb,
+                                    pa.n_combine, &pb), 0);
+    assert_memory_equal(&pa, &pb, sizeof pa);
+    const int T = l->seq_start[l->n_seqs];
+    int *seen = calloc((size_t)T * 4096, sizeof *seen);
+    char *part_used = calloc((size_t)pa.n_part_rows + 1, 1);
+    assert_non_null(seen);
+    assert_non_null(part_used);
+    int max_split = 1;
+    for (int i = 0; i < pa.n_items; i++) {
+        assert_true(it[i].n_tok >= 1 && it[i].n_tok <= o->tile_tokens);
+        assert_int_equal(it[i].p0 % 16, 0);
+        assert_true(it[i].p0 < it[i].p1);
+        assert_true(it[i].t0 >= l->seq_start[it[i].seq] &&
+                    it[i].t0 + it[i].n_tok <= l->seq_start[it[i].seq + 1]);
+        for (int k = 0; k < it[i].n_tok; k++) {
+            const int t = it[i].t0 + k;
+            for (int p = it[i].p0; p < it[i].p1 && p <= l->tok_pos[t]; p++) seen[t * 4096 + p]++;
+        }
+        if (it[i].part >= 0)
+            for (int r = 0; r < it[i].n_tok * o->n_heads; r++) {
+                assert_true(it[i].part + r < pa.n_part_rows);
+                assert_int_equal(part_used[it[i].part + r], 0);
+                part_used[it[i].part + r] = 1;
+            }
+    }
+    for (int t = 0; t < T; t++)
+        for (int p = 0; p < 4096; p++) assert_int_equal(seen[t * 4096 + p], p <= l->tok_pos[t] ? 1 : 0);
+    for (int c = 0; c < pa.n_combine; c++) {
+        if (cb[c].n_split > max_split) max_split = cb[c].n_split;
+        assert_true(cb[c].n_split >= 2 && cb[c].n_split <= o->max_split);
+    }
+    for (int r = 0; r < pa.n_part_rows; r++) assert_int_equal(part_used[r], 1);
+    if (splits_out) *splits_out = max_split;
+    free(it);
+    free(cb);
+    free(seen);
+    free(part_used);
+}
+
+static void attention_items_cover_each_visible_position_once(void **state)
+{
+    (void)state;
+    struct layout l;
+    const int past[] = {0, 31, 1000, 15, 0}, nw[] = {20, 1, 1, 17, 64};
+    layout_make(&l, 5, past, nw);
+    for (int tile = 1; tile <= 20; tile += 3)
+        for (int target = 0; target <= 512; target += 128) {
+            struct plan_attn_opts o = opts(tile, target);
+            check_cover(&l, &o, NULL);
+        }
+}
+
+static void decode_steps_split_long_contexts_and_prefill_does_not(void **state)
+{
+    (void)state;
+    struct layout l;
+    const int past[] = {3000}, one[] = {1};
+    layout_make(&l, 1, past, one);
+    struct plan_attn_opts o = opts(8, 264);
+    int splits;
+    check_cover(&l, &o, &splits);
+    assert_int_equal(splits, 8); // a lone decode row over 3001 positions: split as far as allowed
+    const int p0[] = {0, 0, 0, 0}, big[] = {64, 64, 64, 64};
+    layout_make(&l, 4, p0, big);
+    o = opts(1, 16); // 256 tiles x 4 heads: enough work without splitting
+    struct plan_attn pa;
+    assert_int_equal(plan_attention(l.seq_start, l.tok_pos, l.n_seqs, &o, NULL, 0, NULL, 0, &pa), 0);
+    assert_int_equal(pa.n_combine, 0);
+    assert_int_equal(pa.n_part_rows, 0);
+    const int short_past[] = {5}; // a context shorter than min_chunk is never split
+    layout_make(&l, 1, short_past, one);
+    o = opts(8, 1000);
+    assert_int_equal(plan_attention(l.seq_start, l.tok_pos, l.n_seqs, &o, NULL, 0, NULL, 0, &pa), 0);
+    assert_int_equal(pa.n_items, 1);
+}
+
+static void attention_plan_refuses_bad_input_and_small_arrays(void **state)
+{
+    (void)state;
+    struct layout l;
+    const int past[] = {100}, nw[] = {3};
+    layout_make(&l, 1, past, nw);
+    struct plan_attn pa;
+    struct plan_attn_opts o = opts(0, 0);
+    assert_int_equal(plan_attention(l.seq_start, l.tok_pos, 1, &o, NULL, 0, NULL, 0, &pa), -1);
+    o = opts(1, 0);
+    o.min_chunk = 24; // not whole blocks
+    assert_int_equal(plan_attention(l.seq_start, l.tok_pos, 1, &o, NULL, 0, NULL, 0, &pa), -1);
+    o = opts(1, 0);
+    struct plan_attn_item it[2];
+    struct plan_attn_combine cb[1];
+    assert_int_equal(plan_attention(l.seq_start, l.tok_pos, 1, &o, it, 2, cb, 1, &pa), -1); // needs 3
+    int32_t bad_start[2] = {3, 0};
+    assert_int_equal(plan_attention(bad_start, l.tok_pos, 1, &o, NULL, 0, NULL, 0, &pa), -1);
+}
+
+static void group_tiles_stay_within_the_bound(void **state)
+{
+    (void)state;
+    uint64_t x = 12345;
+    int32_t off[65], tiles[2 * 2048];
+    for (int trial = 0; trial < 500; trial++) {
+        const int G = 1 + trial % 64, rows = trial % 300, per = trial % 2 ? 8 : 64;
+        // rows spread over the groups at random (many empty groups too)
+        int cnt[64] = {0};
+        for (int r = 0; r < rows; r++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            cnt[(trial % 3 ? x % (uint64_t)G : x % 3 % (uint64_t)G)]++;
+        }
+        off[0] = 0;
+        for (int g = 0; g < G; g++) off[g + 1] = off[g] + cnt[g];
+        const int n = plan_group_tiles(off, G, per, tiles, 2048);
+        assert_true(n <= plan_group_tiles_bound(G, rows, per));
+        int at = 0;
+        for (int i = 0; i < n; i++) {
+            const int g = tiles[2 * i], r0 = tiles[2 * i + 1];
+            assert_true(r0 >= off[g] && r0 < off[g + 1]);
+            assert_int_equal(r0, at);
+            at = r0 + per < off[g + 1] ? r0 + per : off[g + 1];
+        }
+        assert_int_equal(at, rows);
+    }
+}
+
+static void graph_buckets_hold_each_batch(void **state)
+{
+    (void)state;
+    assert_int_equal(plan_graph_bucket(1, 256), 1);
+    assert_int_equal(plan_graph_bucket(3, 256), 4);
+    assert_int_equal(plan_graph_bucket(9, 256), 16);
+    assert_int_equal(plan_graph_bucket(65, 256), 96);
+    assert_int_equal(plan_graph_bucket(250, 256), 256);
+    assert_int_equal(plan_graph_bucket(257, 256), 0);
+    assert_int_equal(plan_graph_bucket(0, 256), 0);
+    assert_int_equal(plan_graph_bucket(100, 100), 100); // capped at max_seqs
+    int b[64];
+    const int n = plan_graph_buckets(256, b, 64);
+    for (int i = 1; i < n; i++) assert_true(b[i] > b[i - 1]);
+    assert_int_equal(b[n - 1], 256);
+    for (int s = 1; s <= 256; s++) {
+        const int k = plan_graph_bucket(s, 256);
+        assert_true(k >= s);
+        int found = 0;
+        for (int i = 0; i < n; i++) found |= b[i] == k;
+        assert_true(found);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(attention_items_cover_each_visible_position_once),
+        cmocka_unit_test(decode_steps_split_long_contexts_and_prefill_does_not),
+        cmocka_unit_test(attention_plan_refuses_bad_input_and_small_arrays),
+        cmocka_unit_test(group_tiles_stay_within_the_bound),
+        cmocka_unit_test(graph_buckets_hold_each_batch),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
