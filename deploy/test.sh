@@ -30,6 +30,7 @@ if ! cc -fsanitize=address,undefined -o "$probe/p" "$probe/p.c" 2>"$probe/log" |
 fi
 rm -rf "$probe"
 asan_dir="${MOESERVE_ASAN_BUILD_DIR:-build-asan}"
-[ -f "$asan_dir/build.ninja" ] || meson setup "$asan_dir" -Db_sanitize=address,undefined
+# -Dcuda=disabled: nvcc is not run twice (the sanitizers do not see device code anyway).
+[ -f "$asan_dir/build.ninja" ] || meson setup "$asan_dir" -Db_sanitize=address,undefined -Dcuda=disabled
 echo "== the same tests with AddressSanitizer and UBSan ($asan_dir)"
 exec meson test -C "$asan_dir" --print-errorlogs --num-processes "$(nproc)" "$@"

@@ -738,42 +738,74 @@ static size_t default_kv_bytes(const struct backend_memory *mem)
     return b;
 }
 
+// The planner's options for this engine on a device with memory `mem`:
+// RAM shared by the ranks (the CPU: 90% of it, fp32 activations) or one GPU
+// per rank (--gpu-memory-utilization of it, fp32 activations too: the CUDA
+// backend rounds them to bf16 only inside its matmuls). kv_per_device is
+// each device's KV pool, or 0: what the weights and workspace leave.
+static void fit_opts(const struct model_config *cfg, const struct engine_opts *o,
+                     const struct backend_memory *mem, int max_len, uint64_t kv_per_device,
+                     struct plan_opts *po)
+{
+    plan_opts_default(po);
+    po->weight_dtype = plan_dtype_from_dtype(cfg->torch_dtype);
+    po->kv_dtype = plan_dtype_from_dtype(o->kv_dtype);
+    po->device_memory = mem->total_bytes;
+    // The CPU keeps the rest for the OS, the HTTP side and the page cache.
+    po->memory_utilization = mem->host_shared ? 0.9 : o->gpu_memory_utilization;
+    po->kv_cache_bytes = kv_per_device;
+    po->shared_memory = mem->host_shared;
+    po->max_model_len = max_len;
+    po->max_num_batched_tokens = o->max_num_batched_tokens;
+    po->max_num_seqs = o->max_num_seqs;
+    po->activation_bytes = 4;
+    po->runtime_reserve = mem->host_shared ? (uint64_t)64 << 20 : (uint64_t)512 << 20;
+}
+
+// A GPU's default KV pool: what --gpu-memory-utilization leaves after the
+// weights (the rank's share of the experts) and the activation workspace,
+// for every rank (one GPU each). 0 when nothing is left (check_fit refuses).
+static size_t gpu_kv_bytes(const struct model_config *cfg, const struct engine_opts *o,
+                           const struct backend_memory *mem, int n_ranks, int max_len)
+{
+    struct plan_opts po;
+    fit_opts(cfg, o, mem, max_len, 0, &po);
+    struct plan_device d;
+    char err[256];
+    if (plan_device_compute(cfg, &po, PLAN_DP_EP, n_ranks, &d, err, sizeof err)) return 0;
+    return (size_t)d.kv_bytes * (size_t)n_ranks;
+}
+
 // The start-up fit check, with the planner's arithmetic (what `moeserve
 // plan` prints): the memory must hold the weights (mapped once for every
 // rank when the ranks share it), each rank's activation workspace and KV
-// pool, and at least one max-model-len sequence per rank. Logs the plan
-// either way.
+// pool, and at least one max-model-len sequence per rank (on a GPU this is
+// a refusal; on the CPU, whose pool the flags may choose small, a warning).
+// Logs the plan either way.
 static int check_fit(const struct model_config *cfg, const struct engine_opts *o,
                      const struct backend_memory *mem, int n_ranks, int max_len, size_t kv_total,
                      char *err, size_t errlen)
 {
+    if (!mem->total_bytes) return 0; // no way to know: the kernel will tell
+    // The planner takes the CPU's pool as the ranks' total, a GPU's per device.
+    const size_t kv_dev = mem->host_shared ? kv_total : kv_total / (size_t)n_ranks;
     struct plan_opts po;
-    plan_opts_default(&po);
-    po.weight_dtype = plan_dtype_from_dtype(cfg->torch_dtype);
-    po.kv_dtype = plan_dtype_from_dtype(o->kv_dtype);
-    po.device_memory = mem->total_bytes;
-    po.memory_utilization = 0.9; // the rest for the OS, the HTTP side and the page cache
-    po.kv_cache_bytes = kv_total ? kv_total : 1;
-    po.shared_memory = mem->host_shared;
-    po.max_model_len = max_len;
-    po.max_num_batched_tokens = o->max_num_batched_tokens;
-    po.max_num_seqs = o->max_num_seqs;
-    po.activation_bytes = 4;             // the CPU computes in fp32
-    po.runtime_reserve = (uint64_t)64 << 20;
-    if (!po.device_memory) return 0;     // no way to know: the kernel will tell
+    fit_opts(cfg, o, mem, max_len, kv_dev ? kv_dev : 1, &po);
     struct plan_device d;
     int rc = plan_device_compute(cfg, &po, PLAN_DP_EP, n_ranks, &d, err, errlen);
     if (rc) return rc;
     const double G = 1024.0 * 1024.0 * 1024.0;
     ms_log(MS_LOG_INFO,
            "memory plan: weights %.2f GiB + activation workspace %.2f GiB + KV %.2f GiB "
-           "(%d rank%s x %llu tokens) = %.2f GiB of %.2f GiB usable (90%% of RAM); one "
+           "(%d rank%s x %llu tokens) = %.2f GiB of %.2f GiB usable (%.0f%% of %s); one "
            "%d-token sequence needs %llu of a rank's %llu blocks",
-           (double)d.weight_bytes / G, (double)d.workspace_bytes / G, (double)kv_total / G, n_ranks,
+           (double)d.weight_bytes / G, (double)d.workspace_bytes / G, (double)kv_dev / G, n_ranks,
            n_ranks > 1 ? "s" : "", (unsigned long long)d.kv_tokens, (double)d.used_bytes / G,
-           (double)d.usable_bytes / G, max_len, (unsigned long long)d.seq_blocks,
-           (unsigned long long)d.kv_blocks);
-    if (d.need_bytes > d.usable_bytes || d.used_bytes > d.usable_bytes)
+           (double)d.usable_bytes / G, 100 * po.memory_utilization,
+           mem->host_shared ? "RAM" : "each GPU's memory", max_len,
+           (unsigned long long)d.seq_blocks, (unsigned long long)d.kv_blocks);
+    if (d.need_bytes > d.usable_bytes || d.used_bytes > d.usable_bytes ||
+        (!mem->host_shared && d.kv_blocks < d.seq_blocks))
         return plan_check_fit(&d, err, errlen);
     if (d.kv_blocks < d.seq_blocks)
         // The memory holds it, but the pool the flags chose does not: serve,
@@ -821,6 +853,9 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
                       "without chunked prefill a whole prompt must fit one step: "
                       "--max-num-batched-tokens (%d) must be at least --max-model-len (%d)",
                       o->max_num_batched_tokens, max_len);
+    if (!(o->gpu_memory_utilization > 0 && o->gpu_memory_utilization <= 1))
+        return ms_err(err, errlen, MS_EINVAL, "--gpu-memory-utilization must be in (0, 1], not %g",
+                      o->gpu_memory_utilization);
     if (o->max_waiting_requests < 0)
         return ms_err(err, errlen, MS_EINVAL, "--max-waiting-requests must be 0 or more, not %d",
                       o->max_waiting_requests);
@@ -879,7 +914,10 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
         rc = ms_err(err, errlen, rc, "%s", b0->err);
         goto fail;
     }
-    size_t kv_bytes = o->kv_cache_bytes ? o->kv_cache_bytes : default_kv_bytes(&mem);
+    size_t kv_bytes = o->kv_cache_bytes;
+    if (!kv_bytes)
+        kv_bytes = mem.host_shared ? default_kv_bytes(&mem)
+                                   : gpu_kv_bytes(cfg, o, &mem, n_ranks, max_len);
     size_t block_bytes = kv_block_bytes(cfg, o->kv_dtype);
     size_t per_rank = kv_bytes / (size_t)n_ranks;
     size_t n_blocks = block_bytes ? per_rank / block_bytes : 0;

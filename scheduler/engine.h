@@ -23,7 +23,9 @@ struct engine_opts {
     bool enable_expert_parallel; // shard experts over the ranks (required when ranks > 1)
     int n_threads;               // total compute threads, split between ranks (0: all cores)
     size_t kv_cache_bytes;       // total KV budget, split between ranks (0: a share of the
-                                 // backend's free memory)
+                                 // backend's free memory; on a GPU what the weights and the
+                                 // workspace leave of gpu_memory_utilization)
+    double gpu_memory_utilization; // (0, 1]: the share of each GPU's memory moeserve may use (0.9)
     enum dtype kv_dtype;         // DTYPE_BF16, DTYPE_F16 or DTYPE_F32
     int max_num_seqs;            // running sequences (256)
     int max_num_batched_tokens;  // tokens per step (2048)

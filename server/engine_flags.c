@@ -33,6 +33,8 @@ void engine_flags_usage(FILE *out)
         "  --threads T                   compute threads in all, split between ranks (all cores)\n"
         "  --kv-cache-memory SIZE        KV cache in all, split between ranks: bytes, 4GiB, 4G,\n"
         "                                512MiB, 4GB, 4g (default: a quarter of free RAM, at most 4 GiB)\n"
+        "  --gpu-memory-utilization F    the share of each GPU's memory to use, in (0, 1]; the KV\n"
+        "                                cache gets what weights and workspace leave (0.9)\n"
         "  --kv-cache-dtype D            auto (the checkpoint's), bfloat16, float16 or float32 (auto)\n"
         "  --max-num-seqs N              running sequences at most (256)\n"
         "  --max-num-batched-tokens N    tokens per step at most (2048)\n"
@@ -136,6 +138,18 @@ int engine_flags_parse_one(struct engine_flags *f, int argc, char **argv, int *i
         size_t b;
         if ((rc = cli_parse_bytes("--kv-cache-memory", val, 1, &b, err, errlen))) return rc;
         o->kv_cache_bytes = b;
+        DONE();
+    }
+    if (MATCH("--gpu-memory-utilization", true)) {
+        if (rc < 0) return rc;
+        char *end;
+        errno = 0;
+        const double u = strtod(val, &end);
+        if (errno || end == val || *end || !(u > 0 && u <= 1))
+            return ms_err(err, errlen, MS_EINVAL,
+                          "--gpu-memory-utilization must be a number in (0, 1], such as 0.9, "
+                          "not \"%s\"", val);
+        o->gpu_memory_utilization = u;
         DONE();
     }
     if (MATCH("--kv-cache-dtype", true)) {
