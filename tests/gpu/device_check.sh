@@ -1,0 +1,234 @@
+#!/usr/bin/env bash
+# device_check.sh: the CUDA backend's check on a machine with a GPU, as one
+# command — build there, run the GPU test suite, then measure and write a
+# table. The device machine has CUDA, gcc, meson and ninja but not the
+# Debian libraries moeserve links (jansson, libmicrohttpd, libcurl, pcre2,
+# utf8proc, cmocka): `prepare` copies them (headers, and the shared
+# libraries with everything they load but glibc) from this machine into
+# .devdeps/, with the tokenizer files the build needs; `run` uses them there.
+#
+# Here, once (from the repository root, after a build in build/):
+#   tests/gpu/device_check.sh prepare
+# Then, on the device machine (the device tool's run, carrying .devdeps):
+#   run(command="bash tests/gpu/device_check.sh run", carry=[".devdeps"], timeout_s=540)
+# The table and the logs land in $OUT (device_check.md, build.log, tests.log,
+# bench.log); the whole run stays under --budget seconds (default 450): each
+# benchmark pass is skipped, with a note, when too little time is left.
+#
+# Subcommands:
+#   prepare [--deps DIR]        fill DIR (.devdeps) from this machine
+#   run [options]               build, test, measure (the device machine)
+#   check                       say what `run` would find here and stop: exit 0
+#                               when a GPU is visible, 77 when not (the skip path)
+# run options:
+#   --deps DIR      the prepared folder (.devdeps)
+#   --build DIR     the build folder (build-device)
+#   --out DIR       where the table and logs go ($OUT, else device-check-out)
+#   --budget S      seconds for the whole run (450)
+#   --no-bench      build and test only
+#   --cuda DIR      the CUDA toolkit (/usr/local/cuda)
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+usage() { sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; }
+die() { echo "device_check: $*" >&2; exit 1; }
+
+cmd="${1:-}"
+[ $# -gt 0 ] && shift
+deps="$root/.devdeps" build="$root/build-device" out="${OUT:-$root/device-check-out}"
+budget=450 bench=1 cuda=/usr/local/cuda
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --deps) deps="$(realpath -m "${2:?--deps needs a folder}")"; shift 2 ;;
+    --build) build="$(realpath -m "${2:?--build needs a folder}")"; shift 2 ;;
+    --out) out="$(realpath -m "${2:?--out needs a folder}")"; shift 2 ;;
+    --budget)
+        [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "device_check: --budget needs whole seconds, not '${2:-}'" >&2; exit 2; }
+        budget=$2; shift 2 ;;
+    --no-bench) bench=0; shift ;;
+    --cuda) cuda="${2:?--cuda needs a folder}"; shift 2 ;;
+    *) echo "device_check: unknown option '$1'" >&2; usage; exit 2 ;;
+    esac
+done
+start=$(date +%s)
+left() { echo $((budget - ($(date +%s) - start))); }
+
+# Libraries moeserve and its tests link, and the headers they include.
+libs="jansson microhttpd curl pcre2-8 utf8proc cmocka"
+headers="jansson.h jansson_config.h microhttpd.h curl pcre2.h utf8proc.h cmocka.h cmocka_pbc.h"
+
+prepare() {
+    local libdir=/lib/x86_64-linux-gnu
+    rm -rf "$deps"
+    mkdir -p "$deps/lib" "$deps/include" "$deps/tokenizer" "$deps/bin" || die "cannot make $deps"
+    # pkg-config itself, which the device machine may lack.
+    cp -L /usr/bin/pkgconf "$deps/bin/pkg-config" && cp -L /lib/x86_64-linux-gnu/libpkgconf.so.3 "$deps/lib/" ||
+        die "pkgconf is missing: apt-get install pkgconf"
+    local h d found
+    for h in $headers; do
+        found=
+        for d in /usr/include /usr/include/x86_64-linux-gnu; do
+            [ -e "$d/$h" ] && cp -rL "$d/$h" "$deps/include/" && found=1 && break
+        done
+        [ -n "$found" ] || die "the header $h is missing: run deploy/setup.sh first"
+    done
+    # Each library with its whole closure but glibc, the compiler's runtime and CUDA.
+    local l so
+    for l in $libs; do
+        so=$(ls "$libdir"/lib"$l".so.[0-9]* 2>/dev/null | head -1)
+        [ -n "$so" ] || die "lib$l is not installed: run deploy/setup.sh first"
+        { echo "$so"; ldd "$so" | awk '$3 ~ /^\// {print $3}'; } |
+            grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux-x86-64|libgcc_s|libstdc\+\+|libresolv)\.so' |
+            while read -r f; do cp -L "$f" "$deps/lib/"; done
+        ln -sf "$(basename "$so")" "$deps/lib/lib$l.so"
+    done
+    local tok="$root/third_party/qwen3-tokenizer"
+    cp "$tok/tokenizer.json" "$tok/tokenizer_config.json" "$deps/tokenizer/" ||
+        die "the tokenizer files are missing under $tok: run deploy/setup.sh first"
+    grep -qx '/.devdeps/' "$root/.git/info/exclude" 2>/dev/null ||
+        echo '/.devdeps/' >>"$(git -C "$root" rev-parse --git-common-dir)/info/exclude"
+    echo "prepared $deps ($(du -sh "$deps" | cut -f1)); on the device machine run:"
+    echo '  run(command="bash tests/gpu/device_check.sh run", carry=[".devdeps"], timeout_s=540)'
+}
+
+# A toolkit folder meson can read: the CUDA toolkit, with NCCL and cuBLAS
+# linked in from wherever this machine keeps them (the toolkit itself, the
+# system, or the nvidia-* Python packages PyTorch brings).
+toolkit() {
+    local tk=/tmp/moeserve-cudatk d f
+    rm -rf "$tk"
+    mkdir -p "$tk/lib64" "$tk/include"
+    # Everything else of the toolkit (bin, nvvm, targets...) as it is: nvcc
+    # finds its parts relative to where it is called from.
+    for f in "$cuda"/*; do
+        case "$(basename "$f")" in include|lib64) ;; *) ln -s "$f" "$tk/" ;; esac
+    done
+    for f in "$cuda"/include/* "$cuda"/targets/x86_64-linux/include/*; do
+        [ -e "$f" ] && ln -sf "$f" "$tk/include/"
+    done
+    for f in "$cuda"/lib64/* "$cuda"/targets/x86_64-linux/lib/*; do [ -e "$f" ] && ln -sf "$f" "$tk/lib64/"; done
+    local py_dirs
+    py_dirs=$(python3 -c 'import nvidia, os; [print(os.path.join(p, d)) for p in nvidia.__path__ for d in os.listdir(p)]' 2>/dev/null)
+    for d in /usr/lib/x86_64-linux-gnu /usr/include $py_dirs; do
+        for f in "$d"/libnccl.so* "$d"/lib/libnccl.so* "$d"/lib/libcublas*.so* "$d"/lib/libcudart.so*; do
+            [ -e "$f" ] && [ ! -e "$tk/lib64/$(basename "$f")" ] && ln -s "$f" "$tk/lib64/"
+        done
+        for f in "$d"/nccl*.h "$d"/include/nccl*.h; do
+            [ -e "$f" ] && [ ! -e "$tk/include/$(basename "$f")" ] && ln -s "$f" "$tk/include/"
+        done
+    done
+    for l in nccl cublas cudart; do # the unversioned names the linker looks for
+        if [ ! -e "$tk/lib64/lib$l.so" ]; then
+            f=$(ls "$tk"/lib64/lib$l.so.[0-9]* 2>/dev/null | head -1)
+            [ -n "$f" ] && ln -s "$(basename "$f")" "$tk/lib64/lib$l.so"
+        fi
+    done
+    echo "$tk"
+}
+
+pkgconfig() { # pc files for the carried libraries, prefixed where they are now
+    local pc="$deps/pkgconfig" l name
+    mkdir -p "$pc"
+    for l in $libs; do
+        case $l in
+        pcre2-8) name=libpcre2-8 ;; microhttpd) name=libmicrohttpd ;; curl) name=libcurl ;;
+        utf8proc) name=libutf8proc ;; *) name=$l ;;
+        esac
+        printf 'Name: %s\nDescription: carried\nVersion: 99\nCflags: -I%s/include\nLibs: -L%s/lib -l%s\n' \
+            "$name" "$deps" "$deps" "$l" >"$pc/$name.pc"
+    done
+    echo "$pc"
+}
+
+gpu_visible() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
+
+case "$cmd" in
+prepare) prepare; exit $? ;;
+check)
+    echo "nvcc: $(command -v "$cuda/bin/nvcc" || echo missing)"
+    echo "meson: $(command -v meson || echo missing); ninja: $(command -v ninja || echo missing)"
+    echo "prepared libraries: $([ -d "$deps/lib" ] && ls "$deps/lib" | wc -l || echo none) in $deps"
+    if gpu_visible; then nvidia-smi -L; exit 0; fi
+    echo "no GPU is visible here: the device check needs one (skipped)"
+    exit 77 ;;
+run) ;;
+-h|--help|help) usage; exit 0 ;;
+*) echo "device_check: say prepare, run or check${cmd:+, not '$cmd'}" >&2; usage; exit 2 ;;
+esac
+
+# ---- run ----------------------------------------------------------------------------
+mkdir -p "$out" || die "cannot make $out"
+table="$out/device_check.md"
+note() { echo "$*" | tee -a "$table"; }
+: >"$table"
+note "# moeserve device check ($(date -u +%FT%TZ), commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'))"
+note ""
+gpu_visible && note "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | sed 's/^/GPU: /')"
+[ -d "$deps/lib" ] || die "$deps is missing: run 'tests/gpu/device_check.sh prepare' where the libraries are, and carry it"
+tk=$(toolkit)
+pc=$(pkgconfig)
+command -v pkg-config >/dev/null || export PKG_CONFIG="$deps/bin/pkg-config"
+
+# Build: CUDA required (-Dcuda=enabled), the carried libraries alone through pkg-config.
+echo "== build ($build)" | tee "$out/build.log"
+if [ ! -f "$build/build.ninja" ]; then
+    PKG_CONFIG_LIBDIR="$pc" PKG_CONFIG_PATH= meson setup "$build" -Dcuda=enabled -Dcudatoolkit="$tk" \
+        -Dtokenizer_dir="$deps/tokenizer" -Dc_args="-I$deps/include" \
+        -Dc_link_args="-L$deps/lib -Wl,-rpath-link,$deps/lib" >>"$out/build.log" 2>&1 ||
+        { tail -30 "$out/build.log"; die "meson setup failed (build.log)"; }
+fi
+t0=$(date +%s)
+meson compile -C "$build" -j "$(nproc)" >>"$out/build.log" 2>&1 ||
+    { tail -40 "$out/build.log"; die "the build failed (build.log)"; }
+note "build: $(( $(date +%s) - t0 )) s"
+# From here on moeserve's programs run: the carried libraries, then the toolkit's.
+export LD_LIBRARY_PATH="$deps/lib:$tk/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# Tests: the GPU suite (every op against its CPU twin, the golden set, the
+# engine invariants, NCCL) and the plans; then the CPU suites the seam touches.
+echo "== tests" | tee "$out/tests.log"
+meson test -C "$build" --suite gpu --print-errorlogs --num-processes 4 >>"$out/tests.log" 2>&1
+trc=$?
+note "tests/gpu: $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$out/tests.log" | tr -s ' ' | paste -sd ' ')$([ $trc -ne 0 ] && echo ' (FAILED: see tests.log)')"
+grep -E '^ *[0-9]+/[0-9]+ ' "$out/tests.log" | sed 's/^/    /' >>"$table"
+[ "$bench" = 1 ] || exit $trc
+gpu_visible || { note "no GPU visible: no measurements"; exit $trc; }
+
+# Measurements.
+echo "== bench" | tee "$out/bench.log"
+cfg="$root/tests/data/qwen3-30b-a3b/config.json"
+if [ "$(left)" -gt 60 ]; then
+    note ""
+    timeout $(( $(left) - 30 )) "$build/tests/gpu/bench_gpu" "$cfg" 2>>"$out/bench.log" | tee -a "$table"
+fi
+moe="$build/server/moeserve"
+model=$(mktemp -d)
+cp "$cfg" "$model/"
+common=(--load-format dummy --device cuda --kv-cache-memory 24GiB --max-model-len 4096 --json)
+pass() { # pass LABEL SECONDS ARGS...: one bench-offline pass, or a note when time is short
+    local label=$1 need=$2; shift 2
+    if [ "$(left)" -lt "$need" ]; then note "| $label | skipped: $(left) s left of the budget |"; return; fi
+    local js
+    js=$(timeout $(( $(left) - 10 )) "$moe" bench-offline "$model" "${common[@]}" "$@" 2>>"$out/bench.log" | tail -1)
+    if [ -z "$js" ]; then note "| $label | failed or timed out (bench.log) |"; return; fi
+    python3 - "$label" "$js" <<'PY' | tee -a "$table"
+import json, sys
+label, j = sys.argv[1], json.loads(sys.argv[2])
+c, steps = j["max_concurrency"], max(j["steps"], 1)
+print("| %s | %d | %.1f | %.0f | %.0f | %.2f |" % (label, c, 1e3 * j["elapsed_time"] / steps,
+      j["output_tokens_per_second"], j["tokens_per_second"], c / max(j["output_tokens_per_second"], 1e-9) * 1e3))
+PY
+}
+note ""
+note "Qwen3-30B-A3B shape, --load-format dummy, bf16, one GPU (bench-offline; TPOT ~ concurrency / output tokens/s, prefill included)"
+note ""
+note "| pass | concurrency | ms per step | output tok/s | total tok/s | TPOT ms |"
+note "|---|---|---|---|---|---|"
+for c in 1 8 64 256; do
+    pass "decode, 64 in / 64 out" 45 --num-prompts "$c" --max-concurrency "$c" --input-len 64 --output-len 64
+done
+pass "prefill, 2048 in / 1 out" 45 --num-prompts 16 --max-concurrency 16 --input-len 2048 --output-len 1
+pass "target: 1024 in / 128 out" 120 --num-prompts 256 --max-concurrency 256 --input-len 1024 --output-len 128
+rm -rf "$model"
+note ""
+note "total: $(( $(date +%s) - start )) s"
+exit $trc
