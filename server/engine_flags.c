@@ -142,13 +142,10 @@ int engine_flags_parse_one(struct engine_flags *f, int argc, char **argv, int *i
     }
     if (MATCH("--gpu-memory-utilization", true)) {
         if (rc < 0) return rc;
-        char *end;
-        errno = 0;
-        const double u = strtod(val, &end);
-        if (errno || end == val || *end || !(u > 0 && u <= 1))
-            return ms_err(err, errlen, MS_EINVAL,
-                          "--gpu-memory-utilization must be a number in (0, 1], such as 0.9, "
-                          "not \"%s\"", val);
+        double u;
+        static const char *const flag = "--gpu-memory-utilization";
+        if ((rc = cli_parse_double(flag, val, 0, 1, &u, err, errlen))) return rc;
+        if (u == 0) return cli_refuse(flag, val, "a number from 0 to 1 above 0", err, errlen);
         o->gpu_memory_utilization = u;
         DONE();
     }

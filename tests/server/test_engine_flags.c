@@ -102,7 +102,7 @@ static void malformed_values_are_refused(void **state)
     for (size_t i = 0; i < sizeof bad_util / sizeof *bad_util; i++) {
         char *a7[] = {"--gpu-memory-utilization", (char *)bad_util[i]};
         assert_int_equal(parse_all(&f, 2, a7, err, sizeof err), MS_EINVAL);
-        assert_non_null(strstr(err, "--gpu-memory-utilization must be a number in (0, 1]"));
+        assert_non_null(strstr(err, "--gpu-memory-utilization must be a number from 0 to 1"));
     }
     assert_true(f.opts.gpu_memory_utilization == 0.9);
 }
