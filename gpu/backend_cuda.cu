@@ -668,6 +668,11 @@ static int cu_qk_norm_rope_store(struct backend *b, const struct backend_weights
     return 0;
 }
 
+// Positions per attention chunk: each token's softmax is folded chunk by
+// chunk (plan.h), whatever the split; 256 positions (16 blocks) keep the
+// fold's cost small and still split a 1k context four ways.
+#define ATTN_CHUNK 256
+
 // The largest tile of tokens whose rows (tile x query heads per KV head)
 // fit the device's shared memory, at most 64 rows.
 static int attn_tile(const struct cuda_backend *c, int n_q, int head_dim)
@@ -695,9 +700,11 @@ static int cu_attention(struct backend *b, const struct backend_weights *w, int 
                             cfg->head_dim, c->dev);
     o.kv_heads = cfg->n_kv_heads;
     o.target_ctas = 2 * c->prop.multiProcessorCount;
-    o.min_chunk = 256;
-    o.max_split = 32;
+    o.chunk = ATTN_CHUNK;
+    o.max_split = 64;
     o.n_heads = cfg->n_heads;
+    // Partial sets of at most 256 MiB; a step that would need more runs unsplit.
+    o.max_part_rows = ((long long)256 << 20) / (long long)(((size_t)cfg->head_dim + 2) * sizeof(float));
     struct plan_attn pa;
     if (plan_attention(s->h_seq_start, s->h_tok_pos, s->n_seqs, &o, NULL, 0, NULL, 0, &pa))
         return backend_fail(b, MS_EINVAL, "attention: the step's layout is inconsistent");
@@ -730,6 +737,7 @@ static int cu_attention(struct backend *b, const struct backend_weights *w, int 
     a.combine = (const struct plan_attn_combine *)((char *)c->plan.p + ib);
     a.n_combine = pa.n_combine;
     a.tile_tokens = o.tile_tokens;
+    a.chunk = o.chunk;
     a.n_kv_heads = cfg->n_kv_heads;
     a.n_q = G;
     a.head_dim = cfg->head_dim;

@@ -73,6 +73,7 @@ struct cuda_attn {
     const struct plan_attn_combine *combine;
     int n_combine;
     int tile_tokens;                // the plan's tile (shared memory is sized by it)
+    int chunk;                      // the plan's chunk of KV positions
     int n_kv_heads, n_q, head_dim;  // n_q: query heads per KV head
     float scale;
     const int32_t *tok_pos, *bt_start, *bt;

@@ -12,7 +12,7 @@ int plan_attention(const int32_t *seq_start, const int32_t *tok_pos, int n_seqs,
 {
     out->n_items = out->n_combine = out->n_part_rows = 0;
     if (n_seqs < 0 || o->tile_tokens < 1 || o->kv_heads < 1 || o->n_heads < 1 ||
-        o->min_chunk < 16 || o->min_chunk % 16 || o->max_split < 1)
+        o->chunk < 16 || o->chunk % 16 || o->max_split < 1 || o->max_part_rows < 0)
         return -1;
     // Tiles first: how many, to decide whether KV is split at all.
     long long n_tiles = 0;
@@ -26,7 +26,8 @@ int plan_attention(const int32_t *seq_start, const int32_t *tok_pos, int n_seqs,
         long long want = (o->target_ctas + n_tiles * o->kv_heads - 1) / (n_tiles * o->kv_heads);
         split_to = want > o->max_split ? o->max_split : (int)want;
     }
-    int ni = 0, nc = 0, parts = 0;
+    int ni = 0, nc = 0;
+    long long parts = 0;
     for (int s = 0; s < n_seqs; s++) {
         const int first = seq_start[s], n = seq_start[s + 1] - first;
         for (int i = 0; i < n; i += o->tile_tokens) {
@@ -34,18 +35,21 @@ int plan_attention(const int32_t *seq_start, const int32_t *tok_pos, int n_seqs,
             const int t0 = first + i;
             const int ctx = tok_pos[t0 + nt - 1] + 1; // the tile's last token sees the most
             if (ctx < 1) return -1;
-            // Chunks of whole blocks, at least min_chunk positions each.
-            int chunk = ceil_div(ceil_div(ctx, split_to), 16) * 16;
-            if (chunk < o->min_chunk) chunk = o->min_chunk;
-            const int n_split = ceil_div(ctx, chunk);
-            const int part0 = n_split > 1 ? parts : -1;
+            const int n_chunk = ceil_div(ctx, o->chunk);
+            // Whole chunks per item; no split when the partials would not fit.
+            const int per = ceil_div(n_chunk, split_to);
+            int n_split = ceil_div(n_chunk, per);
+            const long long rows = (long long)n_chunk * nt * o->n_heads;
+            if (n_split > 1 && parts + rows > o->max_part_rows) n_split = 1;
+            const int span = n_split > 1 ? per : n_chunk;
             for (int j = 0; j < n_split; j++) {
                 if (items) {
                     if (ni >= items_cap) return -1;
-                    const int p1 = (j + 1) * chunk < ctx ? (j + 1) * chunk : ctx;
+                    const int p0 = j * span * o->chunk, end = (j + 1) * span * o->chunk;
                     items[ni] = (struct plan_attn_item){
-                        .t0 = t0, .n_tok = nt, .seq = s, .p0 = j * chunk, .p1 = p1,
-                        .part = n_split > 1 ? parts + j * nt * o->n_heads : -1};
+                        .t0 = t0, .n_tok = nt, .seq = s, .p0 = p0, .p1 = end < ctx ? end : ctx,
+                        .part = n_split > 1 ? (int32_t)(parts + (long long)j * span * nt * o->n_heads)
+                                            : -1};
                 }
                 ni++;
             }
@@ -53,16 +57,18 @@ int plan_attention(const int32_t *seq_start, const int32_t *tok_pos, int n_seqs,
                 if (combine) {
                     if (nc >= combine_cap) return -1;
                     combine[nc] = (struct plan_attn_combine){.t0 = t0, .n_tok = nt,
-                                                             .n_split = n_split, .part0 = part0};
+                                                             .n_chunk = n_chunk,
+                                                             .part0 = (int32_t)parts};
                 }
                 nc++;
-                parts += n_split * nt * o->n_heads;
+                parts += rows;
+                if (parts > INT32_MAX) return -1;
             }
         }
     }
     out->n_items = ni;
     out->n_combine = nc;
-    out->n_part_rows = parts;
+    out->n_part_rows = (int)parts;
     return 0;
 }
 

@@ -15,28 +15,38 @@
 extern "C" {
 #endif
 
+// Attention is computed over fixed chunks of KV positions — [0, chunk),
+// [chunk, 2 chunk), ... whatever the step — each chunk's softmax state
+// folded into the token's in chunk order by one function, in the CTA when
+// a tile's chunks stay together and in the combine kernel when they are
+// split over CTAs. A token's result therefore depends only on its own
+// context, never on the tile or the split (the backend contract's "alone or
+// batched"); the split only decides how much runs in parallel.
+
 // One attention work item, per KV head: tokens [t0, t0 + n_tok) of one
-// sequence (consecutive positions) over KV positions [p0, p1) (p0 a multiple
-// of 16). part < 0: the item covers every position its tokens see and writes
-// the output itself; else it leaves partial rows at part + i * n_heads + head
-// for the combine.
+// sequence (consecutive positions) over KV positions [p0, p1), p0 on a chunk
+// boundary. part < 0: the item covers every chunk its tokens see and writes
+// the output itself; else it leaves one partial set per chunk, chunk c of
+// the tile's at part0 + c * n_tok * n_heads rows (part is its first chunk's),
+// row i * n_heads + head within a set.
 struct plan_attn_item {
     int32_t t0, n_tok, seq, p0, p1, part;
 };
 
-// A tile split over several items: its n_split partial sets, each n_tok *
-// n_heads rows apart from part0, are merged into the output.
+// A tile split over several items: its n_chunk partial sets from part0 are
+// folded in chunk order into the output.
 struct plan_attn_combine {
-    int32_t t0, n_tok, n_split, part0;
+    int32_t t0, n_tok, n_chunk, part0;
 };
 
 struct plan_attn_opts {
     int tile_tokens;      // tokens per item (>= 1)
     int kv_heads;         // CTAs per item
     int target_ctas;      // split KV until items x kv_heads reaches this (0: never split)
-    int min_chunk;        // fewest positions per split (a multiple of 16)
-    int max_split;        // most splits of one tile
+    int chunk;            // positions per chunk (a multiple of 16)
+    int max_split;        // most items one tile is split into
     int n_heads;          // query heads (partial rows per token)
+    long long max_part_rows; // split no further once the partial rows would pass this
 };
 
 struct plan_attn {

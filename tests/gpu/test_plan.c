@@ -1,6 +1,8 @@
 // The CUDA backend's shared plans (gpu/plan.h), on the CPU: attention work
-// items cover every (token, visible position) pair exactly once, split only
-// when a step has few tiles, with partial rows that do not overlap; the
+// items cover every (token, visible position) pair exactly once, start on
+// chunk boundaries (so a token's chunks are the same in any tile or batch),
+// split only when a step has few tiles, with one partial set per chunk that
+// no other item writes; the
 // grouped-matmul tile bound holds for every routing and the tile list is
 // the groups' rows in order; graph buckets are the smallest captured size
 // that holds a batch.
@@ -35,7 +37,8 @@ static void layout_make(struct layout *l, int n, const int *n_past, const int *n
 static struct plan_attn_opts opts(int tile, int target)
 {
     return (struct plan_attn_opts){.tile_tokens = tile, .kv_heads = 4, .target_ctas = target,
-                                   .min_chunk = 32, .max_split = 8, .n_heads = 8};
+                                   .chunk = 32, .max_split = 8, .n_heads = 8,
+                                   .max_part_rows = 1 << 20};
 }
 
 // Every token sees positions 0..its own exactly once over the items that
@@ -60,7 +63,7 @@ static void check_cover(const struct layout *l, const struct plan_attn_opts *o, 
     int max_split = 1;
     for (int i = 0; i < pa.n_items; i++) {
         assert_true(it[i].n_tok >= 1 && it[i].n_tok <= o->tile_tokens);
-        assert_int_equal(it[i].p0 % 16, 0);
+        assert_int_equal(it[i].p0 % o->chunk, 0);
         assert_true(it[i].p0 < it[i].p1);
         assert_true(it[i].t0 >= l->seq_start[it[i].seq] &&
                     it[i].t0 + it[i].n_tok <= l->seq_start[it[i].seq + 1]);
@@ -68,18 +71,29 @@ static void check_cover(const struct layout *l, const struct plan_attn_opts *o, 
             const int t = it[i].t0 + k;
             for (int p = it[i].p0; p < it[i].p1 && p <= l->tok_pos[t]; p++) seen[t * 4096 + p]++;
         }
-        if (it[i].part >= 0)
-            for (int r = 0; r < it[i].n_tok * o->n_heads; r++) {
+        if (it[i].part >= 0) {
+            const int sets = (it[i].p1 - it[i].p0 + o->chunk - 1) / o->chunk;
+            for (int r = 0; r < sets * it[i].n_tok * o->n_heads; r++) {
                 assert_true(it[i].part + r < pa.n_part_rows);
                 assert_int_equal(part_used[it[i].part + r], 0);
                 part_used[it[i].part + r] = 1;
             }
+        }
     }
     for (int t = 0; t < T; t++)
         for (int p = 0; p < 4096; p++) assert_int_equal(seen[t * 4096 + p], p <= l->tok_pos[t] ? 1 : 0);
     for (int c = 0; c < pa.n_combine; c++) {
-        if (cb[c].n_split > max_split) max_split = cb[c].n_split;
-        assert_true(cb[c].n_split >= 2 && cb[c].n_split <= o->max_split);
+        int items_of_tile = 0;
+        for (int i = 0; i < pa.n_items; i++) {
+            if (it[i].t0 != cb[c].t0) continue;
+            items_of_tile++;
+            // Its sets sit where the combine looks for its chunks.
+            assert_int_equal(it[i].part, cb[c].part0 + it[i].p0 / o->chunk * cb[c].n_tok * o->n_heads);
+        }
+        if (items_of_tile > max_split) max_split = items_of_tile;
+        assert_true(items_of_tile >= 2 && items_of_tile <= o->max_split);
+        const int ctx = l->tok_pos[cb[c].t0 + cb[c].n_tok - 1] + 1;
+        assert_int_equal(cb[c].n_chunk, (ctx + o->chunk - 1) / o->chunk);
     }
     for (int r = 0; r < pa.n_part_rows; r++) assert_int_equal(part_used[r], 1);
     if (splits_out) *splits_out = max_split;
@@ -112,6 +126,10 @@ static void decode_steps_split_long_contexts_and_prefill_does_not(void **state)
     int splits;
     check_cover(&l, &o, &splits);
     assert_int_equal(splits, 8); // a lone decode row over 3001 positions: split as far as allowed
+    o.max_part_rows = 10; // and not at all when its partial sets would not fit
+    check_cover(&l, &o, &splits);
+    assert_int_equal(splits, 1);
+    o = opts(8, 264);
     const int p0[] = {0, 0, 0, 0}, big[] = {64, 64, 64, 64};
     layout_make(&l, 4, p0, big);
     o = opts(1, 16); // 256 tiles x 4 heads: enough work without splitting
@@ -119,7 +137,7 @@ static void decode_steps_split_long_contexts_and_prefill_does_not(void **state)
     assert_int_equal(plan_attention(l.seq_start, l.tok_pos, l.n_seqs, &o, NULL, 0, NULL, 0, &pa), 0);
     assert_int_equal(pa.n_combine, 0);
     assert_int_equal(pa.n_part_rows, 0);
-    const int short_past[] = {5}; // a context shorter than min_chunk is never split
+    const int short_past[] = {5}; // a context within one chunk is never split
     layout_make(&l, 1, short_past, one);
     o = opts(8, 1000);
     assert_int_equal(plan_attention(l.seq_start, l.tok_pos, l.n_seqs, &o, NULL, 0, NULL, 0, &pa), 0);
@@ -136,7 +154,7 @@ static void attention_plan_refuses_bad_input_and_small_arrays(void **state)
     struct plan_attn_opts o = opts(0, 0);
     assert_int_equal(plan_attention(l.seq_start, l.tok_pos, 1, &o, NULL, 0, NULL, 0, &pa), -1);
     o = opts(1, 0);
-    o.min_chunk = 24; // not whole blocks
+    o.chunk = 24; // not whole blocks
     assert_int_equal(plan_attention(l.seq_start, l.tok_pos, 1, &o, NULL, 0, NULL, 0, &pa), -1);
     o = opts(1, 0);
     struct plan_attn_item it[2];

@@ -276,20 +276,27 @@ static void assert_same_logits(const struct model *m, const struct plan *p, cons
 {
     const size_t V = (size_t)m->cfg.vocab_size;
     if (harness_device != BACKEND_DEVICE_CPU) {
-        // The GPU: within 1e-2 of the row's largest |logit|. Its matmuls sum
-        // in one order whatever the batch, but a split-KV attention sum
-        // depends on how the step was cut, and an ulp there can move a bf16
-        // rounding of the activations that follow.
+        // The GPU's ops are built to be batch-invariant too (its matmuls sum
+        // in one order whatever the rows around them; attention folds fixed
+        // chunks of positions whatever the tile or split), so every logit
+        // should match bitwise; until a GPU run has confirmed that, the test
+        // holds them within 1e-2 of the row's largest |logit| and prints how
+        // many differ at all.
+        size_t differ = 0, total = 0;
         for (int s = 0; s < p->n_seqs; s++)
             for (int i = 0; i < p->seq[s].len; i++) {
                 const float *x = a->logits[s] + i * V, *y = b->logits[s] + i * V;
                 double mx = 1e-3;
                 for (size_t k = 0; k < V; k++) mx = fmax(mx, fabs((double)x[k]));
-                for (size_t k = 0; k < V; k++)
+                for (size_t k = 0; k < V; k++) {
+                    differ += memcmp(&x[k], &y[k], sizeof x[k]) != 0;
                     if (!(fabs((double)x[k] - y[k]) <= 1e-2 * mx))
                         fail_msg("%s (GPU): sequence %d position %d logit %zu: %.9g vs %.9g", what,
                                  s, i, k, x[k], y[k]);
+                }
+                total += V;
             }
+        fprintf(stderr, "%s (GPU): %zu of %zu logits differ bitwise\n", what, differ, total);
         return;
     }
     for (int s = 0; s < p->n_seqs; s++)
