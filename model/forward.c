@@ -46,6 +46,7 @@ struct rank {
     int32_t *exp_x;             // (max_recv) x row of each expert-sorted row
     int32_t *exp_y;             // (max_recv) expert parallel: received row of each local expert row
     int32_t *exp_off;           // (E + 1) start of each expert's rows
+    int32_t *exp_off_all;       // (n_layers, E + 1) single rank: each layer's exp_off, read once a step
     int32_t *local_off;         // (E + 1) expert parallel: offsets of the local experts' rows
     int32_t *gather;            // (R, E + 1): pairs per expert from each rank, then its capacity
     int32_t *gather_send;       // (E + 1) this rank's part of gather
@@ -64,6 +65,7 @@ struct rank {
     struct host {
         int32_t *tok_id, *tok_pos, *tok_seq, *seq_start, *bt_start, *bt, *logit_rows;
         int32_t *exp_off, *local_off, *exp_y; // (E + 1) x 2, (max_recv)
+        int32_t *exp_off_all;                 // (n_layers, E + 1)
         int32_t *gather, *gather_send;        // (R, E + 1), (E + 1)
         int32_t *head_counts;                 // (R)
         size_t *a2a;                          // (4, R): send bytes, send offsets, recv bytes, recv offsets
@@ -147,6 +149,7 @@ static void carve_backend(struct rank *r, struct carver *c)
     r->exp_x = carve(c, (size_t)r->max_recv + 1, sizeof(int32_t));
     r->exp_y = carve(c, (size_t)r->max_recv + 1, sizeof(int32_t));
     r->exp_off = carve(c, E + 1, sizeof(int32_t));
+    r->exp_off_all = carve(c, (size_t)cfg->n_layers * (E + 1), sizeof(int32_t));
     r->local_off = carve(c, E + 1, sizeof(int32_t));
     r->gather = carve(c, (size_t)r->R * (E + 1), sizeof(int32_t));
     r->gather_send = carve(c, E + 1, sizeof(int32_t));
@@ -180,6 +183,7 @@ static void carve_host(struct rank *r, struct carver *c)
     r->h.bt = carve(c, (size_t)r->max_bt, sizeof(int32_t));
     r->h.logit_rows = carve(c, T, sizeof(int32_t));
     r->h.exp_off = carve(c, E + 1, sizeof(int32_t));
+    r->h.exp_off_all = carve(c, (size_t)r->cfg->n_layers * (E + 1), sizeof(int32_t));
     r->h.local_off = carve(c, E + 1, sizeof(int32_t));
     r->h.exp_y = carve(c, (size_t)r->max_recv + 1, sizeof(int32_t));
     r->h.gather = carve(c, R * (E + 1), sizeof(int32_t));
@@ -470,16 +474,19 @@ static void dense_mlp(struct rank *r, int T)
 
 // Gate and up of experts [e0, e1) (group i's rows at off[i]..off[i+1]),
 // SwiGLU, then down into out (scattered through out_rows when non-NULL,
-// else contiguous in expert order).
+// else contiguous in expert order). h_off is off on the host, or NULL when
+// the host has not read it (a single rank: the rows are then all T x top-k
+// pairs, and the statistics are counted at the step's end).
 static void run_experts(struct rank *r, const float *x, const int32_t *x_rows, float *out,
                         const int32_t *out_rows, int e0, int e1, const int32_t *off,
-                        const int32_t *h_off)
+                        const int32_t *h_off, int rows)
 {
     const struct backend_layer *L = &r->w->layers[r->layer];
     struct backend *b = r->b;
     const size_t hd = (size_t)r->cfg->hidden_size, F = (size_t)r->cfg->moe_intermediate_size;
-    const int n = e1 - e0, rows = h_off[n];
-    for (int e = e0; e < e1; e++) r->expert_tokens[e] += (uint64_t)(h_off[e - e0 + 1] - h_off[e - e0]);
+    const int n = e1 - e0;
+    if (h_off)
+        for (int e = e0; e < e1; e++) r->expert_tokens[e] += (uint64_t)(h_off[e - e0 + 1] - h_off[e - e0]);
     if (rows == 0) return;
     const struct backend_gmm gu[2] = {
         {.w = L->expert_gate + e0, .n_groups = n, .off = off, .h_off = h_off, .max_rows = rows,
@@ -574,7 +581,8 @@ static int moe_exchange(struct rank *r, char *err, size_t errlen)
     }
     op(r, b->ops->upload(b, r->local_off, off, (size_t)(nl + 1) * i4));
     op(r, b->ops->upload(b, r->exp_y, r->h.exp_y, (size_t)off[nl] * i4));
-    run_experts(r, r->recv, r->exp_y, r->res, r->exp_y, r->e_begin, r->e_end, r->local_off, off);
+    run_experts(r, r->recv, r->exp_y, r->res, r->exp_y, r->e_begin, r->e_end, r->local_off, off,
+                off[nl]);
     if ((rc = comm_timed_a2a(r, r->res, rb, ro, r->ret, sb, so)))
         return ms_err(err, errlen, rc, "rank %d: returning MoE expert outputs failed (%s)", me,
                       ms_status_name(rc));
@@ -591,13 +599,22 @@ static int moe_block(struct rank *r, int T, char *err, size_t errlen)
                                       .ldy = (size_t)E, .rows = T};
     op(r, b->ops->matmul(b, &router, 1));
     op(r, b->ops->router_topk(b, r->rl, T, E, k, r->cfg->norm_topk_prob, r->top_id, r->top_w));
-    // Sort the (token, slot) pairs by expert, tokens ascending within one;
-    // the host needs the counts for the statistics and the exchanges.
+    // Sort the (token, slot) pairs by expert, tokens ascending within one.
+    // The exchanges need the counts on the host now; a single rank does not
+    // (its experts read their rows from the device's offsets), so it keeps
+    // them for the statistics and reads every layer's at the step's end —
+    // no host round trip inside the step.
     op(r, b->ops->moe_route(b, r->top_id, T, k, E, r->exp_off, r->pair_slot, r->exp_x));
-    op(r, b->ops->download(b, r->h.exp_off, r->exp_off, (size_t)(E + 1) * sizeof(int32_t)));
+    const size_t offb = (size_t)(E + 1) * sizeof(int32_t);
     int rc = 0;
-    if (!r->comm) run_experts(r, r->xn, r->exp_x, r->ret, NULL, 0, E, r->exp_off, r->h.exp_off);
-    else rc = moe_exchange(r, err, errlen);
+    if (!r->comm) {
+        op(r, b->ops->copy_2d(b, r->exp_off_all + (size_t)r->layer * (E + 1), offb, r->exp_off, offb,
+                              offb, 1));
+        run_experts(r, r->xn, r->exp_x, r->ret, NULL, 0, E, r->exp_off, NULL, T * k);
+    } else {
+        op(r, b->ops->download(b, r->h.exp_off, r->exp_off, offb));
+        rc = moe_exchange(r, err, errlen);
+    }
     if (rc == 0) op(r, b->ops->moe_combine(b, r->x, r->ret, r->pair_slot, r->top_w, T, k, (int)hd));
     return rc;
 }
@@ -723,6 +740,17 @@ int rank_forward(struct rank *r, const struct fwd_batch *b, float *logits, char 
     } else if (n_logits > 0) {
         op(r, bk->ops->lm_head(bk, r->w, 0, cfg->vocab_size, r->xl, n_logits, logits,
                                (size_t)cfg->vocab_size));
+    }
+    if (!r->comm && r->E > 0 && T > 0) {
+        // A single rank's expert statistics: every MoE layer's offsets in one read.
+        const size_t E1 = (size_t)r->E + 1;
+        op(r, bk->ops->download(bk, r->h.exp_off_all, r->exp_off_all,
+                                (size_t)cfg->n_layers * E1 * sizeof(int32_t)));
+        for (int l = 0; l < cfg->n_layers; l++) {
+            if (!r->m->layers[l].is_moe) continue;
+            const int32_t *off = r->h.exp_off_all + (size_t)l * E1;
+            for (int e = 0; e < r->E; e++) r->expert_tokens[e] += (uint64_t)(off[e + 1] - off[e]);
+        }
     }
     r->steps++;
     r->tokens += (uint64_t)T;
