@@ -605,7 +605,12 @@ static int cu_grouped_matmul(struct backend *b, const struct backend_gmm *jobs, 
             if (e != cudaSuccess) return fail_cuda(b, e, "uploading a matrix table");
             wtab = (const void *const *)c->ptrs.p;
         }
-        const int per_tile = max_group <= 8 ? 8 : 64;
+        // Tiles of 8 rows when every group has few (decode), or when the
+        // offsets are unknown here but average 8 or fewer a group; else 64.
+        // Either tile computes the same numbers.
+        const bool small = max_group <= 8 || (!j->h_off && j->max_rows <= 8 * j->n_groups);
+        const int per_tile = small ? 8 : 64;
+        if (small) max_group = 8;
         const int cap = plan_group_tiles_bound(j->n_groups, j->max_rows, per_tile);
         int rc = dbuf_need(c, &c->tiles, (size_t)cap * sizeof(int2) + sizeof(int), "matmul tiles");
         if (rc) return rc;
