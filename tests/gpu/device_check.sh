@@ -84,8 +84,6 @@ prepare() {
     local tok="$root/third_party/qwen3-tokenizer"
     cp "$tok/tokenizer.json" "$tok/tokenizer_config.json" "$deps/tokenizer/" ||
         die "the tokenizer files are missing under $tok: run deploy/setup.sh first"
-    grep -qx '/.devdeps/' "$root/.git/info/exclude" 2>/dev/null ||
-        echo '/.devdeps/' >>"$(git -C "$root" rev-parse --git-common-dir)/info/exclude"
     echo "prepared $deps ($(du -sh "$deps" | cut -f1)); on the device machine run:"
     echo '  run(command="bash tests/gpu/device_check.sh run", carry=[".devdeps"], timeout_s=540)'
 }
@@ -168,12 +166,16 @@ tk=$(toolkit)
 pc=$(pkgconfig)
 command -v pkg-config >/dev/null || export PKG_CONFIG="$deps/bin/pkg-config"
 
-# Build: CUDA required (-Dcuda=enabled), the carried libraries alone through pkg-config.
+# Build: CUDA required (-Dcuda=enabled), the carried libraries alone through
+# pkg-config. The programs find them through an RPATH (not RUNPATH: libcurl's
+# own dependencies are carried too), also when the build runs them
+# (make-model writes the test checkpoints).
 echo "== build ($build)" | tee "$out/build.log"
 if [ ! -f "$build/build.ninja" ]; then
     PKG_CONFIG_LIBDIR="$pc" PKG_CONFIG_PATH= meson setup "$build" -Dcuda=enabled -Dcudatoolkit="$tk" \
         -Dtokenizer_dir="$deps/tokenizer" -Dc_args="-I$deps/include" \
-        -Dc_link_args="-L$deps/lib -Wl,-rpath-link,$deps/lib" >>"$out/build.log" 2>&1 ||
+        -Dc_link_args="-L$deps/lib -Wl,-rpath-link,$deps/lib -Wl,-rpath,$deps/lib -Wl,--disable-new-dtags" \
+        >>"$out/build.log" 2>&1 ||
         { tail -30 "$out/build.log"; die "meson setup failed (build.log)"; }
 fi
 t0=$(date +%s)
