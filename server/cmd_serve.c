@@ -19,6 +19,7 @@
 #include "server/http.h"
 
 #define MAX_SERVED 16
+#define MAX_HOSTS 64
 
 static void usage(FILE *f)
 {
@@ -51,6 +52,26 @@ static void usage(FILE *f)
         "  --tool-call-parser P          hermes (Qwen3's <tool_call> format, the only one)\n"
         "  --default-chat-template-kwargs JSON  defaults for chat_template_kwargs, e.g.\n"
         "                                '{\"enable_thinking\": false}'\n"
+        "\n"
+        "what one client may hold (0 turns a limit off):\n"
+        "  --max-connections N           connections at once, all clients (16384, at most the\n"
+        "                                open-file limit less 64); more wait to be accepted\n"
+        "  --max-connections-per-client N  connections at once from one address (a quarter of\n"
+        "                                --max-connections); more get 503. Behind a proxy every\n"
+        "                                request comes from its address: raise it or use 0\n"
+        "  --request-header-timeout S    a request's headers must arrive within S seconds of\n"
+        "                                the connection's start or its previous response; idle\n"
+        "                                keep-alive connections close then too (30)\n"
+        "  --request-body-timeout S      and its body within S seconds of the headers (60)\n"
+        "  --idle-timeout S              close a connection that neither sends nor reads for S\n"
+        "                                seconds; waiting for the model is not idle (60)\n"
+        "  --max-buffered-bytes SIZE     request bodies held while they arrive, all clients;\n"
+        "                                more get 503 (256MiB)\n"
+        "  --max-buffered-bytes-per-client SIZE  the same for one address (64MiB)\n"
+        "  --allowed-hosts H[,H...]      answer only requests whose Host header names one of\n"
+        "                                these (no port; * any), against DNS rebinding (any)\n"
+        "  --reuse-port                  share --port with other servers already on it\n"
+        "                                (SO_REUSEPORT); without it a port in use is an error\n"
         "\n");
     engine_flags_usage(f);
 }
@@ -89,8 +110,38 @@ struct serve_opts {
     double health_timeout;
     const char *reasoning_parser;
     const char *default_kwargs;
+    int64_t max_connections;       // -1: from the open-file limit
+    int64_t max_connections_per_client; // -1: a quarter of max_connections
+    double header_timeout, body_timeout, idle_timeout;
+    size_t max_buffered, max_buffered_per_client;
+    const char *hosts[MAX_HOSTS];
+    int n_hosts;
+    char *hosts_buf;               // the --allowed-hosts value, split in place (freed at exit)
+    bool reuse_port;
     struct engine_flags ef;
 };
+
+// "a,b,c" into names (each trimmed, none empty).
+static int parse_hosts(const char *v, struct serve_opts *o, char *err, size_t errlen)
+{
+    free(o->hosts_buf);
+    o->n_hosts = 0;
+    o->hosts_buf = strdup(v);
+    if (!o->hosts_buf) return ms_err(err, errlen, MS_ENOMEM, "out of memory");
+    char *save = NULL;
+    for (char *t = strtok_r(o->hosts_buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        while (*t == ' ') t++;
+        size_t n = strlen(t);
+        while (n && t[n - 1] == ' ') t[--n] = 0;
+        if (!n) continue;
+        if (o->n_hosts == MAX_HOSTS)
+            return ms_err(err, errlen, MS_EINVAL, "--allowed-hosts takes at most %d names", MAX_HOSTS);
+        o->hosts[o->n_hosts++] = t;
+    }
+    if (!o->n_hosts)
+        return ms_err(err, errlen, MS_EINVAL, "--allowed-hosts needs at least one name (or *)");
+    return 0;
+}
 
 static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, size_t errlen)
 {
@@ -102,6 +153,13 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
     o->http_threads = 4;
     o->keepalive = 15;
     o->health_timeout = 120;
+    o->max_connections = -1;
+    o->max_connections_per_client = -1;
+    o->header_timeout = 30;
+    o->body_timeout = 60;
+    o->idle_timeout = 60;
+    o->max_buffered = 256u << 20;
+    o->max_buffered_per_client = 64u << 20;
     engine_flags_init(&o->ef);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -169,6 +227,30 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
                             "--default-chat-template-kwargs must be a JSON object, not \"%.80s\"", v);
             json_decref(j);
             o->default_kwargs = v;
+        } else if (!rc && !strcmp(a, "--reuse-port")) {
+            o->reuse_port = true;
+        } else if (!rc && (v = flag_value("--max-connections", argc, argv, &i, &rc, err, errlen))) {
+            rc = cli_parse_int("--max-connections", v, 0, 1000000, &o->max_connections, err, errlen);
+        } else if (!rc && (v = flag_value("--max-connections-per-client", argc, argv, &i, &rc, err,
+                                          errlen))) {
+            rc = cli_parse_int("--max-connections-per-client", v, 0, 1000000,
+                               &o->max_connections_per_client, err, errlen);
+        } else if (!rc && (v = flag_value("--request-header-timeout", argc, argv, &i, &rc, err, errlen))) {
+            rc = cli_parse_double("--request-header-timeout", v, 0, MAX_SECONDS, &o->header_timeout,
+                                  err, errlen);
+        } else if (!rc && (v = flag_value("--request-body-timeout", argc, argv, &i, &rc, err, errlen))) {
+            rc = cli_parse_double("--request-body-timeout", v, 0, MAX_SECONDS, &o->body_timeout, err,
+                                  errlen);
+        } else if (!rc && (v = flag_value("--idle-timeout", argc, argv, &i, &rc, err, errlen))) {
+            rc = cli_parse_double("--idle-timeout", v, 0, MAX_SECONDS, &o->idle_timeout, err, errlen);
+        } else if (!rc && (v = flag_value("--max-buffered-bytes", argc, argv, &i, &rc, err, errlen))) {
+            rc = cli_parse_bytes("--max-buffered-bytes", v, 0, &o->max_buffered, err, errlen);
+        } else if (!rc && (v = flag_value("--max-buffered-bytes-per-client", argc, argv, &i, &rc, err,
+                                          errlen))) {
+            rc = cli_parse_bytes("--max-buffered-bytes-per-client", v, 0, &o->max_buffered_per_client,
+                                 err, errlen);
+        } else if (!rc && (v = flag_value("--allowed-hosts", argc, argv, &i, &rc, err, errlen))) {
+            rc = parse_hosts(v, o, err, errlen);
         } else if (!rc && a[0] == '-' && a[1]) {
             rc = ms_err(err, errlen, MS_EINVAL, "unknown option %s (see moeserve serve --help)", a);
         } else if (!rc) {
@@ -260,24 +342,38 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "moeserve serve: %s\n", err);
         return 1;
     }
+    // Each connection takes a descriptor; keep 64 for the model's files and logs.
     struct rlimit rl;
-    unsigned max_conn = 4096;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur > 128)
-        max_conn = rl.rlim_cur - 64 > 65536 ? 65536 : (unsigned)(rl.rlim_cur - 64);
+    unsigned max_conn = o.max_connections >= 0 ? (unsigned)o.max_connections : 16384;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur > 128 && rl.rlim_cur - 64 < max_conn)
+        max_conn = (unsigned)(rl.rlim_cur - 64);
+    if (!max_conn) max_conn = 1000000; // 0: MHD's own bound, the descriptors
+    unsigned per_client = o.max_connections_per_client >= 0 ? (unsigned)o.max_connections_per_client
+                                                            : (max_conn + 3) / 4;
     struct http_opts ho = {
         .host = o.host,
         .port = (int)o.port,
+        .reuse_port = o.reuse_port,
         .threads = (int)o.http_threads,
         .max_body = o.max_body,
         .api_key = o.api_key,
         .keepalive_s = o.keepalive,
-        .connection_timeout_s = 300,
+        .idle_timeout_s = (unsigned)(o.idle_timeout + 0.999),
+        .header_timeout_s = o.header_timeout,
+        .body_timeout_s = o.body_timeout,
         .max_connections = max_conn,
+        .max_connections_per_client = per_client,
+        .max_buffered_bytes = o.max_buffered,
+        .max_buffered_bytes_per_client = o.max_buffered_per_client,
+        .allowed_hosts = o.hosts,
+        .n_allowed_hosts = o.n_hosts,
         .app = app,
     };
     app_routes(&ho.routes, &ho.n_routes);
     struct http_server *srv;
-    if (http_start(&ho, &srv, err, sizeof err)) {
+    int hrc = http_start(&ho, &srv, err, sizeof err);
+    free(o.hosts_buf); // http_start copied the names
+    if (hrc) {
         fprintf(stderr, "moeserve serve: %s\n", err);
         app_destroy(app);
         return 1;

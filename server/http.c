@@ -1,11 +1,15 @@
 // http: libmicrohttpd glue. Routing, auth and bodies in the access handler;
 // deferred and streamed responses suspend their connection and are resumed
 // by http_async_wake; a watcher thread notices clients that hang up while
-// suspended (MHD does not) and keeps idle streams alive with SSE comments.
+// suspended (MHD does not), keeps idle streams alive with SSE comments, and
+// closes connections whose request does not arrive in time. What one client
+// may hold (connections, buffered body bytes) is counted per address here,
+// since MHD only counts connections.
 #include "server/http.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <pthread.h>
@@ -14,8 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -23,12 +30,48 @@
 
 #define MAX_EXTRA_HEADERS 4
 #define STREAM_BLOCK 16384
+#define PEER_BUCKETS 1024
+
+// One client address: what its connections hold together (under s->cmu).
+struct http_peer {
+    char addr[INET6_ADDRSTRLEN];
+    int conns;
+    size_t buffered;             // body bytes reserved by its requests
+    struct http_peer *next;      // hash chain
+};
+
+// Where a connection is in its request, for the deadlines.
+enum conn_phase {
+    PHASE_HEAD,                  // waiting for a request's headers (since accept or the last response)
+    PHASE_BODY,                  // headers in, body arriving
+    PHASE_BUSY,                  // request whole: the handler and the response, no deadline
+};
+
+// One TCP connection: MHD's socket context, listed in s->conns (under s->cmu).
+struct http_conn {
+    int fd;
+    struct http_peer *peer;
+    enum conn_phase phase;
+    double since;                // when the phase began
+    bool timed_out;              // the watcher closed it for a deadline
+    bool refused;                // over its address's connection limit
+    struct http_conn *prev, *next;
+};
 
 struct http_server {
     struct MHD_Daemon *d;
     struct http_opts o;
     char *api_key;
+    char **hosts;                // allowed Host names (n_hosts), lower case
+    int n_hosts;
     int port;
+    int listen_fd;
+    pthread_mutex_t cmu;         // guards conns, peers, buffered, last_refusal_log
+    struct http_conn *conns;
+    struct http_peer *peers[PEER_BUCKETS];
+    size_t buffered;             // body bytes reserved, all connections
+    double last_refusal_log;
+    long refusals_unlogged;
     int epfd, evfd;
     pthread_t watcher;
     bool watcher_started;
@@ -43,11 +86,16 @@ struct http_server {
 struct http_request {
     struct http_server *s;
     struct MHD_Connection *c;
+    struct http_conn *conn;      // NULL when the connection could not be tracked
     const struct http_route *route;
     char method[16];
     char *path;
     char peer[64];
     struct ms_buf body;          // capped at max_body
+    size_t reserved;             // of the body budgets (s->buffered, the peer's)
+    bool started;                // the access handler has run (else MHD refused the request itself)
+    bool raw_nul;                // the undecoded path had %00
+    bool http11;                 // HTTP/1.1 or later: 1xx responses are understood
     bool too_large, responded, dispatched;
     int status;
     double t0;
@@ -75,6 +123,10 @@ struct http_async {
     bool complete;               // fill said the stream is complete
     bool gone_sent;
     bool gone_seen;              // the watcher saw the hang-up
+    bool half_closed;            // the peer shut its sending side; only a real hang-up cancels
+    bool probe_due;              // deferred: write a 100 Continue when suspending, to learn
+                                 // whether the peer is still there (a closed one answers RST)
+    bool http11;
     int in_gone;                 // gone() calls running on the watcher
     bool keepalive_due;
     double last_out;
@@ -87,6 +139,257 @@ struct http_async {
     struct http_async *prev, *next;
     atomic_int log_prompt, log_completion;
 };
+
+// ---- peers, connections and the body budgets ------------------------------------------
+
+static void addr_text(const struct sockaddr *sa, char *out, size_t len)
+{
+    out[0] = 0;
+    if (!sa) return;
+    if (sa->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, out,
+                  (socklen_t)len);
+    else if (sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, out,
+                  (socklen_t)len);
+}
+
+static struct http_peer **peer_slot(struct http_server *s, const char *addr)
+{
+    uint32_t h = 2166136261u; // FNV-1a
+    for (const char *p = addr; *p; p++) h = (h ^ (uint8_t)*p) * 16777619u;
+    struct http_peer **pp = &s->peers[h % PEER_BUCKETS];
+    while (*pp && strcmp((*pp)->addr, addr)) pp = &(*pp)->next;
+    return pp;
+}
+
+// Under s->cmu. The peer of addr, created when new; NULL when out of memory.
+static struct http_peer *peer_get(struct http_server *s, const char *addr)
+{
+    struct http_peer **pp = peer_slot(s, addr);
+    if (*pp) return *pp;
+    struct http_peer *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    snprintf(p->addr, sizeof p->addr, "%s", addr);
+    *pp = p;
+    return p;
+}
+
+// Under s->cmu: forgets p once nothing of it is left.
+static void peer_put(struct http_server *s, struct http_peer *p)
+{
+    if (p->conns || p->buffered) return;
+    struct http_peer **pp = peer_slot(s, p->addr);
+    if (*pp == p) {
+        *pp = p->next;
+        free(p);
+    }
+}
+
+// Takes n bytes of the body budgets (all connections', and the address's)
+// for r; false, with nothing taken, when either would go over.
+static bool budget_take(struct http_request *r, size_t n, bool *per_client)
+{
+    struct http_server *s = r->s;
+    struct http_peer *p = r->conn ? r->conn->peer : NULL;
+    size_t all, mine = 0;
+    pthread_mutex_lock(&s->cmu);
+    bool ok = !ms_add_overflow(s->buffered, n, &all) &&
+              (!s->o.max_buffered_bytes || all <= s->o.max_buffered_bytes);
+    *per_client = ok && p &&
+                  (ms_add_overflow(p->buffered, n, &mine) ||
+                   (s->o.max_buffered_bytes_per_client && mine > s->o.max_buffered_bytes_per_client));
+    if (ok && !*per_client) {
+        s->buffered = all;
+        if (p) p->buffered = mine;
+        r->reserved += n;
+    }
+    pthread_mutex_unlock(&s->cmu);
+    return ok && !*per_client;
+}
+
+static void budget_give_back(struct http_request *r)
+{
+    if (!r->reserved) return;
+    struct http_server *s = r->s;
+    pthread_mutex_lock(&s->cmu);
+    s->buffered -= r->reserved;
+    if (r->conn) {
+        r->conn->peer->buffered -= r->reserved;
+        peer_put(s, r->conn->peer);
+    }
+    pthread_mutex_unlock(&s->cmu);
+    r->reserved = 0;
+}
+
+static void body_free(struct http_request *r)
+{
+    ms_buf_free(&r->body);
+    budget_give_back(r);
+}
+
+// Many refusals in a burst make one log line a second, with the count.
+static void log_refusal(struct http_server *s, const char *peer, const char *why)
+{
+    double now = ms_now();
+    pthread_mutex_lock(&s->cmu);
+    bool say = now - s->last_refusal_log >= 1.0;
+    long more = s->refusals_unlogged;
+    if (say) {
+        s->last_refusal_log = now;
+        s->refusals_unlogged = 0;
+    } else {
+        s->refusals_unlogged++;
+    }
+    pthread_mutex_unlock(&s->cmu);
+    if (say)
+        ms_log(MS_LOG_WARN, "%s: %s%s", peer, why,
+               more ? " (and more refusals in the last second)" : "");
+}
+
+// A connection MHD has not read from yet is refused before any request: the
+// error envelope is written straight to the socket, then both directions are
+// shut, so MHD sees the end and closes it.
+static void conn_refuse(int fd, int http, const char *reason, const char *code, const char *msg)
+{
+    struct oa_error e;
+    memset(&e, 0, sizeof e);
+    oa_error_http(&e, http, code, NULL, "%s", msg);
+    json_t *j = oa_error_json(&e);
+    char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    char head[256];
+    int n = snprintf(head, sizeof head,
+                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+                     "Connection: close\r\nContent-Length: %zu\r\n\r\n",
+                     http, reason, body ? strlen(body) : 0);
+    if (n > 0 && (size_t)n < sizeof head && send(fd, head, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL) == n &&
+        body)
+        send(fd, body, strlen(body), MSG_DONTWAIT | MSG_NOSIGNAL);
+    free(body);
+    shutdown(fd, SHUT_RDWR);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    struct http_server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        struct http_conn *k = *socket_context;
+        if (!k) return;
+        *socket_context = NULL;
+        pthread_mutex_lock(&s->cmu);
+        if (k->prev) k->prev->next = k->next;
+        else s->conns = k->next;
+        if (k->next) k->next->prev = k->prev;
+        k->peer->conns--;
+        peer_put(s, k->peer);
+        pthread_mutex_unlock(&s->cmu);
+        free(k);
+        return;
+    }
+    const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *ai = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (!fi) return;
+    char addr[INET6_ADDRSTRLEN];
+    addr_text(ai ? ai->client_addr : NULL, addr, sizeof addr);
+    struct http_conn *k = calloc(1, sizeof *k);
+    pthread_mutex_lock(&s->cmu);
+    struct http_peer *p = k ? peer_get(s, addr) : NULL;
+    if (p) {
+        k->fd = fi->connect_fd;
+        k->peer = p;
+        k->phase = PHASE_HEAD;
+        k->since = ms_now();
+        k->refused = s->o.max_connections_per_client &&
+                     (unsigned)p->conns >= s->o.max_connections_per_client;
+        p->conns++;
+        k->next = s->conns;
+        if (s->conns) s->conns->prev = k;
+        s->conns = k;
+    }
+    pthread_mutex_unlock(&s->cmu);
+    if (!p) {
+        // Untracked, it would escape the deadlines: better not served at all.
+        free(k);
+        shutdown(fi->connect_fd, SHUT_RDWR);
+        return;
+    }
+    *socket_context = k;
+    if (k->refused) {
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 "this address already has %u connections open, the most one client may hold "
+                 "(--max-connections-per-client)",
+                 s->o.max_connections_per_client);
+        conn_refuse(k->fd, 503, "Service Unavailable", "too_many_connections", msg);
+        log_refusal(s, addr, "connection refused: over --max-connections-per-client");
+    }
+}
+
+static struct http_conn *conn_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void conn_phase(struct http_server *s, struct http_conn *k, enum conn_phase ph)
+{
+    if (!k) return;
+    pthread_mutex_lock(&s->cmu);
+    k->phase = ph;
+    k->since = ms_now();
+    pthread_mutex_unlock(&s->cmu);
+}
+
+// True when the peer has shut its side and nothing it sent is left unread:
+// a connection waiting for a request that can never come.
+static bool peer_left(int fd)
+{
+    struct pollfd pf = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&pf, 1, 0) != 1) return false;
+    if (pf.revents & (POLLHUP | POLLERR)) return true;
+    int unread = 0;
+    return (pf.revents & POLLRDHUP) && ioctl(fd, FIONREAD, &unread) == 0 && unread == 0;
+}
+
+// From the watcher: closes connections past a deadline, and those waiting
+// for a request whose client has gone (MHD would keep them until the idle
+// timeout). shutdown() leaves the descriptor to MHD, which sees the end and
+// closes it; a listed connection's descriptor is open (MHD tells us CLOSED,
+// which waits for cmu, before it closes it).
+static void conns_scan(struct http_server *s)
+{
+    double now = ms_now();
+    pthread_mutex_lock(&s->cmu);
+    for (struct http_conn *k = s->conns; k; k = k->next) {
+        if (k->timed_out || k->refused) continue;
+        double age = now - k->since;
+        const char *what = NULL, *flag = NULL;
+        double limit = 0;
+        if (k->phase == PHASE_HEAD && s->o.header_timeout_s > 0 && age > s->o.header_timeout_s) {
+            what = "headers";
+            flag = "--request-header-timeout";
+            limit = s->o.header_timeout_s;
+        } else if (k->phase == PHASE_BODY && s->o.body_timeout_s > 0 && age > s->o.body_timeout_s) {
+            what = "body";
+            flag = "--request-body-timeout";
+            limit = s->o.body_timeout_s;
+        } else if (k->phase == PHASE_HEAD && age >= 1.0 && peer_left(k->fd)) {
+            shutdown(k->fd, SHUT_RDWR);
+            k->timed_out = true;
+            continue;
+        }
+        if (!what) continue;
+        k->timed_out = true;
+        shutdown(k->fd, SHUT_RDWR);
+        // Idle keep-alive connections end this way too, so only a body cut short is news.
+        ms_log(k->phase == PHASE_BODY ? MS_LOG_WARN : MS_LOG_DEBUG,
+               "%s: connection closed: request %s not in after %gs (%s)", k->peer->addr, what,
+               limit, flag);
+    }
+    pthread_mutex_unlock(&s->cmu);
+}
 
 // ---- asyncs ----------------------------------------------------------------------------
 
@@ -172,6 +475,7 @@ static struct http_async *async_new(struct http_request *r, const struct http_as
     pthread_cond_init(&a->cv, NULL);
     a->last_out = ms_now();
     a->fd = -1;
+    a->http11 = r->http11;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(r->c, MHD_CONNECTION_INFO_CONNECTION_FD);
     pthread_mutex_lock(&s->mu);
     a->id = ++s->next_id;
@@ -411,6 +715,17 @@ static const struct http_route *find_route(struct http_server *s, const char *me
     return hit;
 }
 
+// Under a->mu, while MHD is not writing to the connection (suspended, or
+// about to be): an interim 100 Continue, which HTTP/1.1 clients skip, makes
+// a peer that has closed its socket answer with a reset, which the watcher
+// sees as a hang-up; a peer that only half-closed reads on.
+static void deferred_probe(struct http_async *a)
+{
+    static const char probe[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    if (a->http11 && a->fd >= 0 && !a->closed)
+        send(a->fd, probe, sizeof probe - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
 static enum MHD_Result wait_deferred(struct http_request *r)
 {
     struct http_async *a = r->async;
@@ -433,6 +748,10 @@ static enum MHD_Result wait_deferred(struct http_request *r)
             respond_simple_error(r, 503, "service_unavailable", "the server is shutting down");
             return MHD_YES;
         }
+        if (a->probe_due) {
+            a->probe_due = false;
+            deferred_probe(a);
+        }
         a->suspended = true;
         MHD_suspend_connection(r->c);
         pthread_mutex_unlock(&a->mu);
@@ -440,32 +759,81 @@ static enum MHD_Result wait_deferred(struct http_request *r)
     }
 }
 
-static enum MHD_Result first_call(struct http_server *s, struct MHD_Connection *c, const char *url,
-                                  const char *method, void **con_cls)
+// The undecoded path has a NUL (%00): MHD would decode it and cut the path
+// there, so "/health%00x" would be served as "/health".
+static bool raw_path_has_nul(const char *uri)
+{
+    for (const char *p = uri; *p && *p != '?'; p++)
+        if (p[0] == '%' && p[1] == '0' && p[2] == '0') return true;
+    return false;
+}
+
+// MHD calls this with the request line's raw URI, before decoding it; what
+// it returns becomes the request's context (and on_completed runs for it
+// even when MHD refuses the request before our handler sees it).
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
 {
     struct http_request *r = calloc(1, sizeof *r);
-    if (!r) return MHD_NO;
-    r->s = s;
+    if (!r) return NULL;
+    r->s = cls;
     r->c = c;
     r->t0 = ms_now();
-    snprintf(r->method, sizeof r->method, "%s", method);
-    r->path = strdup(url);
-    if (!r->path) {
-        free(r);
-        return MHD_NO;
-    }
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    if (ci && ci->client_addr) {
-        const struct sockaddr *sa = ci->client_addr;
-        if (sa->sa_family == AF_INET)
-            inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, r->peer,
-                      sizeof r->peer);
-        else if (sa->sa_family == AF_INET6)
-            inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr,
-                      r->peer, sizeof r->peer);
-    }
-    *con_cls = r;
+    r->raw_nul = raw_path_has_nul(uri);
+    return r;
+}
 
+// The media type of a Content-Type value is application/json or
+// application/<anything>+json (parameters such as charset may follow).
+static bool is_json_type(const char *ct)
+{
+    if (!ct) return false;
+    while (*ct == ' ' || *ct == '\t') ct++;
+    size_t n = strcspn(ct, "; \t");
+    if (n == 16 && !strncasecmp(ct, "application/json", 16)) return true;
+    return n > 17 && !strncasecmp(ct, "application/", 12) && !strncasecmp(ct + n - 5, "+json", 5);
+}
+
+static bool host_allowed(const struct http_server *s, const char *host)
+{
+    if (!s->n_hosts) return true;
+    if (!host) return false;
+    // The name without the port: "[::1]:8000" -> "::1", "example.com:80" -> "example.com".
+    char name[256];
+    const char *end;
+    if (host[0] == '[') {
+        host++;
+        end = strchr(host, ']');
+    } else {
+        end = strchr(host, ':');
+    }
+    size_t n = end ? (size_t)(end - host) : strlen(host);
+    if (n >= sizeof name) return false;
+    memcpy(name, host, n);
+    name[n] = 0;
+    if (n && name[n - 1] == '.') name[n - 1] = 0; // "localhost." is "localhost"
+    for (int i = 0; i < s->n_hosts; i++)
+        if (!strcmp(s->hosts[i], "*") || !strcasecmp(s->hosts[i], name)) return true;
+    return false;
+}
+
+// The checks that need only the request line and headers, in the order a
+// client fixes them: a broken path, a host we do not serve, the route, the
+// key, the body's type and size. Returns false after answering.
+static bool head_acceptable(struct http_request *r, const char *url, const char *method)
+{
+    struct http_server *s = r->s;
+    if (r->raw_nul) {
+        respond_simple_error(r, 400, "invalid_path", "the request path has a NUL byte (%%00)");
+        return false;
+    }
+    const char *host = http_header(r, MHD_HTTP_HEADER_HOST);
+    if (!host_allowed(s, host)) {
+        respond_simple_error(r, 403, "host_not_allowed",
+                             "this server does not answer to the host name '%.100s' "
+                             "(--allowed-hosts)",
+                             host ? host : "");
+        return false;
+    }
     bool known;
     char allow[128];
     r->route = find_route(s, method, url, &known, allow, sizeof allow);
@@ -477,52 +845,116 @@ static enum MHD_Result first_call(struct http_server *s, struct MHD_Connection *
         } else {
             respond_simple_error(r, 404, "not_found", "no such endpoint: %s %s", method, url);
         }
-        return MHD_YES;
+        return false;
     }
     if (!authorized(r)) {
         http_add_header(r, "WWW-Authenticate", "Bearer");
         respond_simple_error(r, 401, "invalid_api_key",
                              "missing or wrong API key: send the header 'Authorization: Bearer "
                              "<key>' with the key the server was started with");
-        return MHD_YES;
+        return false;
     }
-    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const char *cl = http_header(r, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const char *te = http_header(r, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    unsigned long long n = 0;
     if (cl) {
         char *end;
         errno = 0;
-        unsigned long long n = strtoull(cl, &end, 10);
-        if (!errno && end != cl && n > s->o.max_body) {
-            respond_simple_error(r, 413, "request_too_large",
-                                 "the request body is %llu bytes; this server takes at most %zu "
-                                 "(--max-request-body)",
-                                 n, s->o.max_body);
-            return MHD_YES;
-        }
+        n = strtoull(cl, &end, 10);
+        if (errno || end == cl) n = ULLONG_MAX;
     }
+    bool has_body = te || n > 0;
+    if (has_body && !is_json_type(http_header(r, MHD_HTTP_HEADER_CONTENT_TYPE))) {
+        const char *ct = http_header(r, MHD_HTTP_HEADER_CONTENT_TYPE);
+        respond_simple_error(r, 415, "unsupported_media_type",
+                             "the body must be JSON sent with 'Content-Type: application/json'%s%.80s%s",
+                             ct ? " (got '" : " (no Content-Type was sent)", ct ? ct : "",
+                             ct ? "')" : "");
+        return false;
+    }
+    if (cl && n > s->o.max_body) {
+        respond_simple_error(r, 413, "request_too_large",
+                             "the request body is %llu bytes; this server takes at most %zu "
+                             "(--max-request-body)",
+                             n, s->o.max_body);
+        return false;
+    }
+    // A declared length is reserved whole, so that bodies still arriving
+    // count before their bytes do (half-sent bodies hold the budget, not memory).
+    bool per_client;
+    if (cl && n && !budget_take(r, (size_t)n, &per_client)) {
+        http_add_header(r, "Retry-After", "1");
+        respond_simple_error(r, 503, "server_busy",
+                             "%s request bodies are being received; retry shortly (%s)",
+                             per_client ? "this address has too many bytes of" : "too many bytes of",
+                             per_client ? "--max-buffered-bytes-per-client" : "--max-buffered-bytes");
+        log_refusal(s, r->peer[0] ? r->peer : "-", "body refused: over the buffered-bytes budget");
+        return false;
+    }
+    return true;
+}
+
+static enum MHD_Result first_call(struct http_server *s, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, void **con_cls)
+{
+    struct http_request *r = *con_cls;
+    if (!r) r = on_uri(s, url, c);
+    if (!r) return MHD_NO;
+    *con_cls = r;
+    r->started = true;
+    r->conn = conn_of(c);
+    r->http11 = version && strcmp(version, MHD_HTTP_VERSION_1_0) && strcmp(version, "HTTP/0.9");
+    snprintf(r->method, sizeof r->method, "%s", method);
+    r->path = strdup(url);
+    if (!r->path) return MHD_NO;
+    conn_phase(s, r->conn, PHASE_BODY);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    addr_text(ci ? ci->client_addr : NULL, r->peer, sizeof r->peer);
+    head_acceptable(r, url, method);
     return MHD_YES;
+}
+
+// A piece of the body: kept within max_body and the budgets (what was not
+// reserved up front, a chunked body's, is reserved as the buffer grows).
+static enum MHD_Result take_upload(struct http_request *r, const char *data, size_t n)
+{
+    struct http_server *s = r->s;
+    if (r->responded || r->too_large) return MHD_YES; // discarded
+    size_t need;
+    if (ms_add_overflow(r->body.len, n, &need) || need > s->o.max_body) {
+        r->too_large = true;
+        body_free(r);
+        return MHD_YES;
+    }
+    // The buffer doubles from 4 KiB up to max_body + 1: reserve what it will hold.
+    size_t cap = 4096;
+    while (cap < need + 1 && cap <= s->o.max_body) cap *= 2;
+    if (cap > s->o.max_body + 1) cap = s->o.max_body + 1;
+    bool per_client;
+    if (cap > r->reserved && !budget_take(r, cap - r->reserved, &per_client)) {
+        body_free(r);
+        http_add_header(r, "Retry-After", "1");
+        respond_simple_error(r, 503, "server_busy",
+                             "too many bytes of request bodies are being received; retry shortly (%s)",
+                             per_client ? "--max-buffered-bytes-per-client" : "--max-buffered-bytes");
+        log_refusal(s, r->peer[0] ? r->peer : "-", "body refused: over the buffered-bytes budget");
+        return MHD_YES;
+    }
+    r->body.max = s->o.max_body;
+    return ms_buf_append(&r->body, data, n) ? MHD_NO : MHD_YES;
 }
 
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url,
                                  const char *method, const char *version, const char *upload_data,
                                  size_t *upload_data_size, void **con_cls)
 {
-    (void)version;
     struct http_server *s = cls;
     struct http_request *r = *con_cls;
-    if (!r) return first_call(s, c, url, method, con_cls);
+    if (!r || !r->started) return first_call(s, c, url, method, version, con_cls);
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (r->responded || r->too_large) return MHD_YES; // discarded
-        // The buffer's cap is max_body; 0 would mean no cap, but here it means no body.
-        r->body.max = s->o.max_body;
-        int rc = s->o.max_body ? ms_buf_append(&r->body, upload_data, n) : MS_ETOOLONG;
-        if (rc == MS_ETOOLONG) {
-            r->too_large = true;
-            ms_buf_free(&r->body);
-            return MHD_YES;
-        }
-        return rc ? MHD_NO : MHD_YES;
+        return take_upload(r, upload_data, n);
     }
     if (r->responded) return MHD_YES;
     if (r->too_large) {
@@ -533,12 +965,14 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     if (r->async) return wait_deferred(r);
     if (!r->dispatched) {
         r->dispatched = true;
+        conn_phase(s, r->conn, PHASE_BUSY);
         if (atomic_load(&s->stopping) && !r->route->public_) {
             http_add_header(r, "Retry-After", "5");
             respond_simple_error(r, 503, "service_unavailable", "the server is shutting down");
             return MHD_YES;
         }
         r->route->handle(s->o.app, r);
+        body_free(r); // the handler has what it needs; a long response must not hold the body
         if (r->responded) return MHD_YES;
         if (r->async && !r->async->streaming) return wait_deferred(r);
         if (r->async) return MHD_NO; // a stream that could not be queued
@@ -551,11 +985,18 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
-    (void)c;
     struct http_server *s = cls;
     struct http_request *r = *con_cls;
+    struct http_conn *k = conn_of(c);
+    conn_phase(s, k, PHASE_HEAD);
     if (!r) return;
     *con_cls = NULL;
+    if (!r->started) {
+        // MHD refused the request itself (malformed headers, too large, bad version).
+        ms_log(MS_LOG_INFO, "%s - - refused by the HTTP parser", k ? k->peer->addr : "-");
+        free(r);
+        return;
+    }
     struct http_async *a = r->async;
     bool gone_seen = false;
     if (a) {
@@ -577,31 +1018,43 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
         a->ops->release(a->ctx);
         http_async_unref(a);
     }
+    bool timed_out = false;
+    if (k) {
+        pthread_mutex_lock(&s->cmu);
+        timed_out = k->timed_out;
+        pthread_mutex_unlock(&s->cmu);
+    }
     const char *how = "";
-    if (gone_seen || toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT ||
-        toe == MHD_REQUEST_TERMINATED_READ_ERROR)
+    if (timed_out) how = " (request timeout)";
+    else if (gone_seen || toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT ||
+             toe == MHD_REQUEST_TERMINATED_READ_ERROR)
         how = " (client gone)";
     else if (toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED) how = " (timeout)";
     else if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) how = " (aborted)";
     ms_log(MS_LOG_INFO, "%s %s %s %d prompt_tokens=%d completion_tokens=%d %.3fs%s",
-           r->peer[0] ? r->peer : "-", r->method, r->path, r->status, r->prompt_tokens,
-           r->completion_tokens, ms_now() - r->t0, how);
-    ms_buf_free(&r->body);
+           r->peer[0] ? r->peer : "-", r->method, r->path ? r->path : "-", r->status,
+           r->prompt_tokens, r->completion_tokens, ms_now() - r->t0, how);
+    body_free(r);
     free(r->path);
     free(r);
 }
 
 // ---- the watcher ------------------------------------------------------------------------------
 
-static struct http_async *take_by_id(struct http_server *s, uint64_t id)
+// The async with id, referenced; a hang-up ends its watch, a half-close
+// narrows it to hang-ups (EPOLLHUP and EPOLLERR are always reported).
+static struct http_async *take_by_id(struct http_server *s, uint64_t id, bool hangup)
 {
     struct http_async *hit = NULL;
     pthread_mutex_lock(&s->mu);
     for (struct http_async *a = s->head; a; a = a->next)
         if (a->id == id) {
-            if (a->watched) {
+            if (a->watched && hangup) {
                 epoll_ctl(s->epfd, EPOLL_CTL_DEL, a->fd, NULL);
                 a->watched = false;
+            } else if (a->watched) {
+                struct epoll_event ev = {.events = 0, .data.u64 = a->id};
+                epoll_ctl(s->epfd, EPOLL_CTL_MOD, a->fd, &ev);
             }
             atomic_fetch_add(&a->refs, 1);
             hit = a;
@@ -609,6 +1062,28 @@ static struct http_async *take_by_id(struct http_server *s, uint64_t id)
         }
     pthread_mutex_unlock(&s->mu);
     return hit;
+}
+
+// The peer shut its sending side (shutdown(SHUT_WR), as some clients and
+// proxies do once the request is sent). That alone is no hang-up: send
+// something harmless now, so that a peer which closed its socket answers
+// with a reset (EPOLLHUP/EPOLLERR) and one still reading reads on.
+static void async_half_closed(struct http_async *a)
+{
+    pthread_mutex_lock(&a->mu);
+    a->half_closed = true;
+    bool resume = false;
+    if (a->streaming) {
+        a->keepalive_due = true; // the reader writes an SSE comment
+        resume = a->suspended && !a->closed;
+        if (resume) a->suspended = false;
+    } else if (a->suspended) {
+        deferred_probe(a);
+    } else {
+        a->probe_due = true;
+    }
+    pthread_mutex_unlock(&a->mu);
+    if (resume) MHD_resume_connection(a->c);
 }
 
 static void keepalive_scan(struct http_server *s)
@@ -649,12 +1124,12 @@ static void *watcher_main(void *arg)
     pthread_setname_np(pthread_self(), "http-watcher");
     struct epoll_event ev[64];
     double last_scan = ms_now();
+    // A quarter of the shortest period watched, so each is kept to within 25%.
     int tick_ms = 1000;
-    if (s->o.keepalive_s > 0) {
-        tick_ms = (int)(s->o.keepalive_s * 250);
-        if (tick_ms < 20) tick_ms = 20;
-        if (tick_ms > 1000) tick_ms = 1000;
-    }
+    double periods[] = {s->o.keepalive_s, s->o.header_timeout_s, s->o.body_timeout_s};
+    for (size_t i = 0; i < sizeof periods / sizeof periods[0]; i++)
+        if (periods[i] > 0 && periods[i] * 250 < tick_ms) tick_ms = (int)(periods[i] * 250);
+    if (tick_ms < 20) tick_ms = 20;
     while (!atomic_load(&s->quit)) {
         int n = epoll_wait(s->epfd, ev, 64, tick_ms);
         for (int i = 0; i < n; i++) {
@@ -664,15 +1139,21 @@ static void *watcher_main(void *arg)
                 (void)rd;
                 continue;
             }
-            struct http_async *a = take_by_id(s, ev[i].data.u64);
+            bool hangup = ev[i].events & (EPOLLHUP | EPOLLERR);
+            struct http_async *a = take_by_id(s, ev[i].data.u64, hangup);
             if (!a) continue;
-            async_notify_gone(a);
-            http_async_wake(a);
+            if (hangup) {
+                async_notify_gone(a);
+                http_async_wake(a);
+            } else {
+                async_half_closed(a);
+            }
             http_async_unref(a);
         }
-        if (s->o.keepalive_s > 0 && ms_now() - last_scan >= tick_ms / 1000.0) {
+        if (ms_now() - last_scan >= tick_ms / 1000.0) {
             last_scan = ms_now();
-            keepalive_scan(s);
+            if (s->o.keepalive_s > 0) keepalive_scan(s);
+            conns_scan(s);
         }
     }
     return NULL;
@@ -690,6 +1171,89 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     ms_log(MS_LOG_DEBUG, "libmicrohttpd: %s", buf);
 }
 
+// Binds and listens ourselves (MHD would set SO_REUSEPORT and give no
+// errno): SO_REUSEADDR only lets a restart bind past old connections in
+// TIME_WAIT, while a second listener on the port is refused unless
+// reuse_port asks to share it.
+static int listen_open(const struct http_opts *o, int *fd_out, bool *v6, char *err, size_t errlen)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    char port[16];
+    snprintf(port, sizeof port, "%d", o->port);
+    const char *host = o->host && o->host[0] ? o->host : NULL;
+    int gai = getaddrinfo(host, port, &hints, &ai);
+    if (gai || !ai)
+        return ms_err(err, errlen, MS_EINVAL, "--host %s: %s", host ? host : "(any)",
+                      gai ? gai_strerror(gai) : "no address");
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int rc = 0, one = 1;
+    if (fd < 0) {
+        rc = ms_err(err, errlen, MS_EIO, "socket: %s", strerror(errno));
+    } else if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
+               (o->reuse_port && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one))) {
+        rc = ms_err(err, errlen, MS_EIO, "setsockopt: %s", strerror(errno));
+    } else if (bind(fd, ai->ai_addr, ai->ai_addrlen)) {
+        int e = errno;
+        if (e == EADDRINUSE)
+            rc = ms_err(err, errlen, MS_EBUSY,
+                        "port %d is in use on %s (another server listens there; stop it, pick "
+                        "another --port, or share it on purpose with --reuse-port)",
+                        o->port, host ? host : "*");
+        else if (e == EADDRNOTAVAIL)
+            rc = ms_err(err, errlen, MS_EINVAL, "--host %s is not an address of this machine", host);
+        else if (e == EACCES)
+            rc = ms_err(err, errlen, MS_EIO, "port %d: permission denied (ports below 1024 need "
+                        "privileges)", o->port);
+        else
+            rc = ms_err(err, errlen, MS_EIO, "cannot bind %s port %d: %s", host ? host : "*",
+                        o->port, strerror(e));
+    } else if (listen(fd, 1024)) {
+        rc = ms_err(err, errlen, MS_EIO, "listen on port %d: %s", o->port, strerror(errno));
+    }
+    *v6 = ai->ai_family == AF_INET6;
+    freeaddrinfo(ai);
+    if (rc) {
+        if (fd >= 0) close(fd);
+        return rc;
+    }
+    *fd_out = fd;
+    return 0;
+}
+
+static int hosts_copy(struct http_server *s, const struct http_opts *o)
+{
+    if (o->n_allowed_hosts <= 0) return 0;
+    s->hosts = calloc((size_t)o->n_allowed_hosts, sizeof *s->hosts);
+    if (!s->hosts) return -1;
+    for (int i = 0; i < o->n_allowed_hosts; i++) {
+        s->hosts[i] = strdup(o->allowed_hosts[i]);
+        if (!s->hosts[i]) return -1;
+        s->n_hosts++;
+    }
+    s->o.allowed_hosts = NULL; // ours are in hosts
+    return 0;
+}
+
+static void server_free(struct http_server *s)
+{
+    if (s->epfd >= 0) close(s->epfd);
+    if (s->evfd >= 0) close(s->evfd);
+    pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->cmu);
+    for (int i = 0; i < PEER_BUCKETS; i++)
+        while (s->peers[i]) {
+            struct http_peer *p = s->peers[i];
+            s->peers[i] = p->next;
+            free(p);
+        }
+    for (int i = 0; i < s->n_hosts; i++) free(s->hosts[i]);
+    free(s->hosts);
+    free(s->api_key);
+    free(s);
+}
+
 int http_start(const struct http_opts *o, struct http_server **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -698,18 +1262,17 @@ int http_start(const struct http_opts *o, struct http_server **out, char *err, s
     struct http_server *s = calloc(1, sizeof *s);
     if (!s) return ms_err(err, errlen, MS_ENOMEM, "out of memory starting the HTTP server");
     s->o = *o;
+    s->listen_fd = s->epfd = s->evfd = -1;
     if (s->o.threads < 1) s->o.threads = 1;
-    if (o->api_key && o->api_key[0]) {
-        s->api_key = strdup(o->api_key);
-        if (!s->api_key) {
-            free(s);
-            return ms_err(err, errlen, MS_ENOMEM, "out of memory");
-        }
-    }
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->cmu, NULL);
+    int rc = 0;
+    if ((o->api_key && o->api_key[0] && !(s->api_key = strdup(o->api_key))) || hosts_copy(s, o)) {
+        rc = ms_err(err, errlen, MS_ENOMEM, "out of memory starting the HTTP server");
+        goto fail;
+    }
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
     s->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    int rc = 0;
     if (s->epfd < 0 || s->evfd < 0) {
         rc = ms_err(err, errlen, MS_EIO, "epoll/eventfd: %s", strerror(errno));
         goto fail;
@@ -717,42 +1280,31 @@ int http_start(const struct http_opts *o, struct http_server **out, char *err, s
     struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 0};
     epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->evfd, &ev);
 
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
-    struct addrinfo *ai = NULL;
-    char port[16];
-    snprintf(port, sizeof port, "%d", o->port);
-    int gai = getaddrinfo(o->host && o->host[0] ? o->host : NULL, port, &hints, &ai);
-    if (gai || !ai) {
-        rc = ms_err(err, errlen, MS_EINVAL, "--host %s: %s", o->host ? o->host : "(any)",
-                    gai ? gai_strerror(gai) : "no address");
-        goto fail;
-    }
+    bool v6 = false;
+    if ((rc = listen_open(o, &s->listen_fd, &v6, err, errlen))) goto fail;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                      MHD_USE_ERROR_LOG;
-    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    struct sockaddr_storage ss;
-    memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
-    freeaddrinfo(ai);
+    if (v6) flags |= MHD_USE_IPv6;
     unsigned limit = o->max_connections ? o->max_connections : 4096;
+    // MHD splits the limit among its threads; each gets at least one.
+    if (limit < (unsigned)s->o.threads) limit = (unsigned)s->o.threads;
     s->d = MHD_start_daemon(
-        flags, (uint16_t)o->port, NULL, NULL, on_access, s,
+        flags, 0, NULL, NULL, on_access, s,
         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, (void *)NULL,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+        MHD_OPTION_LISTEN_SOCKET, s->listen_fd,
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->o.threads,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+        MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
         MHD_OPTION_CONNECTION_LIMIT, limit,
-        MHD_OPTION_CONNECTION_TIMEOUT, o->connection_timeout_s,
+        MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(128 * 1024),
-        MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
-        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
         MHD_OPTION_END);
     if (!s->d) {
-        rc = ms_err(err, errlen, MS_EIO,
-                    "cannot listen on %s port %d (in use, or not an address of this machine?)",
-                    o->host ? o->host : "*", o->port);
+        rc = ms_err(err, errlen, MS_EIO, "cannot start the HTTP server on port %d", o->port);
         goto fail;
     }
+    s->listen_fd = -1; // MHD's now: it closes it when stopped
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : o->port;
     if (pthread_create(&s->watcher, NULL, watcher_main, s)) {
@@ -764,11 +1316,8 @@ int http_start(const struct http_opts *o, struct http_server **out, char *err, s
     return 0;
 fail:
     if (s->d) MHD_stop_daemon(s->d);
-    if (s->epfd >= 0) close(s->epfd);
-    if (s->evfd >= 0) close(s->evfd);
-    pthread_mutex_destroy(&s->mu);
-    free(s->api_key);
-    free(s);
+    if (s->listen_fd >= 0) close(s->listen_fd);
+    server_free(s);
     return rc;
 }
 
@@ -821,9 +1370,5 @@ void http_stop(struct http_server *s, double timeout_s)
     ssize_t w = write(s->evfd, &one, sizeof one);
     (void)w;
     if (s->watcher_started) pthread_join(s->watcher, NULL);
-    close(s->epfd);
-    close(s->evfd);
-    pthread_mutex_destroy(&s->mu);
-    free(s->api_key);
-    free(s);
+    server_free(s);
 }

@@ -21,21 +21,45 @@ struct http_route {
     bool public_;                // no API key needed (/health, /metrics)
     void (*handle)(void *app, struct http_request *r);
 };
+// Every body is JSON: a request with a body must say Content-Type:
+// application/json (or application/...+json) or gets 415, so that a web page
+// cannot drive a local server with a form or text/plain post (those need no
+// CORS preflight).
 
+// Every limit below is what one client, hostile or careless, can hold of the
+// server; 0 means no limit (the server's flags choose the defaults).
 struct http_opts {
     const char *host;            // "127.0.0.1"; a name or an IPv6 literal works too
     int port;                    // 0: any free port (http_port says which)
+    bool reuse_port;             // SO_REUSEPORT: share the port with other servers on purpose;
+                                 // otherwise a port in use is an error
     int threads;                 // the epoll thread pool (>= 1)
     size_t max_body;             // 413 beyond
     const char *api_key;         // NULL or "": no auth
     double keepalive_s;          // an SSE comment after this long without stream output (0: never)
-    unsigned connection_timeout_s; // idle connections closed after this (0: never)
-    unsigned max_connections;
+    unsigned idle_timeout_s;     // a connection with no traffic for this long is closed (0: never);
+                                 // a response that waits (deferred, or a stream with nothing to
+                                 // send) is not idle
+    double header_timeout_s;     // a request's headers must be in within this long of the
+                                 // connection's start or of its previous response (slowloris)
+    double body_timeout_s;       // and its body within this long of its headers
+    unsigned max_connections;    // at once, all clients together (beyond: not accepted until one ends)
+    unsigned max_connections_per_client; // at once from one address (beyond: 503 and closed)
+    size_t max_buffered_bytes;   // request bodies held in memory, all connections together (503)
+    size_t max_buffered_bytes_per_client; // the same for one address (503)
+    // Host header names (no port; case-insensitive) requests may carry, to
+    // refuse DNS rebinding; NULL or none: any Host.
+    const char *const *allowed_hosts;
+    int n_allowed_hosts;
     const struct http_route *routes;
     int n_routes;
     void *app;                   // passed to the handlers
 };
 
+// Binds and listens (exclusively unless reuse_port: a port another server
+// listens on is MS_EBUSY, "port N is in use"), then serves on o->threads
+// threads. o and what it points to (routes, allowed_hosts, api_key) are
+// copied or must outlive the server.
 int http_start(const struct http_opts *o, struct http_server **out, char *err, size_t errlen);
 int http_port(const struct http_server *s);
 // Streams and deferred responses still open.
@@ -48,7 +72,9 @@ void http_stop(struct http_server *s, double timeout_s);
 const char *http_method(const struct http_request *r);
 const char *http_path(const struct http_request *r);
 const char *http_header(const struct http_request *r, const char *name); // or NULL
-const char *http_body(const struct http_request *r, size_t *len);        // NUL-terminated
+// NUL-terminated; valid during the handler call only (the HTTP layer frees
+// the body when the handler returns, so a long response does not hold it).
+const char *http_body(const struct http_request *r, size_t *len);
 // Extra headers for the response queued next (Retry-After, Allow...).
 void http_add_header(struct http_request *r, const char *name, const char *value);
 // Token counts for the request's log line.

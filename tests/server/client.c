@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,7 +71,14 @@ CURL *client_prepare(struct resp *r, int port, const char *method, const char *p
     curl_easy_setopt(c, CURLOPT_HEADERDATA, r);
     curl_easy_setopt(c, CURLOPT_PRIVATE, r);
     curl_easy_setopt(c, CURLOPT_TIMEOUT, timeout_s);
-    for (int i = 0; headers && headers[i]; i++) r->header_list = curl_slist_append(r->header_list, headers[i]);
+    bool typed = false;
+    for (int i = 0; headers && headers[i]; i++) {
+        r->header_list = curl_slist_append(r->header_list, headers[i]);
+        typed |= !strncasecmp(headers[i], "Content-Type:", 13);
+    }
+    // The server takes JSON bodies only; curl would say form-urlencoded.
+    if (body && !typed)
+        r->header_list = curl_slist_append(r->header_list, "Content-Type: application/json");
     if (key) {
         char auth[256];
         snprintf(auth, sizeof auth, "Authorization: Bearer %s", key);
@@ -129,8 +137,20 @@ int client_perform_all(CURL *const *h, int n)
 
 int client_connect_raw(int port, long timeout_s)
 {
+    return client_connect_from(port, NULL, timeout_s);
+}
+
+int client_connect_from(int port, const char *src, long timeout_s)
+{
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) return -1;
+    if (src) {
+        struct sockaddr_in me = {.sin_family = AF_INET};
+        if (inet_pton(AF_INET, src, &me.sin_addr) != 1 || bind(fd, (struct sockaddr *)&me, sizeof me)) {
+            close(fd);
+            return -1;
+        }
+    }
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
     if (connect(fd, (struct sockaddr *)&sa, sizeof sa)) {

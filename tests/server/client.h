@@ -23,8 +23,9 @@ void resp_free(struct resp *r);
 // A request to 127.0.0.1:port, set up but not run: run it with
 // curl_easy_perform or client_perform_all, then client_finish. Its answer
 // goes to *out, which (like body) must stay put until then. body NULL for
-// none; key NULL for no Authorization header; headers: more header lines
-// (NULL-terminated list, or NULL). NULL when libcurl is out of memory.
+// none (a body goes as Content-Type: application/json unless headers name a
+// Content-Type); key NULL for no Authorization header; headers: more header
+// lines (NULL-terminated list, or NULL). NULL when libcurl is out of memory.
 CURL *client_prepare(struct resp *out, int port, const char *method, const char *path,
                      const char *body, size_t len, const char *key, const char *const *headers,
                      long timeout_s);
@@ -44,6 +45,9 @@ int client_perform_all(CURL *const *h, int n);
 // A TCP connection to 127.0.0.1:port whose reads give up after timeout_s;
 // -1 when it could not connect.
 int client_connect_raw(int port, long timeout_s);
+// The same from the loopback address src ("127.0.0.2"; NULL: the kernel's
+// choice), so that one test can be several clients.
+int client_connect_from(int port, const char *src, long timeout_s);
 // Reads until buf holds needle, the peer closes, or the read times out
 // (needle NULL: until the peer closes); buf is NUL-terminated; returns the
 // bytes read.

@@ -1,7 +1,10 @@
 // Pins the HTTP layer on loopback with libcurl and raw sockets: routing,
 // 404/405/401/413, deferred and streamed responses woken from other
 // threads, hang-up detection while suspended, keep-alive comments, bodies
-// sent slowly, malformed HTTP, and many concurrent streams on few threads.
+// sent slowly, malformed HTTP, and many concurrent streams on few threads;
+// then what one hostile client can hold: the port, connections, buffered
+// bodies, slow requests, and what it can slip past (NUL paths, non-JSON
+// bodies, foreign Host names, half-closes).
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -208,11 +212,18 @@ static struct resp request(const char *method, const char *path, const char *bod
     return r;
 }
 
-static int connect_raw(void)
+// A connection to g_port from the loopback address src (NULL: the kernel's
+// choice, 127.0.0.1), so that tests can be several clients.
+static int connect_from(const char *src)
 {
-    int fd = client_connect_raw(g_port, 10);
+    int fd = client_connect_from(g_port, src, 10);
     assert_true(fd >= 0);
     return fd;
+}
+
+static int connect_raw(void)
+{
+    return connect_from(NULL);
 }
 
 static void send_all(int fd, const char *s)
@@ -230,6 +241,43 @@ static void wait_counter(atomic_int *c, int want)
 {
     for (int i = 0; i < 500 && atomic_load(c) < want; i++) usleep(10000);
     assert_true(atomic_load(c) >= want);
+}
+
+// The options of the suite's server; tests that need other limits start a
+// second server with these changed.
+static struct http_opts test_opts(void)
+{
+    struct http_opts o = {
+        .host = "127.0.0.1",
+        .port = 0,
+        .threads = 2,
+        .max_body = 256 * 1024,
+        .api_key = "k",
+        .keepalive_s = 0.2,
+        .idle_timeout_s = 30,
+        .routes = routes,
+        .n_routes = (int)(sizeof routes / sizeof routes[0]),
+    };
+    return o;
+}
+
+// Starts a server with o and points the clients (g_port) at it; end_other
+// stops it and points them back.
+static int g_main_port;
+static struct http_server *start_other(const struct http_opts *o)
+{
+    struct http_server *s;
+    char err[256];
+    if (http_start(o, &s, err, sizeof err)) fail_msg("http_start: %s", err);
+    g_main_port = g_port;
+    g_port = http_port(s);
+    return s;
+}
+
+static void end_other(struct http_server *s)
+{
+    http_stop(s, 5);
+    g_port = g_main_port;
 }
 
 // ---- tests ----------------------------------------------------------------------------
@@ -299,7 +347,7 @@ static void bodies_arrive_whole_and_oversized_ones_get_413(void **state)
     // Chunked, so the size is not known up front.
     int fd = connect_raw();
     send_all(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
-                 "Transfer-Encoding: chunked\r\n\r\n");
+                 "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
     char chunk[70000];
     memset(chunk, 'y', sizeof chunk);
     char head[32];
@@ -379,7 +427,8 @@ static void slow_bodies_and_malformed_http(void **state)
     (void)state;
     int fd = connect_raw();
     const char *req = "POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
-                      "Content-Length: 11\r\nConnection: close\r\n\r\nhello world";
+                      "Content-Type: application/json\r\nContent-Length: 11\r\n"
+                      "Connection: close\r\n\r\nhello world";
     for (const char *p = req; *p; p++) {
         assert_int_equal(send(fd, p, 1, MSG_NOSIGNAL), 1);
         usleep(1000);
@@ -432,21 +481,273 @@ static void many_concurrent_streams_on_two_threads(void **state)
     }
 }
 
+// ---- what one hostile client can do (issue 21) --------------------------------------
+
+static void a_busy_port_is_refused_unless_shared_on_purpose(void **state)
+{
+    (void)state;
+    struct http_opts o = test_opts();
+    o.port = g_port; // the suite's server listens there
+    struct http_server *s = NULL;
+    char err[256];
+    assert_int_equal(http_start(&o, &s, err, sizeof err), MS_EBUSY);
+    assert_null(s);
+    char want[64];
+    snprintf(want, sizeof want, "port %d is in use", g_port);
+    assert_non_null(strstr(err, want));
+    // Two that both ask to share may.
+    o.port = 0;
+    o.reuse_port = true;
+    struct http_server *a = start_other(&o);
+    o.port = g_port;
+    struct http_server *b = NULL;
+    assert_int_equal(http_start(&o, &b, err, sizeof err), 0);
+    http_stop(b, 1);
+    end_other(a);
+}
+
+// One address holding its maximum leaves room for everyone else, /health too.
+static void one_address_cannot_take_every_connection(void **state)
+{
+    (void)state;
+    struct http_opts o = test_opts();
+    o.max_connections = 64;
+    o.max_connections_per_client = 4;
+    struct http_server *s = start_other(&o);
+    int held[4];
+    char buf[4096];
+    for (int i = 0; i < 4; i++) {
+        held[i] = connect_from("127.0.0.2");
+        send_all(held[i], "GET /open HTTP/1.1\r\nHost: x\r\n\r\n");
+        client_read_until(held[i], buf, sizeof buf, "hi");
+        assert_non_null(strstr(buf, " 200 "));
+    }
+    // The fifth from that address is refused in the error envelope ...
+    int fd = connect_from("127.0.0.2");
+    size_t n = client_read_until(fd, buf, sizeof buf, NULL);
+    close(fd);
+    assert_true(n > 0);
+    assert_non_null(strstr(buf, " 503 "));
+    assert_non_null(strstr(buf, "\"too_many_connections\""));
+    assert_non_null(strstr(buf, "\"message\""));
+    // ... and another address is served.
+    struct resp r = request("GET", "/open", NULL, 0, NULL);
+    assert_int_equal(r.status, 200);
+    free(r.body);
+    for (int i = 0; i < 4; i++) close(held[i]);
+    end_other(s);
+}
+
+static long rss_kib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kib = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6)) kib = atol(line + 6);
+    if (f) fclose(f);
+    return kib;
+}
+
+// 24 clients each send all but the last byte of a 1 MiB body: the server
+// holds at most its 4 MiB budget of them, refuses the rest at once with
+// 503, and its memory stays flat (before the budget, 24 MiB).
+static void half_sent_bodies_hold_no_more_than_the_budget(void **state)
+{
+    (void)state;
+    enum { N = 24, BODY = 1 << 20 };
+    struct http_opts o = test_opts();
+    o.max_body = 2 << 20;
+    o.max_buffered_bytes = 4 << 20;
+    o.max_buffered_bytes_per_client = 3 << 20;
+    struct http_server *s = start_other(&o);
+    static char chunk[BODY];
+    memset(chunk, '1', sizeof chunk);
+    long before = rss_kib();
+    int fd[N], refused = 0;
+    char head[256], buf[4096];
+    snprintf(head, sizeof head,
+             "POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
+             "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n", BODY);
+    for (int i = 0; i < N; i++) {
+        // Two addresses: the per-address budget (3 MiB) refuses the second
+        // address's later bodies too, while the total (4 MiB) refuses both.
+        fd[i] = connect_from(i % 2 ? "127.0.0.3" : "127.0.0.1");
+        send_all(fd[i], head);
+        struct timeval tv = {.tv_sec = 2};
+        setsockopt(fd[i], SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        size_t left = BODY - 1;
+        for (const char *p = chunk; left;) {
+            ssize_t w = send(fd[i], p, left, MSG_NOSIGNAL);
+            if (w <= 0) break; // refused: the server stopped reading
+            p += w;
+            left -= (size_t)w;
+        }
+    }
+    usleep(200000);
+    long during = rss_kib();
+    for (int i = 0; i < N; i++) {
+        struct timeval tv = {.tv_sec = 0, .tv_usec = 300000};
+        setsockopt(fd[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        ssize_t r = recv(fd[i], buf, sizeof buf - 1, 0);
+        if (r > 0) {
+            buf[r] = 0;
+            if (strstr(buf, " 503 ") && strstr(buf, "\"message\"")) refused++;
+        }
+    }
+    for (int i = 0; i < N; i++) close(fd[i]);
+    end_other(s);
+    print_message("rss before %ld KiB, with %d half-sent 1 MiB bodies %ld KiB; %d refused\n", before,
+                  N, during, refused);
+    assert_true(refused >= N - 4);
+    assert_true(during - before < 12 * 1024);
+}
+
+// A request must arrive whole in time, however slowly its bytes trickle.
+static void slow_requests_are_cut_at_their_deadline(void **state)
+{
+    (void)state;
+    struct http_opts o = test_opts();
+    o.header_timeout_s = 0.5;
+    o.body_timeout_s = 0.5;
+    struct http_server *s = start_other(&o);
+    const char *heads[] = {
+        "GET /hello HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaa",
+        "POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100\r\n\r\nbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
+    };
+    for (int k = 0; k < 2; k++) {
+        int fd = connect_raw();
+        bool closed = false;
+        // One byte every 100 ms: never idle, never done. 80 bytes is 8 s.
+        for (const char *p = heads[k]; *p && !closed; p++) {
+            if (send(fd, p, 1, MSG_NOSIGNAL) != 1) closed = true;
+            char c;
+            if (recv(fd, &c, 1, MSG_DONTWAIT) == 0) closed = true;
+            usleep(100000);
+        }
+        close(fd);
+        assert_true(closed);
+    }
+    // A request sent at once is unaffected.
+    struct resp r = request("GET", "/hello", NULL, 0, "k");
+    assert_int_equal(r.status, 200);
+    free(r.body);
+    end_other(s);
+}
+
+static void a_nul_in_the_path_is_a_400(void **state)
+{
+    (void)state;
+    struct resp r = request("GET", "/open%00x", NULL, 0, NULL);
+    assert_int_equal(r.status, 400);
+    json_t *j = json_loads(r.body, 0, NULL);
+    assert_non_null(json_string_value(json_object_get(json_object_get(j, "error"), "message")));
+    json_decref(j);
+    free(r.body);
+}
+
+static struct resp post_typed(const char *path, const char *type, const char *body)
+{
+    char ct[256];
+    // "Content-Type:" alone: curl sends none.
+    snprintf(ct, sizeof ct, "Content-Type:%s%s", type ? " " : "", type ? type : "");
+    const char *headers[] = {ct, NULL};
+    struct resp r = client_request(g_port, "POST", path, body, strlen(body), "k", headers, 20);
+    if (r.curl_code != CURLE_OK) fail_msg("POST %s: %s", path, curl_easy_strerror(r.curl_code));
+    return r;
+}
+
+// A web page can post text/plain or a form cross-site without a preflight:
+// such bodies are not taken as JSON.
+static void bodies_must_be_declared_json(void **state)
+{
+    (void)state;
+    const char *refused[] = {"text/plain", "application/x-www-form-urlencoded",
+                             "multipart/form-data; boundary=x", NULL};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        struct resp r = post_typed("/echo", refused[i], "{\"a\":1}");
+        assert_int_equal(r.status, 415);
+        assert_non_null(strstr(r.body, "application/json"));
+        free(r.body);
+    }
+    const char *taken[] = {"application/json", "Application/JSON; charset=utf-8",
+                           "application/vnd.api+json"};
+    for (size_t i = 0; i < sizeof taken / sizeof taken[0]; i++) {
+        struct resp r = post_typed("/echo", taken[i], "{\"a\":1}");
+        assert_int_equal(r.status, 200);
+        assert_string_equal(r.body, "{\"a\":1}");
+        free(r.body);
+    }
+}
+
+static void only_allowed_host_names_are_answered(void **state)
+{
+    (void)state;
+    struct http_opts o = test_opts();
+    const char *hosts[] = {"localhost", "127.0.0.1", "::1"};
+    o.allowed_hosts = hosts;
+    o.n_allowed_hosts = 3;
+    struct http_server *s = start_other(&o);
+    const char *cases[][2] = {
+        {"localhost", " 200 "}, {"LOCALHOST:8000", " 200 "}, {"127.0.0.1:1", " 200 "},
+        {"[::1]:8000", " 200 "}, {"evil.example", " 403 "}, {"localhost.evil.example", " 403 "},
+        {NULL, " 403 "},
+    };
+    char req[256], buf[4096];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int fd = connect_raw();
+        if (cases[i][0])
+            snprintf(req, sizeof req, "GET /open HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n",
+                     cases[i][0]);
+        else
+            snprintf(req, sizeof req, "GET /open HTTP/1.0\r\n\r\n");
+        send_all(fd, req);
+        client_read_until(fd, buf, sizeof buf, NULL);
+        close(fd);
+        if (!strstr(buf, cases[i][1])) fail_msg("Host %s: %s", cases[i][0], buf);
+    }
+    end_other(s);
+}
+
+// shutdown(SHUT_WR) after the request is no hang-up: the answer comes whole.
+static void a_half_closed_client_gets_its_whole_answer(void **state)
+{
+    (void)state;
+    char buf[8192];
+    int fd = connect_raw();
+    send_all(fd, "GET /stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n\r\n");
+    shutdown(fd, SHUT_WR);
+    client_read_until(fd, buf, sizeof buf, "data: [DONE]");
+    close(fd);
+    assert_non_null(strstr(buf, "data: 0\n\n"));
+    assert_non_null(strstr(buf, "data: 19\n\ndata: [DONE]\n\n"));
+
+    fd = connect_raw();
+    send_all(fd, "GET /later HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n\r\n");
+    shutdown(fd, SHUT_WR);
+    client_read_until(fd, buf, sizeof buf, "later");
+    close(fd);
+    assert_non_null(strstr(buf, "\r\n\r\nlater"));
+}
+
+// A client that closes its socket while its answer is awaited is noticed,
+// though nothing was being sent to it.
+static void a_closed_client_is_noticed_while_deferred(void **state)
+{
+    (void)state;
+    int before = atomic_load(&g_gone);
+    int fd = connect_raw();
+    send_all(fd, "GET /never HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n\r\n");
+    close(fd);
+    wait_counter(&g_gone, before + 1);
+}
+
 static int setup(void **state)
 {
     (void)state;
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    struct http_opts o = {
-        .host = "127.0.0.1",
-        .port = 0,
-        .threads = 2,
-        .max_body = 256 * 1024,
-        .api_key = "k",
-        .keepalive_s = 0.2,
-        .connection_timeout_s = 30,
-        .routes = routes,
-        .n_routes = (int)(sizeof routes / sizeof routes[0]),
-    };
+    struct http_opts o = test_opts();
     char err[256];
     if (http_start(&o, &g_srv, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
@@ -480,6 +781,15 @@ int main(void)
         cmocka_unit_test(idle_streams_get_keepalive_comments),
         cmocka_unit_test(slow_bodies_and_malformed_http),
         cmocka_unit_test(many_concurrent_streams_on_two_threads),
+        cmocka_unit_test(a_busy_port_is_refused_unless_shared_on_purpose),
+        cmocka_unit_test(one_address_cannot_take_every_connection),
+        cmocka_unit_test(half_sent_bodies_hold_no_more_than_the_budget),
+        cmocka_unit_test(slow_requests_are_cut_at_their_deadline),
+        cmocka_unit_test(a_nul_in_the_path_is_a_400),
+        cmocka_unit_test(bodies_must_be_declared_json),
+        cmocka_unit_test(only_allowed_host_names_are_answered),
+        cmocka_unit_test(a_half_closed_client_gets_its_whole_answer),
+        cmocka_unit_test(a_closed_client_is_noticed_while_deferred),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
