@@ -1,6 +1,8 @@
 // openai_build: the JSON of chat.completion, text_completion, their stream
-// chunks, usage and logprobs (chat and legacy shapes), and response ids.
+// chunks, usage and logprobs (chat and legacy shapes), response ids, and the
+// error envelope.
 #include <math.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,6 +74,124 @@ long oa_utf8_chars(const char *s, size_t len)
     for (size_t i = 0; i < len; i++)
         if (((unsigned char)s[i] & 0xc0) != 0x80) n++;
     return n;
+}
+
+// ---- errors ------------------------------------------------------------------
+
+int oa_http_status(int ms_status)
+{
+    switch (ms_status) {
+    case MS_OK: return 200;
+    case MS_EINVAL:
+    case MS_EFORMAT:
+    case MS_ETOOLONG:
+    case MS_EUNSUPPORTED:
+    case MS_ENOFIT: return 400;
+    case MS_ENOTFOUND: return 404;
+    case MS_EBUSY: return 503;
+    default: return 500;
+    }
+}
+
+// OpenAI's own types: every client error is an invalid_request_error (the
+// code says which), every server error a server_error.
+static const char *type_for_http(int http)
+{
+    return http >= 500 ? "server_error" : "invalid_request_error";
+}
+
+// The length of s's prefix that ends on a character boundary: a cut inside
+// a UTF-8 character (snprintf's at the buffer's end, a %.40s in a format)
+// leaves a lead byte without all its continuation bytes at the end.
+static size_t utf8_whole_prefix(const char *s, size_t n)
+{
+    size_t i = n, back = 0;
+    while (i && back < 4 && ((unsigned char)s[i - 1] & 0xc0) == 0x80) {
+        i--;
+        back++;
+    }
+    if (!i) return n;
+    unsigned char lead = (unsigned char)s[i - 1];
+    size_t want = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
+    return want > back + 1 && lead >= 0xc2 && lead <= 0xf4 ? i - 1 : n;
+}
+
+static void error_fill(struct oa_error *e, int http, const char *code, const char *param,
+                       const char *fmt, va_list ap)
+{
+    e->http = http;
+    e->type = type_for_http(http);
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    e->param[utf8_whole_prefix(e->param, strlen(e->param))] = 0;
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    e->message[utf8_whole_prefix(e->message, strlen(e->message))] = 0;
+}
+
+int oa_errorf(struct oa_error *e, int status, const char *code, const char *param,
+              const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    e->status = status;
+    error_fill(e, oa_http_status(status), code, param, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+void oa_error_http(struct oa_error *e, int http, const char *code, const char *param,
+                   const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    e->status = http >= 500 ? MS_EINTERNAL : MS_EINVAL;
+    error_fill(e, http, code, param, fmt, ap);
+    va_end(ap);
+}
+
+// A JSON string of s that cannot fail on its bytes: what is not valid UTF-8
+// (a quoted client string cut anywhere, jansson's own error text quoting the
+// bad bytes) becomes U+FFFD. json_string() would return NULL instead, and the
+// field would silently vanish from the envelope.
+static json_t *lossy_string(const char *s)
+{
+    size_t n = strlen(s);
+    size_t cap;
+    if (ms_mul_overflow(n, 3, &cap) || ms_add_overflow(cap, 1, &cap)) return NULL;
+    char *clean = malloc(cap);
+    if (!clean) return NULL;
+    size_t len = oa_utf8_lossy((const uint8_t *)s, n, clean);
+    json_t *j = json_stringn_nocheck(clean, len);
+    free(clean);
+    return j;
+}
+
+json_t *oa_error_json(const struct oa_error *e)
+{
+    json_t *inner = json_object();
+    json_t *root = json_object();
+    json_t *message = lossy_string(e->message[0] ? e->message : "error");
+    json_t *param = e->param[0] ? lossy_string(e->param) : json_null();
+    // Every field or none: an envelope without its message is worse than
+    // the caller's fixed out-of-memory answer.
+    if (!inner || !root || !message || !param) {
+        json_decref(message);
+        json_decref(param);
+        json_decref(inner);
+        json_decref(root);
+        return NULL;
+    }
+    // Each set takes its value's reference, also when it fails.
+    int bad = json_object_set_new(inner, "message", message);
+    bad |= json_object_set_new(inner, "type", json_string(e->type ? e->type : type_for_http(e->http)));
+    bad |= json_object_set_new(inner, "param", param);
+    bad |= json_object_set_new(inner, "code", e->code ? json_string(e->code) : json_null());
+    bad |= json_object_set_new(root, "error", inner);
+    if (bad) {
+        json_decref(root);
+        return NULL;
+    }
+    return root;
 }
 
 // ---- ids ---------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 // openai_parse: request bodies of chat, completions, tokenize and detokenize
 // to validated structs; every parameter checked for type and range. A field
 // is a row in its endpoint's table (or in the table chat and completions
-// share): its name, type, range and where the value goes.
+// share): its name, type, range and where the value goes. (The error
+// envelope is built in openai_build.c.)
 #include <errno.h>
 #include <ctype.h>
 #include <limits.h>
@@ -15,78 +16,6 @@
 #include "api/openai.h"
 #include "base/base.h"
 #include "base/json.h"
-
-// ---- errors ------------------------------------------------------------------
-
-int oa_http_status(int ms_status)
-{
-    switch (ms_status) {
-    case MS_OK: return 200;
-    case MS_EINVAL:
-    case MS_EFORMAT:
-    case MS_ETOOLONG:
-    case MS_EUNSUPPORTED:
-    case MS_ENOFIT: return 400;
-    case MS_ENOTFOUND: return 404;
-    case MS_EBUSY: return 503;
-    default: return 500;
-    }
-}
-
-// OpenAI's own types: every client error is an invalid_request_error (the
-// code says which), every server error a server_error.
-static const char *type_for_http(int http)
-{
-    return http >= 500 ? "server_error" : "invalid_request_error";
-}
-
-static void error_fill(struct oa_error *e, int http, const char *code, const char *param,
-                       const char *fmt, va_list ap)
-{
-    e->http = http;
-    e->type = type_for_http(http);
-    e->code = code;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-}
-
-int oa_errorf(struct oa_error *e, int status, const char *code, const char *param,
-              const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    e->status = status;
-    error_fill(e, oa_http_status(status), code, param, fmt, ap);
-    va_end(ap);
-    return status;
-}
-
-void oa_error_http(struct oa_error *e, int http, const char *code, const char *param,
-                   const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    e->status = http >= 500 ? MS_EINTERNAL : MS_EINVAL;
-    error_fill(e, http, code, param, fmt, ap);
-    va_end(ap);
-}
-
-json_t *oa_error_json(const struct oa_error *e)
-{
-    json_t *inner = json_object();
-    json_t *root = json_object();
-    if (!inner || !root) {
-        json_decref(inner);
-        json_decref(root);
-        return NULL;
-    }
-    json_object_set_new(inner, "message", json_string(e->message[0] ? e->message : "error"));
-    json_object_set_new(inner, "type", json_string(e->type ? e->type : type_for_http(e->http)));
-    json_object_set_new(inner, "param", e->param[0] ? json_string(e->param) : json_null());
-    json_object_set_new(inner, "code", e->code ? json_string(e->code) : json_null());
-    json_object_set_new(root, "error", inner);
-    return root;
-}
 
 // ---- the parser state ----------------------------------------------------------
 

@@ -234,11 +234,74 @@ static int teardown(void **state)
     return 0;
 }
 
+// The SDK shows `400 {"type": ...}` when the envelope has no message: the
+// builder must keep it whatever bytes the message quotes.
+static void error_envelopes_keep_their_message_on_any_bytes(void **state)
+{
+    (void)state;
+    struct oa_error e;
+    // A quoted client string of 2-byte characters cut at 40 bytes, mid-character
+    // when it starts at an odd offset.
+    char role[64] = "x";
+    for (int i = 0; i < 25; i++) strcat(role, "\xc3\xa9");
+    oa_errorf(&e, MS_EINVAL, "invalid_value", "messages[0].role", "unknown role '%.40s'", role);
+    json_t *j = oa_error_json(&e);
+    const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "unknown role 'x\xc3\xa9"));
+    json_decref(j);
+    // A message over the buffer ends on a character boundary.
+    char *long_role = malloc(2001);
+    long_role[0] = 'y';
+    for (int i = 0; i < 1000; i++) memcpy(long_role + 1 + 2 * i, "\xc3\xa9", 2);
+    long_role[2001 - 1] = 0;
+    oa_errorf(&e, MS_EINVAL, "invalid_value", NULL, "unknown role '%s'", long_role);
+    free(long_role);
+    j = oa_error_json(&e);
+    msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+    assert_non_null(msg);
+    assert_true(strlen(msg) > 700);
+    assert_null(strstr(msg, "\xef\xbf\xbd")); // cut before the broken character, not replaced
+    json_decref(j);
+    // Bytes that are not UTF-8 anywhere in the message or the param.
+    memset(&e, 0, sizeof e);
+    oa_error_http(&e, 400, "invalid_json", "a\xff", "invalid escape near '\"\\u0\xe9\"' (%s)", "x");
+    j = oa_error_json(&e);
+    json_t *inner = json_object_get(j, "error");
+    msg = json_string_value(json_object_get(inner, "message"));
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "invalid escape near"));
+    assert_non_null(strstr(msg, "\xef\xbf\xbd"));
+    assert_string_equal(json_string_value(json_object_get(inner, "param")), "a\xef\xbf\xbd");
+    assert_string_equal(json_string_value(json_object_get(inner, "type")), "invalid_request_error");
+    json_decref(j);
+    // The parser's own refusal of such a body.
+    struct arena *a = arena_create(4096);
+    struct oa_limits lim = {.vocab_size = 1000, .max_model_len = 100};
+    struct oa_chat_request cr;
+    const char *bodies[] = {"{\"a\":\"\\u0\xc3\xa9\"}",
+                            "{\"model\":\"m\",\"messages\":[{\"role\":"
+                            "\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"
+                            "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"
+                            "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\","
+                            "\"content\":\"hi\"}]}"};
+    for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
+        memset(&e, 0, sizeof e);
+        assert_true(oa_parse_chat(bodies[i], strlen(bodies[i]), &lim, a, &cr, &e) < 0);
+        j = oa_error_json(&e);
+        msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+        if (!msg) fail_msg("body %zu: no message for '%s'", i, e.message);
+        json_decref(j);
+    }
+    arena_destroy(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(lossy_utf8_replaces_maximal_invalid_subparts),
         cmocka_unit_test(ids_have_the_prefix_and_differ),
+        cmocka_unit_test(error_envelopes_keep_their_message_on_any_bytes),
         cmocka_unit_test(chat_logprobs_name_tokens_and_their_bytes),
         cmocka_unit_test(legacy_logprobs_have_parallel_lists_and_offsets),
         cmocka_unit_test(responses_and_chunks_have_openai_shapes),
