@@ -613,13 +613,16 @@ static void clients_that_hang_up_have_their_requests_cancelled(void **state)
     const char *body = "{\"prompt\": \"Go on forever\", \"max_tokens\": 1900, \"temperature\": 0, "
                        "\"ignore_eos\": true, \"stream\": true}";
     struct abort_after aa = {.limit = 600, .gen_before = gen0};
+    struct curl_slist *json = curl_slist_append(NULL, "Content-Type: application/json");
     curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, json);
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, abort_writer);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &aa);
     CURLcode rc = curl_easy_perform(c);
     assert_int_equal(rc, CURLE_WRITE_ERROR);
     curl_easy_cleanup(c);
+    curl_slist_free_all(json);
     if (aa.gen_at_hangup < 0) fail_msg("the stream's tokens never reached generation_tokens_total");
     expect_idle();
     long gen1 = srv_health_field(&S, "generation_tokens_total");
@@ -632,7 +635,8 @@ static void clients_that_hang_up_have_their_requests_cancelled(void **state)
                      "\"ignore_eos\": true}";
     char req[512];
     snprintf(req, sizeof req,
-             "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+             "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\n\r\n%s",
              strlen(b2), b2);
     assert_int_equal(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
     long started = generation_above(gen1);
