@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "base/utf8.h"
+
 int ms_log_level = MS_LOG_INFO;
 
 const char *ms_status_name(int status)
@@ -105,6 +107,50 @@ uint16_t ms_f32_to_f16(float f)
     return (uint16_t)half;
 }
 
+// Writes msg into out (cap bytes, cap >= 16) as one line of text: control
+// characters (C0, DEL, C1) and bytes that are not UTF-8 become \n, \r, \t or
+// \xNN / \u00NN escapes, so a client's string quoted in a log line (a path,
+// an unknown JSON key) cannot forge a line or drive a terminal. Returns the
+// bytes written; a message that does not fit ends in "...".
+static size_t log_escape(const char *msg, size_t n, char *out, size_t cap)
+{
+    size_t o = 0, room = cap - 5; // "...\n" and the NUL
+    for (size_t i = 0; i < n;) {
+        const uint8_t *p = (const uint8_t *)msg + i;
+        uint32_t cp;
+        size_t k = utf8_decode(p, n - i, &cp);
+        char esc[8];
+        const char *put = (const char *)p;
+        size_t len = k;
+        if (cp == UTF8_REPLACEMENT && !(k == 3 && p[0] == 0xef)) {
+            len = (size_t)snprintf(esc, sizeof esc, "\\x%02x", p[0]);
+            put = esc;
+        } else if (cp == '\n' || cp == '\r' || cp == '\t') {
+            esc[0] = '\\';
+            esc[1] = cp == '\n' ? 'n' : cp == '\r' ? 'r' : 't';
+            len = 2;
+            put = esc;
+        } else if (cp < 0x20 || cp == 0x7f) {
+            len = (size_t)snprintf(esc, sizeof esc, "\\x%02x", (unsigned)cp);
+            put = esc;
+        } else if (cp >= 0x80 && cp < 0xa0) {
+            len = (size_t)snprintf(esc, sizeof esc, "\\u%04x", (unsigned)cp);
+            put = esc;
+        }
+        if (o + len > room) {
+            memcpy(out + o, "...", 3);
+            o += 3;
+            break;
+        }
+        memcpy(out + o, put, len);
+        o += len;
+        i += k;
+    }
+    out[o++] = '\n';
+    out[o] = 0;
+    return o;
+}
+
 void ms_log(int level, const char *fmt, ...)
 {
     if (level > ms_log_level) return;
@@ -113,20 +159,22 @@ void ms_log(int level, const char *fmt, ...)
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;
     gmtime_r(&ts.tv_sec, &tm);
-    char line[2048];
+    char msg[4096], line[8192];
     int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s ",
                      tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
                      tm.tm_sec, ts.tv_nsec / 1000000L, names[level < 0 ? 0 : level > 3 ? 3 : level]);
+    if (n < 0 || (size_t)n >= sizeof line) return;
     va_list ap;
     va_start(ap, fmt);
-    if (n > 0 && (size_t)n < sizeof line) vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    int m = vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (m < 0) return;
+    size_t mlen = (size_t)m < sizeof msg ? (size_t)m : sizeof msg - 1;
+    size_t len = (size_t)n + log_escape(msg, mlen, line + n, sizeof line - (size_t)n);
+    if ((size_t)m > mlen && len >= 4 && memcmp(line + len - 4, "...\n", 4) &&
+        len + 4 < sizeof line) // cut by msg's size: say so
+        memcpy(line + len - 1, "...\n", 5);
     // One fputs per line so that lines from several threads do not interleave.
-    size_t len = strlen(line);
-    if (len + 1 < sizeof line) {
-        line[len] = '\n';
-        line[len + 1] = 0;
-    }
     fputs(line, stderr);
 }
 

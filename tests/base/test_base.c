@@ -6,6 +6,10 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
 #include "base/arena.h"
 #include "base/base.h"
 
@@ -70,6 +74,60 @@ static void err_fills_buffer_and_returns_code(void **state)
     assert_int_equal(ms_err(NULL, 0, MS_EIO, "ignored"), MS_EIO);
 }
 
+// Runs ms_log with what a client controls and returns what it wrote to stderr.
+static char *logged(const char *what)
+{
+    fflush(stderr);
+    int saved = dup(2);
+    FILE *tmp = tmpfile();
+    assert_non_null(tmp);
+    dup2(fileno(tmp), 2);
+    ms_log(MS_LOG_INFO, "GET %s 404", what);
+    ms_log(MS_LOG_INFO, "next");
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    long n = ftell(tmp);
+    char *out = calloc(1, (size_t)n + 1);
+    rewind(tmp);
+    assert_int_equal(fread(out, 1, (size_t)n, tmp), (size_t)n);
+    fclose(tmp);
+    return out;
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+// A client's newline must not forge a log line, however long the entry.
+static void log_lines_cannot_be_forged(void **state)
+{
+    (void)state;
+    char *out = logged("/x\n2026-01-01T00:00:00.000Z INFO 10.0.0.1 POST /admin 200\r\x1b[2J\x7f\xc2\x9b\xff");
+    assert_int_equal(count_lines(out), 2);
+    assert_non_null(strstr(out, "/x\\n2026-01-01T00:00:00.000Z INFO 10.0.0.1 POST /admin 200\\r\\x1b[2J"
+                                "\\x7f\\u009b\\xff 404\n"));
+    free(out);
+    // Past 2 KB, and past the buffer: still one line each, cut with "...".
+    char *big = malloc(20000);
+    for (int i = 0; i < 19999; i++) big[i] = i % 100 == 99 ? '\n' : 'a' + i % 26;
+    big[19999] = 0;
+    out = logged(big);
+    assert_int_equal(count_lines(out), 2);
+    assert_non_null(strstr(out, "...\n"));
+    assert_true(strlen(out) > 4000);
+    assert_non_null(strstr(out, "INFO next\n"));
+    free(out);
+    free(big);
+    // Valid UTF-8 passes unchanged.
+    out = logged("/caf\xc3\xa9/\xe4\xb8\xad");
+    assert_non_null(strstr(out, "GET /caf\xc3\xa9/\xe4\xb8\xad 404\n"));
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -78,6 +136,7 @@ int main(void)
         cmocka_unit_test(size_arithmetic_reports_overflow),
         cmocka_unit_test(arena_allocations_are_aligned_and_distinct),
         cmocka_unit_test(err_fills_buffer_and_returns_code),
+        cmocka_unit_test(log_lines_cannot_be_forged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
