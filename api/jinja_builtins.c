@@ -1320,7 +1320,7 @@ static int f_select(struct jrender *r, struct bcall *c, struct jv *out)
         have_test = true;
         skip++;
     }
-    struct jcallargs targs = {a->npos - skip, a->pos + skip, a->nkw, a->kwn, a->kwv};
+    struct jcallargs targs = {a->npos - skip, a->pos ? a->pos + skip : NULL, a->nkw, a->kwn, a->kwv};
     struct jlist *l = jv_list_new(r, items->n);
     if (!l) return MS_EINVAL;
     l->n = 0;

@@ -153,6 +153,8 @@ static void filters_and_methods_follow_python(void **state)
     expect("{{ 'a</think>b'.split('</think>')[-1] }}|{{ '\\n\\nx \\n'.strip('\\n') }}|{{ 'ab'.upper() }}|{{ 'AB'|lower }}"
            "|{{ 'ab'.startswith('a') }}|{{ 'ab'.endswith(('x', 'b')) }}|{{ '  x'.lstrip() }}|{{ 'x\\n\\n'.rstrip('\\n') }}",
            NULL, "b|x |AB|ab|True|True|x|x");
+    // select with no argument at all: no test, no positional list (NULL + 0 was UB).
+    expect("{{ [1, 0, 2]|select|list }}|{{ [1, 0]|reject|list }}", NULL, "[1, 2]|[0]");
     expect("{{ m|selectattr('role', 'equalto', 'user')|map(attribute='content')|list }}",
            "{\"m\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"tool\", \"content\": \"t\"}]}", "['u']");
     expect("{{ 'x' is string }}{{ {} is mapping }}{{ none is none }}{{ 1 is number }}{{ [] is sequence }}{{ u is defined }}",
