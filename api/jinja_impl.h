@@ -424,9 +424,10 @@ int jinja_call_value(struct jrender *r, struct jv fn, struct jcallargs *a, struc
 
 static inline bool jstr_eq(struct jstr a, const char *b)
 {
-    // Without strlen: a mismatch (or b's NUL) stops the walk at once.
+    // Without strlen: a mismatch (or b's NUL) stops the walk at once; a NUL
+    // inside a must not walk past b's end.
     for (size_t i = 0; i < a.n; i++)
-        if (a.p[i] != b[i]) return false;
+        if (a.p[i] != b[i] || !b[i]) return false;
     return b[a.n] == 0;
 }
 

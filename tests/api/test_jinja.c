@@ -295,6 +295,21 @@ static void loops_and_recursion_cannot_hang_the_server(void **state)
     assert_true(ms_now() - t0 < 30);
 }
 
+// A name with a NUL inside ('length\0') compared against the built-in names
+// read past the end of "length" (found by tests/fuzz/fuzz_jinja under ASan).
+static void names_with_a_nul_are_unknown_not_overread(void **state)
+{
+    (void)state;
+    static const char src[] = "{{ [[1]]|map('length\0')|list }}";
+    struct jinja_template *t;
+    assert_int_equal(jinja_parse(src, sizeof src - 1, &t, err, sizeof err), 0);
+    char *out = NULL;
+    size_t len;
+    assert_true(jinja_render(t, NULL, 0, NULL, &out, &len, err, sizeof err) < 0);
+    assert_non_null(strstr(err, "filter"));
+    jinja_destroy(t);
+}
+
 static void malformed_templates_never_crash(void **state)
 {
     (void)state;
@@ -469,6 +484,7 @@ int main(void)
         cmocka_unit_test(runtime_errors_name_the_line),
         cmocka_unit_test(deep_nesting_is_refused_without_crashing),
         cmocka_unit_test(loops_and_recursion_cannot_hang_the_server),
+        cmocka_unit_test(names_with_a_nul_are_unknown_not_overread),
         cmocka_unit_test(malformed_templates_never_crash),
         cmocka_unit_test(huge_inputs_render_completely),
         cmocka_unit_test(one_parsed_template_renders_on_many_threads),
