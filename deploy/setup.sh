@@ -17,6 +17,7 @@ packages=(
   libmicrohttpd-dev libjansson-dev libcurl4-openssl-dev libcmocka-dev
   libpcre2-dev libutf8proc-dev libsystemd-dev
   python3-jinja2 python3-jsonschema
+  clang libclang-rt-dev
   nginx prometheus systemd curl ca-certificates
 )
 command -v node >/dev/null 2>&1 || packages+=(nodejs)

@@ -1,10 +1,7 @@
 // fuzz_output_parser: feeds api/output_parser a text whole and cut into
 // deltas and checks that both runs agree and every event is well formed.
 // The unit tests call it on chosen texts and cuts; built with libFuzzer it
-// explores the rest (one command, from the repository root):
-//   clang -g -O1 -fsanitize=fuzzer,address,undefined -DMOESERVE_LIBFUZZER -D_GNU_SOURCE -I.
-//     tests/fuzz/fuzz_output_parser.c api/output_parser.c base/base.c base/utf8.c
-//     -ljansson -lm -o build/fuzz_output_parser && build/fuzz_output_parser -max_len=4096
+// explores the rest: tests/fuzz/run.sh SECONDS fuzz_output_parser.
 #include "tests/fuzz/fuzz_output_parser.h"
 
 #include <stdarg.h>

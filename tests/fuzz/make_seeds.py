@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""make_seeds.py: writes the seed corpora under tests/fuzz/corpus/ (committed;
+rerun after changing this file). Each seed is an input in the target's own
+format: for targets whose first byte picks a mode, that byte comes first."""
+import hashlib, json, os, struct, sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+root = os.path.dirname(os.path.dirname(here))
+corpus = os.path.join(here, "corpus")
+
+
+def put(target, data):
+    if isinstance(data, str):
+        data = data.encode()
+    d = os.path.join(corpus, target)
+    os.makedirs(d, exist_ok=True)
+    name = hashlib.sha1(data).hexdigest()[:16]
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+# ---- OpenAI requests: byte 0 picks chat, completions, tokenize, detokenize ----
+chat = [
+    {"model": "m", "messages": [{"role": "user", "content": "Hello"}]},
+    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+     "temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "max_tokens": 16, "n": 2, "seed": 7,
+     "stop": ["\n", "END"], "stop_token_ids": [3, 4], "logit_bias": {"5": -100, "9": 2.5}, "stream": True,
+     "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "logprobs": True, "top_logprobs": 3,
+     "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1, "user": "u", "ignore_eos": False,
+     "skip_special_tokens": True, "add_generation_prompt": True, "chat_template_kwargs": {"enable_thinking": False},
+     "request_id": "r1", "max_completion_tokens": 8, "unknown_field": 1},
+    {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": None, "reasoning_content": "r",
+                   "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]},
+                  {"role": "tool", "tool_call_id": "c1", "content": "42"}],
+     "tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}],
+     "tool_choice": "auto", "response_format": {"type": "json_object"}},
+    {"messages": [{"role": "\u00e9" * 25, "content": "\ud83d\ude00"}]},
+    {"messages": []},
+]
+completion = [
+    {"model": "m", "prompt": "Once upon", "max_tokens": 5, "echo": True, "logprobs": 2},
+    {"prompt": ["a", "b"], "n": 3, "temperature": 0},
+    {"prompt": [1, 2, 3], "stream": True},
+    {"prompt": [[1, 2], [3]], "best_of": 1, "suffix": None},
+]
+tokenize = [
+    {"prompt": "hello", "add_special_tokens": True, "return_token_strs": True},
+    {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": False},
+]
+detokenize = [{"tokens": [1, 2, 3]}, {"model": "m", "tokens": []}]
+for mode, bodies in enumerate([chat, completion, tokenize, detokenize]):
+    for b in bodies:
+        put("fuzz_openai_request", bytes([mode]) + json.dumps(b).encode())
+for raw in ['{"a":"\\u0\u00e9"}', '{"messages": [{"role": "user", "content": "x"}]', "[]", "null",
+            '{"messages": [{"role": "user", "content": "x"}], "temperature": 1e999}']:
+    put("fuzz_openai_request", b"\x00" + raw.encode())
+
+# ---- Jinja: the Qwen3 template, the construct tests' templates ----------------
+with open(os.path.join(root, "third_party", "qwen3-tokenizer", "tokenizer_config.json")) as f:
+    put("fuzz_jinja", json.load(f)["chat_template"])
+with open(os.path.join(root, "tests", "data", "chat_template", "constructs.jsonl")) as f:
+    for line in f:
+        put("fuzz_jinja", json.loads(line)["template"])
+for t in ["{{ messages|select|list }}", "{% for m in messages %}{{ loop.index }}{{ m.role|upper }}{% endfor %}",
+          "{% macro f(a, b=2) %}{{ a ~ b }}{% endmacro %}{{ f(1) }}{% set ns = namespace(x=1) %}{{ ns.x }}",
+          "{{ tools|tojson(indent=2) }}{{ d|dictsort }}{{ s|replace('a', 'b') }}{{ x|int }}{{ n|abs }}"]:
+    put("fuzz_jinja", t)
+
+# ---- SSE: byte 0 seeds the cuts -----------------------------------------------
+for s in ['data: {"a":1}\n\ndata: [DONE]\n\n', ": keep-alive\n\ndata: x\r\ndata: y\r\n\r\n",
+          "event: e\nid: 1\nretry: 5\ndata:no-space\n\n", "data: a\rdata: b\r\rdata: end-without-blank",
+          "data: " + "z" * 300 + "\n\n"]:
+    for seed in (0, 7):
+        put("fuzz_sse", bytes([seed]) + s.encode())
+
+# ---- config.json (byte 0 odd) and generation_config.json (even) ----------------
+for d in ["qwen3-0.6b", "qwen3-30b-a3b", "qwen3moe-v2048"]:
+    with open(os.path.join(root, "tests", "data", d, "config.json"), "rb") as f:
+        put("fuzz_config", b"\x01" + f.read())
+with open(os.path.join(root, "tests", "data", "qwen3moe-v2048", "generation_config.json"), "rb") as f:
+    put("fuzz_config", b"\x00" + f.read())
+put("fuzz_config", b'\x00{"eos_token_id": [1, 2, 151645], "temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0, '
+    b'"repetition_penalty": 1.05, "max_new_tokens": 100, "do_sample": true}')
+
+# ---- safetensors: small files of every dtype and shape kind ---------------------
+def st(header, data=b"", pad=True):
+    h = json.dumps(header).encode()
+    if pad:
+        h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+put("fuzz_safetensors", st({"a": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]},
+                            "b": {"dtype": "F32", "shape": [1], "data_offsets": [12, 16]},
+                            "__metadata__": {"format": "pt"}}, bytes(16)))
+put("fuzz_safetensors", st({"w": {"dtype": "F8_E4M3", "shape": [4, 4], "data_offsets": [0, 16]},
+                            "s": {"dtype": "I64", "shape": [], "data_offsets": [16, 24]},
+                            "z": {"dtype": "F16", "shape": [0, 5], "data_offsets": [24, 24]}}, bytes(24)))
+put("fuzz_safetensors", st({}, b""))
+put("fuzz_safetensors", st({"a": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}, bytes(4), pad=False))
+
+# ---- tokenizer: byte 0 odd fuzzes tokenizer.json, even tokenizer_config.json ----
+def byte_alphabet():
+    cps, extra = [], 0
+    for b in range(256):
+        if 33 <= b <= 126 or 161 <= b <= 172 or b >= 174:
+            cps.append(b)
+        else:
+            cps.append(256 + extra)
+            extra += 1
+    return [chr(c) for c in cps]
+
+alpha = byte_alphabet()
+vocab = {c: i for i, c in enumerate(alpha)}
+vocab.update({"he": 256, "ll": 257, "hell": 258, "hello": 259})
+tok = {"version": "1.0", "truncation": None, "padding": None,
+       "added_tokens": [{"id": 260, "content": "<|end|>", "single_word": False, "lstrip": False, "rstrip": False,
+                         "normalized": False, "special": True}],
+       "normalizer": {"type": "NFC"},
+       "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+           {"type": "Split", "pattern": {"Regex": "\\p{L}+|\\s+|\\p{N}"}, "behavior": "Isolated", "invert": False},
+           {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]},
+       "post_processor": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"},
+       "model": {"type": "BPE", "vocab": vocab, "merges": ["h e", "l l", "he ll", "hell o"],
+                 "dropout": None, "unk_token": None, "byte_fallback": False}}
+put("fuzz_tokenizer", b"\x01" + json.dumps(tok).encode())
+tok2 = dict(tok, normalizer=None, pre_tokenizer={"type": "ByteLevel", "add_prefix_space": True, "use_regex": True})
+tok2["model"] = dict(tok["model"], merges=[["h", "e"], ["l", "l"]])
+put("fuzz_tokenizer", b"\x01" + json.dumps(tok2).encode())
+with open(os.path.join(root, "third_party", "qwen3-tokenizer", "tokenizer_config.json"), "rb") as f:
+    put("fuzz_tokenizer", b"\x00" + f.read())
+put("fuzz_tokenizer", b'\x00{"eos_token": {"content": "<|end|>"}, "bos_token": null, "pad_token": "<|end|>", '
+    b'"added_tokens_decoder": {"260": {"content": "<|end|>", "special": true}}, "model_max_length": 100}')
+
+# ---- output parser: byte 0 options, byte 1 cut seed, then text -------------------
+for opts in (0x07, 0x05, 0x0f, 0x1d):
+    for text in ["<think>plan</think>answer", "hi <tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>",
+                 "a</think>b<tool_call>{\"name\": \"g\", \"arguments\": \"x\"}</tool_call><tool_call>{bad}</tool_call>",
+                 "\u00e9\ud83d\ude00<thi"]:
+        put("fuzz_output_parser", bytes([opts, 3]) + text.encode("utf-8", "surrogatepass"))
+print("seeds written under", corpus)
