@@ -41,6 +41,9 @@ static void usage(FILE *f)
         "  --generation-config auto|vllm auto: default sampling from generation_config.json;\n"
         "                                vllm: neutral defaults (auto)\n"
         "  --http-threads N              HTTP event threads (4)\n"
+        "  --request-workers N           threads that parse, template and tokenize request\n"
+        "                                bodies, so a huge prompt never stalls running streams\n"
+        "                                (4; 0: on the HTTP threads)\n"
         "  --sse-keepalive S             SSE comment after S idle seconds in a stream (15; 0 off)\n"
         "  --health-timeout S            /health says 503 when work waits and no engine step\n"
         "                                ends for S seconds (120)\n"
@@ -106,6 +109,7 @@ struct serve_opts {
     double shutdown_timeout;
     bool gen_vllm;
     int64_t http_threads;
+    int64_t request_workers;
     double keepalive;
     double health_timeout;
     const char *reasoning_parser;
@@ -151,6 +155,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
     o->max_body = 8u << 20;
     o->shutdown_timeout = 30;
     o->http_threads = 4;
+    o->request_workers = 4;
     o->keepalive = 15;
     o->health_timeout = 120;
     o->max_connections = -1;
@@ -227,6 +232,8 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
                             "--default-chat-template-kwargs must be a JSON object, not \"%.80s\"", v);
             json_decref(j);
             o->default_kwargs = v;
+        } else if (!rc && (v = flag_value("--request-workers", argc, argv, &i, &rc, err, errlen))) {
+            rc = cli_parse_int("--request-workers", v, 0, 256, &o->request_workers, err, errlen);
         } else if (!rc && !strcmp(a, "--reuse-port")) {
             o->reuse_port = true;
         } else if (!rc && (v = flag_value("--max-connections", argc, argv, &i, &rc, err, errlen))) {
@@ -355,6 +362,7 @@ int cmd_serve(int argc, char **argv)
         .port = (int)o.port,
         .reuse_port = o.reuse_port,
         .threads = (int)o.http_threads,
+        .workers = (int)o.request_workers,
         .max_body = o.max_body,
         .api_key = o.api_key,
         .keepalive_s = o.keepalive,

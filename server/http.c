@@ -72,6 +72,15 @@ struct http_server {
     size_t buffered;             // body bytes reserved, all connections
     double last_refusal_log;
     long refusals_unlogged;
+    // The request workers: POST handlers (parsing, templates, tokenizing)
+    // run here, so that a slow one never holds an HTTP thread that other
+    // connections' streams are written from.
+    pthread_t *workers;
+    int n_workers;
+    pthread_mutex_t wmu;         // guards the queue and wquit
+    pthread_cond_t wcv;
+    struct http_request *q_head, *q_tail;
+    bool wquit;
     int epfd, evfd;
     pthread_t watcher;
     bool watcher_started;
@@ -97,6 +106,11 @@ struct http_request {
     bool raw_nul;                // the undecoded path had %00
     bool http11;                 // HTTP/1.1 or later: 1xx responses are understood
     bool too_large, responded, dispatched;
+    // On a worker: the connection is suspended and responses are built into
+    // pending, queued by the connection's thread once the worker resumes it.
+    bool offloaded, handled;
+    struct MHD_Response *pending;
+    struct http_request *q_next;
     int status;
     double t0;
     int prompt_tokens, completion_tokens;
@@ -462,7 +476,7 @@ static struct http_async *async_new(struct http_request *r, const struct http_as
                                     void *ctx, bool streaming)
 {
     struct http_server *s = r->s;
-    if (r->async || r->responded) return NULL;
+    if (r->async || r->responded || r->pending) return NULL;
     struct http_async *a = calloc(1, sizeof *a);
     if (!a) return NULL;
     a->s = s;
@@ -503,21 +517,32 @@ static void add_headers(struct http_request *r, struct MHD_Response *resp)
     r->n_hdr = 0;
 }
 
-int http_respond(struct http_request *r, int status, const char *content_type, const char *body,
-                 size_t len)
+// Queues resp now, or (on a worker) keeps it for the connection's thread.
+static int respond_with(struct http_request *r, int status, struct MHD_Response *resp)
 {
-    if (r->responded) return -1;
-    struct MHD_Response *resp =
-        MHD_create_response_from_buffer(len, (void *)(body ? body : ""), MHD_RESPMEM_MUST_COPY);
-    if (!resp) return -1;
-    if (content_type) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
-    add_headers(r, resp);
+    if (r->offloaded) {
+        r->pending = resp;
+        r->status = status;
+        return 0;
+    }
     enum MHD_Result ok = MHD_queue_response(r->c, (unsigned)status, resp);
     MHD_destroy_response(resp);
     if (ok != MHD_YES) return -1;
     r->responded = true;
     r->status = status;
     return 0;
+}
+
+int http_respond(struct http_request *r, int status, const char *content_type, const char *body,
+                 size_t len)
+{
+    if (r->responded || r->pending) return -1;
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(len, (void *)(body ? body : ""), MHD_RESPMEM_MUST_COPY);
+    if (!resp) return -1;
+    if (content_type) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+    add_headers(r, resp);
+    return respond_with(r, status, resp);
 }
 
 int http_respond_json(struct http_request *r, int status, json_t *j)
@@ -666,11 +691,7 @@ struct http_async *http_stream(struct http_request *r, int status, const char *c
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no"); // nginx: do not buffer SSE
     add_headers(r, resp);
-    if (MHD_queue_response(r->c, (unsigned)status, resp) == MHD_YES) {
-        r->responded = true;
-        r->status = status;
-    }
-    MHD_destroy_response(resp);
+    respond_with(r, status, resp);
     return a;
 }
 
@@ -944,6 +965,80 @@ static enum MHD_Result take_upload(struct http_request *r, const char *data, siz
     return ms_buf_append(&r->body, data, n) ? MHD_NO : MHD_YES;
 }
 
+// On the connection's thread once the handler has run (here or on a worker):
+// what it answered goes out, or the response waits.
+static enum MHD_Result after_handler(struct http_request *r)
+{
+    if (r->pending) {
+        struct MHD_Response *resp = r->pending;
+        r->pending = NULL;
+        if (respond_with(r, r->status, resp)) return MHD_NO;
+    }
+    if (r->responded) return MHD_YES;
+    if (r->async && !r->async->streaming) return wait_deferred(r);
+    if (r->async) return MHD_NO; // a stream that could not be queued
+    respond_simple_error(r, 500, "internal_error", "the handler for %s %s gave no answer", r->method,
+                         r->path);
+    return MHD_YES;
+}
+
+// ---- the request workers -----------------------------------------------------------
+
+// Hands r to a worker: the connection stays suspended until the handler has
+// run. False (run it here) when there are no workers or they are stopping.
+static bool worker_take(struct http_server *s, struct http_request *r)
+{
+    if (!s->n_workers) return false;
+    pthread_mutex_lock(&s->wmu);
+    bool ok = !s->wquit;
+    if (ok) {
+        r->offloaded = true;
+        MHD_suspend_connection(r->c);
+        r->q_next = NULL;
+        if (s->q_tail) s->q_tail->q_next = r;
+        else s->q_head = r;
+        s->q_tail = r;
+        pthread_cond_signal(&s->wcv);
+    }
+    pthread_mutex_unlock(&s->wmu);
+    return ok;
+}
+
+static void *worker_main(void *arg)
+{
+    struct http_server *s = arg;
+    pthread_setname_np(pthread_self(), "http-worker");
+    for (;;) {
+        pthread_mutex_lock(&s->wmu);
+        while (!s->q_head && !s->wquit) pthread_cond_wait(&s->wcv, &s->wmu);
+        struct http_request *r = s->q_head;
+        if (r) {
+            s->q_head = r->q_next;
+            if (!s->q_head) s->q_tail = NULL;
+        }
+        pthread_mutex_unlock(&s->wmu);
+        if (!r) return NULL; // quitting, and nothing queued
+        r->route->handle(s->o.app, r);
+        body_free(r);
+        // MHD's resume takes its own lock, so the connection's thread sees
+        // everything written here.
+        r->handled = true;
+        MHD_resume_connection(r->c);
+    }
+}
+
+// Lets the queue drain, then joins the workers (before MHD stops: a
+// connection still suspended would stop MHD from stopping).
+static void workers_stop(struct http_server *s)
+{
+    pthread_mutex_lock(&s->wmu);
+    s->wquit = true;
+    pthread_cond_broadcast(&s->wcv);
+    pthread_mutex_unlock(&s->wmu);
+    for (int i = 0; i < s->n_workers; i++) pthread_join(s->workers[i], NULL);
+    s->n_workers = 0;
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url,
                                  const char *method, const char *version, const char *upload_data,
                                  size_t *upload_data_size, void **con_cls)
@@ -955,6 +1050,11 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         size_t n = *upload_data_size;
         *upload_data_size = 0;
         return take_upload(r, upload_data, n);
+    }
+    if (r->offloaded) {
+        if (!r->handled) return MHD_YES; // still on a worker
+        r->offloaded = false;
+        return after_handler(r);
     }
     if (r->responded) return MHD_YES;
     if (r->too_large) {
@@ -971,11 +1071,10 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
             respond_simple_error(r, 503, "service_unavailable", "the server is shutting down");
             return MHD_YES;
         }
+        if (!strcmp(r->route->method, "POST") && worker_take(s, r)) return MHD_YES;
         r->route->handle(s->o.app, r);
         body_free(r); // the handler has what it needs; a long response must not hold the body
-        if (r->responded) return MHD_YES;
-        if (r->async && !r->async->streaming) return wait_deferred(r);
-        if (r->async) return MHD_NO; // a stream that could not be queued
+        return after_handler(r);
     }
     respond_simple_error(r, 500, "internal_error", "the handler for %s %s gave no answer", r->method,
                          r->path);
@@ -1035,6 +1134,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
            r->peer[0] ? r->peer : "-", r->method, r->path ? r->path : "-", r->status,
            r->prompt_tokens, r->completion_tokens, ms_now() - r->t0, how);
     body_free(r);
+    if (r->pending) MHD_destroy_response(r->pending);
     free(r->path);
     free(r);
 }
@@ -1242,6 +1342,9 @@ static void server_free(struct http_server *s)
     if (s->evfd >= 0) close(s->evfd);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->cmu);
+    pthread_mutex_destroy(&s->wmu);
+    pthread_cond_destroy(&s->wcv);
+    free(s->workers);
     for (int i = 0; i < PEER_BUCKETS; i++)
         while (s->peers[i]) {
             struct http_peer *p = s->peers[i];
@@ -1266,6 +1369,8 @@ int http_start(const struct http_opts *o, struct http_server **out, char *err, s
     if (s->o.threads < 1) s->o.threads = 1;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->cmu, NULL);
+    pthread_mutex_init(&s->wmu, NULL);
+    pthread_cond_init(&s->wcv, NULL);
     int rc = 0;
     if ((o->api_key && o->api_key[0] && !(s->api_key = strdup(o->api_key))) || hosts_copy(s, o)) {
         rc = ms_err(err, errlen, MS_ENOMEM, "out of memory starting the HTTP server");
@@ -1312,10 +1417,29 @@ int http_start(const struct http_opts *o, struct http_server **out, char *err, s
         goto fail;
     }
     s->watcher_started = true;
+    if (o->workers > 0 && !(s->workers = calloc((size_t)o->workers, sizeof *s->workers))) {
+        rc = ms_err(err, errlen, MS_ENOMEM, "out of memory starting the HTTP server");
+        goto fail;
+    }
+    for (int i = 0; i < o->workers; i++) {
+        if (pthread_create(&s->workers[i], NULL, worker_main, s)) {
+            rc = ms_err(err, errlen, MS_EIO, "cannot start the request worker threads");
+            goto fail;
+        }
+        s->n_workers++;
+    }
     *out = s;
     return 0;
 fail:
+    workers_stop(s);
     if (s->d) MHD_stop_daemon(s->d);
+    if (s->watcher_started) {
+        atomic_store(&s->quit, true);
+        uint64_t one = 1;
+        ssize_t w = write(s->evfd, &one, sizeof one);
+        (void)w;
+        pthread_join(s->watcher, NULL);
+    }
     if (s->listen_fd >= 0) close(s->listen_fd);
     server_free(s);
     return rc;
@@ -1364,6 +1488,7 @@ void http_stop(struct http_server *s, double timeout_s)
     } while (ms_now() < end);
     if (http_open_async(s))
         ms_log(MS_LOG_WARN, "http: %d responses still open at shutdown", http_open_async(s));
+    workers_stop(s);
     MHD_stop_daemon(s->d);
     atomic_store(&s->quit, true);
     uint64_t one = 1;

@@ -15,6 +15,10 @@ struct http_server;
 struct http_request; // one HTTP request, valid from its handler until it completes
 struct http_async;   // a response that waits: deferred (one body later) or streamed
 
+// A route's handler runs once per request: a GET's on the HTTP thread, a
+// POST's on a request worker when http_opts.workers > 0 (the connection
+// waits, suspended). Either way it answers with http_respond*, or starts a
+// response that waits (http_defer, http_stream), before it returns.
 struct http_route {
     const char *method;          // "GET", "POST"
     const char *path;            // exact
@@ -34,6 +38,9 @@ struct http_opts {
     bool reuse_port;             // SO_REUSEPORT: share the port with other servers on purpose;
                                  // otherwise a port in use is an error
     int threads;                 // the epoll thread pool (>= 1)
+    int workers;                 // threads that run POST handlers (parse, template, tokenize),
+                                 // so that a slow one never stalls the streams an HTTP thread
+                                 // writes; 0: handlers run on the HTTP threads
     size_t max_body;             // 413 beyond
     const char *api_key;         // NULL or "": no auth
     double keepalive_s;          // an SSE comment after this long without stream output (0: never)
@@ -68,7 +75,7 @@ int http_open_async(struct http_server *s);
 // to timeout_s for them to complete, then stops the daemon and frees s.
 void http_stop(struct http_server *s, double timeout_s);
 
-// ---- inside a handler (on an HTTP thread) ----
+// ---- inside a handler (on an HTTP thread or a request worker) ----
 const char *http_method(const struct http_request *r);
 const char *http_path(const struct http_request *r);
 const char *http_header(const struct http_request *r, const char *name); // or NULL

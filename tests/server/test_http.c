@@ -192,7 +192,20 @@ static void h_forever(void *app, struct http_request *r)
     t->a = http_stream(r, 200, "text/event-stream", &t_ops, t);
 }
 
+// Holds its worker until the stream test says its stream got through (or
+// 10 s pass), then answers whether it did.
+static atomic_int g_block_entered, g_stream_through;
+static void h_block(void *app, struct http_request *r)
+{
+    (void)app;
+    atomic_store(&g_block_entered, 1);
+    for (int i = 0; i < 1000 && !atomic_load(&g_stream_through); i++) usleep(10000);
+    const char *a = atomic_load(&g_stream_through) ? "streams flowed" : "streams stalled";
+    http_respond(r, 200, "text/plain", a, strlen(a));
+}
+
 static const struct http_route routes[] = {
+    {"POST", "/block", false, h_block},
     {"GET", "/hello", false, h_hello},
     {"POST", "/echo", false, h_echo},
     {"GET", "/later", false, h_later},
@@ -251,6 +264,7 @@ static struct http_opts test_opts(void)
         .host = "127.0.0.1",
         .port = 0,
         .threads = 2,
+        .workers = 2,
         .max_body = 256 * 1024,
         .api_key = "k",
         .keepalive_s = 0.2,
@@ -720,8 +734,10 @@ static void a_half_closed_client_gets_its_whole_answer(void **state)
     shutdown(fd, SHUT_WR);
     client_read_until(fd, buf, sizeof buf, "data: [DONE]");
     close(fd);
+    // Chunked on the wire: each event may be a chunk of its own.
     assert_non_null(strstr(buf, "data: 0\n\n"));
-    assert_non_null(strstr(buf, "data: 19\n\ndata: [DONE]\n\n"));
+    assert_non_null(strstr(buf, "data: 19\n\n"));
+    assert_non_null(strstr(buf, "data: [DONE]\n\n"));
 
     fd = connect_raw();
     send_all(fd, "GET /later HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n\r\n");
@@ -741,6 +757,40 @@ static void a_closed_client_is_noticed_while_deferred(void **state)
     send_all(fd, "GET /never HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n\r\n");
     close(fd);
     wait_counter(&g_gone, before + 1);
+}
+
+static void *post_block(void *arg)
+{
+    struct resp *r = arg;
+    *r = request("POST", "/block", "{}", 2, "k");
+    return NULL;
+}
+
+// A handler that takes long (a huge prompt's template and tokens) runs on a
+// request worker: the one HTTP thread keeps writing other streams meanwhile.
+static void slow_handlers_do_not_stall_streams(void **state)
+{
+    (void)state;
+    struct http_opts o = test_opts();
+    o.threads = 1;
+    struct http_server *s = start_other(&o);
+    atomic_store(&g_block_entered, 0);
+    atomic_store(&g_stream_through, 0);
+    struct resp blocked;
+    pthread_t th;
+    pthread_create(&th, NULL, post_block, &blocked);
+    for (int i = 0; i < 1000 && !atomic_load(&g_block_entered); i++) usleep(10000);
+    assert_true(atomic_load(&g_block_entered));
+    struct resp r = request("GET", "/stream", NULL, 0, "k");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "data: 19\n\ndata: [DONE]\n\n"));
+    free(r.body);
+    atomic_store(&g_stream_through, 1);
+    pthread_join(th, NULL);
+    assert_int_equal(blocked.status, 200);
+    assert_string_equal(blocked.body, "streams flowed");
+    free(blocked.body);
+    end_other(s);
 }
 
 static int setup(void **state)
@@ -790,6 +840,7 @@ int main(void)
         cmocka_unit_test(only_allowed_host_names_are_answered),
         cmocka_unit_test(a_half_closed_client_gets_its_whole_answer),
         cmocka_unit_test(a_closed_client_is_noticed_while_deferred),
+        cmocka_unit_test(slow_handlers_do_not_stall_streams),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
