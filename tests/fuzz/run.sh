@@ -29,12 +29,12 @@ done
 seconds="${1:?usage: tests/fuzz/run.sh [--smoke] [--runs N] SECONDS [TARGET...]}"
 shift
 
-base="base/base.c base/arena.c base/utf8.c"
+base="$(echo base/*.c)" # each target links what it uses of them
 tok="tokenizer/tokenizer.c tokenizer/tokenizer_bpe.c tokenizer/tokenizer_decode.c tokenizer/tokenizer_load.c tokenizer/tokenizer_text.c"
 tok_libs="-ljansson -lpcre2-8 -lutf8proc -lm"
 # name | sources beyond the harness and base/ | libraries
 targets=(
-    "fuzz_openai_request|api/openai_parse.c api/openai_build.c $tok|$tok_libs"
+    "fuzz_openai_request|api/openai_parse.c api/openai_build.c model/sampling.c $tok|$tok_libs"
     "fuzz_jinja|api/jinja_lex.c api/jinja_parse.c api/jinja_eval.c api/jinja_value.c api/jinja_builtins.c|-ljansson -lutf8proc -lm"
     "fuzz_sse|bench/sse.c|"
     "fuzz_config|model/config.c|-ljansson -lm"
