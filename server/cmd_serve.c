@@ -63,11 +63,12 @@ static void usage(FILE *f)
         "                                --max-connections); more get 503. Behind a proxy every\n"
         "                                request comes from its address: raise it or use 0\n"
         "  --request-header-timeout S    a request's headers must arrive within S seconds of\n"
-        "                                the connection's start or its previous response; idle\n"
-        "                                keep-alive connections close then too (30)\n"
+        "                                the connection's start (30); between requests the\n"
+        "                                bound is --idle-timeout when that is longer\n"
         "  --request-body-timeout S      and its body within S seconds of the headers (60)\n"
         "  --idle-timeout S              close a connection that neither sends nor reads for S\n"
-        "                                seconds; waiting for the model is not idle (60)\n"
+        "                                seconds; waiting for the model is not idle (90: longer\n"
+        "                                than a proxy's keep-alive, nginx's 60 s)\n"
         "  --max-buffered-bytes SIZE     request bodies held while they arrive, all clients;\n"
         "                                more get 503 (256MiB)\n"
         "  --max-buffered-bytes-per-client SIZE  the same for one address (64MiB)\n"
@@ -162,7 +163,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
     o->max_connections_per_client = -1;
     o->header_timeout = 30;
     o->body_timeout = 60;
-    o->idle_timeout = 60;
+    o->idle_timeout = 90;
     o->max_buffered = 256u << 20;
     o->max_buffered_per_client = 64u << 20;
     engine_flags_init(&o->ef);

@@ -42,7 +42,8 @@ struct http_peer {
 
 // Where a connection is in its request, for the deadlines.
 enum conn_phase {
-    PHASE_HEAD,                  // waiting for a request's headers (since accept or the last response)
+    PHASE_HEAD,                  // waiting for the first request's headers (since accept)
+    PHASE_IDLE,                  // kept alive after a response, waiting for the next request
     PHASE_BODY,                  // headers in, body arriving
     PHASE_BUSY,                  // request whole: the handler and the response, no deadline
 };
@@ -381,15 +382,27 @@ static void conns_scan(struct http_server *s)
         double age = now - k->since;
         const char *what = NULL, *flag = NULL;
         double limit = 0;
+        // Between requests a kept-alive connection may wait as long as an
+        // idle one may (a proxy's pool of them should close first); the
+        // next request's headers still come under the same bound, since
+        // MHD's idle timer restarts with every byte.
+        double idle = s->o.idle_timeout_s > s->o.header_timeout_s ? s->o.idle_timeout_s
+                                                                  : s->o.header_timeout_s;
         if (k->phase == PHASE_HEAD && s->o.header_timeout_s > 0 && age > s->o.header_timeout_s) {
             what = "headers";
             flag = "--request-header-timeout";
             limit = s->o.header_timeout_s;
+        } else if (k->phase == PHASE_IDLE && s->o.header_timeout_s > 0 && age > idle) {
+            what = "headers (kept alive)";
+            flag = s->o.idle_timeout_s > s->o.header_timeout_s ? "--idle-timeout"
+                                                                : "--request-header-timeout";
+            limit = idle;
         } else if (k->phase == PHASE_BODY && s->o.body_timeout_s > 0 && age > s->o.body_timeout_s) {
             what = "body";
             flag = "--request-body-timeout";
             limit = s->o.body_timeout_s;
-        } else if (k->phase == PHASE_HEAD && age >= 1.0 && peer_left(k->fd)) {
+        } else if (k->phase != PHASE_BODY && k->phase != PHASE_BUSY && age >= 1.0 &&
+                   peer_left(k->fd)) {
             shutdown(k->fd, SHUT_RDWR);
             k->timed_out = true;
             continue;
@@ -1087,7 +1100,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     struct http_server *s = cls;
     struct http_request *r = *con_cls;
     struct http_conn *k = conn_of(c);
-    conn_phase(s, k, PHASE_HEAD);
+    conn_phase(s, k, PHASE_IDLE);
     if (!r) return;
     *con_cls = NULL;
     if (!r->started) {

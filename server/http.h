@@ -48,7 +48,8 @@ struct http_opts {
                                  // a response that waits (deferred, or a stream with nothing to
                                  // send) is not idle
     double header_timeout_s;     // a request's headers must be in within this long of the
-                                 // connection's start or of its previous response (slowloris)
+                                 // connection's start (slowloris); after a response, within
+                                 // the longer of this and idle_timeout_s
     double body_timeout_s;       // and its body within this long of its headers
     unsigned max_connections;    // at once, all clients together (beyond: not accepted until one ends)
     unsigned max_connections_per_client; // at once from one address (beyond: 503 and closed)
