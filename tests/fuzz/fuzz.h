@@ -27,14 +27,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n);
 #define FUZZ_REFUSAL(rc, err)                                                                   \
     FUZZ_CHECK((rc) < 0 && (err)[0] && strlen(err) > 8, "rc %d with err '%s'", (int)(rc), (err))
 
-// data as a NUL-terminated copy (malloc'd), for parsers that take C strings.
-static inline char *fuzz_cstr(const uint8_t *data, size_t n)
+// Writes data to path (for parsers that read files); aborts when it cannot.
+static inline void fuzz_write(const char *path, const void *data, size_t n)
 {
-    char *s = malloc(n + 1);
-    if (!s) abort();
-    memcpy(s, data, n);
-    s[n] = 0;
-    return s;
+    FILE *f = fopen(path, "wb");
+    if (!f || (n && fwrite(data, 1, n, f) != n)) abort();
+    fclose(f);
 }
 
 #endif

@@ -14,10 +14,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 {
     static char path[64];
     if (!path[0]) snprintf(path, sizeof path, "/dev/shm/moeserve-fuzz-st-%d.safetensors", (int)getpid());
-    FILE *f = fopen(path, "wb");
-    if (!f) abort();
-    if (n && fwrite(data, 1, n, f) != n) abort();
-    fclose(f);
+    fuzz_write(path, data, n);
     struct safetensors *st = NULL;
     char err[512] = "";
     int rc = safetensors_open_file(path, &st, err, sizeof err);

@@ -54,10 +54,7 @@ static void put(const char *dir, const char *name, const void *data, size_t n)
 {
     char p[256];
     snprintf(p, sizeof p, "%s/%s", dir, name);
-    FILE *f = fopen(p, "wb");
-    if (!f) abort();
-    if (n && fwrite(data, 1, n, f) != n) abort();
-    fclose(f);
+    fuzz_write(p, data, n);
 }
 
 static void round_trip(const struct tokenizer *t, const char *text)
