@@ -10,10 +10,15 @@
 #include "model/safetensors.h"
 #include "tests/fuzz/fuzz.h"
 
+static char path[64];
+static void forget_file(void) { unlink(path); }
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 {
-    static char path[64];
-    if (!path[0]) snprintf(path, sizeof path, "/dev/shm/moeserve-fuzz-st-%d.safetensors", (int)getpid());
+    if (!path[0]) {
+        snprintf(path, sizeof path, "/dev/shm/moeserve-fuzz-st-%d.safetensors", (int)getpid());
+        atexit(forget_file);
+    }
     fuzz_write(path, data, n);
     struct safetensors *st = NULL;
     char err[512] = "";

@@ -93,13 +93,24 @@ static void round_trip(const struct tokenizer *t, const char *text)
     free(ids);
 }
 
+static char dir[64];
+static void forget_dir(void)
+{
+    char p[128];
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+    unlink(p);
+    rmdir(dir);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 {
     if (n < 1) return 0;
-    static char dir[64];
     if (!dir[0]) {
         snprintf(dir, sizeof dir, "/dev/shm/moeserve-fuzz-tok-%d", (int)getpid());
         mkdir(dir, 0700);
+        atexit(forget_dir);
     }
     const char *tok = tiny_tokenizer_json();
     if (data[0] & 1) {
