@@ -559,11 +559,12 @@ int plan_check_fit(const struct plan_device *d, char *err, size_t errlen)
                       R > 1 ? " per rank" : "", gib(R * seq_kv), gib(d->need_bytes), gib(d->usable_bytes));
     return ms_err(err, errlen, MS_ENOFIT,
                   "the KV cache does not hold one %d-token sequence (%s): %s%llu blocks "
-                  "(%.2f GiB) of the %llu blocks (%.2f GiB) it needs; raise the KV cache size or lower "
-                  "--max-model-len",
+                  "(%.2f GiB) of the %llu blocks (%.2f GiB) it needs; raise the KV cache size, or "
+                  "lower --max-model-len to at most %llu (what the pool holds)",
                   d->max_model_len, where, R > 1 ? "each rank has " : "",
                   (unsigned long long)d->kv_blocks, gib(d->kv_bytes),
-                  (unsigned long long)d->seq_blocks, gib(seq_kv));
+                  (unsigned long long)d->seq_blocks, gib(seq_kv),
+                  (unsigned long long)d->kv_blocks * KV_BLOCK_TOKENS);
 }
 
 // ---- command-line numbers -----------------------------------------------------------

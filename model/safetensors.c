@@ -296,7 +296,7 @@ out:
 // Sorts the table and refuses names that appear twice (across shards).
 static int finish(struct safetensors *st, char *err, size_t errlen)
 {
-    qsort(st->t, st->n, sizeof *st->t, cmp_tensor_name);
+    if (st->n > 1) qsort(st->t, st->n, sizeof *st->t, cmp_tensor_name); // t is NULL when empty
     for (size_t i = 1; i < st->n; i++)
         if (!strcmp(st->t[i - 1].name, st->t[i].name))
             return ms_err(err, errlen, MS_EFORMAT, "tensor %s appears in both %s and %s",

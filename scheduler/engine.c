@@ -804,16 +804,12 @@ static int check_fit(const struct model_config *cfg, const struct engine_opts *o
            (double)d.usable_bytes / G, 100 * po.memory_utilization,
            mem->host_shared ? "RAM" : "each GPU's memory", max_len,
            (unsigned long long)d.seq_blocks, (unsigned long long)d.kv_blocks);
+    // A pool that cannot hold one --max-model-len sequence would refuse, one
+    // by one, the requests the server promises to take: refuse to start
+    // instead, with the numbers and the length that would fit (vLLM does).
     if (d.need_bytes > d.usable_bytes || d.used_bytes > d.usable_bytes ||
-        (!mem->host_shared && d.kv_blocks < d.seq_blocks))
+        d.kv_blocks < d.seq_blocks)
         return plan_check_fit(&d, err, errlen);
-    if (d.kv_blocks < d.seq_blocks)
-        // The memory holds it, but the pool the flags chose does not: serve,
-        // and refuse at submission what one rank's pool cannot hold.
-        ms_log(MS_LOG_WARN,
-               "a rank's KV pool (%llu tokens) is smaller than one --max-model-len %d sequence: "
-               "longer requests will be refused; raise --kv-cache-memory or lower --max-model-len",
-               (unsigned long long)d.kv_tokens, max_len);
     return 0;
 }
 

@@ -294,8 +294,10 @@ static void greedy_is_the_same_after_preemption_and_recompute(void **state)
     struct engine_opts o;
     base_opts(&o);
     // Room for the longest request and little more: sequences must be
-    // preempted to let older ones grow.
+    // preempted to let older ones grow. (The pool must hold one
+    // max-model-len sequence: 24 blocks are 384 tokens, every request fits.)
     o.kv_cache_bytes = 24 * kv_block_bytes(&g_model->cfg, DTYPE_F32);
+    o.max_model_len = 24 * KV_BLOCK_TOKENS;
     for (int pc = 0; pc < 2; pc++) {
         o.enable_prefix_caching = pc == 1;
         struct engine *e = make_engine(&o);
@@ -509,6 +511,10 @@ static void prompt_logprobs_agree_with_generated_logprobs(void **state)
     }
 }
 
+// A pool that cannot hold one max-model-len sequence on a rank is refused
+// at creation with the numbers (and the length that would fit); then a
+// request longer than max-model-len and malformed ones are refused at
+// submission.
 static void requests_too_long_or_too_big_for_one_rank_are_refused(void **state)
 {
     (void)state;
@@ -519,26 +525,27 @@ static void requests_too_long_or_too_big_for_one_rank_are_refused(void **state)
     o.enable_expert_parallel = true;
     // 40 blocks in all, 20 (320 tokens) per rank.
     o.kv_cache_bytes = 40 * kv_block_bytes(&g_model->cfg, DTYPE_F32);
-    struct engine *e = make_engine(&o);
-    assert_int_equal(engine_max_model_len(e), 1000);
+    struct engine *e = NULL;
+    char cerr[512];
+    assert_int_equal(engine_create(g_model, NULL, &o, &e, cerr, sizeof cerr), MS_ENOFIT);
+    assert_non_null(strstr(cerr, "1000-token sequence"));
+    assert_non_null(strstr(cerr, "2 ranks"));
+    assert_non_null(strstr(cerr, "at most 320"));
+    o.max_model_len = 320;
+    e = make_engine(&o);
+    assert_int_equal(engine_max_model_len(e), 320);
     int32_t prompt[1000];
     h_tokens(prompt, 1000, 9, g_vocab);
     struct engine_request r;
     engine_request_default(&r);
     r.prompt = prompt;
-    r.n_prompt = 990;
+    r.n_prompt = 310;
     r.stop.max_tokens = 20;
     struct h_batch *b = h_batch_new(4);
     char err[512] = "";
     assert_int_equal(h_submit(e, b, 0, &r, err, sizeof err), MS_ETOOLONG);
-    assert_non_null(strstr(err, "1000"));
-    assert_non_null(strstr(err, "1010"));
-    // 400 tokens: more than one rank's 320, less than both ranks' 640.
-    r.n_prompt = 380;
-    assert_int_equal(h_submit(e, b, 0, &r, err, sizeof err), MS_ENOFIT);
-    assert_non_null(strstr(err, "400"));
     assert_non_null(strstr(err, "320"));
-    assert_non_null(strstr(err, "640"));
+    assert_non_null(strstr(err, "330"));
     r.n_prompt = 0;
     assert_int_equal(h_submit(e, b, 0, &r, err, sizeof err), MS_EINVAL);
     r.n_prompt = 3;
