@@ -79,13 +79,33 @@ oom:
     return NULL;
 }
 
-int app_encode(struct app *a, const char *text, size_t len, const char *param, int32_t **ids_out,
-               int *n_ids, struct oa_error *e)
+int app_refuse_bytes(struct app *a, size_t bytes, const char *param, struct oa_error *e)
+{
+    const size_t cap = (size_t)a->max_model_len * a->max_bytes_per_id;
+    if (bytes <= cap) return 0;
+    return oa_errorf(e, MS_ETOOLONG, "context_length_exceeded", param,
+                     "This model's maximum context length is %d tokens, and %zu bytes of text "
+                     "cannot be fewer than %zu tokens; shorten the prompt",
+                     a->max_model_len, bytes, bytes / a->max_bytes_per_id);
+}
+
+int app_encode(struct app *a, const char *text, size_t len, const char *param, bool bounded,
+               int32_t **ids_out, int *n_ids, struct oa_error *e)
 {
     char err[256];
     size_t n = 0;
     int32_t *ids = NULL;
-    int rc = tok_encode(a->tok, text, len, &ids, &n, err, sizeof err);
+    // A prompt for generation that cannot fit is refused before any work
+    // (its bytes alone say so), or as soon as the tokenizer passes the
+    // context: huge prompts cost at most one context's worth of tokenizing.
+    int rc = bounded ? app_refuse_bytes(a, len, param, e) : 0;
+    if (rc) return rc;
+    rc = tok_encode_max(a->tok, text, len, bounded ? (size_t)a->max_model_len : SIZE_MAX, &ids, &n,
+                        err, sizeof err);
+    if (rc == MS_ETOOLONG)
+        return oa_errorf(e, rc, "context_length_exceeded", param,
+                         "This model's maximum context length is %d tokens, and the prompt is "
+                         "longer (%s); shorten it", a->max_model_len, err);
     if (rc) return oa_errorf(e, rc, rc == MS_ENOMEM ? "internal_error" : "invalid_value", param, "%s", err);
     if (n > (size_t)INT32_MAX / 2) {
         free(ids);
@@ -209,6 +229,7 @@ int app_load(struct app *a, const struct app_opts *o, char *err, size_t errlen)
     a->limits.vocab_size = tok_vocab_size(a->tok);
     if (a->model->cfg.vocab_size > a->limits.vocab_size) a->limits.vocab_size = a->model->cfg.vocab_size;
     a->limits.max_model_len = a->max_model_len;
+    a->max_bytes_per_id = tok_max_bytes_per_id(a->tok);
     if ((rc = load_agents(a, o, err, errlen))) return rc;
     if (o->health_timeout_s > 0) a->health_timeout_s = o->health_timeout_s;
     a->health_t = ms_now();

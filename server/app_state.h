@@ -39,6 +39,7 @@ struct app {
     char *names[APP_MAX_NAMES];      // the served model names; names[0] labels /metrics
     int n_names;
     int max_model_len;
+    size_t max_bytes_per_id;         // tok_max_bytes_per_id: the byte floor of a prompt's tokens
     bool use_gen;                    // generation_config.json's defaults apply
     struct oa_limits limits;
     int64_t created;
@@ -76,7 +77,13 @@ int app_render_chat(struct app *a, json_t *messages, json_t *tools, bool add_gen
 // is 0 or 1 (-1: leave it). A new reference, or NULL when out of memory.
 json_t *app_chat_kwargs(struct app *a, json_t *request_kwargs, int thinking);
 // Tokenizes text into *ids (malloc'd, *n_ids of them); errors name param.
-int app_encode(struct app *a, const char *text, size_t len, const char *param, int32_t **ids,
-               int *n_ids, struct oa_error *e);
+// bounded (a prompt to generate from): text whose bytes alone cannot fit
+// max_model_len tokens is refused before tokenizing, and tokenizing stops
+// with context_length_exceeded past max_model_len tokens.
+int app_encode(struct app *a, const char *text, size_t len, const char *param, bool bounded,
+               int32_t **ids, int *n_ids, struct oa_error *e);
+// context_length_exceeded when `bytes` of text cannot be max_model_len
+// tokens or fewer (checked before a template renders messages); else 0.
+int app_refuse_bytes(struct app *a, size_t bytes, const char *param, struct oa_error *e);
 
 #endif

@@ -61,17 +61,24 @@ static int chat_prompt(struct app *a, struct parsed *q, struct job_prompt *p, st
 {
     char *text;
     size_t tl;
+    // The rendered prompt holds every message's text: when that alone cannot
+    // fit, refuse before the template runs over it.
+    size_t bytes = 0, i;
+    json_t *m;
+    json_array_foreach(q->cr.messages, i, m) bytes += json_string_length(json_object_get(m, "content"));
+    int rc = app_refuse_bytes(a, bytes, q->param, e);
+    if (rc) return rc;
     json_t *kw = app_chat_kwargs(a, q->cr.chat_template_kwargs, q->cr.thinking);
     if (!kw) return oa_errorf(e, MS_ENOMEM, "internal_error", NULL, "out of memory");
     // Qwen3 thinks unless the kwargs say enable_thinking false.
     q->thinking = !json_is_false(json_object_get(kw, "enable_thinking"));
-    int rc = app_render_chat(a, q->cr.messages, q->cr.tools, q->cr.add_generation_prompt, kw, &text,
-                             &tl, e);
+    rc = app_render_chat(a, q->cr.messages, q->cr.tools, q->cr.add_generation_prompt, kw, &text,
+                         &tl, e);
     json_decref(kw);
     if (rc) return rc;
     q->prompt_in_reasoning = output_parser_prompt_in_reasoning(text, tl);
     q->tools = q->cr.tools && q->cr.tool_choice != OA_TOOL_NONE;
-    rc = app_encode(a, text, tl, q->param, &p->ids, &p->n_ids, e);
+    rc = app_encode(a, text, tl, q->param, true, &p->ids, &p->n_ids, e);
     free(text);
     return rc;
 }
@@ -81,7 +88,7 @@ static int completion_prompt(struct app *a, const struct parsed *q, bool echo,
                              const struct oa_prompt *op, struct job_prompt *p, struct oa_error *e)
 {
     if (op->text) {
-        int rc = app_encode(a, op->text, op->text_len, q->param, &p->ids, &p->n_ids, e);
+        int rc = app_encode(a, op->text, op->text_len, q->param, true, &p->ids, &p->n_ids, e);
         if (rc) return rc;
         if (echo) {
             p->text = malloc(op->text_len + 1);

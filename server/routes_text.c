@@ -74,11 +74,11 @@ void routes_text_tokenize(void *app, struct http_request *r)
                     : oa_errorf(&e, MS_ENOMEM, "internal_error", NULL, "out of memory");
             json_decref(kw);
             if (!rc) {
-                rc = app_encode(a, text, tl, "messages", &ids, &n_ids, &e);
+                rc = app_encode(a, text, tl, "messages", false, &ids, &n_ids, &e);
                 free(text);
             }
         } else {
-            rc = app_encode(a, t.prompt, t.prompt_len, "prompt", &ids, &n_ids, &e);
+            rc = app_encode(a, t.prompt, t.prompt_len, "prompt", false, &ids, &n_ids, &e);
         }
     }
     if (rc) {

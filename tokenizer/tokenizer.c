@@ -86,6 +86,7 @@ struct enc {
     struct tok_bpe_scratch bpe;
     char *err;
     size_t errlen;
+    size_t max_ids;        // stop with MS_ETOOLONG once more ids than this are out
 };
 
 static void enc_free(struct enc *e)
@@ -105,6 +106,14 @@ static int enc_nomem(struct enc *e)
     return ms_err(e->err, e->errlen, MS_ENOMEM, "out of memory while encoding");
 }
 
+// The early stop of tok_encode_max, checked after every word: a text far
+// over the limit costs only the work up to the limit.
+static int enc_over(struct enc *e)
+{
+    if (e->ids.len <= e->max_ids) return 0;
+    return ms_err(e->err, e->errlen, MS_ETOOLONG, "the text is more than %zu tokens", e->max_ids);
+}
+
 // ByteLevel, then BPE, on one piece that the Split steps produced.
 static int encode_byte_level(struct enc *e, const uint8_t *s, size_t n)
 {
@@ -118,7 +127,7 @@ static int encode_byte_level(struct enc *e, const uint8_t *s, size_t n)
     }
     if (!t->bl_use_regex) {
         if ((rc = tok_bpe_word(t, &e->bpe, s, n, &e->ids))) return enc_nomem(e);
-        return 0;
+        return enc_over(e);
     }
     e->bl_spans.len = 0;
     rc = tok_split_span(&t->bl_regex, TOK_SPLIT_ISOLATED, false, &e->m, s,
@@ -127,6 +136,7 @@ static int encode_byte_level(struct enc *e, const uint8_t *s, size_t n)
     for (size_t i = 0; i < e->bl_spans.len; i++) {
         struct tok_span sp = e->bl_spans.p[i];
         if ((rc = tok_bpe_word(t, &e->bpe, s + sp.off, sp.len, &e->ids))) return enc_nomem(e);
+        if ((rc = enc_over(e))) return rc;
     }
     return 0;
 }
@@ -191,6 +201,12 @@ static int encode_piece(struct enc *e, const uint8_t *s, size_t n)
 int tok_encode(const struct tokenizer *t, const char *text, size_t len, int32_t **ids,
                size_t *n_ids, char *err, size_t errlen)
 {
+    return tok_encode_max(t, text, len, SIZE_MAX, ids, n_ids, err, errlen);
+}
+
+int tok_encode_max(const struct tokenizer *t, const char *text, size_t len, size_t max_ids,
+                   int32_t **ids, size_t *n_ids, char *err, size_t errlen)
+{
     *ids = NULL;
     *n_ids = 0;
     const uint8_t *s = (const uint8_t *)text;
@@ -201,7 +217,7 @@ int tok_encode(const struct tokenizer *t, const char *text, size_t len, int32_t 
     if (valid != len)
         return ms_err(err, errlen, MS_EFORMAT, "the text is not valid UTF-8 (byte 0x%02x at offset %zu)",
                       s[valid], valid);
-    struct enc e = {.t = t, .err = err, .errlen = errlen};
+    struct enc e = {.t = t, .err = err, .errlen = errlen, .max_ids = max_ids};
     struct tok_pieces pieces = {0};
     int rc = 0;
     for (size_t i = 0; i < t->n_post_prefix && rc == 0; i++)
@@ -211,9 +227,11 @@ int tok_encode(const struct tokenizer *t, const char *text, size_t len, int32_t 
         struct tok_piece p = pieces.p[i];
         if (p.added >= 0) rc = tok_ids_push(&e.ids, t->added[p.added].id) ? enc_nomem(&e) : 0;
         else rc = encode_piece(&e, s + p.off, p.len);
+        if (rc == 0) rc = enc_over(&e);
     }
     for (size_t i = 0; i < t->n_post_suffix && rc == 0; i++)
         rc = tok_ids_push(&e.ids, t->post_suffix[i]) ? enc_nomem(&e) : 0;
+    if (rc == 0) rc = enc_over(&e);
     free(pieces.p);
     if (rc == 0) {
         *ids = e.ids.p;
@@ -238,6 +256,16 @@ int tok_vocab_size(const struct tokenizer *t)
 bool tok_is_special(const struct tokenizer *t, int32_t id)
 {
     return id >= 0 && id < t->n_ids && t->special[id];
+}
+
+size_t tok_max_bytes_per_id(const struct tokenizer *t)
+{
+    size_t m = 1;
+    for (int32_t id = 0; id < t->n_ids; id++)
+        if (t->has_token[id] && t->bytes_len[id] > m) m = t->bytes_len[id];
+    // Normalization may shrink the text first: composition packs at most
+    // three code points (a Hangul syllable's jamo, 9 bytes) into one of 3.
+    return t->n_norm ? 3 * m : m;
 }
 
 const uint8_t *tok_token_bytes(const struct tokenizer *t, int32_t id, size_t *len)

@@ -20,6 +20,14 @@ void tok_destroy(struct tokenizer *t);
 // *ids is malloc'd. Invalid UTF-8 is refused with MS_EFORMAT.
 int tok_encode(const struct tokenizer *t, const char *text, size_t len,
                int32_t **ids, size_t *n_ids, char *err, size_t errlen);
+// The same, giving up with MS_ETOOLONG as soon as more than max_ids ids are
+// out: a prompt far over a context costs only the work up to it.
+int tok_encode_max(const struct tokenizer *t, const char *text, size_t len, size_t max_ids,
+                   int32_t **ids, size_t *n_ids, char *err, size_t errlen);
+// The most bytes of input text one id can stand for: no text of L bytes
+// encodes to fewer than L / tok_max_bytes_per_id ids. The longest token's
+// bytes, times 3 when a normalizer may compose characters first.
+size_t tok_max_bytes_per_id(const struct tokenizer *t);
 
 // Decodes ids to UTF-8 text (*text malloc'd, NUL-terminated); byte
 // sequences that are not valid UTF-8 become U+FFFD as in Hugging Face's

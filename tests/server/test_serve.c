@@ -462,6 +462,33 @@ static void errors_name_what_is_wrong(void **state)
     assert_non_null(strstr(str(j, "error.message"), "2048"));
     assert_string_equal(str(j, "error.code"), "context_length_exceeded");
     json_decref(j);
+    // Far over the context, refused before any tokenizing: 900 KB of text
+    // cannot be 2048 tokens of at most 128 bytes (x3 for NFC) each; the
+    // sentence says the bytes decided it. A few times over: the tokenizer
+    // stops at the context instead of counting it all.
+    for (int chat_ep = 0; chat_ep < 2; chat_ep++) {
+        const size_t n = 900000;
+        char *text = malloc(n + 1), *b = malloc(n + 256);
+        for (size_t i = 0; i < n; i++) text[i] = "abcdefghij klmnop "[i % 18];
+        text[n] = 0;
+        if (chat_ep) sprintf(b, "{\"messages\": [{\"role\": \"user\", \"content\": \"%s\"}]}", text);
+        else sprintf(b, "{\"prompt\": \"%s\", \"max_tokens\": 1}", text);
+        j = srv_post_json(&S, chat_ep ? chat : "/v1/completions", b, &st);
+        assert_int_equal(st, 400);
+        assert_string_equal(str(j, "error.code"), "context_length_exceeded");
+        assert_non_null(strstr(str(j, "error.message"), "900000 bytes"));
+        json_decref(j);
+        text[30000] = 0; // about 6,000 tokens
+        if (chat_ep) sprintf(b, "{\"messages\": [{\"role\": \"user\", \"content\": \"%s\"}]}", text);
+        else sprintf(b, "{\"prompt\": \"%s\", \"max_tokens\": 1}", text);
+        j = srv_post_json(&S, chat_ep ? chat : "/v1/completions", b, &st);
+        assert_int_equal(st, 400);
+        assert_string_equal(str(j, "error.code"), "context_length_exceeded");
+        assert_non_null(strstr(str(j, "error.message"), "more than 2048 tokens"));
+        json_decref(j);
+        free(text);
+        free(b);
+    }
     // Paths and methods.
     struct resp r = srv_request(&S, "GET", "/v1/nothing", NULL, 0, NULL);
     assert_int_equal(r.status, 404);

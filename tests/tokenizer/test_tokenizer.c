@@ -810,10 +810,40 @@ static void malformed_files_are_refused_with_a_reason(void **state)
     EXPECT_REFUSED(NULL, NULL, NULL, MS_ENOTFOUND, "tokenizer.json");
 }
 
+// tok_encode_max gives the same ids up to its limit and stops past it with
+// MS_ETOOLONG; the byte floor holds: no text encodes to fewer ids than its
+// bytes over tok_max_bytes_per_id.
+static void encoding_stops_at_a_limit_and_bytes_bound_the_ids(void **state)
+{
+    (void)state;
+    const char *text = "The quick brown fox jumps over the lazy dog, again and again and again.";
+    int32_t *all, *some;
+    size_t n, m;
+    char err[256];
+    assert_int_equal(tok_encode(qwen, text, strlen(text), &all, &n, err, sizeof err), 0);
+    assert_int_equal(tok_encode_max(qwen, text, strlen(text), n, &some, &m, err, sizeof err), 0);
+    assert_int_equal(m, n);
+    assert_memory_equal(all, some, n * sizeof *all);
+    free(some);
+    assert_int_equal(tok_encode_max(qwen, text, strlen(text), n - 1, &some, &m, err, sizeof err),
+                     MS_ETOOLONG);
+    assert_non_null(strstr(err, "more than"));
+    free(all);
+    const size_t per = tok_max_bytes_per_id(qwen);
+    assert_true(per >= 128); // Qwen3's longest token is a run of spaces
+    char *spaces = malloc(20000);
+    memset(spaces, ' ', 20000);
+    assert_int_equal(tok_encode(qwen, spaces, 20000, &all, &n, err, sizeof err), 0);
+    assert_true(n >= 20000 / per);
+    free(all);
+    free(spaces);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(stream_decoder_equals_decode_on_every_corpus_string),
+        cmocka_unit_test(encoding_stops_at_a_limit_and_bytes_bound_the_ids),
         cmocka_unit_test(stream_decoder_repairs_broken_utf8_like_decode),
         cmocka_unit_test(stream_refuses_small_buffers_and_bad_ids_without_changing_state),
         cmocka_unit_test(decode_refuses_ids_outside_the_vocabulary),
