@@ -137,4 +137,23 @@ for opts in (0x07, 0x05, 0x0f, 0x1d):
                  "a</think>b<tool_call>{\"name\": \"g\", \"arguments\": \"x\"}</tool_call><tool_call>{bad}</tool_call>",
                  "\u00e9\ud83d\ude00<thi"]:
         put("fuzz_output_parser", bytes([opts, 3]) + text.encode("utf-8", "surrogatepass"))
+# ---- grammar: byte 0 kind (0 schema, 1 json_object, 2 regex, 3 choice, 4 GBNF), +8 tool-call tags ----
+schemas = [
+    {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "n": {"type": "integer", "minimum": 0}},
+     "required": ["city"]},
+    {"type": "array", "items": {"enum": ["a", "b", 3, None]}, "minItems": 1, "maxItems": 4},
+    {"$defs": {"p": {"type": "object", "properties": {"x": {"type": "number"}}}}, "anyOf": [{"$ref": "#/$defs/p"}, {"type": "null"}]},
+    {"type": "string", "format": "date-time"},
+    {"oneOf": [{"type": "boolean"}, {"type": "string", "pattern": "^[a-z]{2,4}$"}]},
+]
+for sch in schemas:
+    put("fuzz_grammar", bytes([0]) + json.dumps(sch).encode())
+    put("fuzz_grammar", bytes([8]) + json.dumps({"type": "object", "properties": {"name": {"const": "f"}, "arguments": sch},
+                                                 "required": ["name", "arguments"]}).encode())
+put("fuzz_grammar", bytes([1]))
+for rx in ["[A-Z][a-z]{2,5} [0-9]{3}", "(ab|cd)*e?", "\\d+(\\.\\d+)?", "[^\\n]{1,20}"]:
+    put("fuzz_grammar", bytes([2]) + rx.encode())
+put("fuzz_grammar", bytes([3]) + json.dumps(["red", "green", "<think>x</think>y"]).encode())
+put("fuzz_grammar", bytes([4]) + b'root ::= ("yes" | "no") " " [0-9]+\nws ::= [ \\t]*')
+put("fuzz_grammar", bytes([4]) + b'root ::= obj\nobj ::= "{" ws pair ("," ws pair)* "}"\npair ::= [a-z]+ ":" [0-9]\nws ::= " "?')
 print("seeds written under", corpus)
