@@ -552,6 +552,65 @@ static void one_address_cannot_take_every_connection(void **state)
     end_other(s);
 }
 
+// Sockets on the server's port in CLOSE_WAIT (the client hung up, the
+// server has not closed its end), from /proc/net/tcp.
+static int close_waits(int port)
+{
+    FILE *f = fopen("/proc/net/tcp", "r");
+    char line[512];
+    int n = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned lport, st;
+        if (sscanf(line, " %*d: %*x:%x %*x:%*x %x", &lport, &st) == 2 && (int)lport == port &&
+            st == 0x08)
+            n++;
+    }
+    if (f) fclose(f);
+    return n;
+}
+
+// At the connection limit, new connections wait in the kernel's queue; some
+// clients give up and hang up there. When room comes, the server accepts
+// them and must notice at once that they are gone (issue 21 item 5: they
+// sat in CLOSE-WAIT until the idle timeout, here 30 s).
+static void clients_that_left_while_queued_are_closed_promptly(void **state)
+{
+    (void)state;
+    struct http_opts o = test_opts();
+    o.max_connections = 2;
+    o.max_connections_per_client = 16;
+    struct http_server *s = start_other(&o);
+    char buf[4096];
+    int held[2], queued[5];
+    for (int i = 0; i < 2; i++) {
+        held[i] = connect_from("127.0.0.1");
+        send_all(held[i], "GET /open HTTP/1.1\r\nHost: x\r\n\r\n");
+        client_read_until(held[i], buf, sizeof buf, "hi");
+    }
+    for (int i = 0; i < 5; i++) queued[i] = connect_from("127.0.0.1"); // the kernel completes them
+    for (int i = 0; i < 5; i++) close(queued[i]);                      // and they leave
+    // Proof the scenario happened: the hung-up ones wait on the server's side
+    // (CLOSE_WAIT in the queue) while the limit holds ...
+    int waiting = 0;
+    for (int t = 0; t < 40 && waiting < 5; t++) {
+        waiting = close_waits(g_port);
+        if (waiting < 5) usleep(50 * 1000);
+    }
+    assert_int_equal(waiting, 5);
+    // ... then room comes, and well before the 30 s idle timeout none is left.
+    for (int i = 0; i < 2; i++) close(held[i]);
+    int left = -1;
+    for (int t = 0; t < 100 && left != 0; t++) {
+        left = close_waits(g_port);
+        if (left) usleep(50 * 1000);
+    }
+    assert_int_equal(left, 0);
+    struct resp r = request("GET", "/open", NULL, 0, NULL); // and the server still serves
+    assert_int_equal(r.status, 200);
+    free(r.body);
+    end_other(s);
+}
+
 static long rss_kib(void)
 {
     FILE *f = fopen("/proc/self/status", "r");
@@ -833,6 +892,7 @@ int main(void)
         cmocka_unit_test(many_concurrent_streams_on_two_threads),
         cmocka_unit_test(a_busy_port_is_refused_unless_shared_on_purpose),
         cmocka_unit_test(one_address_cannot_take_every_connection),
+        cmocka_unit_test(clients_that_left_while_queued_are_closed_promptly),
         cmocka_unit_test(half_sent_bodies_hold_no_more_than_the_budget),
         cmocka_unit_test(slow_requests_are_cut_at_their_deadline),
         cmocka_unit_test(a_nul_in_the_path_is_a_400),
