@@ -33,4 +33,5 @@ asan_dir="${MOESERVE_ASAN_BUILD_DIR:-build-asan}"
 # -Dcuda=disabled: nvcc is not run twice (the sanitizers do not see device code anyway).
 [ -f "$asan_dir/build.ninja" ] || meson setup "$asan_dir" -Db_sanitize=address,undefined -Dcuda=disabled
 echo "== the same tests with AddressSanitizer and UBSan ($asan_dir)"
-exec meson test -C "$asan_dir" --print-errorlogs --num-processes "$(nproc)" "$@"
+# The sanitizers make code 2-10x slower: every test's time limit stretches with them.
+exec meson test -C "$asan_dir" --print-errorlogs --num-processes "$(nproc)" --timeout-multiplier 5 "$@"
