@@ -41,6 +41,7 @@
 
 #include "model/config.h"
 #include "model/model.h"
+#include "model/quant.h"
 #include "model/sampling.h"
 
 #define KV_BLOCK_TOKENS 16
@@ -56,11 +57,33 @@ struct backend;
 // A weight matrix (rows = outputs, cols = inputs) or vector (1, n) as the
 // backend holds it: `data` row-major as stored, and/or the backend's own
 // layout `priv` (the CPU backend's packed blocks). At least one is set.
+//
+// A quantized matrix (quant != QUANT_NONE; model/quant.h has the formulas)
+// is held, in its row-major form, as
+//   QUANT_FP8:  data  uint8 e4m3fn codes (rows, cols);
+//               scale fp32 (ceil(rows / group_rows), ceil(cols / group_cols));
+//               w = e4m3(q) * scale
+//   QUANT_INT8: data  int8 (rows, cols); scale as for FP8; w = q * scale
+//   QUANT_INT4: data  uint8 (rows, ceil(cols / 2)), input c in byte c / 2, the
+//                     low nibble for even c, values 0..15;
+//               scale as for FP8 (values an fp16 holds exactly);
+//               zero  uint8 (ceil(rows / group_rows), ceil(cols / group_cols)), 0..16;
+//               w = (q - zero) * scale
+// (the last group of a row may be shorter), and/or in priv: the CPU
+// backend keeps only model/quant.h's packed blocks there (data, scale and
+// zero NULL; group_rows 1, group_cols the tensor's group). Activations
+// stay fp32: only the weights are quantized.
 struct backend_mat {
-    enum dtype dtype;            // DTYPE_BF16, DTYPE_F16 or DTYPE_F32
+    enum dtype dtype;            // DTYPE_BF16, DTYPE_F16 or DTYPE_F32 (quantized: the model's dtype)
     int rows, cols;
     const void *data;            // (rows, cols) row-major, backend memory, or NULL
     const void *priv;            // backend-private layout, or NULL
+    // Quantized matrices only (QUANT_NONE and zeros otherwise):
+    enum quant_format quant;
+    int group_rows, group_cols;  // outputs and inputs sharing one scale (FP8 checkpoints
+                                 // 128 x 128; int8 / int4: 1 x 128 or the checkpoint's group)
+    const void *scale;           // backend memory, or NULL
+    const void *zero;            // QUANT_INT4: backend memory, or NULL
 };
 
 // One layer's weights on this rank.

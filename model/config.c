@@ -190,6 +190,81 @@ static int check_rope(const json_t *root, const char *key, struct model_config *
     return 0;
 }
 
+// quantization_config: FP8 block-wise (Qwen's FP8 releases; one scale per
+// tensor when weight_block_size is absent) and 4-bit GPTQ. Whatever else a
+// file names is refused with the method in the sentence.
+static int parse_quant(const json_t *q, struct quant_config *out, char *err, size_t errlen)
+{
+    static const char *F = "config.json quantization_config";
+    memset(out, 0, sizeof *out);
+    if (!q || json_is_null(q)) return 0;
+    if (!json_is_object(q))
+        return ms_err(err, errlen, MS_EFORMAT, "%s must be an object, not %s", F, json_kind(q));
+    const json_t *qm = json_object_get(q, "quant_method");
+    const char *method = json_is_string(qm) ? json_string_value(qm) : NULL;
+    int rc;
+    if (method && !strcmp(method, "fp8")) {
+        out->method = QUANT_METHOD_FP8;
+        const json_t *fmt = json_object_get(q, "fmt");
+        if (fmt && !json_is_null(fmt) &&
+            (!json_is_string(fmt) || strcmp(json_string_value(fmt), "e4m3") != 0))
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field fmt is %s%s%s; moeserve reads "
+                          "FP8 weights in e4m3 only", F, json_is_string(fmt) ? "\"" : "",
+                          json_is_string(fmt) ? json_string_value(fmt) : json_kind(fmt),
+                          json_is_string(fmt) ? "\"" : "");
+        const json_t *bs = json_object_get(q, "weight_block_size");
+        if (bs && !json_is_null(bs)) {
+            if (!json_is_array(bs) || json_array_size(bs) != 2)
+                return ms_err(err, errlen, MS_EFORMAT, "%s field weight_block_size must be a list "
+                              "of two integers", F);
+            int v[2];
+            for (int i = 0; i < 2; i++) {
+                const json_t *e = json_array_get(bs, (size_t)i);
+                if (!json_is_integer(e) || json_integer_value(e) < 1 ||
+                    json_integer_value(e) > CONFIG_MAX_DIM)
+                    return ms_err(err, errlen, MS_EFORMAT, "%s field weight_block_size[%d] must be "
+                                  "an integer from 1 to %d", F, i, CONFIG_MAX_DIM);
+                v[i] = (int)json_integer_value(e);
+            }
+            out->block_rows = v[0];
+            out->block_cols = v[1];
+        }
+        return 0;
+    }
+    if (method && !strcmp(method, "gptq")) {
+        out->method = QUANT_METHOD_GPTQ;
+        out->sym = true;
+        out->zero_offset = 1;
+        int bits = 0, group = 0;
+        if ((rc = get_int(q, F, "bits", true, 1, 64, &bits, err, errlen))) return rc;
+        if (bits != 4)
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field bits is %d; moeserve reads "
+                          "4-bit GPTQ checkpoints only", F, bits);
+        if ((rc = get_int(q, F, "group_size", true, -1, CONFIG_MAX_DIM, &group, err, errlen)))
+            return rc;
+        if (group == 0 || (group > 0 && group % 8))
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field group_size is %d; expected -1 "
+                          "or a positive multiple of 8", F, group);
+        out->group = group < 0 ? 0 : group;
+        if ((rc = get_bool(q, F, "sym", &out->sym, err, errlen)) ||
+            (rc = get_bool(q, F, "desc_act", &out->desc_act, err, errlen)))
+            return rc;
+        const json_t *cf = json_object_get(q, "checkpoint_format");
+        if (cf && !json_is_null(cf)) {
+            const char *s = json_is_string(cf) ? json_string_value(cf) : "";
+            if (!strcmp(s, "gptq_v2")) out->zero_offset = 0;
+            else if (strcmp(s, "gptq") != 0)
+                return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field checkpoint_format is "
+                              "\"%.40s\"; moeserve reads \"gptq\" and \"gptq_v2\"", F, s);
+        }
+        return 0;
+    }
+    return ms_err(err, errlen, MS_EUNSUPPORTED,
+                  "config.json has quantization_config (quant_method \"%s\"); moeserve reads "
+                  "fp8 (block-wise e4m3) and 4-bit gptq checkpoints, or quantizes bf16 ones at "
+                  "load with --quantization fp8|int8|int4", method ? method : "?");
+}
+
 static int parse_root(json_t *root, struct model_config *cfg, char *err, size_t errlen)
 {
     const char *F = "config.json";
@@ -241,14 +316,8 @@ static int parse_root(json_t *root, struct model_config *cfg, char *err, size_t 
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", want_type);
 
     // ---- settings we do not implement ----
-    json_t *q = json_object_get(root, "quantization_config");
-    if (q && !json_is_null(q)) {
-        json_t *qm = json_is_object(q) ? json_object_get(q, "quant_method") : NULL;
-        return ms_err(err, errlen, MS_EUNSUPPORTED,
-                      "config.json has quantization_config (quant_method \"%s\"); moeserve serves "
-                      "unquantized BF16/F16/F32 weights only",
-                      json_is_string(qm) ? json_string_value(qm) : "?");
-    }
+    if ((rc = parse_quant(json_object_get(root, "quantization_config"), &cfg->quant, err, errlen)))
+        return rc;
     json_t *act = json_object_get(root, "hidden_act");
     if (act && !json_is_null(act)) {
         if (!json_is_string(act))

@@ -24,6 +24,23 @@ enum dtype {
 const char *dtype_name(enum dtype t);
 size_t dtype_size(enum dtype t);
 
+// How config.json's quantization_config says the checkpoint's projections
+// are stored (model/quant.h reads them; model.c binds them).
+enum quant_method {
+    QUANT_METHOD_NONE = 0, // no quantization_config
+    QUANT_METHOD_FP8,      // "fp8": F8_E4M3 weights with weight_scale_inv blocks (or one weight_scale)
+    QUANT_METHOD_GPTQ,     // "gptq": 4-bit qweight, qzeros, scales, g_idx
+};
+
+struct quant_config {
+    enum quant_method method;
+    int block_rows, block_cols; // fp8 weight_block_size; 0, 0: one scale per tensor (weight_scale)
+    int group;                  // gptq group_size; 0: one group over all inputs (-1 in the file)
+    bool sym;                   // gptq
+    bool desc_act;              // gptq: g_idx may permute the groups (refused unless trivial)
+    int zero_offset;            // gptq: added to a stored zero point (1 for the v1 format, 0 for v2)
+};
+
 // Default sampling from generation_config.json; has_* says the file set it.
 struct gen_defaults {
     bool has_temperature, has_top_p, has_top_k, has_min_p, has_repetition_penalty;
@@ -53,6 +70,7 @@ struct model_config {
     bool tie_word_embeddings;
     int vocab_size;
     enum dtype torch_dtype;          // the checkpoint's declared dtype
+    struct quant_config quant;       // quantization_config (method NONE when absent)
     int bos_token_id;                // -1 when none
     int eos_ids[CONFIG_MAX_EOS];     // generation_config.json's list when present, else config's
     int n_eos;
@@ -61,7 +79,8 @@ struct model_config {
 
 // Parses config.json text. Refuses, with a sentence naming the field and its
 // value, architectures and settings we do not implement (rope_scaling other
-// than default, sliding windows, attention bias, activations other than silu).
+// than default, sliding windows, attention bias, activations other than silu,
+// quantization methods other than fp8 block-wise and 4-bit GPTQ).
 int config_parse(const char *json, size_t len, struct model_config *cfg,
                  char *err, size_t errlen);
 // Merges generation_config.json text (eos list, default sampling) into cfg.

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "model/quant.h"
 
 #define QWEN3_VOCAB 151936
 #define QWEN3_BOS 151643     // <|endoftext|>
@@ -118,7 +119,7 @@ struct wspec {
     int ndim;
     int64_t shape[2];
     struct weight_init init; // std for TENSOR_INIT_UNIFORM, centre for TENSOR_INIT_NORM
-    uint64_t offset;
+    bool proj;               // a projection: stored quantized when the spec asks
     uint64_t count;
 };
 
@@ -151,6 +152,7 @@ static int wlist_add(struct wlist *l, struct weight_init init, int ndim, int64_t
     w->shape[1] = b;
     w->init = init;
     w->count = (uint64_t)a * (uint64_t)(ndim == 2 ? b : 1);
+    w->proj = init.scale > 0 && ndim == 2; // refined by build_list
     return 0;
 }
 
@@ -216,6 +218,10 @@ static int build_list(const struct makemodel_spec *s, struct wlist *l)
         ADD(INIT(ROLE_LM_HEAD, 0), 2, V, H, "lm_head.weight");
 #undef ADD
 #undef INIT
+    // The projections: attention and MLP / expert matrices (not the router
+    // mlp.gate, the embedding or lm_head), as quantized checkpoints hold them.
+    for (size_t i = 0; i < l->n; i++)
+        l->w[i].proj = strstr(l->w[i].name, "_proj.weight") != NULL;
     return 0;
 }
 
@@ -339,62 +345,282 @@ static int mkdir_p(const char *dir, char *err, size_t errlen)
     return 0;
 }
 
-static int write_safetensors(const char *dir, const struct wlist *l, uint64_t seed, char *err,
-                             size_t errlen)
+// ---- the file's tensors -------------------------------------------------------
+// A weight is one tensor of the file, or, quantized, the 2 (FP8) or 4 (GPTQ)
+// tensors of its format, next to each other.
+enum part_kind {
+    PART_BF16,
+    PART_FP8_WEIGHT,      // F8_E4M3 (rows, cols)
+    PART_FP8_SCALE,       // F32 (ceil(rows / B), ceil(cols / B)) weight_scale_inv
+    PART_GPTQ_QWEIGHT,    // I32 (cols / 8, rows)
+    PART_GPTQ_QZEROS,     // I32 (ceil(cols / G), rows / 8)
+    PART_GPTQ_SCALES,     // F16 (ceil(cols / G), rows)
+    PART_GPTQ_G_IDX,      // I32 (cols)
+};
+
+struct fpart {
+    size_t w;             // its weight in the list
+    enum part_kind kind;
+    char name[128];
+    const char *dtype;
+    int ndim;
+    int64_t shape[2];
+    uint64_t bytes;
+};
+
+struct plist {
+    struct fpart *p;
+    size_t n;
+};
+
+static int add_part(struct plist *pl, size_t w, const struct wspec *ws, enum part_kind k,
+                    const char *suffix, const char *dtype, int ndim, int64_t a, int64_t b, uint64_t esz)
 {
+    struct fpart *p = &pl->p[pl->n++];
+    memset(p, 0, sizeof *p);
+    p->w = w;
+    p->kind = k;
+    const size_t base = strlen(ws->name) - (k == PART_BF16 ? 0 : strlen("weight"));
+    if (base + strlen(suffix) >= sizeof p->name) return MS_EINVAL;
+    memcpy(p->name, ws->name, base);
+    strcpy(p->name + base, suffix);
+    p->dtype = dtype;
+    p->ndim = ndim;
+    p->shape[0] = a;
+    p->shape[1] = b;
+    p->bytes = (uint64_t)a * (uint64_t)(ndim == 2 ? b : 1) * esz;
+    return 0;
+}
+
+static int quant_group_of(const struct makemodel_spec *s) { return s->quant_group > 0 ? s->quant_group : 128; }
+
+static int build_parts(const struct makemodel_spec *s, const struct wlist *l, struct plist *pl,
+                       char *err, size_t errlen)
+{
+    pl->p = calloc(l->n * 4, sizeof *pl->p);
+    if (!pl->p) return ms_err(err, errlen, MS_ENOMEM, "out of memory");
+    const int64_t B = quant_group_of(s);
+    for (size_t i = 0; i < l->n; i++) {
+        const struct wspec *w = &l->w[i];
+        const int64_t R = w->shape[0], C = w->shape[1];
+        int rc = 0;
+        if (!w->proj || s->quant == QUANT_METHOD_NONE) {
+            rc = add_part(pl, i, w, PART_BF16, "", "BF16", w->ndim, R, C, 2);
+        } else if (s->quant == QUANT_METHOD_FP8) {
+            rc = add_part(pl, i, w, PART_FP8_WEIGHT, "weight", "F8_E4M3", 2, R, C, 1);
+            if (!rc) rc = add_part(pl, i, w, PART_FP8_SCALE, "weight_scale_inv", "F32", 2,
+                                   (R + B - 1) / B, (C + B - 1) / B, 4);
+        } else {
+            if (R % 8 || C % 8)
+                return ms_err(err, errlen, MS_EINVAL, "%s is (%lld, %lld): GPTQ needs both sizes "
+                              "multiples of 8", w->name, (long long)R, (long long)C);
+            const int64_t ng = (C + B - 1) / B;
+            rc = add_part(pl, i, w, PART_GPTQ_QWEIGHT, "qweight", "I32", 2, C / 8, R, 4);
+            if (!rc) rc = add_part(pl, i, w, PART_GPTQ_QZEROS, "qzeros", "I32", 2, ng, R / 8, 4);
+            if (!rc) rc = add_part(pl, i, w, PART_GPTQ_SCALES, "scales", "F16", 2, ng, R, 2);
+            if (!rc) rc = add_part(pl, i, w, PART_GPTQ_G_IDX, "g_idx", "I32", 1, C, 0, 4);
+        }
+        if (rc) return ms_err(err, errlen, MS_EINVAL, "tensor name %s is too long", w->name);
+    }
+    return 0;
+}
+
+// Weight i's stream of values: one generator per weight, keyed by its index.
+static uint64_t gen_start(size_t i, uint64_t seed)
+{
+    uint64_t state = seed ^ (0xd1b54a32d192ed03ull * (i + 1));
+    splitmix64(&state);
+    return state;
+}
+
+// The next n of a weight's values, as the bf16 checkpoint of the same seed holds them.
+static void gen_values(const struct wspec *w, float *out, uint64_t n, uint64_t *state)
+{
+    // Uniform on [-a, a] has std a / sqrt(3).
+    const float a = w->init.scale * 1.7320508f;
+    for (uint64_t k = 0; k < n; k++) {
+        const float x = w->init.init == TENSOR_INIT_NORM ? w->init.scale + NORM_JITTER * uniform_pm1(state)
+                                                         : a * uniform_pm1(state);
+        out[k] = ms_bf16_to_f32(ms_f32_to_bf16(x));
+    }
+}
+
+// The quantized parts of one projection, made from its values at once.
+struct qtensor {
+    uint8_t *fp8;        // (R, C)
+    float *fp8_scale;    // (ceil(R / B), ceil(C / B))
+    uint32_t *qweight, *qzeros;
+    uint16_t *scales;
+    int32_t *g_idx;
+};
+
+static void qtensor_free(struct qtensor *q)
+{
+    free(q->fp8);
+    free(q->fp8_scale);
+    free(q->qweight);
+    free(q->qzeros);
+    free(q->scales);
+    free(q->g_idx);
+    memset(q, 0, sizeof *q);
+}
+
+// FP8 block-wise: one scale per B x B block, amax / 448.
+static int make_fp8(const float *v, int64_t R, int64_t C, int64_t B, struct qtensor *q)
+{
+    const int64_t br = (R + B - 1) / B, bc = (C + B - 1) / B;
+    q->fp8 = malloc((size_t)(R * C));
+    q->fp8_scale = malloc((size_t)(br * bc) * sizeof(float));
+    if (!q->fp8 || !q->fp8_scale) return MS_ENOMEM;
+    for (int64_t rb = 0; rb < br; rb++)
+        for (int64_t cb = 0; cb < bc; cb++) {
+            float amax = 0;
+            for (int64_t r = rb * B; r < R && r < (rb + 1) * B; r++)
+                for (int64_t c = cb * B; c < C && c < (cb + 1) * B; c++) amax = fmaxf(amax, fabsf(v[r * C + c]));
+            const float s = amax / 448.0f;
+            q->fp8_scale[rb * bc + cb] = s;
+            for (int64_t r = rb * B; r < R && r < (rb + 1) * B; r++)
+                for (int64_t c = cb * B; c < C && c < (cb + 1) * B; c++)
+                    q->fp8[r * C + c] = s > 0 ? quant_f32_to_fp8(v[r * C + c] / s) : 0;
+        }
+    return 0;
+}
+
+// GPTQ v1: per output and group of G inputs, quant_rows_quantize_gptq's
+// scales and zeros; the zeros stored minus one.
+static int make_gptq(const float *v, int64_t R, int64_t C, int G, bool sym, struct qtensor *q)
+{
+    const int ng = quant_groups((int)C, G);
+    void *buf = malloc(quant_rows_bytes((int)R, (int)C, QUANT_INT4, G));
+    q->qweight = calloc((size_t)(C / 8 * R), 4);
+    q->qzeros = calloc((size_t)ng * (size_t)(R / 8), 4);
+    q->scales = malloc((size_t)ng * (size_t)R * 2);
+    q->g_idx = malloc((size_t)C * 4);
+    if (!buf || !q->qweight || !q->qzeros || !q->scales || !q->g_idx) {
+        free(buf);
+        return MS_ENOMEM;
+    }
+    struct quant_rows r;
+    quant_rows_init(&r, buf, (int)R, (int)C, QUANT_INT4, G);
+    for (int64_t o = 0; o < R; o++) quant_rows_quantize_gptq(&r, (int)o, v + o * C, sym);
+    for (int64_t o = 0; o < R; o++) {
+        for (int64_t k = 0; k < C; k++)
+            q->qweight[(k / 8) * R + o] |= (uint32_t)r.q[o * C + k] << (4 * (k % 8));
+        for (int g = 0; g < ng; g++) {
+            q->scales[(size_t)g * R + o] = ms_f32_to_f16(r.scale[o * ng + g]);
+            q->qzeros[(size_t)g * (R / 8) + o / 8] |= ((uint32_t)(r.zero[o * ng + g] - 1) & 15u) << (4 * (o % 8));
+        }
+    }
+    for (int64_t k = 0; k < C; k++) q->g_idx[k] = (int32_t)(k / G);
+    free(buf);
+    return 0;
+}
+
+static const void *part_bytes(const struct fpart *p, const struct qtensor *q)
+{
+    switch (p->kind) {
+    case PART_FP8_WEIGHT: return q->fp8;
+    case PART_FP8_SCALE: return q->fp8_scale;
+    case PART_GPTQ_QWEIGHT: return q->qweight;
+    case PART_GPTQ_QZEROS: return q->qzeros;
+    case PART_GPTQ_SCALES: return q->scales;
+    case PART_GPTQ_G_IDX: return q->g_idx;
+    default: return NULL;
+    }
+}
+
+// One weight into f: streamed in chunks when bf16; a projection to quantize
+// is made whole (a few MiB at most), quantized, and its parts written.
+static int write_weight(FILE *f, const char *tmp, const struct makemodel_spec *s, const struct wlist *l,
+                        const struct plist *pl, size_t *pi, uint64_t seed, float *chunk, uint16_t *buf,
+                        char *err, size_t errlen)
+{
+    const struct fpart *p = &pl->p[*pi];
+    const struct wspec *w = &l->w[p->w];
+    uint64_t state = gen_start(p->w, seed);
+    int rc = 0;
+    if (p->kind == PART_BF16) {
+        for (uint64_t done = 0; done < w->count && !rc;) {
+            size_t n = w->count - done < CHUNK_ELEMS ? (size_t)(w->count - done) : CHUNK_ELEMS;
+            gen_values(w, chunk, n, &state);
+            for (size_t k = 0; k < n; k++) buf[k] = ms_f32_to_bf16(chunk[k]);
+            rc = write_all(f, buf, n * sizeof *buf, tmp, err, errlen);
+            done += n;
+        }
+        (*pi)++;
+        return rc;
+    }
+    float *v = malloc((size_t)w->count * sizeof *v);
+    if (!v) return ms_err(err, errlen, MS_ENOMEM, "out of memory for %s", w->name);
+    gen_values(w, v, w->count, &state);
+    struct qtensor q = {0};
+    rc = s->quant == QUANT_METHOD_FP8
+             ? make_fp8(v, w->shape[0], w->shape[1], quant_group_of(s), &q)
+             : make_gptq(v, w->shape[0], w->shape[1], quant_group_of(s), !s->quant_asym, &q);
+    free(v);
+    if (rc) rc = ms_err(err, errlen, MS_ENOMEM, "out of memory quantizing %s", w->name);
+    for (; !rc && *pi < pl->n && pl->p[*pi].w == p->w; (*pi)++)
+        rc = write_all(f, part_bytes(&pl->p[*pi], &q), pl->p[*pi].bytes, tmp, err, errlen);
+    qtensor_free(&q);
+    return rc;
+}
+
+static int write_safetensors(const char *dir, const struct makemodel_spec *s, const struct wlist *l,
+                             uint64_t seed, char *err, size_t errlen)
+{
+    struct plist pl = {0};
+    int rc = build_parts(s, l, &pl, err, errlen);
+    if (rc) {
+        free(pl.p);
+        return rc;
+    }
     json_t *h = json_object();
-    if (!h) return ms_err(err, errlen, MS_ENOMEM, "out of memory");
+    if (!h) {
+        free(pl.p);
+        return ms_err(err, errlen, MS_ENOMEM, "out of memory");
+    }
     json_object_set_new(h, "__metadata__", json_pack("{s:s}", "format", "pt"));
     uint64_t off = 0;
-    for (size_t i = 0; i < l->n; i++) {
-        struct wspec *w = &l->w[i];
-        w->offset = off;
-        off += w->count * 2;
-        json_t *shape = w->ndim == 2 ? json_pack("[I,I]", (json_int_t)w->shape[0],
-                                                 (json_int_t)w->shape[1])
-                                     : json_pack("[I]", (json_int_t)w->shape[0]);
-        json_object_set_new(h, w->name,
-                            json_pack("{s:s,s:o,s:[I,I]}", "dtype", "BF16", "shape", shape,
-                                      "data_offsets", (json_int_t)w->offset, (json_int_t)off));
+    for (size_t i = 0; i < pl.n; i++) {
+        const struct fpart *p = &pl.p[i];
+        const uint64_t begin = off;
+        off += p->bytes;
+        json_t *shape = p->ndim == 2 ? json_pack("[I,I]", (json_int_t)p->shape[0], (json_int_t)p->shape[1])
+                                     : json_pack("[I]", (json_int_t)p->shape[0]);
+        json_object_set_new(h, p->name,
+                            json_pack("{s:s,s:o,s:[I,I]}", "dtype", p->dtype, "shape", shape,
+                                      "data_offsets", (json_int_t)begin, (json_int_t)off));
     }
     char *text = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(h);
-    if (!text) return ms_err(err, errlen, MS_ENOMEM, "out of memory");
+    if (!text) {
+        free(pl.p);
+        return ms_err(err, errlen, MS_ENOMEM, "out of memory");
+    }
     size_t hlen = strlen(text), padded = (hlen + 7) & ~(size_t)7; // data stays 8-byte aligned
 
     char tmp[4096], final[4096];
     FILE *f;
-    int rc = open_tmp(dir, "model.safetensors", tmp, final, sizeof tmp, &f, err, errlen);
+    rc = open_tmp(dir, "model.safetensors", tmp, final, sizeof tmp, &f, err, errlen);
     if (rc) {
         free(text);
+        free(pl.p);
         return rc;
     }
     uint8_t len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
     uint16_t *buf = malloc(CHUNK_ELEMS * sizeof *buf);
-    if (!buf) rc = ms_err(err, errlen, MS_ENOMEM, "out of memory");
+    float *chunk = malloc(CHUNK_ELEMS * sizeof *chunk);
+    if (!buf || !chunk) rc = ms_err(err, errlen, MS_ENOMEM, "out of memory");
     if (!rc) rc = write_all(f, len8, 8, tmp, err, errlen);
     if (!rc) rc = write_all(f, text, hlen, tmp, err, errlen);
     if (!rc) rc = write_all(f, "        ", padded - hlen, tmp, err, errlen);
-    for (size_t i = 0; i < l->n && !rc; i++) {
-        const struct wspec *w = &l->w[i];
-        uint64_t state = seed ^ (0xd1b54a32d192ed03ull * (i + 1));
-        splitmix64(&state);
-        // Uniform on [-a, a] has std a / sqrt(3).
-        float a = w->init.scale * 1.7320508f;
-        for (uint64_t done = 0; done < w->count && !rc;) {
-            size_t n = w->count - done < CHUNK_ELEMS ? (size_t)(w->count - done) : CHUNK_ELEMS;
-            for (size_t k = 0; k < n; k++) {
-                float x = w->init.init == TENSOR_INIT_NORM ? w->init.scale + NORM_JITTER * uniform_pm1(&state)
-                                               : a * uniform_pm1(&state);
-                buf[k] = ms_f32_to_bf16(x);
-            }
-            rc = write_all(f, buf, n * sizeof *buf, tmp, err, errlen);
-            done += n;
-        }
-    }
+    for (size_t pi = 0; pi < pl.n && !rc;)
+        rc = write_weight(f, tmp, s, l, &pl, &pi, seed, chunk, buf, err, errlen);
     free(buf);
+    free(chunk);
     free(text);
+    free(pl.p);
     if (rc) {
         fclose(f);
         unlink(tmp);
@@ -445,6 +671,18 @@ static json_t *config_json(const struct makemodel_spec *s)
     json_object_set_new(c, "bos_token_id", json_integer(QWEN3_BOS));
     json_object_set_new(c, "eos_token_id", json_integer(QWEN3_EOS));
     json_object_set_new(c, "torch_dtype", json_string("bfloat16"));
+    if (s->quant == QUANT_METHOD_FP8)
+        json_object_set_new(c, "quantization_config",
+                            json_pack("{s:s,s:s,s:s,s:[i,i]}", "quant_method", "fp8", "fmt", "e4m3",
+                                      "activation_scheme", "dynamic", "weight_block_size",
+                                      quant_group_of(s), quant_group_of(s)));
+    else if (s->quant == QUANT_METHOD_GPTQ)
+        json_object_set_new(c, "quantization_config",
+                            json_pack("{s:s,s:i,s:i,s:b,s:b,s:f,s:b,s:b,s:s}", "quant_method", "gptq",
+                                      "bits", 4, "group_size", quant_group_of(s), "desc_act", 0,
+                                      "sym", !s->quant_asym, "damp_percent", 0.01,
+                                      "true_sequential", 1, "static_groups", 0,
+                                      "checkpoint_format", "gptq"));
     json_object_set_new(c, "initializer_range", json_real(0.02));
     json_object_set_new(c, "use_cache", json_true());
     json_object_set_new(c, "transformers_version", json_string("4.51.0"));
@@ -491,7 +729,7 @@ int makemodel_write(const struct makemodel_spec *spec, const char *out_dir, uint
         free(l.w);
         return ms_err(err, errlen, MS_ENOMEM, "out of memory");
     }
-    rc = write_safetensors(out_dir, &l, seed, err, errlen);
+    rc = write_safetensors(out_dir, spec, &l, seed, err, errlen);
     free(l.w);
     if (rc) return rc;
 

@@ -1,6 +1,7 @@
 // makemodel: writes a random-weight checkpoint in Hugging Face layout
-// (config.json, generation_config.json, bf16 model.safetensors, tokenizer
-// files) for demos and tests, streamed to disk and renamed into place.
+// (config.json, generation_config.json, model.safetensors in bf16, or with
+// FP8 or GPTQ projections, tokenizer files) for demos and tests, streamed to
+// disk and renamed into place.
 #ifndef MOESERVE_MODEL_MAKEMODEL_H
 #define MOESERVE_MODEL_MAKEMODEL_H
 
@@ -35,6 +36,14 @@ struct makemodel_spec {
     double rope_theta;
     double rms_norm_eps;
     int max_position_embeddings;
+    // The projections' format on disk: QUANT_METHOD_NONE (bf16), FP8
+    // (e4m3 with weight_scale_inv blocks, as Qwen's FP8 releases) or GPTQ
+    // (4-bit qweight/qzeros/scales/g_idx, v1 format, as Qwen's GPTQ-Int4),
+    // quantized from the very bf16 values the plain checkpoint of the same
+    // seed holds. Everything else stays bf16.
+    enum quant_method quant;
+    int quant_group;            // FP8 block (rows and inputs) or GPTQ group_size; 0: 128
+    bool quant_asym;            // GPTQ: asymmetric zero points (sym: every zero 8)
 };
 
 // What a weight is for, which sets how it is drawn.
@@ -63,7 +72,8 @@ int makemodel_spec_for_shape(const char *shape, struct makemodel_spec *spec, cha
 // Number of parameters the spec's checkpoint holds (lm_head counted unless tied).
 uint64_t makemodel_param_count(const struct makemodel_spec *spec);
 
-// Writes the checkpoint into out_dir (created if missing). Weights come from
+// Writes the checkpoint into out_dir (created if missing), quantized as
+// spec->quant says. Weights come from
 // a generator seeded by seed, so the same seed gives the same bytes. When
 // tokenizer_dir is non-NULL its tokenizer.json and tokenizer_config.json are
 // copied in; NULL writes no tokenizer. Each file is written under a temporary

@@ -16,6 +16,7 @@ struct binder {
     const struct safetensors *st; // NULL: a dummy load, every tensor made by the backend
     uint64_t seed;                // dummy loads
     enum dtype dummy_dtype;
+    enum quant_format want;       // projections quantized at load to this (QUANT_NONE: none)
     size_t bound;          // tensors bound so far (distinct)
     bool have_dtype;       // the first bound tensor fixes the weights' dtype
     enum dtype dtype;
@@ -53,15 +54,176 @@ static void bind_dummy(struct binder *b, struct tensor *out, enum weight_role ro
     b->bound++;
 }
 
+// The projections: what a quantized checkpoint stores quantized and
+// --quantization quantizes. The router, norms, embeddings and lm_head stay.
+static bool is_projection(enum weight_role r)
+{
+    return r == ROLE_QKV || r == ROLE_O || r == ROLE_EXPERT_IN || r == ROLE_EXPERT_DOWN ||
+           r == ROLE_DENSE_IN || r == ROLE_DENSE_DOWN;
+}
+
+// A projection left as stored gets the format asked for at load.
+static void mark_at_load(struct binder *b, struct tensor *out, enum weight_role role)
+{
+    if (b->want == QUANT_NONE || !is_projection(role) || out->quant.format != QUANT_NONE) return;
+    out->quant = (struct tensor_quant){.format = b->want, .source = QUANT_SRC_AT_LOAD,
+                                       .group = QUANT_GROUP, .block_rows = 1};
+}
+
+static const struct st_tensor *find_part(const struct binder *b, const char *base, const char *part)
+{
+    char name[300];
+    if (snprintf(name, sizeof name, "%s.%s", base, part) >= (int)sizeof name) return NULL;
+    return safetensors_find(b->st, name);
+}
+
+// Checks that a quantized checkpoint's companion tensor has the dtype and
+// shape its weight implies.
+static int check_part(const struct st_tensor *t, const char *base, const char *part,
+                      const char *dtype, int ndim, const int64_t *shape, const char *why,
+                      char *err, size_t errlen)
+{
+    char want[128], got[128];
+    shape_str(want, sizeof want, ndim, shape);
+    if (!t)
+        return ms_err(err, errlen, MS_ENOTFOUND, "the checkpoint has no tensor %s.%s, which its "
+                      "quantized weight needs with shape %s (%s)", base, part, want, why);
+    if (strcmp(t->dtype_str, dtype) != 0)
+        return ms_err(err, errlen, MS_EFORMAT, "tensor %s.%s is %s; expected %s", base, part,
+                      t->dtype_str, dtype);
+    shape_str(got, sizeof got, t->ndim, t->shape);
+    bool same = t->ndim == ndim;
+    for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
+    if (!same)
+        return ms_err(err, errlen, MS_EFORMAT, "tensor %s.%s has shape %s, but its weight implies "
+                      "%s (%s)", base, part, got, want, why);
+    return 0;
+}
+
+// An FP8 weight (F8_E4M3, rows x cols) and its scales: weight_scale_inv
+// blocks of weight_block_size, or one weight_scale for the tensor.
+static int bind_fp8(struct binder *b, struct tensor *out, const struct st_tensor *t, const char *base,
+                    int64_t rows, int64_t cols, char *err, size_t errlen)
+{
+    const struct quant_config *qc = &b->m->cfg.quant;
+    const bool blocks = qc->block_rows > 0;
+    const int br = blocks ? qc->block_rows : (int)rows, bc = blocks ? qc->block_cols : (int)cols;
+    const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+    const char *part = blocks ? "weight_scale_inv" : "weight_scale";
+    const struct st_tensor *s = find_part(b, base, part);
+    char why[96];
+    snprintf(why, sizeof why, "weight_block_size [%d, %d]", br, bc);
+    if (!s) return check_part(s, base, part, "F32", 2, (const int64_t[]){sr, sc}, why, err, errlen);
+    const char *sd = s->dtype_str;
+    if (strcmp(sd, "F32") && strcmp(sd, "BF16") && strcmp(sd, "F16"))
+        return ms_err(err, errlen, MS_EFORMAT, "tensor %s.%s is %s; FP8 scales must be F32, BF16 "
+                      "or F16", base, part, sd);
+    int rc;
+    if (blocks) {
+        if ((rc = check_part(s, base, part, sd, 2, (const int64_t[]){sr, sc}, why, err, errlen)))
+            return rc;
+    } else if (!(s->ndim == 0 || (s->ndim == 1 && s->shape[0] == 1))) {
+        return ms_err(err, errlen, MS_EFORMAT, "tensor %s.%s holds %zu values; a checkpoint "
+                      "without weight_block_size has one scale per tensor", base, part,
+                      s->nbytes / (strcmp(sd, "F32") ? 2 : 4));
+    }
+    out->data = t->data;
+    out->quant = (struct tensor_quant){.format = QUANT_FP8, .source = QUANT_SRC_FP8, .group = bc,
+                                       .block_rows = br, .scale = s->data, .scale_dtype = s->dtype};
+    b->bound += 2;
+    if (find_part(b, base, "input_scale")) b->bound++; // static activation scales: fp32 here anyway
+    return 0;
+}
+
+// A 4-bit GPTQ projection: qweight, qzeros, scales and g_idx, checked
+// against each other and the config's group size.
+static int bind_gptq(struct binder *b, struct tensor *out, const struct st_tensor *qw, const char *base,
+                     int64_t rows, int64_t cols, char *err, size_t errlen)
+{
+    const struct quant_config *qc = &b->m->cfg.quant;
+    const int G = qc->group > 0 ? qc->group : (int)cols;
+    if (cols % 8 || rows % 8)
+        return ms_err(err, errlen, MS_EFORMAT, "%s is (%lld, %lld): 4-bit GPTQ packs 8 values per "
+                      "int32 along both dimensions, which must be multiples of 8", base,
+                      (long long)rows, (long long)cols);
+    const int64_t ng = (cols + G - 1) / G;
+    char why[96];
+    snprintf(why, sizeof why, "group_size %d over %lld inputs", G, (long long)cols);
+    int rc;
+    if ((rc = check_part(qw, base, "qweight", "I32", 2, (const int64_t[]){cols / 8, rows},
+                         "in_features / 8, out_features", err, errlen)) ||
+        (rc = check_part(find_part(b, base, "qzeros"), base, "qzeros", "I32", 2,
+                         (const int64_t[]){ng, rows / 8}, why, err, errlen)) ||
+        (rc = check_part(find_part(b, base, "scales"), base, "scales", "F16", 2,
+                         (const int64_t[]){ng, rows}, why, err, errlen)))
+        return rc;
+    const struct st_tensor *gi = find_part(b, base, "g_idx");
+    if (gi) {
+        if ((rc = check_part(gi, base, "g_idx", "I32", 1, (const int64_t[]){cols}, "in_features",
+                             err, errlen)))
+            return rc;
+        const int32_t *g = gi->data;
+        for (int64_t k = 0; k < cols; k++)
+            if (g[k] != (int32_t)(k / G))
+                return ms_err(err, errlen, MS_EUNSUPPORTED, "%s.g_idx[%lld] is %d where input %lld's "
+                              "group is %lld: the checkpoint was quantized with desc_act (act-order), "
+                              "whose permuted groups moeserve does not read; use a checkpoint made "
+                              "with desc_act false", base, (long long)k, (int)g[k], (long long)k,
+                              (long long)(k / G));
+        b->bound++;
+    }
+    out->data = qw->data;
+    out->quant = (struct tensor_quant){.format = QUANT_INT4, .source = QUANT_SRC_GPTQ, .group = G,
+                                       .block_rows = 1,
+                                       .scale = find_part(b, base, "scales")->data,
+                                       .scale_dtype = DTYPE_F16,
+                                       .zeros = find_part(b, base, "qzeros")->data,
+                                       .zero_offset = qc->zero_offset, .sym = qc->sym};
+    b->bound += 3;
+    return 0;
+}
+
+// A matrix the checkpoint may hold quantized, as config.json's
+// quantization_config says. Returns 1 when it bound one, 0 when the tensor
+// is stored plain, or an error.
+static int bind_quantized(struct binder *b, struct tensor *out, enum weight_role role,
+                          const char *name, const int64_t *shape, char *err, size_t errlen)
+{
+    const enum quant_method method = b->m->cfg.quant.method;
+    char base[256];
+    const size_t n = strlen(name);
+    if (n < 8 || strcmp(name + n - 7, ".weight") != 0 || n - 7 >= sizeof base) return 0;
+    memcpy(base, name, n - 7);
+    base[n - 7] = 0;
+    const struct st_tensor *t = safetensors_find(b->st, name);
+    const struct st_tensor *qw = method == QUANT_METHOD_GPTQ && !t ? find_part(b, base, "qweight") : NULL;
+    const bool fp8 = method == QUANT_METHOD_FP8 && t && !strcmp(t->dtype_str, "F8_E4M3");
+    if (!fp8 && !qw) return 0;
+    if (role == ROLE_EMBED)
+        return ms_err(err, errlen, MS_EUNSUPPORTED, "the embedding %s is stored quantized; moeserve "
+                      "reads rows of it and needs it as BF16, F16 or F32", base);
+    memset(out, 0, sizeof *out);
+    out->ndim = 2;
+    out->shape[0] = shape[0];
+    out->shape[1] = shape[1];
+    out->dtype = DTYPE_BF16;
+    int rc = fp8 ? bind_fp8(b, out, t, base, shape[0], shape[1], err, errlen)
+                 : bind_gptq(b, out, qw, base, shape[0], shape[1], err, errlen);
+    if (rc) return rc;
+    if (b->m->quant == QUANT_NONE) b->m->quant = out->quant.format;
+    return 1;
+}
+
 // Binds tensor `name` of the given shape into *out. why names the config
 // fields the shape comes from, so that a mismatch says what to fix; role
-// and ffn say how a dummy load draws it.
+// and ffn say how a dummy load draws it and whether it is a projection.
 static int bind(struct binder *b, struct tensor *out, enum weight_role role, int ffn,
                 const char *why, int ndim, const int64_t *shape, char *err, size_t errlen,
                 const char *fmt, ...)
 {
     if (!b->st) {
         bind_dummy(b, out, role, ffn, ndim, shape);
+        mark_at_load(b, out, role);
         return 0;
     }
     char name[256];
@@ -69,6 +231,11 @@ static int bind(struct binder *b, struct tensor *out, enum weight_role role, int
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
+    if (ndim == 2 && b->m->cfg.quant.method != QUANT_METHOD_NONE) {
+        const int rc = bind_quantized(b, out, role, name, shape, err, errlen);
+        if (rc < 0) return rc;
+        if (rc == 1) return 0;
+    }
     char want[128], got[128];
     shape_str(want, sizeof want, ndim, shape);
     const struct st_tensor *t = safetensors_find(b->st, name);
@@ -78,8 +245,10 @@ static int bind(struct binder *b, struct tensor *out, enum weight_role role, int
                       "(%s)", name, want, why);
     if (!t->supported)
         return ms_err(err, errlen, MS_EUNSUPPORTED,
-                      "tensor %s is stored as %s; moeserve computes with BF16, F16 or F32 weights",
-                      name, t->dtype_str);
+                      "tensor %s is stored as %s; moeserve computes with BF16, F16 or F32 weights%s",
+                      name, t->dtype_str,
+                      b->m->cfg.quant.method == QUANT_METHOD_NONE
+                          ? " (config.json has no quantization_config saying how to read it)" : "");
     shape_str(got, sizeof got, t->ndim, t->shape);
     bool same = t->ndim == ndim;
     for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
@@ -103,6 +272,7 @@ static int bind(struct binder *b, struct tensor *out, enum weight_role role, int
     memset(out->shape, 0, sizeof out->shape);
     for (int i = 0; i < ndim; i++) out->shape[i] = shape[i];
     b->bound++;
+    mark_at_load(b, out, role);
     return 0;
 }
 
@@ -117,7 +287,13 @@ size_t tensor_elems(const struct tensor *t)
     return n;
 }
 
-static size_t tensor_bytes(const struct tensor *t) { return tensor_elems(t) * dtype_size(t->dtype); }
+size_t tensor_bytes(const struct tensor *t)
+{
+    if (t->quant.format != QUANT_NONE && t->ndim == 2)
+        return (size_t)quant_matrix_bytes((uint64_t)t->shape[0], (uint64_t)t->shape[1],
+                                          t->quant.format, t->quant.group);
+    return tensor_elems(t) * dtype_size(t->dtype);
+}
 
 static int bind_layer(struct binder *b, int i, char *err, size_t errlen)
 {
@@ -244,46 +420,106 @@ static size_t model_total_bytes(const struct model *m)
     return total;
 }
 
-int model_load(const char *dir, struct model **out, char *err, size_t errlen)
+// The format asked for against the one the checkpoint has: the same, or
+// nothing asked, or a bf16/f16/f32 checkpoint to quantize.
+static int resolve_quant(struct model *m, const struct model_load_opts *o, enum quant_format *want,
+                         char *err, size_t errlen)
+{
+    const enum quant_method qm = m->cfg.quant.method;
+    const enum quant_format has = qm == QUANT_METHOD_FP8 ? QUANT_FP8 : qm == QUANT_METHOD_GPTQ ? QUANT_INT4
+                                                                                               : QUANT_NONE;
+    *want = o->quantization;
+    if (has != QUANT_NONE && *want != QUANT_NONE && *want != has)
+        return ms_err(err, errlen, MS_EINVAL, "%s is a %s checkpoint (%s weights); --quantization %s "
+                      "asks for %s: drop the flag, or start from a bf16 checkpoint", m->dir,
+                      qm == QUANT_METHOD_FP8 ? "fp8" : "gptq", quant_format_name(has),
+                      quant_format_name(*want), quant_format_name(*want));
+    // A dummy load makes a quantized config's format itself; a real one
+    // reads it from the tensors.
+    if (*want == QUANT_NONE && o->format == LOAD_FORMAT_DUMMY) *want = has;
+    if (o->format == LOAD_FORMAT_AUTO && has != QUANT_NONE) *want = QUANT_NONE;
+    return 0;
+}
+
+// Extras are usually harmless (a tied lm_head stored anyway, rotary
+// buffers), but a bias we would ignore changes the result: say so.
+static void warn_unused(const struct model *m, const struct safetensors *st, size_t bound)
+{
+    size_t extra = safetensors_count(st) - bound;
+    if (m->cfg.tie_word_embeddings && safetensors_find(st, "lm_head.weight")) extra--;
+    if (extra == 0) return;
+    const char *example = NULL;
+    for (size_t i = 0; i < safetensors_count(st) && !example; i++) {
+        const char *n = safetensors_get(st, i)->name;
+        if (strstr(n, ".bias")) example = n;
+    }
+    ms_log(MS_LOG_WARN, "%s: %zu tensors in the checkpoint are not used by this config%s%s",
+           m->dir, extra, example ? ", for example " : "", example ? example : "");
+}
+
+int model_load_opts(const char *dir, const struct model_load_opts *o, struct model **out,
+                    char *err, size_t errlen)
 {
     struct model *m;
     int rc = model_begin(dir, &m, err, errlen);
     if (rc) return rc;
-    struct safetensors *st = NULL;
-    if ((rc = safetensors_open_dir(dir, &st, err, errlen))) {
+    m->seed = o->seed;
+    if (o->cache_dir && snprintf(m->cache_dir, sizeof m->cache_dir, "%s", o->cache_dir) >=
+                            (int)sizeof m->cache_dir) {
+        free(m);
+        return ms_err(err, errlen, MS_EINVAL, "--cache-dir %s is too long", o->cache_dir);
+    }
+    enum quant_format want;
+    if ((rc = resolve_quant(m, o, &want, err, errlen))) {
         free(m);
         return rc;
     }
-    m->storage = st;
-    struct binder b = {.m = m, .st = st};
+    struct binder b = {.m = m, .want = want};
+    if (o->format == LOAD_FORMAT_DUMMY) {
+        // The checkpoint's dtype when the backends compute with it, else bf16.
+        const enum dtype t = m->cfg.torch_dtype;
+        b.seed = o->seed;
+        b.dummy_dtype = t == DTYPE_F16 || t == DTYPE_F32 ? t : DTYPE_BF16;
+        m->dummy = true;
+    } else {
+        struct safetensors *st = NULL;
+        if ((rc = safetensors_open_dir(dir, &st, err, errlen))) {
+            free(m);
+            return rc;
+        }
+        m->storage = st;
+        b.st = st;
+    }
     char sub[1024];
     if ((rc = bind_all(&b, sub, sizeof sub))) {
         ms_err(err, errlen, rc, "%s: %s", dir, sub);
         model_destroy(m);
         return rc;
     }
-    if (b.dtype != m->cfg.torch_dtype) {
-        ms_log(MS_LOG_WARN, "%s: config.json declares torch_dtype %s but the weights are %s; "
-               "using %s", dir, dtype_name(m->cfg.torch_dtype), dtype_name(b.dtype),
-               dtype_name(b.dtype));
-        m->cfg.torch_dtype = b.dtype;
-    }
-    // Extras are usually harmless (a tied lm_head stored anyway, rotary
-    // buffers), but a bias we would ignore changes the result: say so.
-    size_t extra = safetensors_count(st) - b.bound;
-    if (m->cfg.tie_word_embeddings && safetensors_find(st, "lm_head.weight")) extra--;
-    if (extra > 0) {
-        const char *example = NULL;
-        for (size_t i = 0; i < safetensors_count(st) && !example; i++) {
-            const char *n = safetensors_get(st, i)->name;
-            if (strstr(n, ".bias")) example = n;
+    if (m->dummy) {
+        m->cfg.torch_dtype = b.dummy_dtype;
+    } else {
+        if (b.dtype != m->cfg.torch_dtype) {
+            ms_log(MS_LOG_WARN, "%s: config.json declares torch_dtype %s but the weights are %s; "
+                   "using %s", dir, dtype_name(m->cfg.torch_dtype), dtype_name(b.dtype),
+                   dtype_name(b.dtype));
+            m->cfg.torch_dtype = b.dtype;
         }
-        ms_log(MS_LOG_WARN, "%s: %zu tensors in the checkpoint are not used by this config%s%s",
-               dir, extra, example ? ", for example " : "", example ? example : "");
+        warn_unused(m, b.st, b.bound);
+        if (m->cfg.quant.method != QUANT_METHOD_NONE && m->quant == QUANT_NONE)
+            ms_log(MS_LOG_WARN, "%s: config.json has a quantization_config, but no projection is "
+                   "stored quantized", dir);
     }
+    if (want != QUANT_NONE) m->quant = want;
     m->weight_bytes = model_total_bytes(m);
     *out = m;
     return 0;
+}
+
+int model_load(const char *dir, struct model **out, char *err, size_t errlen)
+{
+    const struct model_load_opts o = {.format = LOAD_FORMAT_AUTO};
+    return model_load_opts(dir, &o, out, err, errlen);
 }
 
 int load_format_parse(const char *s, enum load_format *out)
@@ -297,25 +533,8 @@ int load_format_parse(const char *s, enum load_format *out)
 int model_load_format(const char *dir, enum load_format f, uint64_t seed, struct model **out,
                       char *err, size_t errlen)
 {
-    if (f == LOAD_FORMAT_AUTO) return model_load(dir, out, err, errlen);
-    struct model *m;
-    int rc = model_begin(dir, &m, err, errlen);
-    if (rc) return rc;
-    // The checkpoint's dtype when the backends compute with it, else bf16.
-    const enum dtype t = m->cfg.torch_dtype;
-    struct binder b = {.m = m, .seed = seed,
-                       .dummy_dtype = t == DTYPE_F16 || t == DTYPE_F32 ? t : DTYPE_BF16};
-    char sub[1024];
-    if ((rc = bind_all(&b, sub, sizeof sub))) {
-        ms_err(err, errlen, rc, "%s: %s", dir, sub);
-        model_destroy(m);
-        return rc;
-    }
-    m->cfg.torch_dtype = b.dummy_dtype;
-    m->dummy = true;
-    m->weight_bytes = model_total_bytes(m);
-    *out = m;
-    return 0;
+    const struct model_load_opts o = {.format = f, .seed = seed};
+    return model_load_opts(dir, &o, out, err, errlen);
 }
 
 void model_destroy(struct model *m)

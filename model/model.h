@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "model/config.h"
+#include "model/quant.h"
 
 // A view of one tensor inside a mapped file. Row-major; shape[0] is the
 // outermost dimension (for a Linear weight: (out_features, in_features)).
@@ -19,14 +20,18 @@ enum tensor_init {
 };
 
 struct tensor {
-    const void *data;   // host memory (the mapped file), or NULL for a dummy load
-    enum dtype dtype;
+    const void *data;   // host memory (the mapped file), or NULL for a dummy load; a
+                        // quantized checkpoint's values as quant.source says
+    enum dtype dtype;   // of data (unused for a quantized checkpoint's tensor)
     int ndim;           // 0: not bound (a dense MLP in a MoE layer, say)
     int64_t shape[4];
     // --load-format dummy: element i is tensor_dummy_value(t, i).
     enum tensor_init init;
     float init_scale;
     uint64_t init_key;
+    // A quantized matrix (format != QUANT_NONE): stored so in the checkpoint,
+    // or quantized by the backend at load (model/quant.h).
+    struct tensor_quant quant;
 };
 
 struct expert_weights {
@@ -60,10 +65,17 @@ struct model {
     struct tensor final_norm;     // (hidden)         model.norm
     struct tensor lm_head;        // (vocab, hidden)  lm_head, or embed when tied
     struct layer_weights *layers; // (n_layers)
-    size_t weight_bytes;          // sum over all tensors
+    size_t weight_bytes;          // sum over all tensors, quantized ones as a backend holds them
+                                  // (quant_matrix_bytes)
+    enum quant_format quant;      // the format of its quantized projections (QUANT_NONE: none)
     bool dummy;                   // --load-format dummy: no weight bytes on the host
     void *storage;                // the safetensors set (opaque to callers), NULL when dummy
     char dir[4096];
+    // Where a backend may keep the form it prepares the weights in, keyed by
+    // this checkpoint (--cache-dir): "" for the default ($XDG_CACHE_HOME/
+    // moeserve, used when the prepared weights are large), "none" for never.
+    char cache_dir[4096];
+    uint64_t seed;                // the dummy weights' seed
 };
 
 // Loads DIR's config.json (+ generation_config.json) and maps its
@@ -83,6 +95,24 @@ enum load_format { LOAD_FORMAT_AUTO = 0, LOAD_FORMAT_DUMMY };
 int load_format_parse(const char *s, enum load_format *out); // "auto" | "dummy"; MS_EINVAL else
 int model_load_format(const char *dir, enum load_format f, uint64_t seed, struct model **out,
                       char *err, size_t errlen);
+
+// Everything a load may be asked for (the engine flags --load-format,
+// --quantization and --cache-dir).
+struct model_load_opts {
+    enum load_format format;
+    uint64_t seed;                 // dummy weights
+    // --quantization (vLLM's name): the projections (attention q/k/v/o, the
+    // experts and dense MLPs) of a bf16/f16/f32 checkpoint are quantized at
+    // load to this format with groups of QUANT_GROUP inputs; the router,
+    // norms, embeddings and lm_head stay as stored. A quantized checkpoint
+    // keeps its own format: asking for another one is refused. QUANT_NONE:
+    // as the checkpoint is (a dummy load of a quantized config makes its
+    // format: fp8, or int4 for gptq).
+    enum quant_format quantization;
+    const char *cache_dir;         // NULL or "": the default; "none": no cache
+};
+int model_load_opts(const char *dir, const struct model_load_opts *o, struct model **out,
+                    char *err, size_t errlen);
 void model_destroy(struct model *m);
 
 #if defined(__CUDACC__)
@@ -106,6 +136,8 @@ TENSOR_FN float tensor_dummy_value(const struct tensor *t, uint64_t i)
 
 // Elements of a bound tensor (0 when not bound).
 size_t tensor_elems(const struct tensor *t);
+// Bytes a backend holds it in: its elements in its dtype, or quant_matrix_bytes.
+size_t tensor_bytes(const struct tensor *t);
 
 // Bytes of weights a decode step reads for one token on a single rank:
 // attention + norms + router + top-k experts per MoE layer + lm_head + one

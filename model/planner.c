@@ -11,6 +11,7 @@
 
 #include "base/base.h"
 #include "model/forward.h"
+#include "model/quant.h"
 
 #define GiB (1024.0 * 1024.0 * 1024.0)
 
@@ -109,6 +110,21 @@ static enum plan_dtype plain_dtype(const struct model_config *cfg, enum plan_dty
 
 static uint64_t plain_size(enum plan_dtype t) { return t == PLAN_F32 ? 4 : 2; }
 
+enum plan_dtype plan_dtype_from_quant(enum quant_format f, enum dtype plain)
+{
+    switch (f) {
+    case QUANT_FP8: return PLAN_FP8;
+    case QUANT_INT8: return PLAN_INT8;
+    case QUANT_INT4: return PLAN_INT4;
+    case QUANT_NONE: break;
+    }
+    return plan_dtype_from_dtype(plain);
+}
+
+// The quantized formats count what the loader holds (model/quant.h's
+// packed layout: blocks of 16 outputs, a scale per output and group of
+// QUANT_GROUP inputs, int4 with a zero point too), so that what the plan
+// says fits is what loads.
 uint64_t plan_matrix_bytes(uint64_t rows, uint64_t cols, enum plan_dtype t)
 {
     struct ck k = {false};
@@ -117,15 +133,9 @@ uint64_t plan_matrix_bytes(uint64_t rows, uint64_t cols, enum plan_dtype t)
     case PLAN_BF16:
     case PLAN_F16: r = ck_mul(&k, n, 2); break;
     case PLAN_F32: r = ck_mul(&k, n, 4); break;
-    case PLAN_FP8: // one byte per weight + an fp32 scale per 128x128 block
-        r = ck_add(&k, n, ck_mul(&k, ck_mul(&k, ceil_div(rows, 128), ceil_div(cols, 128)), 4));
-        break;
-    case PLAN_INT8: // one byte per weight + an fp32 scale per output row
-        r = ck_add(&k, n, ck_mul(&k, rows, 4));
-        break;
-    case PLAN_INT4: // two weights per byte + a bf16 scale per 128 inputs of a row
-        r = ck_add(&k, ceil_div(n, 2), ck_mul(&k, ck_mul(&k, rows, ceil_div(cols, 128)), 2));
-        break;
+    case PLAN_FP8: r = quant_matrix_bytes(rows, cols, QUANT_FP8, QUANT_GROUP); break;
+    case PLAN_INT8: r = quant_matrix_bytes(rows, cols, QUANT_INT8, QUANT_GROUP); break;
+    case PLAN_INT4: r = quant_matrix_bytes(rows, cols, QUANT_INT4, QUANT_GROUP); break;
     default: r = 0;
     }
     return k.overflow ? UINT64_MAX : r;

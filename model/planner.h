@@ -10,22 +10,27 @@
 #include <stdint.h>
 
 #include "model/config.h"
+#include "model/quant.h"
 
 // Storage formats for weights and the KV cache. The 16/32-bit ones are plain
-// casts of every tensor; the 8/4-bit ones quantise the projections only (see
-// plan_matrix_bytes for the scale layout each one assumes).
+// casts of every tensor; the 8/4-bit ones quantise the projections only
+// (attention q/k/v/o, experts, dense MLPs: what the loader's --quantization
+// and the FP8 and GPTQ checkpoints quantise), each counted as the loader
+// holds it (model/quant.h, groups of QUANT_GROUP inputs).
 enum plan_dtype {
     PLAN_BF16,
     PLAN_F16,
     PLAN_F32,
-    PLAN_FP8,   // e4m3, 128x128 blocks with an fp32 scale each
-    PLAN_INT8,  // one fp32 scale per output channel
-    PLAN_INT4,  // groups of 128 inputs with a bf16 scale each (symmetric)
+    PLAN_FP8,   // e4m3 bytes, an fp32 scale per output and group
+    PLAN_INT8,  // int8, an fp32 scale per output and group
+    PLAN_INT4,  // two values a byte, an fp16 scale and a uint8 zero point per output and group
 };
 const char *plan_dtype_name(enum plan_dtype t);
 // Accepts bf16, fp16|f16, fp32|f32, fp8, int8, int4. Returns MS_EINVAL otherwise.
 int plan_dtype_parse(const char *s, enum plan_dtype *out, char *err, size_t errlen);
 enum plan_dtype plan_dtype_from_dtype(enum dtype t);
+// A loaded model's projections: the quantized format, else its dtype.
+enum plan_dtype plan_dtype_from_quant(enum quant_format f, enum dtype plain);
 
 enum plan_layout {
     PLAN_TP,     // tensor parallel: heads, expert widths and the vocabulary split over the devices
@@ -59,7 +64,8 @@ int plan_count_params(const struct model_config *cfg, struct plan_params *out, c
 // `batch` tokens when each picks k of E uniformly: E * (1 - (1 - k/E)^batch).
 double plan_expected_unique_experts(int n_experts, int k, int batch);
 
-// Bytes of a (rows, cols) projection stored as t, scales included.
+// Bytes of a (rows, cols) projection stored as t, scales included (for the
+// quantized formats, quant_matrix_bytes with groups of QUANT_GROUP).
 uint64_t plan_matrix_bytes(uint64_t rows, uint64_t cols, enum plan_dtype t);
 
 // KV bytes per token for the whole model (K and V, every layer, every KV

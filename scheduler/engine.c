@@ -743,12 +743,13 @@ static size_t default_kv_bytes(const struct backend_memory *mem)
 // per rank (--gpu-memory-utilization of it, fp32 activations too: the CUDA
 // backend rounds them to bf16 only inside its matmuls). kv_per_device is
 // each device's KV pool, or 0: what the weights and workspace leave.
-static void fit_opts(const struct model_config *cfg, const struct engine_opts *o,
+static void fit_opts(const struct model *m, const struct engine_opts *o,
                      const struct backend_memory *mem, int max_len, uint64_t kv_per_device,
                      struct plan_opts *po)
 {
     plan_opts_default(po);
-    po->weight_dtype = plan_dtype_from_dtype(cfg->torch_dtype);
+    // Quantized projections count as the loader holds them.
+    po->weight_dtype = plan_dtype_from_quant(m->quant, m->cfg.torch_dtype);
     po->kv_dtype = plan_dtype_from_dtype(o->kv_dtype);
     po->device_memory = mem->total_bytes;
     // The CPU keeps the rest for the OS, the HTTP side and the page cache.
@@ -765,14 +766,14 @@ static void fit_opts(const struct model_config *cfg, const struct engine_opts *o
 // A GPU's default KV pool: what --gpu-memory-utilization leaves after the
 // weights (the rank's share of the experts) and the activation workspace,
 // for every rank (one GPU each). 0 when nothing is left (check_fit refuses).
-static size_t gpu_kv_bytes(const struct model_config *cfg, const struct engine_opts *o,
+static size_t gpu_kv_bytes(const struct model *m, const struct engine_opts *o,
                            const struct backend_memory *mem, int n_ranks, int max_len)
 {
     struct plan_opts po;
-    fit_opts(cfg, o, mem, max_len, 0, &po);
+    fit_opts(m, o, mem, max_len, 0, &po);
     struct plan_device d;
     char err[256];
-    if (plan_device_compute(cfg, &po, PLAN_DP_EP, n_ranks, &d, err, sizeof err)) return 0;
+    if (plan_device_compute(&m->cfg, &po, PLAN_DP_EP, n_ranks, &d, err, sizeof err)) return 0;
     return (size_t)d.kv_bytes * (size_t)n_ranks;
 }
 
@@ -782,15 +783,16 @@ static size_t gpu_kv_bytes(const struct model_config *cfg, const struct engine_o
 // pool, and at least one max-model-len sequence per rank (on a GPU this is
 // a refusal; on the CPU, whose pool the flags may choose small, a warning).
 // Logs the plan either way.
-static int check_fit(const struct model_config *cfg, const struct engine_opts *o,
+static int check_fit(const struct model *m, const struct engine_opts *o,
                      const struct backend_memory *mem, int n_ranks, int max_len, size_t kv_total,
                      char *err, size_t errlen)
 {
+    const struct model_config *cfg = &m->cfg;
     if (!mem->total_bytes) return 0; // no way to know: the kernel will tell
     // The planner takes the CPU's pool as the ranks' total, a GPU's per device.
     const size_t kv_dev = mem->host_shared ? kv_total : kv_total / (size_t)n_ranks;
     struct plan_opts po;
-    fit_opts(cfg, o, mem, max_len, kv_dev ? kv_dev : 1, &po);
+    fit_opts(m, o, mem, max_len, kv_dev ? kv_dev : 1, &po);
     struct plan_device d;
     int rc = plan_device_compute(cfg, &po, PLAN_DP_EP, n_ranks, &d, err, errlen);
     if (rc) return rc;
@@ -913,7 +915,7 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
     size_t kv_bytes = o->kv_cache_bytes;
     if (!kv_bytes)
         kv_bytes = mem.host_shared ? default_kv_bytes(&mem)
-                                   : gpu_kv_bytes(cfg, o, &mem, n_ranks, max_len);
+                                   : gpu_kv_bytes(m, o, &mem, n_ranks, max_len);
     size_t block_bytes = kv_block_bytes(cfg, o->kv_dtype);
     size_t per_rank = kv_bytes / (size_t)n_ranks;
     size_t n_blocks = block_bytes ? per_rank / block_bytes : 0;
@@ -922,7 +924,7 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
         size_t most = (size_t)o->max_num_seqs * (((size_t)max_len + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
         if (n_blocks > most) n_blocks = most;
     }
-    rc = check_fit(cfg, o, &mem, n_ranks, max_len, n_blocks * block_bytes * (size_t)n_ranks, err,
+    rc = check_fit(m, o, &mem, n_ranks, max_len, n_blocks * block_bytes * (size_t)n_ranks, err,
                    errlen);
     if (rc) goto fail;
     if (n_blocks > (1u << 28)) n_blocks = 1u << 28; // block ids are int32; 4G tokens a rank

@@ -185,7 +185,9 @@ static int load_agents(struct app *a, const struct app_opts *o, char *err, size_
 // before. A failure returns at once; app_destroy frees what was loaded.
 int app_load(struct app *a, const struct app_opts *o, char *err, size_t errlen)
 {
-    int rc = model_load_format(o->model_dir, o->load_format, 0, &a->model, err, errlen);
+    const struct model_load_opts lo = {.format = o->load_format, .quantization = o->quantization,
+                                       .cache_dir = o->cache_dir};
+    int rc = model_load_opts(o->model_dir, &lo, &a->model, err, errlen);
     if (rc) return rc;
     rc = tok_load(o->model_dir, &a->tok, err, errlen);
     if (rc) return rc;

@@ -19,6 +19,8 @@ struct app_opts {
     struct engine_opts engine;
     bool kv_dtype_auto;              // resolve engine.kv_dtype from the checkpoint
     enum load_format load_format;    // --load-format: auto, or dummy (random weights)
+    enum quant_format quantization;  // --quantization (QUANT_NONE: as the checkpoint is)
+    const char *cache_dir;           // --cache-dir (NULL: the default)
     double health_timeout_s;         // /health turns 503 when work waits and no step ends for this long
     // --reasoning-parser: "auto" (qwen3 when the chat template thinks with
     // <think>), "qwen3", or "none" (reasoning stays in content)

@@ -283,7 +283,8 @@ int cmd_bench_offline(int argc, char **argv)
     }
     if (n_conc == 0) conc[n_conc++] = n_prompts;
     struct model *m;
-    if (model_load_format(dir, fl.load_format, 0, &m, err, sizeof err)) {
+    const struct model_load_opts lo = engine_flags_load_opts(&fl);
+    if (model_load_opts(dir, &lo, &m, err, sizeof err)) {
         fprintf(stderr, "moeserve bench-offline: %s\n", err);
         return 1;
     }

@@ -48,6 +48,8 @@ static void usage(FILE *f)
             "  --device D             auto, cpu or cuda (vLLM's --device; default auto)\n"
             "  --load-format F        auto (the safetensors) or dummy (random weights of\n"
             "                         config.json's shapes, made on the device; for benchmarks)\n"
+            "  --quantization Q       fp8, int8 or int4: quantize the projections at load\n"
+            "  --cache-dir DIR        where the CPU keeps its prepared weights (none: never)\n"
             "  --bench                decode tokens/s at batch 1 and prefill tokens/s for a\n"
             "                         %d-token prompt, beside the read bandwidth and FMA peak\n"
             "                         measured in the same run\n",
@@ -69,6 +71,8 @@ struct gen_opts {
     const char *kv_dtype;
     enum backend_device device;
     enum load_format load_format;
+    enum quant_format quantization;
+    const char *cache_dir;
 };
 
 // The shared number parsers (base/cli.h), their sentence on stderr.
@@ -99,7 +103,7 @@ static bool parse_float(const char *flag, const char *s, double lo, double hi, f
 static int parse_args(int argc, char **argv, struct gen_opts *o)
 {
     enum { O_IDS = 256, O_TEXT, O_MAX, O_TEMP, O_TOPP, O_TOPK, O_MINP, O_REP, O_SEED, O_LP, O_EOS,
-           O_JSON, O_THREADS, O_KV, O_BENCH, O_DEVICE, O_LOAD };
+           O_JSON, O_THREADS, O_KV, O_BENCH, O_DEVICE, O_LOAD, O_QUANT, O_CACHE };
     static const struct option opts[] = {
         {"prompt-ids", required_argument, NULL, O_IDS},
         {"prompt", required_argument, NULL, O_TEXT},
@@ -118,6 +122,8 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
         {"bench", no_argument, NULL, O_BENCH},
         {"device", required_argument, NULL, O_DEVICE},
         {"load-format", required_argument, NULL, O_LOAD},
+        {"quantization", required_argument, NULL, O_QUANT},
+        {"cache-dir", required_argument, NULL, O_CACHE},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -191,6 +197,14 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
                 return 2;
             }
             break;
+        case O_QUANT:
+            if (quant_format_parse(optarg, &o->quantization)) {
+                fprintf(stderr, "moeserve generate: --quantization must be fp8, int8 or int4, not "
+                        "'%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case O_CACHE: o->cache_dir = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -661,7 +675,9 @@ int cmd_generate(int argc, char **argv)
     if (rc >= 0) return rc;
     char err[2048];
     struct model *m;
-    if (model_load_format(o.dir, o.load_format, 0, &m, err, sizeof err)) {
+    const struct model_load_opts lo = {.format = o.load_format, .quantization = o.quantization,
+                                       .cache_dir = o.cache_dir};
+    if (model_load_opts(o.dir, &lo, &m, err, sizeof err)) {
         fprintf(stderr, "moeserve generate: %s\n", err);
         return 1;
     }

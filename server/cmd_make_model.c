@@ -16,13 +16,20 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: moeserve make-model --shape tiny|demo --out DIR [--seed N] "
-            "[--tokenizer-dir DIR]\n\n"
+            "[--tokenizer-dir DIR]\n"
+            "                           [--quantization fp8|gptq [--group-size N] [--asym]]\n\n"
             "Writes config.json, generation_config.json, model.safetensors (bf16, random\n"
             "weights from a generator seeded by --seed, default 0) and the Qwen3\n"
             "tokenizer.json and tokenizer_config.json into DIR.\n\n"
             "  --shape tiny    hidden 64, 2 layers, 8 experts top-2, vocabulary 151936 (tests)\n"
             "  --shape demo    hidden 512, 8 layers, 32 experts top-4, vocabulary 151936\n"
-            "  --tokenizer-dir where tokenizer.json comes from (default %s)\n",
+            "  --tokenizer-dir where tokenizer.json comes from (default %s)\n"
+            "  --quantization  the projections (attention, experts, MLPs) quantized from the\n"
+            "                  same bf16 values: fp8 (e4m3, weight_scale_inv per 128x128 block,\n"
+            "                  as Qwen's FP8 releases) or gptq (4-bit, group 128, v1 format, as\n"
+            "                  Qwen's GPTQ-Int4); the rest stays bf16\n"
+            "  --group-size N  the FP8 block (N x N) or GPTQ group size (128)\n"
+            "  --asym          GPTQ with zero points per group (default symmetric)\n",
             MOESERVE_TOKENIZER_DIR);
 }
 
@@ -33,11 +40,17 @@ int cmd_make_model(int argc, char **argv)
         {"out", required_argument, NULL, 'o'},
         {"seed", required_argument, NULL, 'S'},
         {"tokenizer-dir", required_argument, NULL, 't'},
+        {"quantization", required_argument, NULL, 'q'},
+        {"group-size", required_argument, NULL, 'g'},
+        {"asym", no_argument, NULL, 'a'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *shape = NULL, *out = NULL, *tok = MOESERVE_TOKENIZER_DIR;
     uint64_t seed = 0;
+    enum quant_method quant = QUANT_METHOD_NONE;
+    long group = 0;
+    bool asym = false;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -53,6 +66,27 @@ int cmd_make_model(int argc, char **argv)
             }
             break;
         }
+        case 'q':
+            if (!strcmp(optarg, "fp8")) quant = QUANT_METHOD_FP8;
+            else if (!strcmp(optarg, "gptq") || !strcmp(optarg, "int4")) quant = QUANT_METHOD_GPTQ;
+            else {
+                fprintf(stderr, "moeserve make-model: --quantization must be fp8 or gptq, not "
+                        "'%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'g': {
+            char *end;
+            errno = 0;
+            group = strtol(optarg, &end, 10);
+            if (errno || end == optarg || *end || group < 8 || group > 65536 || group % 8) {
+                fprintf(stderr, "moeserve make-model: --group-size must be a multiple of 8 from 8 "
+                        "to 65536, not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        }
+        case 'a': asym = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -72,14 +106,23 @@ int cmd_make_model(int argc, char **argv)
         fprintf(stderr, "moeserve make-model: %s\n", err);
         return 2;
     }
+    if (asym && quant != QUANT_METHOD_GPTQ) {
+        fprintf(stderr, "moeserve make-model: --asym is for --quantization gptq\n");
+        return 2;
+    }
+    spec.quant = quant;
+    spec.quant_group = (int)group;
+    spec.quant_asym = asym;
     double t0 = ms_now();
     if (makemodel_write(&spec, out, seed, tok, err, sizeof err)) {
         fprintf(stderr, "moeserve make-model: %s\n", err);
         return 1;
     }
     uint64_t params = makemodel_param_count(&spec);
-    printf("wrote %s: %s model, %" PRIu64 " parameters (%.1f MiB in bf16), seed %" PRIu64
-           ", %.2f s\n", out, shape, params, (double)params * 2 / (1024.0 * 1024.0), seed,
-           ms_now() - t0);
+    printf("wrote %s: %s model%s, %" PRIu64 " parameters (%.1f MiB in bf16), seed %" PRIu64
+           ", %.2f s\n", out, shape,
+           quant == QUANT_METHOD_FP8 ? " (fp8 projections)" : quant == QUANT_METHOD_GPTQ ?
+           (asym ? " (gptq int4 asymmetric projections)" : " (gptq int4 projections)") : "",
+           params, (double)params * 2 / (1024.0 * 1024.0), seed, ms_now() - t0);
     return 0;
 }

@@ -400,6 +400,8 @@ int cmd_serve(int argc, char **argv)
         .engine = o.ef.opts,
         .kv_dtype_auto = o.ef.kv_dtype_auto,
         .load_format = o.ef.load_format,
+        .quantization = o.ef.quantization,
+        .cache_dir = o.ef.cache_dir,
         .health_timeout_s = o.health_timeout,
         .reasoning_parser = o.reasoning_parser,
         .default_chat_template_kwargs = o.default_kwargs,

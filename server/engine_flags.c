@@ -20,6 +20,12 @@ void engine_flags_finish(struct engine_flags *f, const struct model_config *cfg)
     if (f->kv_dtype_auto) f->opts.kv_dtype = cfg->torch_dtype == DTYPE_F32 ? DTYPE_F32 : DTYPE_BF16;
 }
 
+struct model_load_opts engine_flags_load_opts(const struct engine_flags *f)
+{
+    return (struct model_load_opts){.format = f->load_format, .quantization = f->quantization,
+                                    .cache_dir = f->cache_dir};
+}
+
 void engine_flags_usage(FILE *out)
 {
     fprintf(out,
@@ -28,6 +34,13 @@ void engine_flags_usage(FILE *out)
         "                                a GPU is visible, else the CPU)\n"
         "  --load-format F               auto (the checkpoint's safetensors) or dummy (random\n"
         "                                weights of config.json's shapes, made on the device)\n"
+        "  --quantization Q              fp8, int8 or int4: quantize the projections (attention,\n"
+        "                                experts, MLPs) of a bf16 checkpoint as it loads, per 128\n"
+        "                                inputs; router, norms, embeddings, lm_head stay (FP8 and\n"
+        "                                GPTQ checkpoints are read as they are)\n"
+        "  --cache-dir DIR               where the CPU keeps its packed (and quantized) weights\n"
+        "                                for the next start (default $XDG_CACHE_HOME/moeserve, for\n"
+        "                                weights of 1 GiB or more); none: never\n"
         "  --data-parallel-size N        ranks, each with its own KV pool and thread share (1)\n"
         "  --enable-expert-parallel      shard the experts over the ranks (needed when N > 1)\n"
         "  --threads T                   compute threads in all, split between ranks (all cores)\n"
@@ -126,6 +139,20 @@ int engine_flags_parse_one(struct engine_flags *f, int argc, char **argv, int *i
         if (load_format_parse(val, &f->load_format))
             return ms_err(err, errlen, MS_EINVAL,
                           "--load-format must be auto or dummy, not \"%s\"", val);
+        DONE();
+    }
+    if (MATCH("--quantization", true) || MATCH("-q", true)) {
+        if (rc < 0) return rc;
+        if (quant_format_parse(val, &f->quantization))
+            return ms_err(err, errlen, MS_EINVAL,
+                          "--quantization must be fp8, int8 or int4, not \"%s\"", val);
+        DONE();
+    }
+    if (MATCH("--cache-dir", true)) {
+        if (rc < 0) return rc;
+        if (!*val)
+            return ms_err(err, errlen, MS_EINVAL, "--cache-dir needs a directory (or none)");
+        f->cache_dir = val;
         DONE();
     }
     if (MATCH("--threads", true)) {

@@ -16,7 +16,12 @@ struct engine_flags {
     struct engine_opts opts;
     bool kv_dtype_auto; // --kv-cache-dtype auto: follow the checkpoint (resolved by engine_flags_finish)
     enum load_format load_format; // --load-format auto | dummy
+    enum quant_format quantization; // --quantization fp8 | int8 | int4 (QUANT_NONE: as stored)
+    const char *cache_dir;        // --cache-dir DIR | none (NULL: the default); points into argv
 };
+
+// The model load the flags ask for (--load-format, --quantization, --cache-dir).
+struct model_load_opts engine_flags_load_opts(const struct engine_flags *f);
 
 void engine_flags_init(struct engine_flags *f);
 

@@ -99,7 +99,8 @@ static void par_for_dynamic(struct cpu_backend *c, int n, int chunk, range_fn fn
 static struct cpu_wmat wmat_of(const struct backend_mat *m)
 {
     return (struct cpu_wmat){.data = m->data, .packed = m->priv, .dtype = m->dtype,
-                             .out = m->rows, .in = m->cols};
+                             .out = m->rows, .in = m->cols, .quant = m->quant,
+                             .group = m->group_cols};
 }
 
 static int grow(struct cpu_backend *c, void **p, int *cap, int want, size_t elem, const char *what)
@@ -279,6 +280,7 @@ struct prep_ctx {
     struct prep_job *jobs;      // NULL on the counting pass
     size_t n_jobs;
     size_t packed_bytes, made_bytes, tmp_bytes;
+    size_t qrows_bytes;         // a block's canonical quantized rows and a row of floats
     char *packed, *made;
     _Atomic size_t next;        // the next job a worker takes
     _Atomic int failed;
@@ -291,16 +293,30 @@ static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
 static void plan_tensor(const struct tensor *t, struct backend_mat *mat, void *arg)
 {
     struct prep_ctx *c = arg;
+    const bool quant = t->quant.format != QUANT_NONE;
     *mat = (struct backend_mat){.dtype = t->dtype, .rows = t->ndim == 2 ? (int)t->shape[0] : 1,
                                 .cols = t->ndim == 2 ? (int)t->shape[1] : (int)t->shape[0],
-                                .data = t->data};
+                                .data = quant ? NULL : t->data};
+    if (quant) {
+        mat->quant = t->quant.format;
+        mat->group_rows = 1;
+        mat->group_cols = t->quant.group;
+    }
     struct prep_job j = {.t = t, .mat = mat, .packed_off = SIZE_MAX, .made_off = SIZE_MAX};
-    const struct cpu_wmat w = {.data = t->data, .dtype = t->dtype, .out = mat->rows, .in = mat->cols};
+    const struct cpu_wmat w = {.data = t->data, .dtype = t->dtype, .out = mat->rows, .in = mat->cols,
+                               .quant = mat->quant, .group = mat->group_cols};
     const size_t bytes = tensor_elems(t) * dtype_size(t->dtype);
-    // The embedding is read row by row in a lookup, never multiplied.
-    const bool pack = t->ndim == 2 && t != &c->m->embed && c->k->wants_packed &&
-                      c->k->wants_packed(&w);
-    if (pack) {
+    // The embedding is read row by row in a lookup, never multiplied; a
+    // quantized matrix exists only packed, for every table.
+    const bool pack = t->ndim == 2 && t != &c->m->embed &&
+                      (quant || (c->k->wants_packed && c->k->wants_packed(&w)));
+    if (pack && quant) {
+        j.packed_off = c->packed_bytes;
+        c->packed_bytes += round64(cpu_pack_bytes(&w));
+        const size_t q = quant_rows_bytes(CPU_PACK_OUTS, mat->cols, mat->quant, mat->group_cols) +
+                         (size_t)mat->cols * sizeof(float);
+        if (q > c->qrows_bytes) c->qrows_bytes = q;
+    } else if (pack) {
         j.packed_off = c->packed_bytes;
         c->packed_bytes += round64(cpu_pack_bytes(&w));
         if (!t->data && bytes > c->tmp_bytes) c->tmp_bytes = bytes;
@@ -326,16 +342,44 @@ static void make_dummy(const struct tensor *t, void *dst)
     }
 }
 
+// A quantized matrix, block by block: its canonical rows (read from the
+// checkpoint's format, or made and quantized here: a dummy's values never
+// exist for more than 16 rows at a time), packed.
+static void pack_quantized(const struct tensor *t, const struct backend_mat *mat, char *dst, void *buf)
+{
+    const int K = mat->cols;
+    struct quant_rows r;
+    quant_rows_init(&r, buf, CPU_PACK_OUTS, K, mat->quant, mat->group_cols);
+    float *row = (float *)((char *)buf + quant_rows_bytes(CPU_PACK_OUTS, K, mat->quant, mat->group_cols));
+    const size_t bb = quant_block_bytes(mat->quant, K, mat->group_cols);
+    for (int o = 0; o < mat->rows; o += CPU_PACK_OUTS) {
+        const int n = mat->rows - o < CPU_PACK_OUTS ? mat->rows - o : CPU_PACK_OUTS;
+        r.n = n;
+        quant_tensor_rows(t, o, n, &r, row);
+        cpu_qpack_block(&r, dst + (size_t)(o / CPU_PACK_OUTS) * bb);
+    }
+}
+
+// Gives the whole pages of a tensor's file bytes back to the page cache:
+// they are not read again once packed.
+static void drop_pages(const void *p, size_t bytes)
+{
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p;
+    const uintptr_t lo = (a + pg - 1) / pg * pg, hi = (a + bytes) / pg * pg;
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 static void *prep_worker(void *arg)
 {
     struct prep_ctx *c = arg;
-    void *tmp = NULL;
-    if (c->tmp_bytes) {
-        tmp = malloc(c->tmp_bytes);
-        if (!tmp) {
-            atomic_store(&c->failed, 1);
-            return NULL;
-        }
+    void *tmp = NULL, *qbuf = NULL;
+    if (c->tmp_bytes) tmp = malloc(c->tmp_bytes);
+    if (c->qrows_bytes) qbuf = malloc(c->qrows_bytes);
+    if ((c->tmp_bytes && !tmp) || (c->qrows_bytes && !qbuf)) {
+        free(tmp);
+        free(qbuf);
+        atomic_store(&c->failed, 1);
+        return NULL;
     }
     for (size_t i; (i = atomic_fetch_add(&c->next, 1)) < c->n_jobs;) {
         const struct prep_job *j = &c->jobs[i];
@@ -345,21 +389,23 @@ static void *prep_worker(void *arg)
             j->mat->data = c->made + j->made_off;
             continue;
         }
+        if (j->mat->quant != QUANT_NONE) {
+            pack_quantized(t, j->mat, c->packed + j->packed_off, qbuf);
+            j->mat->priv = c->packed + j->packed_off;
+            if (t->data && t->quant.source == QUANT_SRC_AT_LOAD)
+                drop_pages(t->data, tensor_elems(t) * dtype_size(t->dtype));
+            continue;
+        }
         struct cpu_wmat w = {.data = t->data ? t->data : tmp, .dtype = t->dtype,
                              .out = j->mat->rows, .in = j->mat->cols};
         if (!t->data) make_dummy(t, tmp);
         cpu_pack_blocks(&w, 0, (w.out + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS, c->packed + j->packed_off);
         j->mat->priv = c->packed + j->packed_off;
-        if (t->data && t->data != c->m->embed.data) {
-            // The file's copy is not read again (but for a tied embedding's
-            // lookups): give its whole pages back to the page cache.
-            const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)t->data;
-            const uintptr_t lo = (a + pg - 1) / pg * pg;
-            const uintptr_t hi = (a + tensor_elems(t) * dtype_size(t->dtype)) / pg * pg;
-            if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
-        }
+        // The file's copy is not read again (but for a tied embedding's lookups).
+        if (t->data && t->data != c->m->embed.data) drop_pages(t->data, tensor_elems(t) * dtype_size(t->dtype));
     }
     free(tmp);
+    free(qbuf);
     return NULL;
 }
 

@@ -23,9 +23,12 @@ static void scalar_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch
 {
     const int in = m->w.in;
     for (int o = o0; o < o1; o++) {
-        // Convert the weight row once, use it for every row of x.
-        for (int k = 0; k < in; k++)
-            scratch[k] = cpu_load_weight(m->w.data, m->w.dtype, (size_t)o * in + k);
+        // Convert the weight row once, use it for every row of x; a
+        // quantized row by the formula, w = (q - z) * s in fp32.
+        if (m->w.quant != QUANT_NONE) cpu_qpack_dequant_row(&m->w, o, scratch);
+        else
+            for (int k = 0; k < in; k++)
+                scratch[k] = cpu_load_weight(m->w.data, m->w.dtype, (size_t)o * in + k);
         for (int r = 0; r < m->rows; r++) {
             const float *x = m->x + (size_t)(m->x_rows ? m->x_rows[r] : r) * m->ldx;
             float *y = m->y + (size_t)(m->y_rows ? m->y_rows[r] : r) * m->ldy;
@@ -249,10 +252,78 @@ size_t cpu_pack_block_bytes(enum dtype dt, int in)
     return k * CPU_PACK_OUTS * dtype_size(dt);
 }
 
+// The bytes of one block of w, quantized or not.
+static size_t block_bytes_of(const struct cpu_wmat *w)
+{
+    if (w->quant != QUANT_NONE) return quant_block_bytes(w->quant, w->in, w->group);
+    return cpu_pack_block_bytes(w->dtype, w->in);
+}
+
 size_t cpu_pack_bytes(const struct cpu_wmat *w)
 {
     if (w->out <= 0 || w->in <= 0) return 0;
-    return (size_t)((w->out + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS) * cpu_pack_block_bytes(w->dtype, w->in);
+    return (size_t)((w->out + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS) * block_bytes_of(w);
+}
+
+void cpu_qpack_block(const struct quant_rows *r, void *dst)
+{
+    const int K = r->cols, ng = r->n_groups;
+    const enum quant_format f = r->format;
+    const size_t H = quant_block_header_bytes(f, K, r->group);
+    char *d = dst;
+    memset(d, 0, quant_block_bytes(f, K, r->group));
+    for (int j = 0; j < r->n && j < CPU_PACK_OUTS; j++) {
+        const uint8_t *q = r->q + (size_t)j * K;
+        for (int g = 0; g < ng; g++) {
+            const float s = r->scale[(size_t)j * ng + g];
+            if (f == QUANT_INT4) {
+                const uint16_t h = ms_f32_to_f16(s);
+                memcpy(d + (size_t)g * 48 + 2 * j, &h, 2);
+                d[(size_t)g * 48 + 32 + j] = (char)r->zero[(size_t)j * ng + g];
+            } else {
+                memcpy(d + (size_t)g * 64 + 4 * j, &s, 4);
+            }
+        }
+        if (f == QUANT_INT4) {
+            for (int k8 = 0; k8 * 8 < K; k8++) {
+                uint32_t v = 0;
+                for (int i = 0; i < 8 && k8 * 8 + i < K; i++) v |= (uint32_t)(q[k8 * 8 + i] & 15u) << (4 * i);
+                memcpy(d + H + (size_t)k8 * 64 + 4 * j, &v, 4);
+            }
+        } else {
+            for (int k = 0; k < K; k++) d[H + (size_t)k * CPU_PACK_OUTS + j] = (char)q[k];
+        }
+    }
+}
+
+void cpu_qpack_dequant_row(const struct cpu_wmat *w, int o, float *out)
+{
+    const int K = w->in, G = w->group > 0 ? w->group : K, ng = quant_groups(K, G);
+    const size_t bb = quant_block_bytes(w->quant, K, w->group);
+    const size_t H = quant_block_header_bytes(w->quant, K, w->group);
+    const uint8_t *blk = (const uint8_t *)w->packed + (size_t)(o / CPU_PACK_OUTS) * bb;
+    const int j = o % CPU_PACK_OUTS;
+    for (int g = 0; g < ng; g++) {
+        const int k0 = g * G, k1 = k0 + G < K ? k0 + G : K;
+        if (w->quant == QUANT_INT4) {
+            uint16_t h;
+            memcpy(&h, blk + (size_t)g * 48 + 2 * j, 2);
+            const float s = ms_f16_to_f32(h);
+            const int z = blk[(size_t)g * 48 + 32 + j];
+            for (int k = k0; k < k1; k++) {
+                uint32_t v;
+                memcpy(&v, blk + H + (size_t)(k / 8) * 64 + 4 * j, 4);
+                out[k] = (float)((int)((v >> (4 * (k % 8))) & 15u) - z) * s;
+            }
+        } else {
+            float s;
+            memcpy(&s, blk + (size_t)g * 64 + 4 * j, 4);
+            for (int k = k0; k < k1; k++) {
+                const uint8_t q = blk[H + (size_t)k * CPU_PACK_OUTS + j];
+                out[k] = (w->quant == QUANT_FP8 ? quant_fp8_to_f32(q) : (float)(int8_t)q) * s;
+            }
+        }
+    }
 }
 
 void cpu_pack_blocks(const struct cpu_wmat *w, int b0, int b1, void *dst)
@@ -288,7 +359,7 @@ void cpu_pack_blocks(const struct cpu_wmat *w, int b0, int b1, void *dst)
 
 const char *cpu_packed_blocks(const struct cpu_wmat *w, int b0, int b1, void *buf)
 {
-    if (w->packed) return (const char *)w->packed + (size_t)b0 * cpu_pack_block_bytes(w->dtype, w->in);
+    if (w->packed) return (const char *)w->packed + (size_t)b0 * block_bytes_of(w);
     cpu_pack_blocks(w, b0, b1, buf);
     return buf;
 }
@@ -301,8 +372,7 @@ struct cpu_wmat cpu_wmat_slice(const struct cpu_wmat *w, int o0, int n)
     s.out = n;
     s.packed = NULL;
     if (w->packed && o0 % CPU_PACK_OUTS == 0)
-        s.packed = (const char *)w->packed +
-                   (size_t)(o0 / CPU_PACK_OUTS) * cpu_pack_block_bytes(w->dtype, w->in);
+        s.packed = (const char *)w->packed + (size_t)(o0 / CPU_PACK_OUTS) * block_bytes_of(w);
     return s;
 }
 

@@ -11,6 +11,7 @@
 
 #include "base/base.h"
 #include "model/config.h"
+#include "model/quant.h"
 
 // A weight matrix as stored in the checkpoint (bf16, f16 or f32), and
 // optionally the same weights repacked once at load time for the tables that
@@ -20,6 +21,11 @@ struct cpu_wmat {
     const void *packed; // NULL, or (ceil(out / 16), the block) in the packed layout
     enum dtype dtype;
     int out, in;
+    // Quantized weights (quant != QUANT_NONE) exist only packed, in
+    // model/quant.h's blocks of 16 outputs with groups of `group` inputs;
+    // every table reads them so and dequantizes in registers.
+    enum quant_format quant;
+    int group;
 };
 
 // The packed layout: outputs in blocks of CPU_PACK_OUTS, block b holding
@@ -47,6 +53,13 @@ static inline uint16_t cpu_lane_mask16(int o, int o0, int o1)
     if (hi <= lo) return 0;
     return (uint16_t)(((1u << (hi - lo)) - 1u) << lo);
 }
+// Rows [0, r->n) of canonical quantized rows (r->n <= 16) as one packed
+// block of model/quant.h's layout (quant_block_bytes) at dst; the rows past
+// r->n are zero.
+void cpu_qpack_block(const struct quant_rows *r, void *dst);
+// Output o of a packed quantized w, dequantized by the formula (the
+// scalar table's matmul and the tests read weights so): out (w.in).
+void cpu_qpack_dequant_row(const struct cpu_wmat *w, int o, float *out);
 // Outputs [o0, o0 + n) of w as a matrix of their own; a packed w keeps its
 // packing only when o0 is a multiple of CPU_PACK_OUTS.
 struct cpu_wmat cpu_wmat_slice(const struct cpu_wmat *w, int o0, int n);
@@ -141,11 +154,12 @@ const struct cpu_kernels *cpu_kernels_avx2(void);
 const struct cpu_kernels *cpu_kernels_avx512(void);
 // Also needs Linux to grant this process the tile state (arch_prctl).
 const struct cpu_kernels *cpu_kernels_amx(void);
-// The matrices the amx table runs on the tile unit (the rest go to its
-// avx512 matmul): bf16 whose k fill whole 32-value tile rows.
+// The matrices the amx table runs on the tile unit (the rest, quantized
+// ones included, go to its avx512 matmul): bf16 whose k fill whole
+// 32-value tile rows.
 static inline bool cpu_kernels_amx_takes(const struct cpu_wmat *w)
 {
-    return w->dtype == DTYPE_BF16 && w->in > 0 && w->in % 32 == 0 && w->out > 0;
+    return w->quant == QUANT_NONE && w->dtype == DTYPE_BF16 && w->in > 0 && w->in % 32 == 0 && w->out > 0;
 }
 // The fastest table this CPU runs (amx, else avx512, else avx2, else
 // scalar); MOESERVE_CPU_KERNELS=scalar|avx2|avx512|amx picks one (falling

@@ -91,6 +91,36 @@ static inline __m256 vexp(__m256 x)
 // Lanes where a == b (ordered: not NaN) keep v, the others take other.
 #define VSEL_EQ(v, a, b, other) _mm256_blendv_ps((other), (v), _mm256_cmp_ps((a), (b), _CMP_EQ_OQ))
 
+// The quantized matmul's pieces (kernels_simd.inc): 4 rows x one block of
+// 16 outputs (two vectors) per tile fills the 16 registers.
+#define Q_MR 4
+#define Q_NB 1
+#define VI __m256i
+#define VLOADI(p) _mm256_loadu_si256((const __m256i *)(p))
+#define VFNMA(a, b, c) _mm256_fnmadd_ps(a, b, c)
+#define VLOAD_Q8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define VLOAD_U8(p) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+// e4m3 bytes: sign-extended, the 7 magnitude bits shifted into an fp32's
+// exponent and mantissa (the sign's copies cleared from the exponent), times
+// 2^120 (model/quant.h).
+static inline __m256 vload_fp8(const void *p)
+{
+    __m256i t = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    t = _mm256_and_si256(_mm256_slli_epi32(t, 20), _mm256_set1_epi32((int)0x87f00000u));
+    return _mm256_mul_ps(_mm256_castsi256_ps(t), _mm256_set1_ps(0x1p120f));
+}
+#define VLOAD_FP8(p) vload_fp8(p)
+// Nibble i of each dword times 16^i; AVX2 converts signed dwords only, so
+// the top nibble is shifted down and its x left unscaled.
+static inline __m256 vnib(__m256i v, int i)
+{
+    if (i == 7) return _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 28));
+    return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15 << (4 * i))));
+}
+#define VNIB(v, i) vnib((v), (i))
+static const float nib_xscale[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f};
+#define NIB_XSCALE(i) nib_xscale[i]
+
 #include "model/cpu/kernels_simd.inc"
 
 static const struct cpu_kernels avx2_table = {

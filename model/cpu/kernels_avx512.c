@@ -106,6 +106,28 @@ static inline __m512 vexp(__m512 x)
 // Lanes where a == b (ordered: not NaN) keep v, the others take other.
 #define VSEL_EQ(v, a, b, other) _mm512_mask_blend_ps(_mm512_cmp_ps_mask((a), (b), _CMP_EQ_OQ), (other), (v))
 
+// The quantized matmul's pieces (kernels_simd.inc): 4 rows x 4 blocks of
+// 16 outputs per tile, 16 chains in registers beside the weight vectors.
+#define Q_MR 4
+#define Q_NB 4
+#define VI __m512i
+#define VLOADI(p) _mm512_loadu_si512(p)
+#define VFNMA(a, b, c) _mm512_fnmadd_ps(a, b, c)
+#define VLOAD_Q8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#define VLOAD_U8(p) _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+// e4m3 bytes as in kernels_avx2.c.
+static inline __m512 vload_fp8(const void *p)
+{
+    __m512i t = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+    t = _mm512_and_si512(_mm512_slli_epi32(t, 20), _mm512_set1_epi32((int)0x87f00000u));
+    return _mm512_mul_ps(_mm512_castsi512_ps(t), _mm512_set1_ps(0x1p120f));
+}
+#define VLOAD_FP8(p) vload_fp8(p)
+// Nibble i of each dword, in place: q * 16^i, converted unsigned.
+#define VNIB(v, i) _mm512_cvtepu32_ps(_mm512_and_si512((v), _mm512_set1_epi32((int)(15u << (4 * (i))))))
+static const float nib_xscale[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 0x1p-28f};
+#define NIB_XSCALE(i) nib_xscale[i]
+
 #include "model/cpu/kernels_simd.inc"
 
 // ---- the matmul over packed weights ------------------------------------------
@@ -298,6 +320,10 @@ AI int pk_block_height(int rows)
 // weights not packed at load are packed chunk by chunk into scratch.
 static void pk_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
 {
+    if (m->w.quant != QUANT_NONE) {
+        simd_qmatmul(m, o0, o1, scratch);
+        return;
+    }
     if (m->rows <= 0 || o0 >= o1) return;
     const int K = m->w.in;
     if (m->w.packed && m->rows > PK_MAX_MR && m->rows <= PK_XP_MAX_ROWS &&

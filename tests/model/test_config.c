@@ -152,7 +152,14 @@ static void unimplemented_settings_are_refused_by_name(void **state)
         {"attention_bias", "true", "attention_bias", "true"},
         {"hidden_act", "\"gelu\"", "hidden_act", "gelu"},
         {"torch_dtype", "\"float8_e4m3fn\"", "torch_dtype", "float8_e4m3fn"},
-        {"quantization_config", "{\"quant_method\": \"fp8\"}", "quantization_config", "fp8"},
+        {"quantization_config", "{\"quant_method\": \"awq\"}", "quantization_config", "awq"},
+        {"quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 8, \"group_size\": 128}",
+         "bits", "8"},
+        {"quantization_config", "{\"quant_method\": \"fp8\", \"fmt\": \"e5m2\"}", "fmt", "e5m2"},
+        {"quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 100}",
+         "group_size", "100"},
+        {"quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128,"
+         " \"checkpoint_format\": \"marlin\"}", "checkpoint_format", "marlin"},
         {"layer_types", "[\"full_attention\", \"sliding_attention\"]", "layer_types[1]",
          "sliding_attention"},
     };
@@ -181,6 +188,54 @@ static void default_rope_and_explicit_nulls_are_accepted(void **state)
     assert_int_equal(parse_edited("torch_dtype", "\"float32\"", &c, err, sizeof err), 0);
     assert_int_equal(c.torch_dtype, DTYPE_F32);
     assert_int_equal(parse_edited("hidden_size", "2048.0", &c, err, sizeof err), 0);
+}
+
+// Qwen3-30B-A3B-FP8's and -GPTQ-Int4's quantization_config, and the variants
+// a file may write (per-tensor FP8, group_size -1, asymmetric, GPTQ v2).
+static void fp8_and_gptq_quantization_configs_parse(void **state)
+{
+    (void)state;
+    struct model_config c;
+    char err[512] = "";
+    assert_int_equal(parse_edited("quantization_config",
+                                  "{\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", "
+                                  "\"quant_method\": \"fp8\", \"weight_block_size\": [128, 64]}",
+                                  &c, err, sizeof err), 0);
+    assert_int_equal(c.quant.method, QUANT_METHOD_FP8);
+    assert_int_equal(c.quant.block_rows, 128);
+    assert_int_equal(c.quant.block_cols, 64);
+    assert_int_equal(parse_edited("quantization_config", "{\"quant_method\": \"fp8\"}", &c, err,
+                                  sizeof err), 0);
+    assert_int_equal(c.quant.block_rows, 0); // one scale per tensor
+    assert_int_equal(parse_edited("quantization_config",
+                                  "{\"bits\": 4, \"damp_percent\": 0.01, \"desc_act\": false, "
+                                  "\"group_size\": 128, \"quant_method\": \"gptq\", \"static_groups\": "
+                                  "false, \"sym\": true, \"true_sequential\": true}", &c, err, sizeof err), 0);
+    assert_int_equal(c.quant.method, QUANT_METHOD_GPTQ);
+    assert_int_equal(c.quant.group, 128);
+    assert_true(c.quant.sym && !c.quant.desc_act);
+    assert_int_equal(c.quant.zero_offset, 1);
+    assert_int_equal(parse_edited("quantization_config",
+                                  "{\"bits\": 4, \"group_size\": -1, \"quant_method\": \"gptq\", "
+                                  "\"sym\": false, \"checkpoint_format\": \"gptq_v2\"}", &c, err,
+                                  sizeof err), 0);
+    assert_int_equal(c.quant.group, 0); // one group over all inputs
+    assert_false(c.quant.sym);
+    assert_int_equal(c.quant.zero_offset, 0);
+    assert_int_equal(parse_edited("quantization_config", NULL, &c, err, sizeof err), 0);
+    assert_int_equal(c.quant.method, QUANT_METHOD_NONE);
+    // Malformed pieces are format errors naming the field.
+    assert_int_equal(parse_edited("quantization_config",
+                                  "{\"quant_method\": \"fp8\", \"weight_block_size\": [128]}", &c,
+                                  err, sizeof err), MS_EFORMAT);
+    assert_non_null(strstr(err, "weight_block_size"));
+    assert_int_equal(parse_edited("quantization_config",
+                                  "{\"quant_method\": \"fp8\", \"weight_block_size\": [0, 128]}",
+                                  &c, err, sizeof err), MS_EFORMAT);
+    assert_int_equal(parse_edited("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4}",
+                                  &c, err, sizeof err), MS_EFORMAT);
+    assert_non_null(strstr(err, "group_size"));
+    assert_int_equal(parse_edited("quantization_config", "[1]", &c, err, sizeof err), MS_EFORMAT);
 }
 
 static void malformed_configs_are_format_errors(void **state)
@@ -415,6 +470,7 @@ int main(void)
         cmocka_unit_test(dense_qwen3_has_no_moe_layers),
         cmocka_unit_test(unimplemented_settings_are_refused_by_name),
         cmocka_unit_test(default_rope_and_explicit_nulls_are_accepted),
+        cmocka_unit_test(fp8_and_gptq_quantization_configs_parse),
         cmocka_unit_test(malformed_configs_are_format_errors),
         cmocka_unit_test(generation_config_sets_eos_list_and_sampling_defaults),
         cmocka_unit_test(generation_eos_outside_the_vocabulary_is_dropped),

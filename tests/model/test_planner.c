@@ -310,18 +310,24 @@ static void quantised_weights_keep_embeddings_router_and_norms_at_16_bits(void *
 {
     (void)state;
     assert_int_equal(plan_matrix_bytes(768, 2048, PLAN_BF16), 768 * 2048 * 2);
-    assert_int_equal(plan_matrix_bytes(768, 2048, PLAN_FP8), 768 * 2048 + 6 * 16 * 4);
-    assert_int_equal(plan_matrix_bytes(768, 2048, PLAN_INT8), 768 * 2048 + 768 * 4);
-    assert_int_equal(plan_matrix_bytes(768, 2048, PLAN_INT4), 768 * 1024 + 768 * 16 * 2);
-    assert_int_equal(plan_matrix_bytes(3, 5, PLAN_INT4), 8 + 3 * 2); // odd counts round up
+    // As the loader holds them (model/quant.h): an fp32 scale per output and
+    // group of 128 inputs (fp8, int8), an fp16 scale and a uint8 zero point
+    // (int4), rows in blocks of 16.
+    assert_int_equal(plan_matrix_bytes(768, 2048, PLAN_FP8), 768 * 2048 + 768 * 16 * 4);
+    assert_int_equal(plan_matrix_bytes(768, 2048, PLAN_INT8), 768 * 2048 + 768 * 16 * 4);
+    assert_int_equal(plan_matrix_bytes(768, 2048, PLAN_INT4), 768 * 1024 + 768 * 16 * 3);
+    assert_int_equal(plan_matrix_bytes(768, 2048, PLAN_INT4),
+                     quant_matrix_bytes(768, 2048, QUANT_INT4, QUANT_GROUP));
+    // Odd counts round up: a block of 16 rows, 8 inputs, a 64-byte header.
+    assert_int_equal(plan_matrix_bytes(3, 5, PLAN_INT4), 64 + 64);
     struct model_config c;
     fill_qwen3_30b_a3b(&c);
     char err[256];
     uint64_t fp8;
     assert_int_equal(plan_weight_bytes(&c, PLAN_FP8, PLAN_TP, 1, &fp8, err, sizeof err), 0);
     const uint64_t plain = 2 * (2 * 311164928ull + 48ull * 128 * 2048 + 48ull * 4352 + 2048);
-    const uint64_t expert = 768 * 2048 + 6 * 16 * 4; // gate, up; down is (2048, 768): the same
-    const uint64_t attn = (4096 * 2048 + 32 * 16 * 4) * 2 + (512 * 2048 + 4 * 16 * 4) * 2;
+    const uint64_t expert = 768 * 2048 + 768 * 16 * 4; // gate, up; down is (2048, 768): the same
+    const uint64_t attn = (4096 * 2048 + 4096 * 16 * 4) * 2 + (512 * 2048 + 512 * 16 * 4) * 2;
     assert_int_equal(fp8, plain + 48 * (128 * 3 * expert + attn));
 }
 

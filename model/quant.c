@@ -1,0 +1,251 @@
+// quant: the quantized weight formats' arithmetic (see quant.h): FP8
+// encoding, quantization of a row at load, the canonical rows of a
+// checkpoint's FP8 or GPTQ tensors, and the sizes of the packed layout.
+#include "model/quant.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "model/model.h"
+
+static const char *const format_names[] = {"none", "fp8", "int8", "int4"};
+
+const char *quant_format_name(enum quant_format f)
+{
+    return (unsigned)f < sizeof format_names / sizeof format_names[0] ? format_names[f] : "?";
+}
+
+int quant_format_parse(const char *s, enum quant_format *out)
+{
+    for (size_t i = 0; s && i < sizeof format_names / sizeof format_names[0]; i++)
+        if (!strcmp(s, format_names[i])) {
+            *out = (enum quant_format)i;
+            return 0;
+        }
+    return MS_EINVAL;
+}
+
+// Subnormals (below 2^-6) are multiples of 2^-9: rint rounds to even. Normals
+// keep 3 of the fp32 mantissa's 23 bits, rounded to nearest even; a carry
+// out of the mantissa moves to the next binade.
+uint8_t quant_f32_to_fp8(float x)
+{
+    if (x != x) return 0x7f;
+    const uint8_t sign = signbit(x) ? 0x80 : 0;
+    const float a = fabsf(x);
+    if (a >= 448.0f) return sign | 0x7e;
+    if (a < 0x1p-6f) return sign | (uint8_t)rintf(a * 0x1p9f); // 8 is the smallest normal's code
+    uint32_t bits;
+    memcpy(&bits, &a, sizeof bits);
+    int e = (int)(bits >> 23) - 127;
+    uint32_t m = (bits >> 20) & 7u;
+    const uint32_t rest = bits & 0xfffffu;
+    if (rest > 0x80000u || (rest == 0x80000u && (m & 1u))) m++;
+    if (m == 8) {
+        m = 0;
+        e++;
+    }
+    const uint32_t code = (uint32_t)(e + 7) << 3 | m;
+    return sign | (uint8_t)(code > 0x7e ? 0x7e : code);
+}
+
+// ---- canonical rows ------------------------------------------------------------------
+
+static size_t align8(size_t n) { return (n + 7) & ~(size_t)7; }
+
+size_t quant_rows_bytes(int n, int cols, enum quant_format f, int group)
+{
+    const size_t ng = (size_t)quant_groups(cols, group), rows = n > 0 ? (size_t)n : 0;
+    (void)f;
+    return align8(rows * (size_t)cols) + align8(rows * ng * sizeof(float)) + align8(rows * ng);
+}
+
+void quant_rows_init(struct quant_rows *r, void *buf, int n, int cols, enum quant_format f, int group)
+{
+    const size_t ng = (size_t)quant_groups(cols, group);
+    char *p = buf;
+    r->format = f;
+    r->n = n;
+    r->cols = cols;
+    r->group = group > 0 ? group : cols;
+    r->n_groups = (int)ng;
+    r->q = (uint8_t *)p;
+    p += align8((size_t)n * (size_t)cols);
+    r->scale = (float *)p;
+    p += align8((size_t)n * ng * sizeof(float));
+    r->zero = (uint8_t *)p;
+}
+
+// The smallest fp16 value >= s (s >= 0 and finite).
+static float f16_at_least(float s)
+{
+    float h = ms_f16_to_f32(ms_f32_to_f16(s));
+    if (h < s) {
+        uint16_t b = ms_f32_to_f16(s);
+        h = ms_f16_to_f32((uint16_t)(b + 1)); // the next fp16 up (s is positive)
+    }
+    return h;
+}
+
+// int4 over one group: the range with 0 in it (symmetric: +-max|w|), s the
+// range over 15 rounded up to an fp16 value, z = round(-lo / s) (8 when
+// symmetric) within [zmin, 15].
+static void int4_group(const float *w, int k0, int k1, bool sym, int zmin, uint8_t *q, float *s_out,
+                       uint8_t *z_out)
+{
+    float lo = 0.0f, hi = 0.0f;
+    for (int k = k0; k < k1; k++) {
+        const float v = isfinite(w[k]) ? w[k] : 0.0f;
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    if (sym) {
+        hi = fmaxf(hi, -lo);
+        lo = -hi;
+    }
+    const float s = hi > lo ? f16_at_least((hi - lo) / 15.0f) : 0.0f;
+    float zf = sym ? 8.0f : s > 0 ? rintf(-lo / s) : 8.0f;
+    zf = zf < (float)zmin ? (float)zmin : zf > 15 ? 15 : zf;
+    for (int k = k0; k < k1; k++) {
+        float v = s > 0 && isfinite(w[k]) ? rintf(w[k] / s) + zf : zf;
+        v = v < 0 ? 0 : v > 15 ? 15 : v;
+        q[k] = (uint8_t)v;
+    }
+    *s_out = s;
+    *z_out = (uint8_t)zf;
+}
+
+void quant_rows_quantize_gptq(struct quant_rows *r, int i, const float *w, bool sym)
+{
+    const int K = r->cols, G = r->group;
+    for (int g = 0; g < r->n_groups; g++)
+        int4_group(w, g * G, g * G + G < K ? g * G + G : K, sym, 1, r->q + (size_t)i * K,
+                   &r->scale[(size_t)i * r->n_groups + g], &r->zero[(size_t)i * r->n_groups + g]);
+}
+
+void quant_rows_quantize(struct quant_rows *r, int i, const float *w)
+{
+    const int K = r->cols, G = r->group;
+    uint8_t *q = r->q + (size_t)i * K;
+    for (int g = 0; g < r->n_groups; g++) {
+        const int k0 = g * G, k1 = k0 + G < K ? k0 + G : K;
+        float lo = 0.0f, hi = 0.0f, amax = 0.0f;
+        for (int k = k0; k < k1; k++) {
+            const float v = isfinite(w[k]) ? w[k] : 0.0f;
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+            amax = fabsf(v) > amax ? fabsf(v) : amax;
+        }
+        float s = 0.0f;
+        uint8_t z = 0;
+        switch (r->format) {
+        case QUANT_FP8:
+            s = amax / 448.0f;
+            for (int k = k0; k < k1; k++) q[k] = s > 0 && isfinite(w[k]) ? quant_f32_to_fp8(w[k] / s) : 0;
+            break;
+        case QUANT_INT8:
+            s = amax / 127.0f;
+            for (int k = k0; k < k1; k++) {
+                float v = s > 0 && isfinite(w[k]) ? rintf(w[k] / s) : 0.0f;
+                v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+                q[k] = (uint8_t)(int8_t)v;
+            }
+            break;
+        case QUANT_INT4: int4_group(w, k0, k1, false, 0, q, &s, &z); break;
+        default: break;
+        }
+        r->scale[(size_t)i * r->n_groups + g] = s;
+        r->zero[(size_t)i * r->n_groups + g] = z;
+    }
+}
+
+static float scale_at(const void *p, enum dtype t, size_t i)
+{
+    switch (t) {
+    case DTYPE_BF16: return ms_bf16_to_f32(((const uint16_t *)p)[i]);
+    case DTYPE_F16: return ms_f16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+// A row of values as the tensor holds them (a dummy's rounded to its dtype,
+// as a dummy bf16 model would hold it).
+static void plain_row(const struct tensor *t, int row, float *out)
+{
+    const int K = (int)t->shape[1];
+    const size_t base = (size_t)row * (size_t)K;
+    for (int k = 0; k < K; k++) {
+        if (t->data) {
+            out[k] = scale_at(t->data, t->dtype, base + (size_t)k);
+            continue;
+        }
+        const float v = tensor_dummy_value(t, base + (size_t)k);
+        out[k] = t->dtype == DTYPE_BF16  ? ms_bf16_to_f32(ms_f32_to_bf16(v))
+                 : t->dtype == DTYPE_F16 ? ms_f16_to_f32(ms_f32_to_f16(v))
+                                         : v;
+    }
+}
+
+void quant_tensor_rows(const struct tensor *t, int r0, int n, struct quant_rows *r, float *tmp)
+{
+    const struct tensor_quant *tq = &t->quant;
+    const int rows = (int)t->shape[0], K = (int)t->shape[1], ng = r->n_groups, G = r->group;
+    for (int i = 0; i < n; i++) {
+        const int o = r0 + i;
+        uint8_t *q = r->q + (size_t)i * K;
+        float *s = r->scale + (size_t)i * ng;
+        uint8_t *z = r->zero + (size_t)i * ng;
+        switch (tq->source) {
+        case QUANT_SRC_AT_LOAD:
+            plain_row(t, o, tmp);
+            quant_rows_quantize(r, i, tmp);
+            break;
+        case QUANT_SRC_FP8: {
+            memcpy(q, (const uint8_t *)t->data + (size_t)o * K, (size_t)K);
+            const int br = tq->block_rows > 0 ? tq->block_rows : rows;
+            for (int g = 0; g < ng; g++) s[g] = scale_at(tq->scale, tq->scale_dtype, (size_t)(o / br) * ng + g);
+            memset(z, 0, (size_t)ng);
+            break;
+        }
+        case QUANT_SRC_GPTQ: {
+            const uint32_t *qw = t->data, *qz = tq->zeros;
+            for (int k = 0; k < K; k++)
+                q[k] = (uint8_t)((qw[(size_t)(k / 8) * rows + o] >> (4 * (k % 8))) & 15u);
+            for (int g = 0; g < ng; g++) {
+                s[g] = scale_at(tq->scale, DTYPE_F16, (size_t)g * rows + o);
+                const uint32_t word = qz[(size_t)g * (rows / 8) + o / 8];
+                z[g] = (uint8_t)(((word >> (4 * (o % 8))) & 15u) + (uint32_t)tq->zero_offset);
+            }
+            (void)G;
+            break;
+        }
+        }
+    }
+}
+
+// ---- sizes -----------------------------------------------------------------------------
+
+static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
+
+size_t quant_block_header_bytes(enum quant_format f, int cols, int group)
+{
+    const size_t ng = (size_t)quant_groups(cols, group);
+    return round64(ng * (f == QUANT_INT4 ? 48 : 64));
+}
+
+size_t quant_block_bytes(enum quant_format f, int cols, int group)
+{
+    const size_t K = cols > 0 ? (size_t)cols : 0;
+    const size_t values = f == QUANT_INT4 ? (K + 7) / 8 * 64 : K * 16;
+    return round64(quant_block_header_bytes(f, cols, group) + values);
+}
+
+uint64_t quant_matrix_bytes(uint64_t rows, uint64_t cols, enum quant_format f, int group)
+{
+    if (!rows || !cols || cols > INT32_MAX) return 0;
+    const uint64_t blocks = (rows + QUANT_BLOCK_ROWS - 1) / QUANT_BLOCK_ROWS;
+    uint64_t r;
+    if (ms_mul_overflow_u64(blocks, quant_block_bytes(f, (int)cols, group), &r)) return UINT64_MAX;
+    return r;
+}
