@@ -22,6 +22,7 @@ struct st_file {
     char *name; // basename for shards, the path given for a single file
     void *map;
     size_t size;
+    int64_t mtime_ns;
 };
 
 struct safetensors {
@@ -212,6 +213,7 @@ static int load_file(struct safetensors *st, const char *path, const char *label
         return ms_err(err, errlen, MS_EIO, "cannot map %s: %s", path, strerror(map_errno));
     f->map = map;
     f->size = (size_t)size;
+    f->mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
 
     const uint8_t *b = map;
     uint64_t hlen = 0;
@@ -445,4 +447,18 @@ size_t safetensors_count(const struct safetensors *st)
 const struct st_tensor *safetensors_get(const struct safetensors *st, size_t i)
 {
     return i < st->n ? &st->t[i] : NULL;
+}
+
+size_t safetensors_file_count(const struct safetensors *st)
+{
+    return st->n_files;
+}
+
+const char *safetensors_file_info(const struct safetensors *st, size_t i, uint64_t *size,
+                                  int64_t *mtime_ns)
+{
+    if (i >= st->n_files) return NULL;
+    *size = st->files[i].size;
+    *mtime_ns = st->files[i].mtime_ns;
+    return st->files[i].name;
 }

@@ -44,4 +44,11 @@ const struct st_tensor *safetensors_find(const struct safetensors *st, const cha
 size_t safetensors_count(const struct safetensors *st);
 const struct st_tensor *safetensors_get(const struct safetensors *st, size_t i);
 
+// The mapped files, in the order they were opened: name (as in
+// struct st_file), size and modification time as they were when mapped
+// (what a cache of prepared weights is keyed by). NULL past the last.
+size_t safetensors_file_count(const struct safetensors *st);
+const char *safetensors_file_info(const struct safetensors *st, size_t i, uint64_t *size,
+                                  int64_t *mtime_ns);
+
 #endif

@@ -20,6 +20,7 @@
 #include "model/cpu/probe.h"
 #include "model/cpu/sample.h"
 #include "model/cpu/threadpool.h"
+#include "model/cpu/weights_cache.h"
 
 struct cpu_backend {
     struct backend b;
@@ -222,10 +223,13 @@ struct shared_weights {
     const struct cpu_kernels *k;
     int refs;
     struct backend_weights w;   // expert range: all
-    void *packed;               // the packed blocks, one mapping (or NULL)
+    void *map;                  // one mapping holding both areas below (anonymous, or a
+    size_t map_bytes;           // weights cache file: weights_cache.h), or NULL
+    char *packed;               // the packed blocks
     size_t packed_bytes;
-    void *made;                 // dummy loads: the weights made here that are not packed
+    char *made;                 // dummy loads: the weights made here that are not packed
     size_t made_bytes;
+    int cache;                  // 0: not cached; 1: mapped from a cache file; 2: written to one
     struct shared_weights *next;
 };
 
@@ -416,6 +420,44 @@ static void *map_anon(size_t bytes)
     return p == MAP_FAILED ? NULL : p;
 }
 
+static size_t round_page(size_t n)
+{
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    return (n + pg - 1) / pg * pg;
+}
+
+// Where the packed and made areas live: a weights cache file (mapped as
+// found, or created to be written), else anonymous memory. Sets *cached:
+// 1 when the file holds them already, 2 when it is being written, 0 not.
+static bool map_areas(struct shared_weights *s, struct weights_cache *wc, int use_cache, int *cached)
+{
+    *cached = 0;
+    if (use_cache > 0 && (weights_cache_map(wc) || weights_cache_create(wc))) {
+        *cached = wc->fd >= 0 ? 2 : 1;
+        s->map = wc->map;
+        s->map_bytes = wc->map_bytes;
+        s->packed = (char *)wc->map + wc->data_off;
+        s->made = (char *)wc->map + wc->made_off;
+        return true;
+    }
+    s->map_bytes = round_page(s->packed_bytes) + round_page(s->made_bytes);
+    s->map = map_anon(s->map_bytes);
+    if (!s->map) return s->map_bytes == 0;
+    s->packed = s->map;
+    s->made = (char *)s->map + round_page(s->packed_bytes);
+    return true;
+}
+
+// Points every matrix at its place in areas that already hold the weights.
+static void bind_areas(const struct prep_ctx *c)
+{
+    for (size_t i = 0; i < c->n_jobs; i++) {
+        const struct prep_job *j = &c->jobs[i];
+        if (j->made_off != SIZE_MAX) j->mat->data = c->made + j->made_off;
+        else j->mat->priv = c->packed + j->packed_off;
+    }
+}
+
 static void shared_free(struct shared_weights *s)
 {
     if (!s) return;
@@ -424,8 +466,7 @@ static void shared_free(struct shared_weights *s)
         free(s->w.layers);
     }
     free(s->w.rope_inv_freq);
-    if (s->packed) munmap(s->packed, s->packed_bytes);
-    if (s->made) munmap(s->made, s->made_bytes);
+    if (s->map) munmap(s->map, s->map_bytes);
     free(s);
 }
 
@@ -470,41 +511,56 @@ static int shared_build(struct backend *b, const struct model *m, const struct c
     struct prep_ctx c = {.m = m, .k = k};
     for_each_tensor(m, &s->w, plan_tensor, &c);
     if (c.n_jobs) {
+        s->packed_bytes = c.packed_bytes;
+        s->made_bytes = c.made_bytes;
+        struct weights_cache wc;
+        const int use_cache = weights_cache_open(&wc, m, k->name, c.packed_bytes, c.made_bytes);
+        int cached = 0;
         c.jobs = calloc(c.n_jobs, sizeof *c.jobs);
-        s->packed = map_anon(c.packed_bytes);
-        s->made = map_anon(c.made_bytes);
-        if (!c.jobs || (c.packed_bytes && !s->packed) || (c.made_bytes && !s->made)) {
+        if (use_cache < 0 || !c.jobs || !map_areas(s, &wc, use_cache, &cached)) {
             free(c.jobs);
-            s->packed_bytes = c.packed_bytes;
-            s->made_bytes = c.made_bytes;
+            weights_cache_close(&wc);
             shared_free(s);
             return backend_fail(b, MS_ENOMEM, "cannot map %.1f MiB for the weights prepared for the "
                                 "%s kernels", (double)(c.packed_bytes + c.made_bytes) / (1 << 20),
                                 k->name);
         }
-        s->packed_bytes = c.packed_bytes;
-        s->made_bytes = c.made_bytes;
         c.packed = s->packed;
         c.made = s->made;
         c.n_jobs = c.packed_bytes = c.made_bytes = 0;
         for_each_tensor(m, &s->w, plan_tensor, &c);
-        long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
-        int n_threads = n_cpu < 1 ? 1 : n_cpu > 64 ? 64 : (int)n_cpu;
-        if ((size_t)n_threads > c.n_jobs) n_threads = (int)c.n_jobs;
-        pthread_t th[64];
-        int started = 0;
-        for (; started < n_threads - 1; started++)
-            if (pthread_create(&th[started], NULL, prep_worker, &c)) break;
-        prep_worker(&c); // and whatever threads could not be started leave to this one
-        for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+        int threads = 1;
+        if (cached == 1) {
+            bind_areas(&c);
+        } else {
+            long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
+            int n_threads = n_cpu < 1 ? 1 : n_cpu > 64 ? 64 : (int)n_cpu;
+            if ((size_t)n_threads > c.n_jobs) n_threads = (int)c.n_jobs;
+            pthread_t th[64];
+            int started = 0;
+            for (; started < n_threads - 1; started++)
+                if (pthread_create(&th[started], NULL, prep_worker, &c)) break;
+            prep_worker(&c); // and whatever threads could not be started leave to this one
+            for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+            threads = started + 1;
+        }
         free(c.jobs);
         if (atomic_load(&c.failed)) {
+            weights_cache_close(&wc);
             shared_free(s);
             return backend_fail(b, MS_ENOMEM, "out of memory making the dummy weights");
         }
-        ms_log(MS_LOG_INFO, "prepared %zu tensors for the %s kernels (%.1f MiB packed%s) in %.2f s "
-               "on %d threads", c.n_jobs, k->name, (double)s->packed_bytes / (1 << 20),
-               m->dummy ? ", dummy weights made here" : "", ms_now() - t0, started + 1);
+        if (cached == 2 && !weights_cache_commit(&wc)) cached = 0;
+        const char *how = cached == 1 ? "mapped from the cache" : cached == 2 ? "written to the cache" : "";
+        ms_log(MS_LOG_INFO, "prepared %zu tensors for the %s kernels (%.1f MiB packed%s%s%s) in "
+               "%.2f s%s%s on %d thread%s", c.n_jobs, k->name, (double)s->packed_bytes / (1 << 20),
+               m->quant != QUANT_NONE ? ", projections " : "",
+               m->quant != QUANT_NONE ? quant_format_name(m->quant) : "",
+               m->dummy ? ", dummy weights made here" : "", ms_now() - t0, cached ? ", " : "", how,
+               threads, threads > 1 ? "s" : "");
+        if (cached) ms_log(MS_LOG_INFO, "weights cache: %s", wc.path);
+        s->cache = cached;
+        weights_cache_close(&wc);
     }
     *out = s;
     return 0;
@@ -1171,4 +1227,10 @@ int backend_cpu_create(int n_threads, const struct cpu_kernels *k, struct backen
 const struct cpu_kernels *backend_cpu_kernels(const struct backend *b)
 {
     return ((const struct cpu_backend *)b)->k;
+}
+
+int backend_cpu_weights_cached(const struct backend_weights *w)
+{
+    const struct shared_weights *s = w ? w->priv : NULL;
+    return s ? s->cache : 0;
 }

@@ -20,4 +20,9 @@ int backend_cpu_create(int n_threads, const struct cpu_kernels *k, struct backen
 // The kernel table a CPU backend runs (tests and benchmarks name it).
 const struct cpu_kernels *backend_cpu_kernels(const struct backend *b);
 
+// Where weights prepared by a CPU backend came from: 0 prepared in memory,
+// 1 mapped from a weights cache file (model/cpu/weights_cache.h), 2
+// prepared and written to one.
+int backend_cpu_weights_cached(const struct backend_weights *w);
+
 #endif

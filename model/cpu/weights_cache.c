@@ -1,0 +1,328 @@
+// weights_cache: the file of prepared weights (see weights_cache.h): its
+// name and key, the header check, and the atomic write.
+#include "model/cpu/weights_cache.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "model/safetensors.h"
+
+// Bump when the packed layout, the quantization or the dummy recipe changes
+// what a file of the same key would hold.
+#define CACHE_FORMAT 1
+#define CACHE_MAGIC "MSPACK\x01\n"
+#define CACHE_MAX_KEY (1u << 20)
+#define PAGE 4096u
+
+struct disk_header {
+    char magic[8];
+    uint64_t format;
+    uint64_t data_off, packed_bytes, made_off, made_bytes, file_bytes;
+    uint64_t key_len;
+    uint64_t checksum;           // FNV-1a over this header (checksum 0) and the key
+};
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static uint64_t header_sum(const struct disk_header *h, const char *key)
+{
+    struct disk_header z = *h;
+    z.checksum = 0;
+    return fnv1a(fnv1a(0xcbf29ce484222325ull, &z, sizeof z), key, h->key_len);
+}
+
+static uint64_t round_page(uint64_t n) { return (n + PAGE - 1) / PAGE * PAGE; }
+
+// A growing text, for the key.
+struct text {
+    char *s;
+    size_t len, cap;
+    bool oom;
+};
+
+static void text_add(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void text_add(struct text *t, const char *fmt, ...)
+{
+    if (t->oom) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        t->oom = true;
+        return;
+    }
+    if (t->len + (size_t)n + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap : 1024;
+        while (t->len + (size_t)n + 1 > cap) cap *= 2;
+        char *s = realloc(t->s, cap);
+        if (!s) {
+            t->oom = true;
+            return;
+        }
+        t->s = s;
+        t->cap = cap;
+    }
+    va_start(ap, fmt);
+    vsnprintf(t->s + t->len, t->cap - t->len, fmt, ap);
+    va_end(ap);
+    t->len += (size_t)n;
+}
+
+static void file_line(struct text *t, const char *label, const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        text_add(t, "file %s missing\n", label);
+        return;
+    }
+    text_add(t, "file %s %lld %lld\n", label, (long long)sb.st_size,
+             (long long)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec);
+}
+
+static int mkdir_p(const char *dir)
+{
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf) return -1;
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || *p == 0) {
+            const char c = *p;
+            *p = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+            *p = c;
+            if (!c) break;
+        }
+    }
+    struct stat sb;
+    return stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode) ? 0 : -1;
+}
+
+// The directory: the model's cache_dir, else $XDG_CACHE_HOME/moeserve or
+// ~/.cache/moeserve. Returns false when caching is off for these weights.
+static bool cache_dir_of(const struct model *m, uint64_t bytes, char *dir, size_t len)
+{
+    if (!strcmp(m->cache_dir, "none")) return false;
+    if (m->cache_dir[0]) return snprintf(dir, len, "%s", m->cache_dir) < (int)len;
+    if (bytes < WEIGHTS_CACHE_MIN_BYTES) return false;
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    int n;
+    if (xdg && *xdg) n = snprintf(dir, len, "%s/moeserve", xdg);
+    else if (home && *home) n = snprintf(dir, len, "%s/.cache/moeserve", home);
+    else return false;
+    return n > 0 && n < (int)len;
+}
+
+int weights_cache_open(struct weights_cache *c, const struct model *m, const char *kernels,
+                       uint64_t packed_bytes, uint64_t made_bytes)
+{
+    memset(c, 0, sizeof *c);
+    c->fd = -1;
+    char dir[4096];
+    if (!cache_dir_of(m, packed_bytes + made_bytes, dir, sizeof dir)) return 0;
+    if (mkdir_p(dir) != 0) {
+        ms_log(MS_LOG_WARN, "cannot use %s for the prepared weights (%s): preparing them without a "
+               "cache", dir, strerror(errno));
+        return 0;
+    }
+    char real[PATH_MAX];
+    const char *model_path = realpath(m->dir, real) ? real : m->dir;
+    const char *qname = quant_format_name(m->quant);
+    // The name says what the file holds, the key what it was made from.
+    char what[PATH_MAX + 256];
+    snprintf(what, sizeof what, "%s|%s|%s|%d|%llu", model_path, kernels, qname, (int)m->dummy,
+             (unsigned long long)m->seed);
+    const char *base = strrchr(model_path, '/');
+    base = base && base[1] ? base + 1 : model_path;
+    char short_base[64];
+    const size_t bl = strlen(base) < sizeof short_base - 1 ? strlen(base) : sizeof short_base - 1;
+    memcpy(short_base, base, bl);
+    short_base[bl] = 0;
+    if (snprintf(c->path, sizeof c->path, "%s/%s-%s-%s-%016llx.weights", dir, short_base, kernels,
+                 qname, (unsigned long long)fnv1a(0xcbf29ce484222325ull, what, strlen(what))) >=
+        (int)sizeof c->path)
+        return 0;
+    struct text t = {0};
+    text_add(&t, "moeserve prepared weights, format %d\n", CACHE_FORMAT);
+    text_add(&t, "model %s\nkernels %s\nquantization %s\n", model_path, kernels, qname);
+    text_add(&t, "load %s seed %llu\n", m->dummy ? "dummy" : "safetensors", (unsigned long long)m->seed);
+    text_add(&t, "areas packed %llu made %llu\n", (unsigned long long)packed_bytes,
+             (unsigned long long)made_bytes);
+    char cfg[PATH_MAX + 32];
+    struct stat sb;
+    if (stat(m->dir, &sb) == 0 && S_ISDIR(sb.st_mode)) snprintf(cfg, sizeof cfg, "%s/config.json", m->dir);
+    else snprintf(cfg, sizeof cfg, "%s", m->dir);
+    file_line(&t, "config.json", cfg);
+    const struct safetensors *st = m->storage;
+    for (size_t i = 0; st && i < safetensors_file_count(st); i++) {
+        uint64_t size;
+        int64_t mtime;
+        const char *name = safetensors_file_info(st, i, &size, &mtime);
+        text_add(&t, "file %s %llu %lld\n", name, (unsigned long long)size, (long long)mtime);
+    }
+    if (t.oom) {
+        free(t.s);
+        return MS_ENOMEM;
+    }
+    c->key = t.s;
+    c->packed_bytes = packed_bytes;
+    c->made_bytes = made_bytes;
+    c->data_off = round_page(sizeof(struct disk_header) + t.len);
+    c->made_off = c->data_off + round_page(packed_bytes);
+    c->file_bytes = c->made_off + round_page(made_bytes);
+    return 1;
+}
+
+// Why a file is not used, for the log line; NULL when it is good.
+static const char *check_file(const struct weights_cache *c, int fd)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) return "cannot be read";
+    struct disk_header h;
+    if (sb.st_size < (off_t)sizeof h || pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
+        return "is truncated (no whole header)";
+    if (memcmp(h.magic, CACHE_MAGIC, 8) != 0) return "is not a moeserve weights file";
+    if (h.format != CACHE_FORMAT) return "was written by another version";
+    if (h.key_len > CACHE_MAX_KEY) return "has a corrupt header";
+    char *key = malloc(h.key_len + 1);
+    if (!key) return "cannot be read (out of memory)";
+    const char *why = NULL;
+    if (pread(fd, key, h.key_len, sizeof h) != (ssize_t)h.key_len) why = "is truncated (no whole key)";
+    else if (header_sum(&h, key) != h.checksum) why = "has a corrupt header (checksum)";
+    else if (h.key_len != strlen(c->key) || memcmp(key, c->key, h.key_len) != 0)
+        why = "is stale (the checkpoint, the kernels or the layout changed)";
+    else if (h.data_off != c->data_off || h.made_off != c->made_off || h.packed_bytes != c->packed_bytes ||
+             h.made_bytes != c->made_bytes || h.file_bytes != c->file_bytes)
+        why = "has a corrupt header (layout)";
+    else if ((uint64_t)sb.st_size != c->file_bytes) why = "is truncated";
+    free(key);
+    return why;
+}
+
+bool weights_cache_map(struct weights_cache *c)
+{
+    const int fd = open(c->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    const char *why = check_file(c, fd);
+    if (why) {
+        close(fd);
+        ms_log(MS_LOG_WARN, "the weights cache %s %s: preparing the weights again", c->path, why);
+        return false;
+    }
+    void *p = mmap(NULL, (size_t)c->file_bytes, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        ms_log(MS_LOG_WARN, "cannot map the weights cache %s (%s): preparing the weights again",
+               c->path, strerror(errno));
+        return false;
+    }
+    // Start reading the whole file in the background: the first steps need all of it.
+    madvise(p, (size_t)c->file_bytes, MADV_WILLNEED);
+    c->map = p;
+    c->map_bytes = (size_t)c->file_bytes;
+    return true;
+}
+
+bool weights_cache_create(struct weights_cache *c)
+{
+    const char *slash = strrchr(c->path, '/');
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash ? slash - c->path : 1), slash ? c->path : ".");
+    struct statvfs vs;
+    if (statvfs(dir, &vs) == 0) {
+        const uint64_t avail = (uint64_t)vs.f_bavail * vs.f_frsize;
+        // Leave a GiB for everything else on the file system.
+        if (avail < c->file_bytes + ((uint64_t)1 << 30)) {
+            ms_log(MS_LOG_WARN, "not caching the prepared weights in %s: %.1f GiB free, %.1f GiB "
+                   "needed", dir, (double)avail / (1u << 30), (double)c->file_bytes / (1u << 30));
+            return false;
+        }
+    }
+    snprintf(c->tmp, sizeof c->tmp, "%s.tmp.%ld", c->path, (long)getpid());
+    c->fd = open(c->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (c->fd < 0) {
+        ms_log(MS_LOG_WARN, "cannot create %s (%s): preparing the weights without a cache", c->tmp,
+               strerror(errno));
+        return false;
+    }
+    int e = posix_fallocate(c->fd, 0, (off_t)c->file_bytes);
+    void *p = e ? MAP_FAILED
+                : mmap(NULL, (size_t)c->file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->fd, 0);
+    if (!e && p == MAP_FAILED) e = errno;
+    if (e) {
+        ms_log(MS_LOG_WARN, "cannot reserve %.1f GiB for %s (%s): preparing the weights without a "
+               "cache", (double)c->file_bytes / (1u << 30), c->tmp, strerror(e));
+        close(c->fd);
+        unlink(c->tmp);
+        c->fd = -1;
+        return false;
+    }
+    c->map = p;
+    c->map_bytes = (size_t)c->file_bytes;
+    return true;
+}
+
+bool weights_cache_commit(struct weights_cache *c)
+{
+    struct disk_header h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, CACHE_MAGIC, 8);
+    h.format = CACHE_FORMAT;
+    h.data_off = c->data_off;
+    h.packed_bytes = c->packed_bytes;
+    h.made_off = c->made_off;
+    h.made_bytes = c->made_bytes;
+    h.file_bytes = c->file_bytes;
+    h.key_len = strlen(c->key);
+    h.checksum = header_sum(&h, c->key);
+    // The data reaches the disk before the header that vouches for it.
+    bool ok = msync(c->map, c->map_bytes, MS_SYNC) == 0 && fdatasync(c->fd) == 0 &&
+              pwrite(c->fd, &h, sizeof h, 0) == (ssize_t)sizeof h &&
+              pwrite(c->fd, c->key, h.key_len, sizeof h) == (ssize_t)h.key_len && fdatasync(c->fd) == 0 &&
+              rename(c->tmp, c->path) == 0;
+    const int e = errno;
+    mprotect(c->map, c->map_bytes, PROT_READ);
+    close(c->fd);
+    c->fd = -1;
+    if (!ok) {
+        unlink(c->tmp);
+        ms_log(MS_LOG_WARN, "cannot write the weights cache %s (%s); the next start prepares them "
+               "again", c->path, strerror(e));
+        return false;
+    }
+    const char *slash = strrchr(c->path, '/');
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash ? slash - c->path : 1), slash ? c->path : ".");
+    const int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return true;
+}
+
+void weights_cache_close(struct weights_cache *c)
+{
+    free(c->key);
+    c->key = NULL;
+    if (c->fd >= 0) {
+        close(c->fd);
+        unlink(c->tmp);
+        c->fd = -1;
+    }
+}
