@@ -77,6 +77,22 @@ void quant_rows_init(struct quant_rows *r, void *buf, int n, int cols, enum quan
     r->zero = (uint8_t *)p;
 }
 
+// The loops that make and quantize a model at load run for every weight of
+// a 30B model (minutes on two cores as plain scalar code): on x86-64 they
+// get an AVX-512 clone, picked at run time, that the compiler vectorizes.
+// Both clones do the same IEEE operations in the same order on each element
+// (integer hashing, exact conversions, one multiply, a division, rounding to
+// nearest even), so they make the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define QUANT_HOT __attribute__((target_clones("arch=x86-64-v4", "default"), \
+                                 optimize("vect-cost-model=dynamic")))
+#else
+#define QUANT_HOT
+#endif
+
+// rint for |x| < 2^22 in the default rounding mode, written so that it vectorizes.
+static inline float rint_small(float x) { return (x + 0x1.8p23f) - 0x1.8p23f; }
+
 // The smallest fp16 value >= s (s >= 0 and finite).
 static float f16_at_least(float s)
 {
@@ -91,15 +107,51 @@ static float f16_at_least(float s)
 // int4 over one group: the range with 0 in it (symmetric: +-max|w|), s the
 // range over 15 rounded up to an fp16 value, z = round(-lo / s) (8 when
 // symmetric) within [zmin, 15].
+// The smallest and largest of n values and 0 (non-finite values read as 0),
+// in 16 lanes that vectorize (min and max are exact in any order).
+QUANT_HOT static void group_range(const float *w, int n, float *lo_out, float *hi_out)
+{
+    float lo[16] = {0}, hi[16] = {0};
+    int k = 0;
+    for (; k + 16 <= n; k += 16)
+        for (int j = 0; j < 16; j++) {
+            const float v = w[k + j] - w[k + j] == 0.0f ? w[k + j] : 0.0f;
+            lo[j] = v < lo[j] ? v : lo[j];
+            hi[j] = v > hi[j] ? v : hi[j];
+        }
+    for (; k < n; k++) {
+        const float v = w[k] - w[k] == 0.0f ? w[k] : 0.0f;
+        lo[0] = v < lo[0] ? v : lo[0];
+        hi[0] = v > hi[0] ? v : hi[0];
+    }
+    for (int j = 1; j < 16; j++) {
+        lo[0] = lo[j] < lo[0] ? lo[j] : lo[0];
+        hi[0] = hi[j] > hi[0] ? hi[j] : hi[0];
+    }
+    *lo_out = lo[0];
+    *hi_out = hi[0];
+}
+
+// q = clamp(rint(w / s) + z, 0, 15) over a group (non-finite w read as 0).
+QUANT_HOT static void int4_values(const float *w, int n, float s, float zf, uint8_t *q)
+{
+    for (int k = 0; k < n; k++) {
+        const float v = w[k] - w[k] == 0.0f ? w[k] : 0.0f;
+        float x = s > 0 ? rint_small(v / s) + zf : zf;
+        x = x < 0 ? 0 : x;
+        x = x > 15 ? 15 : x;
+        q[k] = (uint8_t)(int)x;
+    }
+}
+
+// int4 over one group: the range with 0 in it (symmetric: +-max|w|), s the
+// range over 15 rounded up to an fp16 value, z = round(-lo / s) (8 when
+// symmetric) within [zmin, 15].
 static void int4_group(const float *w, int k0, int k1, bool sym, int zmin, uint8_t *q, float *s_out,
                        uint8_t *z_out)
 {
-    float lo = 0.0f, hi = 0.0f;
-    for (int k = k0; k < k1; k++) {
-        const float v = isfinite(w[k]) ? w[k] : 0.0f;
-        lo = v < lo ? v : lo;
-        hi = v > hi ? v : hi;
-    }
+    float lo, hi;
+    group_range(w + k0, k1 - k0, &lo, &hi);
     if (sym) {
         hi = fmaxf(hi, -lo);
         lo = -hi;
@@ -107,11 +159,7 @@ static void int4_group(const float *w, int k0, int k1, bool sym, int zmin, uint8
     const float s = hi > lo ? f16_at_least((hi - lo) / 15.0f) : 0.0f;
     float zf = sym ? 8.0f : s > 0 ? rintf(-lo / s) : 8.0f;
     zf = zf < (float)zmin ? (float)zmin : zf > 15 ? 15 : zf;
-    for (int k = k0; k < k1; k++) {
-        float v = s > 0 && isfinite(w[k]) ? rintf(w[k] / s) + zf : zf;
-        v = v < 0 ? 0 : v > 15 ? 15 : v;
-        q[k] = (uint8_t)v;
-    }
+    int4_values(w + k0, k1 - k0, s, zf, q + k0);
     *s_out = s;
     *z_out = (uint8_t)zf;
 }
@@ -130,30 +178,24 @@ void quant_rows_quantize(struct quant_rows *r, int i, const float *w)
     uint8_t *q = r->q + (size_t)i * K;
     for (int g = 0; g < r->n_groups; g++) {
         const int k0 = g * G, k1 = k0 + G < K ? k0 + G : K;
-        float lo = 0.0f, hi = 0.0f, amax = 0.0f;
-        for (int k = k0; k < k1; k++) {
-            const float v = isfinite(w[k]) ? w[k] : 0.0f;
-            lo = v < lo ? v : lo;
-            hi = v > hi ? v : hi;
-            amax = fabsf(v) > amax ? fabsf(v) : amax;
-        }
-        float s = 0.0f;
+        float s = 0.0f, lo, hi;
         uint8_t z = 0;
-        switch (r->format) {
-        case QUANT_FP8:
-            s = amax / 448.0f;
-            for (int k = k0; k < k1; k++) q[k] = s > 0 && isfinite(w[k]) ? quant_f32_to_fp8(w[k] / s) : 0;
-            break;
-        case QUANT_INT8:
-            s = amax / 127.0f;
-            for (int k = k0; k < k1; k++) {
-                float v = s > 0 && isfinite(w[k]) ? rintf(w[k] / s) : 0.0f;
-                v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
-                q[k] = (uint8_t)(int8_t)v;
+        if (r->format == QUANT_INT4) {
+            int4_group(w, k0, k1, false, 0, q, &s, &z);
+        } else {
+            group_range(w + k0, k1 - k0, &lo, &hi);
+            const float amax = fmaxf(hi, -lo);
+            if (r->format == QUANT_FP8) {
+                s = amax / 448.0f;
+                for (int k = k0; k < k1; k++) q[k] = s > 0 && isfinite(w[k]) ? quant_f32_to_fp8(w[k] / s) : 0;
+            } else {
+                s = amax / 127.0f;
+                for (int k = k0; k < k1; k++) {
+                    float v = s > 0 && isfinite(w[k]) ? rintf(w[k] / s) : 0.0f;
+                    v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+                    q[k] = (uint8_t)(int8_t)v;
+                }
             }
-            break;
-        case QUANT_INT4: int4_group(w, k0, k1, false, 0, q, &s, &z); break;
-        default: break;
         }
         r->scale[(size_t)i * r->n_groups + g] = s;
         r->zero[(size_t)i * r->n_groups + g] = z;
@@ -169,21 +211,26 @@ static float scale_at(const void *p, enum dtype t, size_t i)
     }
 }
 
+// A dummy row's values rounded to bf16, as a dummy bf16 model holds them.
+QUANT_HOT static void dummy_row_bf16(struct tensor d, size_t base, int K, float *out)
+{
+    for (int k = 0; k < K; k++) out[k] = ms_bf16_to_f32(ms_f32_to_bf16(tensor_dummy_value(&d, base + (size_t)k)));
+}
+
 // A row of values as the tensor holds them (a dummy's rounded to its dtype,
-// as a dummy bf16 model would hold it).
+// as a dummy model of that dtype would hold it).
 static void plain_row(const struct tensor *t, int row, float *out)
 {
     const int K = (int)t->shape[1];
     const size_t base = (size_t)row * (size_t)K;
-    for (int k = 0; k < K; k++) {
-        if (t->data) {
-            out[k] = scale_at(t->data, t->dtype, base + (size_t)k);
-            continue;
-        }
-        const float v = tensor_dummy_value(t, base + (size_t)k);
-        out[k] = t->dtype == DTYPE_BF16  ? ms_bf16_to_f32(ms_f32_to_bf16(v))
-                 : t->dtype == DTYPE_F16 ? ms_f16_to_f32(ms_f32_to_f16(v))
-                                         : v;
+    if (t->data) {
+        for (int k = 0; k < K; k++) out[k] = scale_at(t->data, t->dtype, base + (size_t)k);
+    } else if (t->dtype == DTYPE_BF16) {
+        dummy_row_bf16(*t, base, K, out);
+    } else if (t->dtype == DTYPE_F16) {
+        for (int k = 0; k < K; k++) out[k] = ms_f16_to_f32(ms_f32_to_f16(tensor_dummy_value(t, base + (size_t)k)));
+    } else {
+        for (int k = 0; k < K; k++) out[k] = tensor_dummy_value(t, base + (size_t)k);
     }
 }
 

@@ -443,6 +443,8 @@ static bool map_areas(struct shared_weights *s, struct weights_cache *wc, int us
     s->map_bytes = round_page(s->packed_bytes) + round_page(s->made_bytes);
     s->map = map_anon(s->map_bytes);
     if (!s->map) return s->map_bytes == 0;
+    // Tens of GB touched once each: 2 MiB pages fault 512 times less often.
+    madvise(s->map, s->map_bytes, MADV_HUGEPAGE);
     s->packed = s->map;
     s->made = (char *)s->map + round_page(s->packed_bytes);
     return true;

@@ -271,7 +271,15 @@ void cpu_qpack_block(const struct quant_rows *r, void *dst)
     const enum quant_format f = r->format;
     const size_t H = quant_block_header_bytes(f, K, r->group);
     char *d = dst;
-    memset(d, 0, quant_block_bytes(f, K, r->group));
+    // Every byte is written once: the header's padding and the rows past
+    // r->n are zeros, the rest is filled below (the block is usually being
+    // touched for the first time: one pass, not a clear and a fill).
+    const size_t hdr = (size_t)ng * (f == QUANT_INT4 ? 48 : 64);
+    const size_t bb = quant_block_bytes(f, K, r->group);
+    const size_t values = f == QUANT_INT4 ? (size_t)(K + 7) / 8 * 64 : (size_t)K * CPU_PACK_OUTS;
+    memset(d + hdr, 0, H - hdr);
+    memset(d + H + values, 0, bb - H - values);
+    if (r->n < CPU_PACK_OUTS) memset(d, 0, bb);
     for (int j = 0; j < r->n && j < CPU_PACK_OUTS; j++) {
         const uint8_t *q = r->q + (size_t)j * K;
         for (int g = 0; g < ng; g++) {
@@ -285,9 +293,17 @@ void cpu_qpack_block(const struct quant_rows *r, void *dst)
             }
         }
         if (f == QUANT_INT4) {
-            for (int k8 = 0; k8 * 8 < K; k8++) {
+            int k8 = 0;
+            for (; k8 * 8 + 8 <= K; k8++) {
+                const uint8_t *p = q + k8 * 8;
+                const uint32_t v = (p[0] & 15u) | (p[1] & 15u) << 4 | (p[2] & 15u) << 8 | (p[3] & 15u) << 12 |
+                                   (p[4] & 15u) << 16 | (p[5] & 15u) << 20 | (p[6] & 15u) << 24 |
+                                   (uint32_t)(p[7] & 15u) << 28;
+                memcpy(d + H + (size_t)k8 * 64 + 4 * j, &v, 4);
+            }
+            if (k8 * 8 < K) {
                 uint32_t v = 0;
-                for (int i = 0; i < 8 && k8 * 8 + i < K; i++) v |= (uint32_t)(q[k8 * 8 + i] & 15u) << (4 * i);
+                for (int i = 0; k8 * 8 + i < K; i++) v |= (uint32_t)(q[k8 * 8 + i] & 15u) << (4 * i);
                 memcpy(d + H + (size_t)k8 * 64 + 4 * j, &v, 4);
             }
         } else {
