@@ -5,7 +5,8 @@
 // 16, empty groups, and empty batches (which must change nothing). On a
 // machine with only the CPU backend it runs every kernel table the CPU has
 // (ggml's test-backend-ops; llm.c's dev/cuda). Weights come from dummy
-// loads of small configs written here, made by each backend itself.
+// loads of small configs written here, made by each backend itself, some
+// with their projections quantized at load (int4, int8, fp8).
 //
 // Tolerances: ops that move bytes (embedding rows, routing, gathers, copies,
 // KV layout) must agree exactly; arithmetic may differ by the rounding of
@@ -41,22 +42,40 @@ static double mm_tol = TOL; // the projections' tolerance on the target under te
 struct shape {
     const char *name;
     const char *edits; // JSON object merged into the golden MoE config
+    enum quant_format quant; // projections quantized at load (--quantization)
 };
 
 static const struct shape shapes[] = {
-    {"golden", "{}"},
+    {"golden", "{}", QUANT_NONE},
     // Odd heads (3 over 1 KV head), a vocabulary off the 16-row grid, a dense
     // layer between MoE ones, top-k weights not renormalised.
     {"odd", "{\"hidden_size\": 80, \"num_attention_heads\": 3, \"num_key_value_heads\": 1,"
             " \"head_dim\": 16, \"num_experts\": 5, \"num_experts_per_tok\": 2,"
             " \"moe_intermediate_size\": 24, \"intermediate_size\": 40, \"vocab_size\": 1000,"
             " \"num_hidden_layers\": 3, \"mlp_only_layers\": [1], \"norm_topk_prob\": false,"
-            " \"bos_token_id\": 999, \"eos_token_id\": 999}"},
+            " \"bos_token_id\": 999, \"eos_token_id\": 999}", QUANT_NONE},
     // Wider rows: K of 256 and 384 (whole tiles for the AMX table), 64-dim heads.
     {"wide", "{\"hidden_size\": 256, \"num_attention_heads\": 6, \"num_key_value_heads\": 2,"
              " \"head_dim\": 64, \"num_experts\": 8, \"num_experts_per_tok\": 3,"
              " \"moe_intermediate_size\": 96, \"intermediate_size\": 384, \"vocab_size\": 4099,"
-             " \"num_hidden_layers\": 2, \"bos_token_id\": 4098, \"eos_token_id\": 4098}"},
+             " \"num_hidden_layers\": 2, \"bos_token_id\": 4098, \"eos_token_id\": 4098}", QUANT_NONE},
+    // Quantized projections: int4 groups over K of 96 (one group) and 48;
+    // int8 with ragged groups (K 80 and 24, a dense layer of 40); fp8 with
+    // whole and ragged groups (K 256 = 2 x 128, 384, 96).
+    {"golden-int4", "{}", QUANT_INT4},
+    {"odd-int8", "{\"hidden_size\": 80, \"num_attention_heads\": 3, \"num_key_value_heads\": 1,"
+                 " \"head_dim\": 16, \"num_experts\": 5, \"num_experts_per_tok\": 2,"
+                 " \"moe_intermediate_size\": 24, \"intermediate_size\": 40, \"vocab_size\": 1000,"
+                 " \"num_hidden_layers\": 3, \"mlp_only_layers\": [1], \"norm_topk_prob\": false,"
+                 " \"bos_token_id\": 999, \"eos_token_id\": 999}", QUANT_INT8},
+    {"wide-fp8", "{\"hidden_size\": 256, \"num_attention_heads\": 6, \"num_key_value_heads\": 2,"
+                 " \"head_dim\": 64, \"num_experts\": 8, \"num_experts_per_tok\": 3,"
+                 " \"moe_intermediate_size\": 96, \"intermediate_size\": 384, \"vocab_size\": 4099,"
+                 " \"num_hidden_layers\": 2, \"bos_token_id\": 4098, \"eos_token_id\": 4098}", QUANT_FP8},
+    {"wide-int4", "{\"hidden_size\": 256, \"num_attention_heads\": 6, \"num_key_value_heads\": 2,"
+                  " \"head_dim\": 64, \"num_experts\": 8, \"num_experts_per_tok\": 3,"
+                  " \"moe_intermediate_size\": 96, \"intermediate_size\": 384, \"vocab_size\": 4099,"
+                  " \"num_hidden_layers\": 2, \"bos_token_id\": 4098, \"eos_token_id\": 4098}", QUANT_INT4},
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
@@ -77,7 +96,7 @@ static int setup(void **state)
         snprintf(cfg_dirs[i], sizeof cfg_dirs[i], "/tmp/moeserve-ops-%d-%s", (int)getpid(),
                  shapes[i].name);
         mkdir(cfg_dirs[i], 0700);
-        char out[512];
+        char out[1024];
         snprintf(out, sizeof out, "%s/config.json", cfg_dirs[i]);
         if (json_dump_file(c, out, JSON_INDENT(1))) return -1;
         json_decref(c);
@@ -90,7 +109,7 @@ static int teardown(void **state)
 {
     (void)state;
     for (size_t i = 0; i < N_SHAPES; i++) {
-        char out[512];
+        char out[1024];
         snprintf(out, sizeof out, "%s/config.json", cfg_dirs[i]);
         unlink(out);
         rmdir(cfg_dirs[i]);
@@ -141,8 +160,11 @@ static struct model *model_of(size_t shape)
 {
     struct model *m;
     char err[512];
-    if (model_load_format(cfg_dirs[shape], LOAD_FORMAT_DUMMY, 11, &m, err, sizeof err))
+    const struct model_load_opts o = {.format = LOAD_FORMAT_DUMMY, .seed = 11,
+                                      .quantization = shapes[shape].quant, .cache_dir = "none"};
+    if (model_load_opts(cfg_dirs[shape], &o, &m, err, sizeof err))
         fail_msg("%s: %s", shapes[shape].name, err);
+    assert_int_equal(m->quant, shapes[shape].quant);
     return m;
 }
 

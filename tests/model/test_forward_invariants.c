@@ -5,7 +5,8 @@
 // each matmul output is a fixed function of its row (see kernels_simd.inc),
 // attention and norms are per row, and MoE outputs are summed in top-k order,
 // so no tolerance is needed. Also: a rank handed a bad batch still joins the
-// exchanges, so its peers finish their step.
+// exchanges, so its peers finish their step. The same holds for models whose
+// projections are quantized at load (int4, int8, fp8).
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -44,17 +45,21 @@ struct result {
 
 static struct model *moe, *dense;
 
-static struct model *load(const char *name)
+// The golden checkpoint as stored, or with its projections quantized at load.
+static struct model *load_as(const char *name, enum quant_format q)
 {
     char dir[1024], err[512];
     snprintf(dir, sizeof dir, "%s/%s", data_dir, name);
     struct model *m;
-    if (model_load(dir, &m, err, sizeof err)) {
+    const struct model_load_opts o = {.format = LOAD_FORMAT_AUTO, .quantization = q, .cache_dir = "none"};
+    if (model_load_opts(dir, &o, &m, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
         return NULL;
     }
     return m;
 }
+
+static struct model *load(const char *name) { return load_as(name, QUANT_NONE); }
 
 static void load_seq(const char *name, size_t ci, struct seqdef *s)
 {
@@ -425,6 +430,27 @@ static void a_bad_batch_on_one_rank_does_not_hang_the_others(void **state)
     result_free(&p, &b);
 }
 
+// The quantized matmuls keep every output a fixed function of its row: the
+// same invariants, bitwise, with the projections in int4, int8 and fp8.
+static void quantized_models_keep_the_invariants(void **state)
+{
+    (void)state;
+    static const enum quant_format formats[] = {QUANT_INT4, QUANT_INT8, QUANT_FP8};
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
+        struct model *q = load_as("qwen3moe-v2048", formats[i]);
+        assert_non_null(q);
+        assert_int_equal(q->quant, formats[i]);
+        char what[64];
+        snprintf(what, sizeof what, "%s chunks", quant_format_name(formats[i]));
+        check_plan_against_reference(q, "qwen3moe-v2048", chunk_plan, 1, 1, DTYPE_F32, what);
+        snprintf(what, sizeof what, "%s mixed batch on 3 threads", quant_format_name(formats[i]));
+        check_plan_against_reference(q, "qwen3moe-v2048", mixed_plan, 1, 3, DTYPE_F32, what);
+        snprintf(what, sizeof what, "%s on 2 ranks", quant_format_name(formats[i]));
+        check_plan_against_reference(q, "qwen3moe-v2048", mixed_plan, 2, 1, DTYPE_BF16, what);
+        model_destroy(q);
+    }
+}
+
 int main(void)
 {
     const int pick = harness_pick_device();
@@ -435,6 +461,7 @@ int main(void)
         cmocka_unit_test(thread_count_does_not_change_logits),
         cmocka_unit_test(expert_parallel_ranks_give_the_same_logits),
         cmocka_unit_test(a_bad_batch_on_one_rank_does_not_hang_the_others),
+        cmocka_unit_test(quantized_models_keep_the_invariants),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

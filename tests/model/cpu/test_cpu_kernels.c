@@ -1,6 +1,7 @@
 // Pins the CPU kernels: every SIMD table against the scalar reference on
 // random data at odd and even shapes, each matmul output independent of the
-// batch around it and of the thread split, the thread pool, and the per-row
+// batch around it and of the thread split (quantized int4, int8 and fp8
+// matrices too, against their formulas), the thread pool, and the per-row
 // operations (RMSNorm, RoPE, router top-k) against direct formulas.
 #include <setjmp.h>
 #include <stdarg.h>
@@ -157,6 +158,172 @@ static void matmul_outputs_do_not_depend_on_batch_or_split(void **state)
             free(one);
             free(scat);
             free(scratch);
+        }
+}
+
+// ---- quantized matrices -------------------------------------------------------------
+
+// A random quantized (out, in) matrix in canonical rows (every code of the
+// format, scales of both signs and a zero scale, zero points 0..16), packed.
+struct qmat {
+    struct cpu_wmat w;
+    void *rows_buf;
+    struct quant_rows r;   // (out, in) canonical
+};
+
+static void qmat_make(struct qmat *q, enum quant_format f, int out, int in, int group)
+{
+    q->rows_buf = xmalloc(quant_rows_bytes(out, in, f, group));
+    quant_rows_init(&q->r, q->rows_buf, out, in, f, group);
+    for (size_t i = 0; i < (size_t)out * in; i++) {
+        const uint32_t u = (uint32_t)((rnd() + 1.0) * 2147483647.0);
+        uint8_t v = (uint8_t)u;
+        if (f == QUANT_FP8 && (v & 0x7f) == 0x7f) v ^= 1;  // not the NaN codes
+        if (f == QUANT_INT8 && v == 0x80) v = 0x81;         // -127..127
+        if (f == QUANT_INT4) v &= 15;
+        q->r.q[i] = v;
+    }
+    for (int i = 0; i < out * q->r.n_groups; i++) {
+        float s = (float)rnd() * 0.05f;
+        if (i % 7 == 3) s = 0.0f;
+        if (f == QUANT_INT4) s = ms_f16_to_f32(ms_f32_to_f16(s)); // int4 scales are fp16 values
+        q->r.scale[i] = s;
+        q->r.zero[i] = f == QUANT_INT4 ? (uint8_t)(i % 17) : 0;
+    }
+    q->w = (struct cpu_wmat){.dtype = DTYPE_BF16, .out = out, .in = in, .quant = f, .group = group};
+    const size_t bb = quant_block_bytes(f, in, group);
+    char *packed = xmalloc((size_t)((out + 15) / 16) * bb);
+    void *tmp = xmalloc(quant_rows_bytes(16, in, f, group));
+    for (int o = 0; o < out; o += 16) {
+        struct quant_rows b;
+        quant_rows_init(&b, tmp, 16, in, f, group);
+        b.n = out - o < 16 ? out - o : 16;
+        for (int i = 0; i < b.n; i++) {
+            memcpy(b.q + (size_t)i * in, q->r.q + (size_t)(o + i) * in, (size_t)in);
+            memcpy(b.scale + (size_t)i * b.n_groups, q->r.scale + (size_t)(o + i) * b.n_groups,
+                   (size_t)b.n_groups * sizeof(float));
+            memcpy(b.zero + (size_t)i * b.n_groups, q->r.zero + (size_t)(o + i) * b.n_groups,
+                   (size_t)b.n_groups);
+        }
+        cpu_qpack_block(&b, packed + (size_t)(o / 16) * bb);
+    }
+    free(tmp);
+    q->w.packed = packed;
+}
+
+static void qmat_free(struct qmat *q)
+{
+    free((void *)q->w.packed);
+    free(q->rows_buf);
+}
+
+static const struct {
+    enum quant_format f;
+    int rows, in, out, group;
+} qshapes[] = {
+    {QUANT_INT4, 1, 8, 1, 128},     {QUANT_INT4, 3, 64, 17, 32},   {QUANT_INT4, 1, 77, 40, 128},
+    {QUANT_INT4, 7, 300, 33, 128},  {QUANT_INT4, 17, 256, 70, 64}, {QUANT_INT4, 1, 2048, 96, 128},
+    {QUANT_INT8, 1, 5, 3, 128},     {QUANT_INT8, 6, 200, 50, 128}, {QUANT_INT8, 13, 130, 37, 32},
+    {QUANT_FP8, 1, 1, 1, 128},      {QUANT_FP8, 5, 96, 50, 128},   {QUANT_FP8, 9, 384, 129, 128},
+    {QUANT_FP8, 2, 100, 16, 48},
+};
+
+// The packed blocks dequantize to the canonical rows' formula values, and
+// every table's matmul equals x . w^T on those values, within the rounding
+// of another summation order (the scalar table: the same order, so close to
+// exact).
+static void quantized_matmul_matches_the_formula_on_every_table(void **state)
+{
+    (void)state;
+    const struct cpu_kernels *tables[4] = {cpu_kernels_scalar(), NULL, NULL, NULL};
+    int nt = 1;
+    for (int t = 0; t < n_simd; t++) tables[nt++] = simd_tables[t];
+    for (size_t si = 0; si < sizeof qshapes / sizeof qshapes[0]; si++) {
+        const int rows = qshapes[si].rows, in = qshapes[si].in, out = qshapes[si].out;
+        struct qmat q;
+        qmat_make(&q, qshapes[si].f, out, in, qshapes[si].group);
+        float *wf = xmalloc((size_t)out * in * 4), *row = xmalloc((size_t)in * 4);
+        double wmax = 0;
+        for (int o = 0; o < out; o++) {
+            cpu_qpack_dequant_row(&q.w, o, row);
+            for (int k = 0; k < in; k++) {
+                wf[(size_t)o * in + k] = quant_rows_value(&q.r, o, k);
+                assert_true(row[k] == wf[(size_t)o * in + k]);
+                wmax = fmax(wmax, fabs(row[k]));
+            }
+        }
+        float *x = random_floats((size_t)rows * in);
+        float *got = xmalloc((size_t)rows * out * 4);
+        for (int t = 0; t < nt; t++)
+            for (int acc = 0; acc < 2; acc++) {
+                for (int i = 0; i < rows * out; i++) got[i] = (float)i * 0.25f;
+                run_matmul(tables[t], &q.w, x, rows, got, acc);
+                for (int r = 0; r < rows; r++)
+                    for (int o = 0; o < out; o++) {
+                        double want = acc ? (double)(r * out + o) * 0.25 : 0.0;
+                        for (int k = 0; k < in; k++) want += (double)x[(size_t)r * in + k] * wf[(size_t)o * in + k];
+                        // |x| <= 1: rounding of in products of size wmax, and of
+                        // the zero point's correction (int4: z <= 16 times the sum).
+                        const double tol = 1e-6 * in * wmax * (qshapes[si].f == QUANT_INT4 ? 40 : 2) +
+                                           1e-6 * fabs(want);
+                        const double g = got[(size_t)r * out + o];
+                        if (fabs(g - want) > tol)
+                            fail_msg("%s %s rows %d in %d out %d group %d acc %d: y[%d][%d] = %.9g, "
+                                     "the formula %.9g", tables[t]->name, quant_format_name(qshapes[si].f),
+                                     rows, in, out, qshapes[si].group, acc, r, o, g, want);
+                    }
+            }
+        free(wf);
+        free(row);
+        free(x);
+        free(got);
+        qmat_free(&q);
+    }
+}
+
+// As for plain weights: a row's quantized outputs are bit-identical alone,
+// in any batch, gathered, or in any split of the outputs (starting inside
+// a block of 16 too).
+static void quantized_outputs_do_not_depend_on_batch_or_split(void **state)
+{
+    (void)state;
+    const struct cpu_kernels *tables[4] = {cpu_kernels_scalar(), NULL, NULL, NULL};
+    int nt = 1;
+    for (int t = 0; t < n_simd; t++) tables[nt++] = simd_tables[t];
+    const enum quant_format fs[] = {QUANT_INT4, QUANT_INT8, QUANT_FP8};
+    for (int t = 0; t < nt; t++)
+        for (int fi = 0; fi < 3; fi++) {
+            const int in = fi == 0 ? 264 : 77, out = 45, rows = 23;
+            struct qmat q;
+            qmat_make(&q, fs[fi], out, in, 128);
+            float *x = random_floats((size_t)rows * in);
+            float *all = xmalloc((size_t)rows * out * 4), *one = xmalloc((size_t)out * 4);
+            float *scratch = xmalloc(cpu_kernels_scratch_floats(in, 1, 1) * 4);
+            run_matmul(tables[t], &q.w, x, rows, all, false);
+            for (int r = 0; r < rows; r++) {
+                run_matmul(tables[t], &q.w, x + (size_t)r * in, 1, one, false);
+                if (memcmp(one, all + (size_t)r * out, (size_t)out * 4))
+                    fail_msg("%s %s: row %d alone differs from the batch", tables[t]->name,
+                             quant_format_name(fs[fi]), r);
+            }
+            int32_t idx[23];
+            for (int r = 0; r < rows; r++) idx[r] = rows - 1 - r;
+            float *scat = xmalloc((size_t)rows * out * 4);
+            for (int nb = 1; nb <= rows; nb += 5) {
+                struct cpu_mm m = {.w = q.w, .x = x, .ldx = in, .x_rows = idx, .y = scat, .ldy = out,
+                                   .y_rows = idx, .rows = nb};
+                int cuts[] = {0, 1, 13, 14, 30, out};
+                for (int c = 0; c + 1 < 6; c++) tables[t]->matmul(&m, cuts[c], cuts[c + 1], scratch);
+                for (int r = 0; r < nb; r++)
+                    assert_memory_equal(scat + (size_t)idx[r] * out, all + (size_t)idx[r] * out,
+                                        (size_t)out * 4);
+            }
+            free(x);
+            free(all);
+            free(one);
+            free(scat);
+            free(scratch);
+            qmat_free(&q);
         }
 }
 
@@ -753,6 +920,8 @@ int main(void)
         cmocka_unit_test(big_matrix_outputs_do_not_depend_on_rows),
         cmocka_unit_test(packed_layout_holds_16_outputs_per_k),
         cmocka_unit_test(packed_matmul_is_one_fma_chain_per_output),
+        cmocka_unit_test(quantized_matmul_matches_the_formula_on_every_table),
+        cmocka_unit_test(quantized_outputs_do_not_depend_on_batch_or_split),
         cmocka_unit_test(simd_attention_matches_scalar),
         cmocka_unit_test(simd_silu_mul_matches_scalar_and_ignores_where_n_ends),
         cmocka_unit_test(simd_exp_sum_matches_scalar_and_zeroes_masked_entries),
