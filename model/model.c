@@ -112,13 +112,19 @@ static int bind_fp8(struct binder *b, struct tensor *out, const struct st_tensor
     const char *part = blocks ? "weight_scale_inv" : "weight_scale";
     const struct st_tensor *s = find_part(b, base, part);
     char why[96];
+    int rc;
+    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols) {
+        char got[128];
+        shape_str(got, sizeof got, t->ndim, t->shape);
+        return ms_err(err, errlen, MS_EFORMAT, "tensor %s.weight has shape %s, but config.json "
+                      "implies [%lld, %lld]", base, got, (long long)rows, (long long)cols);
+    }
     snprintf(why, sizeof why, "weight_block_size [%d, %d]", br, bc);
     if (!s) return check_part(s, base, part, "F32", 2, (const int64_t[]){sr, sc}, why, err, errlen);
     const char *sd = s->dtype_str;
     if (strcmp(sd, "F32") && strcmp(sd, "BF16") && strcmp(sd, "F16"))
         return ms_err(err, errlen, MS_EFORMAT, "tensor %s.%s is %s; FP8 scales must be F32, BF16 "
                       "or F16", base, part, sd);
-    int rc;
     if (blocks) {
         if ((rc = check_part(s, base, part, sd, 2, (const int64_t[]){sr, sc}, why, err, errlen)))
             return rc;
@@ -430,9 +436,9 @@ static int resolve_quant(struct model *m, const struct model_load_opts *o, enum 
                                                                                                : QUANT_NONE;
     *want = o->quantization;
     if (has != QUANT_NONE && *want != QUANT_NONE && *want != has)
-        return ms_err(err, errlen, MS_EINVAL, "%s is a %s checkpoint (%s weights); --quantization %s "
+        return ms_err(err, errlen, MS_EINVAL, "%s is an %s checkpoint (%s weights); --quantization %s "
                       "asks for %s: drop the flag, or start from a bf16 checkpoint", m->dir,
-                      qm == QUANT_METHOD_FP8 ? "fp8" : "gptq", quant_format_name(has),
+                      qm == QUANT_METHOD_FP8 ? "FP8" : "GPTQ", quant_format_name(has),
                       quant_format_name(*want), quant_format_name(*want));
     // A dummy load makes a quantized config's format itself; a real one
     // reads it from the tensors.

@@ -44,18 +44,16 @@ struct harness {
     int next_block;
 };
 
-// A CPU backend running the kernel table `variant` (NULL: the best; the
-// names come from backend_variants) with `threads` threads.
-static inline int harness_open_on(struct harness *h, const char *variant, const char *dir,
-                                  enum dtype kv_dtype, int n_blocks, int threads, int max_tokens,
-                                  int max_seqs)
+// A loaded model m (the harness owns it from here) on a CPU backend running
+// the kernel table `variant` (NULL: the best; the names come from
+// backend_variants) with `threads` threads.
+static inline int harness_open_model(struct harness *h, const char *variant, struct model *m,
+                                     enum dtype kv_dtype, int n_blocks, int threads, int max_tokens,
+                                     int max_seqs)
 {
     char err[1024];
     memset(h, 0, sizeof *h);
-    if (model_load(dir, &h->m, err, sizeof err)) {
-        fprintf(stderr, "model_load %s: %s\n", dir, err);
-        return -1;
-    }
+    h->m = m;
     struct backend_opts bo = {.n_threads = threads, .variant = variant};
     if (backend_create(harness_device, &bo, &h->b, err, sizeof err)) {
         fprintf(stderr, "backend_create: %s\n", err);
@@ -77,6 +75,21 @@ static inline int harness_open_on(struct harness *h, const char *variant, const 
         return -1;
     }
     return 0;
+}
+
+// The checkpoint in dir, as harness_open_model.
+static inline int harness_open_on(struct harness *h, const char *variant, const char *dir,
+                                  enum dtype kv_dtype, int n_blocks, int threads, int max_tokens,
+                                  int max_seqs)
+{
+    char err[1024];
+    struct model *m;
+    memset(h, 0, sizeof *h);
+    if (model_load(dir, &m, err, sizeof err)) {
+        fprintf(stderr, "model_load %s: %s\n", dir, err);
+        return -1;
+    }
+    return harness_open_model(h, variant, m, kv_dtype, n_blocks, threads, max_tokens, max_seqs);
 }
 
 static inline int harness_open(struct harness *h, const char *dir, enum dtype kv_dtype, int n_blocks,

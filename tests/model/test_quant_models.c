@@ -1,0 +1,557 @@
+// Pins quantized models end to end: make-model's FP8 and GPTQ (symmetric
+// and asymmetric) checkpoints load with their formats bound, as do bf16
+// checkpoints quantized at load (--quantization fp8|int8|int4), with the
+// bytes the planner counts; their logits equal those of the same model run
+// on its dequantized weights in fp32 (bit for bit on the scalar table, whose
+// quantized matmul is that computation; within 1e-4 of the largest logit on
+// the best table), and stay near those of the bf16 original (int8 within 2%
+// of the largest logit, fp8 and int4 within 15%, every position of a
+// 24-token prompt); inconsistent or hostile quantized checkpoints are
+// refused with a sentence naming what was expected and what was found.
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "fwd_harness.h"
+#include "base/base.h"
+#include "model/makemodel.h"
+#include "model/planner.h"
+#include "model/quant.h"
+
+static char tmpdir[256];
+
+// The checkpoints every test reads: tiny (vocabulary cut to 2048), seed 5.
+enum ckpt { C_BF16, C_FP8, C_GPTQ, C_GPTQ_ASYM, C_FP8_128, C_GPTQ_128, N_CKPT };
+static const struct {
+    const char *sub;
+    enum quant_method q;
+    int group;
+    bool asym;
+} ckpts[N_CKPT] = {
+    {"bf16", QUANT_METHOD_NONE, 0, false},   {"fp8", QUANT_METHOD_FP8, 32, false},
+    {"gptq", QUANT_METHOD_GPTQ, 32, false},  {"gptq-asym", QUANT_METHOD_GPTQ, 32, true},
+    {"fp8-128", QUANT_METHOD_FP8, 0, false}, {"gptq-128", QUANT_METHOD_GPTQ, 0, false},
+};
+
+static void ckpt_dir(enum ckpt c, char *out, size_t len) { snprintf(out, len, "%s/%s", tmpdir, ckpts[c].sub); }
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/moeserve-quant-XXXXXX");
+    if (!mkdtemp(tmpdir)) return -1;
+    for (int c = 0; c < N_CKPT; c++) {
+        struct makemodel_spec s;
+        char err[512], dir[512];
+        if (makemodel_spec_for_shape("tiny", &s, err, sizeof err)) return -1;
+        s.vocab_size = 2048;
+        s.quant = ckpts[c].q;
+        s.quant_group = ckpts[c].group;
+        s.quant_asym = ckpts[c].asym;
+        ckpt_dir((enum ckpt)c, dir, sizeof dir);
+        if (makemodel_write(&s, dir, 5, NULL, err, sizeof err)) {
+            fprintf(stderr, "%s\n", err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static struct model *load_q(const char *dir, enum quant_format q)
+{
+    struct model *m;
+    char err[1024];
+    const struct model_load_opts o = {.quantization = q, .cache_dir = "none"};
+    if (model_load_opts(dir, &o, &m, err, sizeof err)) fail_msg("%s", err);
+    return m;
+}
+
+static struct model *load_ckpt(enum ckpt c, enum quant_format q)
+{
+    char dir[512];
+    ckpt_dir(c, dir, sizeof dir);
+    return load_q(dir, q);
+}
+
+// ---- walking the projections --------------------------------------------------------
+
+typedef void (*pair_fn)(const struct tensor *q, struct tensor *p, void *ctx);
+
+// The projections of two models of one config, pairwise.
+static void for_each_projection(const struct model *a, struct model *b, pair_fn fn, void *ctx)
+{
+    for (int i = 0; i < a->cfg.n_layers; i++) {
+        const struct layer_weights *L = &a->layers[i];
+        struct layer_weights *M = &b->layers[i];
+        fn(&L->wq, &M->wq, ctx);
+        fn(&L->wk, &M->wk, ctx);
+        fn(&L->wv, &M->wv, ctx);
+        fn(&L->wo, &M->wo, ctx);
+        if (L->is_moe) {
+            for (int e = 0; e < a->cfg.n_experts; e++) {
+                fn(&L->experts[e].gate, &M->experts[e].gate, ctx);
+                fn(&L->experts[e].up, &M->experts[e].up, ctx);
+                fn(&L->experts[e].down, &M->experts[e].down, ctx);
+            }
+        } else {
+            fn(&L->gate, &M->gate, ctx);
+            fn(&L->up, &M->up, ctx);
+            fn(&L->down, &M->down, ctx);
+        }
+    }
+}
+
+struct dequant {
+    enum quant_format want;
+    enum quant_source source;
+    float *bufs[4096];
+    int n;
+};
+
+// p becomes q's values dequantized by the formula (model/quant.h), in fp32.
+static void dequantize_into(const struct tensor *q, struct tensor *p, void *ctx)
+{
+    struct dequant *d = ctx;
+    assert_int_equal(q->quant.format, d->want);
+    assert_int_equal(q->quant.source, d->source);
+    const int R = (int)q->shape[0], C = (int)q->shape[1];
+    float *v = malloc((size_t)R * C * sizeof *v), *tmp = malloc((size_t)C * sizeof *tmp);
+    void *buf = malloc(quant_rows_bytes(1, C, q->quant.format, q->quant.group));
+    assert_true(v && tmp && buf);
+    struct quant_rows r;
+    quant_rows_init(&r, buf, 1, C, q->quant.format, q->quant.group);
+    for (int o = 0; o < R; o++) {
+        quant_tensor_rows(q, o, 1, &r, tmp);
+        for (int k = 0; k < C; k++) v[(size_t)o * C + k] = quant_rows_value(&r, 0, k);
+    }
+    free(tmp);
+    free(buf);
+    p->data = v;
+    p->dtype = DTYPE_F32;
+    assert_true(d->n < 4096);
+    d->bufs[d->n++] = v;
+}
+
+// ---- logits ---------------------------------------------------------------------------
+
+#define N_TOK 24
+
+// Logits at every position of a fixed prompt (N_TOK, vocab); takes m.
+static float *prompt_logits(struct model *m, const char *variant)
+{
+    struct harness h;
+    if (harness_open_model(&h, variant, m, DTYPE_F32, 4, 2, N_TOK, 1)) fail_msg("harness");
+    int32_t tok[N_TOK];
+    for (int i = 0; i < N_TOK; i++) tok[i] = (int32_t)((i * 709 + 13) % m->cfg.vocab_size);
+    int32_t *blocks = harness_blocks(&h, N_TOK);
+    const struct fwd_seq s = {.tokens = tok, .n_new = N_TOK, .n_past = 0, .blocks = blocks, .n_logits = N_TOK};
+    const struct fwd_batch b = {.n_seqs = 1, .seqs = &s};
+    const size_t V = (size_t)m->cfg.vocab_size;
+    float *logits = malloc((size_t)N_TOK * V * sizeof *logits);
+    assert_non_null(logits);
+    char err[512];
+    if (harness_forward(&h, &b, logits, err, sizeof err)) fail_msg("forward: %s", err);
+    free(blocks);
+    harness_close(&h);
+    return logits;
+}
+
+static double max_abs(const float *a, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(a[i]));
+    return m;
+}
+
+static double max_diff(const float *a, const float *b, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+    return m;
+}
+
+// sqrt(mean((a - b)^2)) / sqrt(mean(b^2)).
+static double rms_ratio(const float *a, const float *b, size_t n)
+{
+    double d = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        s += (double)b[i] * b[i];
+    }
+    return sqrt(d / s);
+}
+
+// Positions whose greedy token is the same in both.
+static int same_argmax(const float *a, const float *b, int rows, int n)
+{
+    int same = 0;
+    for (int r = 0; r < rows; r++)
+        same += argmax_lowest(a + (size_t)r * n, n) == argmax_lowest(b + (size_t)r * n, n);
+    return same;
+}
+
+// The quantized model against its dequantized twin (fp32 projections, the
+// rest as the bf16 checkpoint holds it) and the bf16 original, on the
+// scalar table and the best one.
+static void check_logits(struct model *(*load_quantized)(void), enum quant_format f,
+                         enum quant_source src, double rms_tol, int min_same, const char *what)
+{
+    const char *variants[] = {"scalar", NULL};
+    for (int vi = 0; vi < 2; vi++) {
+        struct model *q = load_quantized(), *deq = load_ckpt(C_BF16, QUANT_NONE);
+        struct dequant d = {.want = f, .source = src};
+        for_each_projection(q, deq, dequantize_into, &d);
+        float *lq = prompt_logits(q, variants[vi]);
+        float *ld = prompt_logits(deq, variants[vi]);
+        float *lb = prompt_logits(load_ckpt(C_BF16, QUANT_NONE), variants[vi]);
+        const size_t n = (size_t)N_TOK * 2048;
+        const double scale = max_abs(ld, n), dd = max_diff(lq, ld, n), db = rms_ratio(lq, lb, n);
+        const int same = same_argmax(lq, lb, N_TOK, 2048);
+        if (!variants[vi] ? dd > 1e-4 * scale : memcmp(lq, ld, n * sizeof *lq) != 0)
+            fail_msg("%s on %s: logits differ from the dequantized fp32 model's by %.3g (largest "
+                     "logit %.3g)", what, variants[vi] ? variants[vi] : "the best table", dd, scale);
+        if (db > rms_tol || same < min_same)
+            fail_msg("%s: logits differ from the bf16 original's by %.1f%% (rms, at most %.0f%%) and "
+                     "agree on the greedy token at %d of %d positions (at least %d)", what, 100 * db,
+                     100 * rms_tol, same, N_TOK, min_same);
+        if (db == 0) fail_msg("%s: the logits equal the bf16 original's: nothing was quantized", what);
+        for (int i = 0; i < d.n; i++) free(d.bufs[i]);
+        free(lq);
+        free(ld);
+        free(lb);
+    }
+}
+
+static struct model *fp8_ckpt(void) { return load_ckpt(C_FP8, QUANT_NONE); }
+static struct model *gptq_ckpt(void) { return load_ckpt(C_GPTQ, QUANT_NONE); }
+static struct model *gptq_asym_ckpt(void) { return load_ckpt(C_GPTQ_ASYM, QUANT_NONE); }
+static struct model *int8_at_load(void) { return load_ckpt(C_BF16, QUANT_INT8); }
+static struct model *int4_at_load(void) { return load_ckpt(C_BF16, QUANT_INT4); }
+static struct model *fp8_at_load(void) { return load_ckpt(C_BF16, QUANT_FP8); }
+
+static void checkpoint_logits_match_their_dequantized_weights(void **state)
+{
+    (void)state;
+    check_logits(fp8_ckpt, QUANT_FP8, QUANT_SRC_FP8, 0.15, 20, "the fp8 checkpoint");
+    check_logits(gptq_ckpt, QUANT_INT4, QUANT_SRC_GPTQ, 0.40, 12, "the gptq checkpoint");
+    check_logits(gptq_asym_ckpt, QUANT_INT4, QUANT_SRC_GPTQ, 0.40, 12, "the asymmetric gptq checkpoint");
+}
+
+static void logits_quantized_at_load_match_their_dequantized_weights(void **state)
+{
+    (void)state;
+    check_logits(int8_at_load, QUANT_INT8, QUANT_SRC_AT_LOAD, 0.06, 22, "--quantization int8");
+    check_logits(int4_at_load, QUANT_INT4, QUANT_SRC_AT_LOAD, 0.40, 12, "--quantization int4");
+    check_logits(fp8_at_load, QUANT_FP8, QUANT_SRC_AT_LOAD, 0.15, 20, "--quantization fp8");
+}
+
+// ---- binding ------------------------------------------------------------------------------
+
+static void assert_plain(const struct tensor *t) { assert_int_equal(t->quant.format, QUANT_NONE); }
+
+static void checkpoints_bind_their_formats_and_the_planner_counts_their_bytes(void **state)
+{
+    (void)state;
+    struct model *m = load_ckpt(C_GPTQ, QUANT_NONE);
+    assert_int_equal(m->quant, QUANT_INT4);
+    const struct tensor *e = &m->layers[1].experts[3].down;
+    assert_int_equal(e->quant.source, QUANT_SRC_GPTQ);
+    assert_int_equal(e->quant.group, 32);
+    assert_int_equal(e->quant.zero_offset, 1);
+    assert_int_equal(m->layers[0].wq.quant.format, QUANT_INT4);
+    assert_plain(&m->layers[0].router);
+    assert_plain(&m->embed);
+    assert_plain(&m->lm_head);
+    assert_plain(&m->final_norm);
+    model_destroy(m);
+    m = load_ckpt(C_FP8, QUANT_NONE);
+    assert_int_equal(m->quant, QUANT_FP8);
+    assert_int_equal(m->layers[0].wk.quant.source, QUANT_SRC_FP8);
+    assert_int_equal(m->layers[0].wk.quant.block_rows, 32);
+    assert_plain(&m->layers[1].router);
+    model_destroy(m);
+    // With groups of 128 (the planner's), what the loader holds is what the
+    // planner counts: checkpoints and quantization at load alike.
+    const struct {
+        enum ckpt c;
+        enum quant_format q;
+        enum plan_dtype t;
+    } cases[] = {
+        {C_FP8_128, QUANT_NONE, PLAN_FP8}, {C_GPTQ_128, QUANT_NONE, PLAN_INT4},
+        {C_BF16, QUANT_INT8, PLAN_INT8},   {C_BF16, QUANT_INT4, PLAN_INT4},
+        {C_BF16, QUANT_FP8, PLAN_FP8},     {C_BF16, QUANT_NONE, PLAN_BF16},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        m = load_ckpt(cases[i].c, cases[i].q);
+        uint64_t planned;
+        char err[256];
+        assert_int_equal(plan_weight_bytes(&m->cfg, cases[i].t, PLAN_TP, 1, &planned, err, sizeof err), 0);
+        assert_int_equal(plan_dtype_from_quant(m->quant, m->cfg.torch_dtype), cases[i].t);
+        if (planned != m->weight_bytes)
+            fail_msg("case %zu: the planner counts %llu bytes, the loader holds %zu", i,
+                     (unsigned long long)planned, m->weight_bytes);
+        model_destroy(m);
+    }
+}
+
+// ---- hostile checkpoints -----------------------------------------------------------------
+
+// An edit of one tensor of a checkpoint: renamed (to "" to drop it), or
+// given another dtype and shape (zeros), or (g_idx) its first two entries
+// swapped.
+struct edit {
+    const char *name;
+    const char *rename;
+    const char *dtype;
+    int ndim;
+    int64_t shape[2];
+    bool swap_first;
+};
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc(*len + 1);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, *len, f), *len);
+    fclose(f);
+    b[*len] = 0;
+    return b;
+}
+
+static size_t dtype_bytes(const char *d)
+{
+    return !strcmp(d, "F32") || !strcmp(d, "I32") ? 4 : !strcmp(d, "I64") ? 8 : !strcmp(d, "F8_E4M3") ? 1 : 2;
+}
+
+// Copies checkpoint c into tmpdir/sub with the edit applied to its
+// safetensors (offsets recomputed) and config.json's text cfg_from replaced
+// by cfg_to.
+static void copy_edited(enum ckpt c, const char *sub, const struct edit *e, const char *cfg_from,
+                        const char *cfg_to, char *dir, size_t dirlen)
+{
+    char src[512], path[1024];
+    ckpt_dir(c, src, sizeof src);
+    snprintf(dir, dirlen, "%s/%s", tmpdir, sub);
+    snprintf(path, sizeof path, "rm -rf '%s' && mkdir -p '%s' && cp '%s/config.json' '%s/'", dir, dir, src, dir);
+    assert_int_equal(system(path), 0);
+    size_t len;
+    snprintf(path, sizeof path, "%s/model.safetensors", src);
+    char *b = slurp(path, &len);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | (uint8_t)b[i];
+    json_t *h = json_loadb(b + 8, hlen, 0, NULL), *out = json_object();
+    assert_non_null(h);
+    const uint8_t *data = (const uint8_t *)b + 8 + hlen;
+    // Pieces in the original order (make-model writes them in offset order).
+    struct piece {
+        const uint8_t *p;
+        size_t n;
+        bool zero, swap;
+    } *pieces = calloc(json_object_size(h), sizeof *pieces);
+    size_t np = 0, off = 0;
+    const char *name;
+    json_t *v;
+    json_object_foreach(h, name, v) {
+        if (!strcmp(name, "__metadata__")) continue;
+        json_t *o = json_object_get(v, "data_offsets");
+        const size_t b0 = (size_t)json_integer_value(json_array_get(o, 0));
+        const size_t b1 = (size_t)json_integer_value(json_array_get(o, 1));
+        struct piece pc = {.p = data + b0, .n = b1 - b0};
+        json_t *nv = json_deep_copy(v);
+        const char *new_name = name;
+        if (e && !strcmp(name, e->name)) {
+            if (e->rename) new_name = e->rename;
+            if (e->dtype) {
+                json_t *shape = json_array();
+                size_t n = dtype_bytes(e->dtype);
+                for (int i = 0; i < e->ndim; i++) {
+                    json_array_append_new(shape, json_integer(e->shape[i]));
+                    n *= (size_t)e->shape[i];
+                }
+                json_object_set_new(nv, "dtype", json_string(e->dtype));
+                json_object_set_new(nv, "shape", shape);
+                pc.n = n;
+                pc.zero = true;
+            }
+            pc.swap = e->swap_first;
+        }
+        if (!*new_name) {
+            json_decref(nv);
+            continue;
+        }
+        json_object_set_new(nv, "data_offsets", json_pack("[I,I]", (json_int_t)off, (json_int_t)(off + pc.n)));
+        off += pc.n;
+        json_object_set_new(out, new_name, nv);
+        pieces[np++] = pc;
+    }
+    char *text = json_dumps(out, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    size_t tl = strlen(text), padded = (tl + 7) & ~(size_t)7;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    uint8_t l8[8];
+    for (int i = 0; i < 8; i++) l8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    fwrite(l8, 1, 8, f);
+    fwrite(text, 1, tl, f);
+    fwrite("        ", 1, padded - tl, f);
+    for (size_t i = 0; i < np; i++) {
+        if (pieces[i].zero) {
+            for (size_t k = 0; k < pieces[i].n; k++) fputc(0, f);
+        } else if (pieces[i].swap) {
+            int32_t *g = malloc(pieces[i].n);
+            memcpy(g, pieces[i].p, pieces[i].n);
+            const int32_t t = g[0];
+            g[0] = g[pieces[i].n / 4 - 1];
+            g[pieces[i].n / 4 - 1] = t;
+            fwrite(g, 1, pieces[i].n, f);
+            free(g);
+        } else {
+            fwrite(pieces[i].p, 1, pieces[i].n, f);
+        }
+    }
+    assert_int_equal(fclose(f), 0);
+    free(text);
+    free(pieces);
+    json_decref(out);
+    json_decref(h);
+    free(b);
+    if (cfg_from) {
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        char *cfg = slurp(path, &len), *at = strstr(cfg, cfg_from);
+        assert_non_null(at);
+        f = fopen(path, "wb");
+        fwrite(cfg, 1, (size_t)(at - cfg), f);
+        fputs(cfg_to, f);
+        fputs(at + strlen(cfg_from), f);
+        fclose(f);
+        free(cfg);
+    }
+}
+
+static void expect_refused(const char *dir, enum quant_format q, const char *const *want, const char *what)
+{
+    struct model *m = NULL;
+    char err[1024] = "";
+    const struct model_load_opts o = {.quantization = q, .cache_dir = "none"};
+    const int rc = model_load_opts(dir, &o, &m, err, sizeof err);
+    if (rc == 0) fail_msg("%s: loaded", what);
+    if (getenv("SHOW_ERRORS")) fprintf(stderr, "%s: %s\n", what, err);
+    for (int i = 0; want[i]; i++)
+        if (!strstr(err, want[i])) fail_msg("%s: \"%s\" does not say \"%s\"", what, err, want[i]);
+}
+
+#define L0 "model.layers.0.mlp.experts.2.down_proj"
+#define G0 "model.layers.0.mlp.experts.2.gate_proj"
+
+// tiny: hidden 64, moe_intermediate 32; GPTQ and FP8 groups of 32.
+static void inconsistent_checkpoints_are_refused_with_expected_and_actual(void **state)
+{
+    (void)state;
+    char dir[512];
+    const struct {
+        enum ckpt c;
+        struct edit e;
+        const char *cfg_from, *cfg_to;
+        enum quant_format q;
+        const char *want[5];
+    } cases[] = {
+        // GPTQ: (64 x 32) down_proj: qweight (4, 64), qzeros (1, 8), scales (1, 64), g_idx (32).
+        {C_GPTQ, {L0 ".qzeros", NULL, "I32", 2, {2, 8}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".qzeros", "[2, 8]", "[1, 8]", NULL}},
+        {C_GPTQ, {L0 ".scales", NULL, "F32", 2, {1, 64}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".scales", "F32", "F16", NULL}},
+        {C_GPTQ, {L0 ".qweight", NULL, "I64", 2, {4, 64}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".qweight", "I64", "I32", NULL}},
+        {C_GPTQ, {L0 ".qweight", NULL, "I32", 2, {4, 32}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".qweight", "[4, 32]", "[4, 64]", NULL}},
+        {C_GPTQ, {L0 ".qzeros", "", NULL, 0, {0}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".qzeros", "no tensor", NULL}},
+        // gate_proj (32 x 64): two groups, so swapping entries reorders them.
+        {C_GPTQ, {G0 ".g_idx", NULL, NULL, 0, {0}, true}, NULL, NULL, QUANT_NONE,
+         {G0 ".g_idx", "desc_act", NULL}},
+        // A group size the tensors were not made with.
+        {C_GPTQ, {"none", NULL, NULL, 0, {0}, false}, "\"group_size\": 32", "\"group_size\": 16",
+         QUANT_NONE, {"group_size 16", "qzeros", "[2, 8]", "[4, 8]"}},
+        {C_GPTQ, {"none", NULL, NULL, 0, {0}, false}, "\"quant_method\": \"gptq\"",
+         "\"quant_method\": \"fp8\"", QUANT_NONE, {"no tensor", "q_proj.weight", NULL}},
+        {C_GPTQ, {"none", NULL, NULL, 0, {0}, false}, NULL, NULL, QUANT_FP8,
+         {"GPTQ", "--quantization fp8", NULL}},
+        // FP8: (64 x 32) down_proj with 32 x 32 blocks: weight_scale_inv (2, 1).
+        {C_FP8, {L0 ".weight_scale_inv", NULL, "F32", 2, {2, 2}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".weight_scale_inv", "[2, 2]", "[2, 1]", NULL}},
+        {C_FP8, {L0 ".weight_scale_inv", NULL, "I32", 2, {2, 1}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".weight_scale_inv", "I32", "F32, BF16 or F16", NULL}},
+        {C_FP8, {L0 ".weight_scale_inv", "", NULL, 0, {0}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".weight_scale_inv", "no tensor", NULL}},
+        {C_FP8, {L0 ".weight", NULL, "F8_E4M3", 2, {64, 16}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".weight", "[64, 16]", "config.json implies [64, 32]", NULL}},
+        {C_FP8, {"model.embed_tokens.weight", NULL, "F8_E4M3", 2, {2048, 64}, false}, NULL, NULL,
+         QUANT_NONE, {"embedding", "model.embed_tokens", NULL}},
+        {C_FP8, {"none", NULL, NULL, 0, {0}, false}, "\"quantization_config\"", "\"no_quantization\"",
+         QUANT_NONE, {"F8_E4M3", "quantization_config", NULL}},
+        {C_FP8, {"none", NULL, NULL, 0, {0}, false}, NULL, NULL, QUANT_INT4,
+         {"FP8", "--quantization int4", NULL}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char sub[32], what[64];
+        snprintf(sub, sizeof sub, "hostile-%zu", i);
+        snprintf(what, sizeof what, "case %zu", i);
+        copy_edited(cases[i].c, sub, &cases[i].e, cases[i].cfg_from, cases[i].cfg_to, dir, sizeof dir);
+        expect_refused(dir, cases[i].q, cases[i].want, what);
+    }
+    // The untouched copy loads: the edits, not the copying, are refused.
+    copy_edited(C_GPTQ, "copy", NULL, NULL, NULL, dir, sizeof dir);
+    model_destroy(load_q(dir, QUANT_NONE));
+}
+
+// A quantized config loaded dummy makes its own format (fp8, or int4 for gptq).
+static void dummy_loads_of_quantized_configs_make_their_format(void **state)
+{
+    (void)state;
+    const enum ckpt cs[] = {C_FP8, C_GPTQ};
+    const enum quant_format fs[] = {QUANT_FP8, QUANT_INT4};
+    for (int i = 0; i < 2; i++) {
+        char dir[512], err[512];
+        ckpt_dir(cs[i], dir, sizeof dir);
+        struct model *m;
+        const struct model_load_opts o = {.format = LOAD_FORMAT_DUMMY, .seed = 3, .cache_dir = "none"};
+        assert_int_equal(model_load_opts(dir, &o, &m, err, sizeof err), 0);
+        assert_int_equal(m->quant, fs[i]);
+        assert_int_equal(m->layers[0].experts[0].up.quant.source, QUANT_SRC_AT_LOAD);
+        assert_plain(&m->layers[0].router);
+        model_destroy(m);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(checkpoints_bind_their_formats_and_the_planner_counts_their_bytes),
+        cmocka_unit_test(checkpoint_logits_match_their_dequantized_weights),
+        cmocka_unit_test(logits_quantized_at_load_match_their_dequantized_weights),
+        cmocka_unit_test(inconsistent_checkpoints_are_refused_with_expected_and_actual),
+        cmocka_unit_test(dummy_loads_of_quantized_configs_make_their_format),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
