@@ -1,7 +1,8 @@
 // Pins `moeserve generate` end to end: --json on the golden checkpoint
 // reproduces llama.cpp's greedy tokens and logprobs, the plain output prints
 // ids, seeds reproduce samples, text prompts go through the tokenizer, bad
-// arguments exit 2 with a sentence, and --bench --json reports its figures.
+// arguments exit 2 with a sentence, --quantization and quantized checkpoints
+// generate (and cache their weights), and --bench --json reports its figures.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -197,6 +198,7 @@ static void bad_arguments_exit_2_with_a_sentence(void **state)
         {"--prompt-ids 1 --temperature -1", "--temperature", 2},
         {"--prompt-ids 1 --device gpu", "--device must be auto, cpu or cuda", 2},
         {"--prompt-ids 1 --load-format pt", "--load-format must be auto or dummy", 2},
+        {"--prompt-ids 1 --quantization q4_0", "--quantization must be fp8, int8 or int4", 2},
         {"", "either --prompt-ids or --prompt", 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -252,6 +254,56 @@ static void dummy_weights_need_only_the_config(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+// --quantization on the tiny model: each format generates; the first int4
+// start writes its weights cache and the next maps it and generates the same
+// ids; make-model's FP8 and GPTQ checkpoints generate as they are, and
+// --quantization int8 on the GPTQ one is refused with a sentence.
+static void quantization_generates_and_the_next_start_maps_its_cache(void **state)
+{
+    (void)state;
+    char tmp[] = "/tmp/moeserve-quant-gen-XXXXXX", cmd[4096], *out, *out2, *err;
+    assert_non_null(mkdtemp(tmp));
+    const char *formats[] = {"int4", "int8", "fp8"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "%s generate %s --quantization %s --cache-dir none --prompt-ids 1,2,3 "
+                 "--max-tokens 4 --temperature 0", bin, tiny, formats[i]);
+        if (run(cmd, &out, &err) != 0) fail_msg("--quantization %s: %s", formats[i], err);
+        free(out);
+        free(err);
+    }
+    snprintf(cmd, sizeof cmd, "%s generate %s --quantization int4 --cache-dir %s/cache --prompt-ids 1,2,3 "
+             "--max-tokens 4 --temperature 0", bin, tiny, tmp);
+    assert_int_equal(run(cmd, &out, &err), 0);
+    if (!strstr(err, "written to the cache")) fail_msg("first start: %s", err);
+    free(err);
+    assert_int_equal(run(cmd, &out2, &err), 0);
+    if (!strstr(err, "mapped from the cache")) fail_msg("second start: %s", err);
+    assert_string_equal(out, out2);
+    free(out);
+    free(out2);
+    free(err);
+    const char *kinds[] = {"fp8", "gptq"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "%s make-model --shape tiny --out %s/%s --quantization %s", bin, tmp,
+                 kinds[i], kinds[i]);
+        assert_int_equal(run(cmd, &out, &err), 0);
+        free(out);
+        free(err);
+        snprintf(cmd, sizeof cmd, "%s generate %s/%s --prompt-ids 1,2,3 --max-tokens 4 --temperature 0",
+                 bin, tmp, kinds[i]);
+        if (run(cmd, &out, &err) != 0) fail_msg("the %s checkpoint: %s", kinds[i], err);
+        free(out);
+        free(err);
+    }
+    snprintf(cmd, sizeof cmd, "%s generate %s/gptq --quantization int8 --prompt-ids 1", bin, tmp);
+    assert_int_equal(run(cmd, &out, &err), 1);
+    if (!strstr(err, "GPTQ") || !strstr(err, "--quantization int8")) fail_msg("%s", err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void bench_reports_speed_beside_the_machine_limits(void **state)
 {
     (void)state;
@@ -282,6 +334,7 @@ int main(void)
         cmocka_unit_test(text_prompts_use_the_checkpoint_tokenizer),
         cmocka_unit_test(bad_arguments_exit_2_with_a_sentence),
         cmocka_unit_test(dummy_weights_need_only_the_config),
+        cmocka_unit_test(quantization_generates_and_the_next_start_maps_its_cache),
         cmocka_unit_test(bench_reports_speed_beside_the_machine_limits),
     };
     return cmocka_run_group_tests(tests, setup, NULL);

@@ -3,7 +3,9 @@
 // nothing else) is packed, each equal to packing its file data; with one that
 // does not, none; ranks of one process share one packed copy per model and
 // table, released with the last; a dummy load (--load-format dummy) gets its
-// values made here, element by element tensor_dummy_value, packed or not.
+// values made here, element by element tensor_dummy_value, packed or not;
+// projections quantized at load are packed blocks for every table; the
+// weights cache file is written, mapped, and rebuilt when stale or corrupt.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "base/base.h"
@@ -20,6 +24,7 @@
 #include "model/model.h"
 
 static char dir[1024];
+static char cache_root[256];
 
 static int setup(void **state)
 {
@@ -27,7 +32,16 @@ static int setup(void **state)
     const char *d = getenv("MOESERVE_TEST_DATA");
     if (!d) return -1;
     snprintf(dir, sizeof dir, "%s/qwen3moe-v2048", d);
-    return 0;
+    snprintf(cache_root, sizeof cache_root, "/tmp/moeserve-cache-XXXXXX");
+    return mkdtemp(cache_root) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache_root);
+    return system(cmd) == 0 ? 0 : -1;
 }
 
 // The tensor's values as stored (its data) or as a dummy load makes them.
@@ -189,12 +203,181 @@ static void dummy_weights_are_made_by_the_backend(void **state)
     model_destroy(other);
 }
 
+// --quantization: every projection is held packed in model/quant.h's
+// blocks for every table (no rows), equal to packing its canonical rows;
+// the router, norms, embedding and lm_head are prepared as before.
+static void quantized_projections_are_packed_for_every_table(void **state)
+{
+    (void)state;
+    char err[512];
+    struct model *m;
+    const struct model_load_opts o = {.quantization = QUANT_INT4, .cache_dir = "none"};
+    assert_int_equal(model_load_opts(dir, &o, &m, err, sizeof err), 0);
+    const char *tables[] = {"avx512", "avx2", "scalar"};
+    for (int i = 0; i < 3; i++) {
+        const struct cpu_kernels *k = cpu_kernels_by_name(tables[i]);
+        if (!k) continue;
+        struct backend *b;
+        assert_int_equal(backend_cpu_create(1, k, &b, err, sizeof err), 0);
+        struct backend_weights *w;
+        assert_int_equal(b->ops->prepare_weights(b, m, 0, m->cfg.n_experts, &w), 0);
+        const struct tensor *ts[] = {&m->layers[0].wq, &m->layers[1].wo, &m->layers[2].experts[5].down};
+        const struct backend_mat *ms[] = {&w->layers[0].wq, &w->layers[1].wo, &w->layers[2].expert_down[5]};
+        for (int j = 0; j < 3; j++) {
+            const struct tensor *t = ts[j];
+            const struct backend_mat *bm = ms[j];
+            assert_int_equal(bm->quant, QUANT_INT4);
+            assert_null(bm->data);
+            assert_non_null(bm->priv);
+            assert_int_equal(bm->group_cols, QUANT_GROUP);
+            const int R = (int)t->shape[0], C = (int)t->shape[1];
+            const size_t bb = quant_block_bytes(QUANT_INT4, C, QUANT_GROUP);
+            char *block = malloc(bb);
+            void *buf = malloc(quant_rows_bytes(16, C, QUANT_INT4, QUANT_GROUP));
+            float *tmp = malloc((size_t)C * sizeof *tmp);
+            assert_true(block && buf && tmp);
+            for (int r0 = 0; r0 < R; r0 += 16) {
+                struct quant_rows r;
+                quant_rows_init(&r, buf, 16, C, QUANT_INT4, QUANT_GROUP);
+                r.n = R - r0 < 16 ? R - r0 : 16;
+                quant_tensor_rows(t, r0, r.n, &r, tmp);
+                cpu_qpack_block(&r, block);
+                assert_memory_equal((const char *)bm->priv + (size_t)(r0 / 16) * bb, block, bb);
+            }
+            free(block);
+            free(buf);
+            free(tmp);
+        }
+        assert_int_equal(w->layers[0].router.quant, QUANT_NONE);
+        assert_int_equal(w->lm_head.quant, QUANT_NONE);
+        assert_int_equal(w->embed.quant, QUANT_NONE);
+        b->ops->release_weights(b, w);
+        b->ops->destroy(b);
+    }
+    model_destroy(m);
+}
+
+// ---- the weights cache ----------------------------------------------------------------
+
+// Prepares the checkpoint in ckpt (int4 at load) with the cache in cdir:
+// returns where the weights came from (backend_cpu_weights_cached) and, in
+// *packed, a copy of one expert's packed blocks (for comparing runs).
+static int prepare_cached(const char *ckpt, const char *cdir, void **packed, size_t *n)
+{
+    char err[512];
+    struct model *m;
+    const struct model_load_opts o = {.quantization = QUANT_INT4, .cache_dir = cdir};
+    assert_int_equal(model_load_opts(ckpt, &o, &m, err, sizeof err), 0);
+    struct backend *b;
+    assert_int_equal(backend_cpu_create(1, NULL, &b, err, sizeof err), 0);
+    struct backend_weights *w;
+    assert_int_equal(b->ops->prepare_weights(b, m, 0, m->cfg.n_experts, &w), 0);
+    const int cached = backend_cpu_weights_cached(w);
+    const struct backend_mat *e = &w->layers[1].expert_up[3];
+    const struct cpu_wmat wm = {.out = e->rows, .in = e->cols, .quant = e->quant, .group = e->group_cols};
+    *n = cpu_pack_bytes(&wm);
+    *packed = malloc(*n);
+    assert_non_null(*packed);
+    memcpy(*packed, e->priv, *n);
+    b->ops->release_weights(b, w);
+    b->ops->destroy(b);
+    model_destroy(m);
+    return cached;
+}
+
+// The one cache file in cdir (fails unless there is exactly one, with no
+// temporary left beside it).
+static void cache_file(const char *cdir, char *out, size_t len)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "ls '%s'", cdir);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof line, p)) {
+        line[strcspn(line, "\n")] = 0;
+        assert_null(strstr(line, ".tmp."));
+        snprintf(out, len, "%s/%s", cdir, line);
+        n++;
+    }
+    pclose(p);
+    assert_int_equal(n, 1);
+}
+
+static void flip_byte(const char *path, long at)
+{
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    fseek(f, at, SEEK_SET);
+    const int c = fgetc(f);
+    fseek(f, at, SEEK_SET);
+    fputc(c ^ 0x20, f);
+    fclose(f);
+}
+
+// The first start writes the file, the next maps it and gets the same
+// bytes; a header flipped anywhere (magic, sizes, key, checksum), a
+// truncated file or a checkpoint touched since is noticed and the file
+// rebuilt, never used; cache_dir none writes nothing.
+static void the_weights_cache_is_written_mapped_and_rebuilt_when_stale_or_corrupt(void **state)
+{
+    (void)state;
+    char ckpt[512], cdir[512], file[1024], cmd[2200];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt", cache_root);
+    snprintf(cdir, sizeof cdir, "%s/cache", cache_root);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s'/* '%s/'", ckpt, dir, ckpt);
+    assert_int_equal(system(cmd), 0);
+    void *ref, *got;
+    size_t n, n2;
+    assert_int_equal(prepare_cached(ckpt, "none", &ref, &n), 0);
+    assert_int_equal(prepare_cached(ckpt, cdir, &got, &n2), 2); // written
+    assert_int_equal(n2, n);
+    assert_memory_equal(got, ref, n);
+    free(got);
+    cache_file(cdir, file, sizeof file);
+    assert_int_equal(prepare_cached(ckpt, cdir, &got, &n2), 1); // mapped
+    assert_memory_equal(got, ref, n);
+    free(got);
+    // Corruptions: the magic, the format, a size, the key's text, the checksum.
+    const long at[] = {0, 8, 24, 96, 64};
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+        flip_byte(file, at[i]);
+        if (prepare_cached(ckpt, cdir, &got, &n2) != 2) fail_msg("byte %ld flipped: the file was used", at[i]);
+        assert_memory_equal(got, ref, n);
+        free(got);
+        assert_int_equal(prepare_cached(ckpt, cdir, &got, &n2), 1); // rebuilt whole
+        free(got);
+    }
+    // Truncated: a header alone, then a file short of its last page.
+    const long sizes[] = {40, -4096};
+    for (int i = 0; i < 2; i++) {
+        struct stat sb;
+        assert_int_equal(stat(file, &sb), 0);
+        assert_int_equal(truncate(file, sizes[i] > 0 ? sizes[i] : sb.st_size + sizes[i]), 0);
+        assert_int_equal(prepare_cached(ckpt, cdir, &got, &n2), 2);
+        assert_memory_equal(got, ref, n);
+        free(got);
+    }
+    // A checkpoint changed since (its mtime): stale, rebuilt in place.
+    snprintf(cmd, sizeof cmd, "touch -d '2001-01-01' '%s/model.safetensors'", ckpt);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(prepare_cached(ckpt, cdir, &got, &n2), 2);
+    free(got);
+    assert_int_equal(prepare_cached(ckpt, cdir, &got, &n2), 1);
+    free(got);
+    cache_file(cdir, file, sizeof file); // replaced, not added beside
+    free(ref);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(matrices_are_packed_when_the_kernels_want_it),
         cmocka_unit_test(ranks_share_one_packed_copy),
         cmocka_unit_test(dummy_weights_are_made_by_the_backend),
+        cmocka_unit_test(quantized_projections_are_packed_for_every_table),
+        cmocka_unit_test(the_weights_cache_is_written_mapped_and_rebuilt_when_stale_or_corrupt),
     };
-    return cmocka_run_group_tests(tests, setup, NULL);
+    return cmocka_run_group_tests(tests, setup, teardown);
 }
