@@ -66,24 +66,26 @@ int cmd_make_model(int argc, char **argv)
             }
             break;
         }
-        case 'q':
+        case 'q': {
+            char err[256];
             if (!strcmp(optarg, "fp8")) quant = QUANT_METHOD_FP8;
             else if (!strcmp(optarg, "gptq") || !strcmp(optarg, "int4")) quant = QUANT_METHOD_GPTQ;
             else {
-                fprintf(stderr, "moeserve make-model: --quantization must be fp8 or gptq, not "
-                        "'%s'\n", optarg);
+                cli_refuse("--quantization", optarg, "fp8 or gptq", err, sizeof err);
+                fprintf(stderr, "moeserve make-model: %s\n", err);
                 return 2;
             }
             break;
+        }
         case 'g': {
-            char *end;
-            errno = 0;
-            group = strtol(optarg, &end, 10);
-            if (errno || end == optarg || *end || group < 8 || group > 65536 || group % 8) {
-                fprintf(stderr, "moeserve make-model: --group-size must be a multiple of 8 from 8 "
-                        "to 65536, not '%s'\n", optarg);
+            char err[256];
+            int64_t v;
+            if (cli_parse_int("--group-size", optarg, 8, 65536, &v, err, sizeof err) ||
+                (v % 8 && cli_refuse("--group-size", optarg, "a multiple of 8", err, sizeof err))) {
+                fprintf(stderr, "moeserve make-model: %s\n", err);
                 return 2;
             }
+            group = (long)v;
             break;
         }
         case 'a': asym = true; break;

@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +14,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/buf.h"
 #include "model/safetensors.h"
 
 // Bump when the packed layout, the quantization or the dummy recipe changes
@@ -48,52 +48,12 @@ static uint64_t header_sum(const struct disk_header *h, const char *key)
 
 static uint64_t round_page(uint64_t n) { return (n + PAGE - 1) / PAGE * PAGE; }
 
-// A growing text, for the key.
-struct text {
-    char *s;
-    size_t len, cap;
-    bool oom;
-};
-
-static void text_add(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void text_add(struct text *t, const char *fmt, ...)
-{
-    if (t->oom) return;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-        t->oom = true;
-        return;
-    }
-    if (t->len + (size_t)n + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap : 1024;
-        while (t->len + (size_t)n + 1 > cap) cap *= 2;
-        char *s = realloc(t->s, cap);
-        if (!s) {
-            t->oom = true;
-            return;
-        }
-        t->s = s;
-        t->cap = cap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(t->s + t->len, t->cap - t->len, fmt, ap);
-    va_end(ap);
-    t->len += (size_t)n;
-}
-
-static void file_line(struct text *t, const char *label, const char *path)
+static int file_line(struct ms_buf *t, const char *label, const char *path)
 {
     struct stat sb;
-    if (stat(path, &sb) != 0) {
-        text_add(t, "file %s missing\n", label);
-        return;
-    }
-    text_add(t, "file %s %lld %lld\n", label, (long long)sb.st_size,
-             (long long)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec);
+    if (stat(path, &sb) != 0) return ms_buf_append_fmt(t, "file %s missing\n", label);
+    return ms_buf_append_fmt(t, "file %s %lld %lld\n", label, (long long)sb.st_size,
+                             (long long)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec);
 }
 
 static int mkdir_p(const char *dir)
@@ -157,32 +117,34 @@ int weights_cache_open(struct weights_cache *c, const struct model *m, const cha
                  qname, (unsigned long long)fnv1a(0xcbf29ce484222325ull, what, strlen(what))) >=
         (int)sizeof c->path)
         return 0;
-    struct text t = {0};
-    text_add(&t, "moeserve prepared weights, format %d\n", CACHE_FORMAT);
-    text_add(&t, "model %s\nkernels %s\nquantization %s\n", model_path, kernels, qname);
-    text_add(&t, "load %s seed %llu\n", m->dummy ? "dummy" : "safetensors", (unsigned long long)m->seed);
-    text_add(&t, "areas packed %llu made %llu\n", (unsigned long long)packed_bytes,
-             (unsigned long long)made_bytes);
+    struct ms_buf t = {0};
+    int rc = ms_buf_append_fmt(&t, "moeserve prepared weights, format %d\n", CACHE_FORMAT);
+    rc = rc ? rc : ms_buf_append_fmt(&t, "model %s\nkernels %s\nquantization %s\n", model_path, kernels, qname);
+    rc = rc ? rc : ms_buf_append_fmt(&t, "load %s seed %llu\n", m->dummy ? "dummy" : "safetensors",
+                                     (unsigned long long)m->seed);
+    rc = rc ? rc : ms_buf_append_fmt(&t, "areas packed %llu made %llu\n", (unsigned long long)packed_bytes,
+                                     (unsigned long long)made_bytes);
     char cfg[PATH_MAX + 32];
     struct stat sb;
     if (stat(m->dir, &sb) == 0 && S_ISDIR(sb.st_mode)) snprintf(cfg, sizeof cfg, "%s/config.json", m->dir);
     else snprintf(cfg, sizeof cfg, "%s", m->dir);
-    file_line(&t, "config.json", cfg);
+    rc = rc ? rc : file_line(&t, "config.json", cfg);
     const struct safetensors *st = m->storage;
-    for (size_t i = 0; st && i < safetensors_file_count(st); i++) {
+    for (size_t i = 0; !rc && st && i < safetensors_file_count(st); i++) {
         uint64_t size;
         int64_t mtime;
         const char *name = safetensors_file_info(st, i, &size, &mtime);
-        text_add(&t, "file %s %llu %lld\n", name, (unsigned long long)size, (long long)mtime);
+        rc = ms_buf_append_fmt(&t, "file %s %llu %lld\n", name, (unsigned long long)size, (long long)mtime);
     }
-    if (t.oom) {
-        free(t.s);
+    if (rc) {
+        ms_buf_free(&t);
         return MS_ENOMEM;
     }
-    c->key = t.s;
+    c->key = ms_buf_steal(&t, NULL);
+    if (!c->key) return MS_ENOMEM;
     c->packed_bytes = packed_bytes;
     c->made_bytes = made_bytes;
-    c->data_off = round_page(sizeof(struct disk_header) + t.len);
+    c->data_off = round_page(sizeof(struct disk_header) + strlen(c->key));
     c->made_off = c->data_off + round_page(packed_bytes);
     c->file_bytes = c->made_off + round_page(made_bytes);
     return 1;
