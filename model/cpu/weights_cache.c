@@ -193,11 +193,31 @@ bool weights_cache_map(struct weights_cache *c)
                c->path, strerror(errno));
         return false;
     }
-    // Start reading the whole file in the background: the first steps need all of it.
-    madvise(p, (size_t)c->file_bytes, MADV_WILLNEED);
     c->map = p;
     c->map_bytes = (size_t)c->file_bytes;
+    weights_cache_pin(c);
     return true;
+}
+
+// The mapping is the file's page cache, which the kernel may drop under
+// memory pressure (anything else reading files evicts it) and then read
+// again from disk, page by page, in the middle of a decode step (measured on
+// the full-size int4 model: 0.7 tokens/s with 2847 major faults in 24
+// tokens). Locking the pages keeps them, and reads the file once now.
+void weights_cache_pin(struct weights_cache *c)
+{
+    const double t0 = ms_now();
+    if (mlock(c->map, c->map_bytes) == 0) {
+        ms_log(MS_LOG_INFO, "weights cache: %.1f GiB locked in memory in %.2f s",
+               (double)c->map_bytes / (1u << 30), ms_now() - t0);
+        return;
+    }
+    ms_log(MS_LOG_WARN, "cannot lock the %.1f GiB of the weights cache in memory (%s): the kernel "
+           "may evict them under memory pressure and read them back from disk, slowly; raise the "
+           "locked-memory limit (ulimit -l, LimitMEMLOCK= in a systemd unit)",
+           (double)c->map_bytes / (1u << 30), strerror(errno));
+    // Start reading the whole file in the background at least: the first steps need all of it.
+    madvise(c->map, c->map_bytes, MADV_WILLNEED);
 }
 
 bool weights_cache_create(struct weights_cache *c)
@@ -261,6 +281,7 @@ bool weights_cache_commit(struct weights_cache *c)
     mprotect(c->map, c->map_bytes, PROT_READ);
     close(c->fd);
     c->fd = -1;
+    weights_cache_pin(c);
     if (!ok) {
         unlink(c->tmp);
         ms_log(MS_LOG_WARN, "cannot write the weights cache %s (%s); the next start prepares them "

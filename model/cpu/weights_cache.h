@@ -63,6 +63,12 @@ bool weights_cache_create(struct weights_cache *c);
 // when the file could not be committed (it is then removed).
 bool weights_cache_commit(struct weights_cache *c);
 
+// Locks the mapped file in memory (reading what is not in the page cache),
+// so that it stays resident like anonymous memory; when the locked-memory
+// limit refuses, says so and only starts reading it ahead. Called by
+// weights_cache_map and weights_cache_commit.
+void weights_cache_pin(struct weights_cache *c);
+
 // Frees the key; removes a temporary file not committed. Leaves the
 // mapping: the caller unmaps it (munmap(map, map_bytes)) when it keeps the
 // weights no longer.
