@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,6 +177,31 @@ static const char *check_file(const struct weights_cache *c, int fd)
     return why;
 }
 
+// The file mapped shared at a 2 MiB-aligned address, asking for huge pages:
+// the page cache then holds it in 2 MiB folios, each mapped by one page
+// table entry (6.x kernels with large folios on the file system), where 4
+// KiB pages left a decode step walking page tables for every page of its
+// experts (measured: the int4 kernel over 3 GiB of experts picked at random
+// ran at 4-6.5 GB/s with 4 KiB pages, 9-10 GB/s with 2 MiB ones).
+static void *map_file_aligned(int fd, size_t n, int prot)
+{
+    const size_t huge = (size_t)2 << 20;
+    char *r = mmap(NULL, n + huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) return MAP_FAILED;
+    char *a = (char *)(((uintptr_t)r + huge - 1) & ~(uintptr_t)(huge - 1));
+    void *p = mmap(a, n, prot, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (p == MAP_FAILED) {
+        const int e = errno;
+        munmap(r, n + huge);
+        errno = e;
+        return MAP_FAILED;
+    }
+    if (a > r) munmap(r, (size_t)(a - r));
+    if (r + n + huge > a + n) munmap(a + n, (size_t)(r + n + huge - (a + n)));
+    madvise(p, n, MADV_HUGEPAGE);
+    return p;
+}
+
 bool weights_cache_map(struct weights_cache *c)
 {
     const int fd = open(c->path, O_RDONLY | O_CLOEXEC);
@@ -186,7 +212,7 @@ bool weights_cache_map(struct weights_cache *c)
         ms_log(MS_LOG_WARN, "the weights cache %s %s: preparing the weights again", c->path, why);
         return false;
     }
-    void *p = mmap(NULL, (size_t)c->file_bytes, PROT_READ, MAP_SHARED, fd, 0);
+    void *p = map_file_aligned(fd, (size_t)c->file_bytes, PROT_READ);
     close(fd);
     if (p == MAP_FAILED) {
         ms_log(MS_LOG_WARN, "cannot map the weights cache %s (%s): preparing the weights again",
@@ -243,8 +269,7 @@ bool weights_cache_create(struct weights_cache *c)
         return false;
     }
     int e = posix_fallocate(c->fd, 0, (off_t)c->file_bytes);
-    void *p = e ? MAP_FAILED
-                : mmap(NULL, (size_t)c->file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->fd, 0);
+    void *p = e ? MAP_FAILED : map_file_aligned(c->fd, (size_t)c->file_bytes, PROT_READ | PROT_WRITE);
     if (!e && p == MAP_FAILED) e = errno;
     if (e) {
         ms_log(MS_LOG_WARN, "cannot reserve %.1f GiB for %s (%s): preparing the weights without a "
