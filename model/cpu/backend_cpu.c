@@ -1,6 +1,8 @@
 // backend_cpu: the CPU backend's op table. It owns a rank's thread pool, its
 // per-thread scratch, the weights packed once per model for the kernel table
-// (shared by every CPU rank of the process), dummy weights, and the parallel
+// (shared by every CPU rank of the process; quantized ones in model/quant.h's
+// blocks, made and quantized here at load, kept in a weights cache file that
+// the next start maps: weights_cache.h), dummy weights, and the parallel
 // loops that split each op over the threads. Every op runs synchronously:
 // when it returns, its results are in memory.
 #include "model/cpu/backend_cpu.h"
