@@ -171,6 +171,14 @@ struct oa_detokenize_request {
 // OpenAI or vLLM API that moeserve does not implement get a 400 naming them.
 int oa_parse_chat(const char *body, size_t len, const struct oa_limits *lim, struct arena *a,
                   struct oa_chat_request *out, struct oa_error *e);
+// The body as one JSON object with duplicate keys refused (*root a new
+// reference), or a 400 saying what is wrong with it.
+int oa_load_object(const char *body, size_t len, json_t **root, struct oa_error *e);
+// The same over a body already parsed (not null, an object; borrowed): the
+// Responses and Anthropic Messages parsers translate their bodies into a
+// chat body and validate it here, so every API runs the same checks.
+int oa_parse_chat_json(json_t *root, const struct oa_limits *lim, struct arena *a,
+                       struct oa_chat_request *out, struct oa_error *e);
 int oa_parse_completion(const char *body, size_t len, const struct oa_limits *lim, struct arena *a,
                         struct oa_completion_request *out, struct oa_error *e);
 int oa_parse_tokenize(const char *body, size_t len, const struct oa_limits *lim, struct arena *a,

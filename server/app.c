@@ -1,6 +1,7 @@
 // app: the wiring of the served model — creating, loading, draining and
 // destroying the app (model, tokenizer, chat template, metrics, engine), the
-// route table over routes_generate.c and routes_text.c, and the few helpers
+// route table over routes_generate.c, routes_responses.c, routes_anthropic.c
+// and routes_text.c, and the few helpers
 // every route shares (app_state.h).
 #include "server/app.h"
 
@@ -10,7 +11,10 @@
 
 #include "base/base.h"
 #include "server/app_state.h"
+#include "api/anthropic.h"
+#include "server/routes_anthropic.h"
 #include "server/routes_generate.h"
+#include "server/routes_responses.h"
 #include "server/routes_text.h"
 
 // ---- what the routes share -------------------------------------------------------------------
@@ -118,15 +122,25 @@ int app_encode(struct app *a, const char *text, size_t len, const char *param, b
 
 // ---- routes ----------------------------------------------------------------------------------
 
+// Every route; the Anthropic ones answer errors in Anthropic's shape.
 static const struct http_route routes[] = {
-    {"POST", "/v1/chat/completions", false, routes_generate_chat},
-    {"POST", "/v1/completions", false, routes_generate_completions},
-    {"GET", "/v1/models", false, routes_text_models},
-    {"GET", "/health", true, routes_text_health},
-    {"GET", "/metrics", true, routes_text_metrics},
-    {"POST", "/tokenize", false, routes_text_tokenize},
-    {"POST", "/detokenize", false, routes_text_detokenize},
-    {"GET", "/version", false, routes_text_version},
+    {.method = "POST", .path = "/v1/chat/completions", .handle = routes_generate_chat},
+    {.method = "POST", .path = "/v1/completions", .handle = routes_generate_completions},
+    {.method = "POST", .path = "/v1/responses", .handle = routes_responses_create},
+    {.method = "POST", .path = "/v1/messages", .handle = routes_anthropic_messages,
+     .error_json = an_error_json},
+    {.method = "POST", .path = "/v1/messages/count_tokens", .handle = routes_anthropic_count_tokens,
+     .error_json = an_error_json},
+    {.method = "GET", .path = "/v1/models", .handle = routes_text_models},
+    {.method = "GET", .path = "/v1/models/", .handle = routes_text_model, .prefix = true},
+    {.method = "GET", .path = "/health", .public_ = true, .handle = routes_text_health},
+    {.method = "GET", .path = "/v1/health", .public_ = true, .handle = routes_text_health},
+    {.method = "GET", .path = "/ping", .public_ = true, .handle = routes_text_health},
+    {.method = "POST", .path = "/ping", .public_ = true, .handle = routes_text_health},
+    {.method = "GET", .path = "/metrics", .public_ = true, .handle = routes_text_metrics},
+    {.method = "POST", .path = "/tokenize", .handle = routes_text_tokenize},
+    {.method = "POST", .path = "/detokenize", .handle = routes_text_detokenize},
+    {.method = "GET", .path = "/version", .handle = routes_text_version},
 };
 
 void app_routes(const struct http_route **out, int *n)

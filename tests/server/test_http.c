@@ -205,14 +205,14 @@ static void h_block(void *app, struct http_request *r)
 }
 
 static const struct http_route routes[] = {
-    {"POST", "/block", false, h_block},
-    {"GET", "/hello", false, h_hello},
-    {"POST", "/echo", false, h_echo},
-    {"GET", "/later", false, h_later},
-    {"GET", "/never", false, h_never},
-    {"GET", "/stream", false, h_stream},
-    {"GET", "/forever", false, h_forever},
-    {"GET", "/open", true, h_hello},
+    {.method = "POST", .path = "/block", .public_ = false, .handle = h_block},
+    {.method = "GET", .path = "/hello", .public_ = false, .handle = h_hello},
+    {.method = "POST", .path = "/echo", .public_ = false, .handle = h_echo},
+    {.method = "GET", .path = "/later", .public_ = false, .handle = h_later},
+    {.method = "GET", .path = "/never", .public_ = false, .handle = h_never},
+    {.method = "GET", .path = "/stream", .public_ = false, .handle = h_stream},
+    {.method = "GET", .path = "/forever", .public_ = false, .handle = h_forever},
+    {.method = "GET", .path = "/open", .public_ = true, .handle = h_hello},
 };
 
 // ---- clients -------------------------------------------------------------------------
