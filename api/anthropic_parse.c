@@ -190,6 +190,10 @@ static const struct tr_field an_fields[] = {
     {"container", NULL, f_unserved},
     {"mcp_servers", NULL, f_unserved},
     {"context_management", NULL, f_unserved},
+    // vLLM's chat extras, for benchmarks and forced outputs
+    {"ignore_eos", "ignore_eos", NULL},
+    {"structured_outputs", "structured_outputs", NULL},
+    {"seed", "seed", NULL},
 };
 
 // ---- messages --------------------------------------------------------------------------

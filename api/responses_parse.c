@@ -283,6 +283,9 @@ static const struct tr_field rs_fields[] = {
     {"frequency_penalty", "frequency_penalty", NULL},
     {"seed", "seed", NULL},
     {"request_id", "request_id", NULL},
+    // and two of its chat extras, for benchmarks and forced outputs
+    {"ignore_eos", "ignore_eos", NULL},
+    {"structured_outputs", "structured_outputs", NULL},
 };
 
 // ---- input items into messages --------------------------------------------------------

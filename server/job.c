@@ -246,15 +246,25 @@ static int parse_whole(struct job *j, struct job_choice *c, json_t **message, co
 
 // ---- the typed-event APIs (Responses, Anthropic Messages) -----------------------------------
 
-// Output tokens before the first </think>: all of them when the answer never
-// left its reasoning, none when it had none.
+// Output tokens before the first </think> token; none when the answer had
+// no reasoning. When </think> came spelled in ordinary tokens (a grammar
+// wrote it), the reasoning text re-encoded, its two tags included.
 static int reasoning_tokens(const struct job *j, const struct job_choice *c)
 {
     size_t len = 0;
-    if (!c->parser || !output_parser_reasoning(c->parser, &len) || !len) return 0;
+    const char *text = c->parser ? output_parser_reasoning(c->parser, &len) : NULL;
+    if (!text || !len) return 0;
     for (int i = 0; i < c->n_tokens; i++)
         if (j->think_end_id >= 0 && c->tokens[i].id == j->think_end_id) return i;
-    return c->completion_tokens < c->n_tokens ? c->completion_tokens : c->n_tokens;
+    int n = c->completion_tokens;
+    size_t n_ids = 0;
+    int32_t *ids = NULL;
+    char err[64];
+    if (j->meta.tok && !tok_encode(j->meta.tok, text, len, &ids, &n_ids, err, sizeof err) &&
+        n_ids + 2 < (size_t)n)
+        n = (int)n_ids + 2;
+    free(ids);
+    return n;
 }
 
 // How a finished choice ended, once its parser has had the whole text.
