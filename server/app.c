@@ -230,13 +230,23 @@ int app_load(struct app *a, const struct app_opts *o, char *err, size_t errlen)
     struct metrics_opts mo = {
         .n_ranks = eo.data_parallel_size > 0 ? eo.data_parallel_size : 1,
         .n_experts = a->model->cfg.n_experts,
+        .n_layers = a->model->cfg.n_layers,
         .imbalance_window = 100,
+        .max_model_len = eo.max_model_len > 0 ? eo.max_model_len : a->model->cfg.max_position_embeddings,
     };
     rc = metrics_create(&mo, &a->metrics, err, errlen);
     if (rc) return rc;
     eo.metrics = a->metrics;
     rc = engine_create(a->model, a->tok, &eo, &a->engine, err, errlen);
     if (rc) return rc;
+    a->metrics_page = (struct prometheus_page){
+        .prefix = o->metrics_prefix ? o->metrics_prefix : "moeserve",
+        .model_name = a->names[0],
+        .cache_dtype = eo.kv_dtype == DTYPE_F32 ? "float32" : eo.kv_dtype == DTYPE_F16 ? "float16"
+                                                                             : "bfloat16",
+        .enable_prefix_caching = eo.enable_prefix_caching,
+        .gpu_memory_utilization = eo.gpu_memory_utilization,
+    };
     a->max_model_len = engine_max_model_len(a->engine);
     a->use_gen = !o->generation_config_vllm;
     a->limits.gen = a->use_gen ? &a->model->cfg.gen : NULL;

@@ -24,6 +24,7 @@ struct app_opts {
     // <think>), "qwen3", or "none" (reasoning stays in content)
     const char *reasoning_parser;
     const char *default_chat_template_kwargs; // JSON object text, or NULL
+    const char *metrics_prefix;      // /metrics series prefix: NULL "moeserve", or "vllm"
 };
 
 struct app;

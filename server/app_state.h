@@ -19,6 +19,7 @@
 #include "scheduler/engine.h"
 #include "scheduler/metrics.h"
 #include "server/http.h"
+#include "server/prometheus.h"
 #include "tokenizer/tokenizer.h"
 
 #define APP_MAX_NAMES 16
@@ -36,6 +37,7 @@ struct app {
     struct chat_template *tmpl;      // NULL when the checkpoint has none
     struct engine *engine;
     struct metrics *metrics;         // what /metrics renders; the engine feeds it
+    struct prometheus_page metrics_page; // its prefix, model_name and cache_config_info
     char *names[APP_MAX_NAMES];      // the served model names; names[0] labels /metrics
     int n_names;
     int max_model_len;

@@ -420,6 +420,7 @@ static void handle_generate(struct app *a, struct http_request *r, bool chat,
     if (!rc) rc = make_choices(a, j, &q, &e);
     if (!rc) rc = make_grammar(a, &q, &e);
     if (!rc) rc = submit_choices(a, j, &q, &e);
+    for (int i = 0; !rc && i < j->n_prompts; i++) metrics_observe_params(a->metrics, q.g->n, q.g->max_tokens);
     grammar_unref(q.grammar); // each engine request holds its own
     if (!rc && job_respond(j, r)) rc = oa_errorf(&e, MS_ENOMEM, "internal_error", NULL, "out of memory");
     if (chat) oa_chat_request_release(&q.cr);

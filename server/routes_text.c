@@ -248,7 +248,7 @@ void routes_text_metrics(void *app, struct http_request *r)
     char *text = NULL, err[256];
     size_t len = 0;
     int rc = metrics_take_snapshot(a->metrics, &ms, err, sizeof err);
-    if (!rc) rc = prometheus_render(a->names[0], &st, &ms, &text, &len, err, sizeof err);
+    if (!rc) rc = prometheus_render(&a->metrics_page, &st, &ms, &text, &len, err, sizeof err);
     metrics_snapshot_release(&ms);
     if (rc) {
         http_respond(r, 500, "text/plain; charset=utf-8", err, strlen(err));
