@@ -55,6 +55,8 @@ struct oa_limits {
     const struct gen_defaults *gen; // generation_config.json's defaults, or NULL (vLLM's neutral ones)
     int vocab_size;                 // token ids (prompts, logit_bias, stop_token_ids) must be below it
     int max_model_len;              // for messages that quote it; 0 when unknown
+    bool logprobs_capped;           // max_logprobs applies (else OA_MAX_LOGPROBS alone)
+    int max_logprobs;               // logprobs / top_logprobs at most (--max-logprobs)
 };
 
 // Structured output: the language the output must be in, from

@@ -1230,6 +1230,12 @@ static int gen_finish(struct parser *p)
                              "'top_logprobs' needs 'logprobs' set to true");
         if (p->chat_logprobs) g->logprobs = has_top_logprobs ? p->top_logprobs : 0;
     }
+    if (p->lim->logprobs_capped && g->logprobs > p->lim->max_logprobs) {
+        const char *k = p->ep == EP_CHAT && (p->seen & SEEN_TOP_LOGPROBS) ? "top_logprobs" : "logprobs";
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", k,
+                         "'%s' asks for %d logprobs per token; this server gives at most %d "
+                         "(--max-logprobs)", k, g->logprobs, p->lim->max_logprobs);
+    }
     if ((p->seen & SEEN_BEST_OF) && p->best_of != g->n)
         return oa_errorf(p->e, MS_EUNSUPPORTED, "unsupported_parameter", "best_of",
                          "'best_of' other than n is not supported by moeserve yet (got %d with "

@@ -35,6 +35,7 @@ struct app {
     struct model *model;
     struct tokenizer *tok;
     struct chat_template *tmpl;      // NULL when the checkpoint has none
+    char *template_src;              // --chat-template's text (owned), or NULL: the checkpoint's
     struct engine *engine;
     struct metrics *metrics;         // what /metrics renders; the engine feeds it
     struct prometheus_page metrics_page; // its prefix, model_name and cache_config_info
@@ -42,7 +43,7 @@ struct app {
     int n_names;
     int max_model_len;
     size_t max_bytes_per_id;         // tok_max_bytes_per_id: the byte floor of a prompt's tokens
-    bool use_gen;                    // generation_config.json's defaults apply
+    struct gen_defaults gen;         // default sampling (--generation-config and its override)
     struct oa_limits limits;
     int64_t created;
     double health_timeout_s;

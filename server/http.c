@@ -1175,9 +1175,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
         how = " (client gone)";
     else if (toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED) how = " (timeout)";
     else if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) how = " (aborted)";
-    ms_log(MS_LOG_INFO, "%s %s %s %d prompt_tokens=%d completion_tokens=%d %.3fs%s",
-           r->peer[0] ? r->peer : "-", r->method, r->path ? r->path : "-", r->status,
-           r->prompt_tokens, r->completion_tokens, ms_now() - r->t0, how);
+    if (!s->o.no_access_log)
+        ms_log(MS_LOG_INFO, "%s %s %s %d prompt_tokens=%d completion_tokens=%d %.3fs%s",
+               r->peer[0] ? r->peer : "-", r->method, r->path ? r->path : "-", r->status,
+               r->prompt_tokens, r->completion_tokens, ms_now() - r->t0, how);
     body_free(r);
     if (r->pending) MHD_destroy_response(r->pending);
     free(r->path);

@@ -70,6 +70,7 @@ struct http_opts {
     // CORS (server/cors.h), or NULL: no CORS headers, no preflight answers.
     // Must outlive the server.
     const struct cors *cors;
+    bool no_access_log;          // no log line per request (--disable-uvicorn-access-log)
     // A path prefix a reverse proxy keeps (vLLM's --root-path): "/api" serves
     // "/api/v1/models" as "/v1/models" (paths without it are served too).
     const char *root_path;

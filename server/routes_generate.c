@@ -351,9 +351,7 @@ static void fill_engine_request(struct app *a, const struct parsed *q, const str
     if (max == 0 && !q->chat) max = room < 16 ? room : 16;
     if (max == 0) {
         max = room;
-        if (a->use_gen && a->model->cfg.gen.max_new_tokens > 0 &&
-            a->model->cfg.gen.max_new_tokens < max)
-            max = a->model->cfg.gen.max_new_tokens;
+        if (a->gen.max_new_tokens > 0 && a->gen.max_new_tokens < max) max = a->gen.max_new_tokens;
     }
     st->max_tokens = max;
     st->ignore_eos = g->ignore_eos;
