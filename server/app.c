@@ -138,6 +138,7 @@ static const struct http_route routes[] = {
     {.method = "GET", .path = "/ping", .public_ = true, .handle = routes_text_health},
     {.method = "POST", .path = "/ping", .public_ = true, .handle = routes_text_health},
     {.method = "GET", .path = "/metrics", .public_ = true, .handle = routes_text_metrics},
+    {.method = "GET", .path = "/dashboard", .public_ = true, .handle = routes_text_dashboard},
     {.method = "POST", .path = "/tokenize", .handle = routes_text_tokenize},
     {.method = "POST", .path = "/detokenize", .handle = routes_text_detokenize},
     {.method = "GET", .path = "/version", .handle = routes_text_version},

@@ -10,6 +10,7 @@
 #include "base/base.h"
 #include "moeserve_build.h"
 #include "server/app_state.h"
+#include "server/dashboard.h"
 #include "server/prometheus.h"
 
 
@@ -177,6 +178,20 @@ void routes_text_version(void *app, struct http_request *r)
 {
     (void)app;
     http_respond_json(r, 200, json_pack("{s:s, s:s}", "name", "moeserve", "version", MOESERVE_VERSION));
+}
+
+// The live page; open like /metrics, which it reads. Its policy lets it run
+// only its own inline script and talk only to this server, so nothing on it
+// can come from elsewhere.
+void routes_text_dashboard(void *app, struct http_request *r)
+{
+    (void)app;
+    http_add_header(r, "Cache-Control", "no-cache");
+    http_add_header(r, "Content-Security-Policy",
+                    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                    "connect-src 'self'; img-src data:");
+    http_add_header(r, "X-Content-Type-Options", "nosniff");
+    http_respond(r, 200, "text/html; charset=utf-8", dashboard_html, dashboard_html_len);
 }
 
 // 200 only while serving and the step loop is alive: when work is queued or

@@ -18,5 +18,7 @@ void routes_text_version(void *app, struct http_request *r);
 // (SageMaker's, as vLLM serves it).
 void routes_text_health(void *app, struct http_request *r);
 void routes_text_metrics(void *app, struct http_request *r);
+// GET /dashboard: the live page (server/dashboard.h).
+void routes_text_dashboard(void *app, struct http_request *r);
 
 #endif
