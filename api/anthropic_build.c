@@ -276,7 +276,7 @@ const struct event_stream_ops an_stream_ops = {
     .start = an_start,
     .feed = an_feed,
     .finish = an_finish,
-    .fail = an_fail,
+    .failed = an_fail,
     .body = an_body,
     .destroy = an_destroy,
 };

@@ -41,8 +41,8 @@ struct es_result {
 typedef void (*es_emit_fn)(void *ctx, const char *event, json_t *data);
 
 // One API's builder. A state is used by one thread at a time. Streamed: start,
-// then feed for each batch of parser events, then finish (and fail instead,
-// or after them, when the answer breaks off). Whole: feed and finish with
+// then feed for each batch of parser events, then finish (or failed instead of
+// finish, or after it, when the answer breaks off). Whole: feed and finish with
 // emit NULL (nothing emitted), then body. Each returns 0 or MS_ENOMEM (the
 // state is then spent: later calls emit nothing more; destroy it).
 struct event_stream_ops {
@@ -50,7 +50,7 @@ struct event_stream_ops {
     int (*feed)(void *st, const struct output_event *ev, size_t n, es_emit_fn emit, void *ctx);
     int (*finish)(void *st, const struct es_result *r, es_emit_fn emit, void *ctx);
     // The answer failed part way (an engine error): the API's error event(s).
-    int (*fail)(void *st, const struct oa_error *e, es_emit_fn emit, void *ctx);
+    int (*failed)(void *st, const struct oa_error *e, es_emit_fn emit, void *ctx);
     // After finish: the whole response object, a new reference (NULL: out of memory).
     json_t *(*body)(void *st);
     void (*destroy)(void *st); // NULL is fine

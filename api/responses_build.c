@@ -353,7 +353,7 @@ const struct event_stream_ops rs_stream_ops = {
     .start = rs_start,
     .feed = rs_feed,
     .finish = rs_finish,
-    .fail = rs_fail,
+    .failed = rs_fail,
     .body = rs_body,
     .destroy = rs_destroy,
 };

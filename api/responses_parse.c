@@ -314,6 +314,13 @@ static int item_message(struct tr *t, struct turns *u, json_t *it, int i)
     json_t *role = json_object_get(it, "role"), *content = json_object_get(it, "content");
     snprintf(key, sizeof key, "input[%d].role", i);
     if (!json_is_string(role)) return role ? tr_type_error(t, key, "a string", role) : tr_missing(t, key);
+    static const char *const roles[] = {"user", "assistant", "system", "developer"};
+    bool known = false;
+    for (size_t r = 0; r < sizeof roles / sizeof roles[0]; r++) known |= !strcmp(json_string_value(role), roles[r]);
+    if (!known)
+        return oa_errorf(t->e, MS_EINVAL, "invalid_value", key,
+                         "'%s' must be user, assistant, system or developer, got \"%.40s\" (tool "
+                         "output is a function_call_output item)", key, json_string_value(role));
     snprintf(key, sizeof key, "input[%d].content", i);
     if (!content) return tr_missing(t, key);
     json_t *text;

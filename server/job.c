@@ -425,7 +425,7 @@ static void es_stream_piece(struct job *j, struct job_choice *c, const struct pi
     if (rc || (p->finish && c->error)) {
         struct oa_error e;
         es_error(c, &e);
-        es->fail(j->es_state, &e, es_frame, out);
+        es->failed(j->es_state, &e, es_frame, out);
     }
 }
 
