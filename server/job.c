@@ -410,7 +410,7 @@ static void es_stream_piece(struct job *j, struct job_choice *c, const struct pi
         j->es_started = true;
         rc = es->start(j->es_state, es_frame, out);
     }
-    if (p->role) return;
+    if (!rc && p->role) return; // the start is all a role piece brings
     if (!rc && p->text_len) rc = output_parser_feed(op, p->text, p->text_len, &ev, &n_ev, err, sizeof err);
     if (!rc && n_ev) rc = es->feed(j->es_state, ev, n_ev, es_frame, out);
     if (!rc && p->finish && !c->error) {
