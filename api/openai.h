@@ -187,6 +187,11 @@ int oa_parse_tokenize(const char *body, size_t len, const struct oa_limits *lim,
                       struct oa_tokenize_request *out, struct oa_error *e);
 int oa_parse_detokenize(const char *body, size_t len, const struct oa_limits *lim,
                         struct arena *a, struct oa_detokenize_request *out, struct oa_error *e);
+// The "text" strings of parts (an array of objects whose "text" is a
+// string, already checked) joined with "\n", as vLLM joins text parts for
+// templates that want a string; total: at least their lengths added up
+// (separators are room of their own). A new string, or NULL when out of memory.
+json_t *oa_join_texts(json_t *parts, size_t total);
 // Drop the JSON the requests hold (safe on zeroed or partly filled structs).
 void oa_chat_request_release(struct oa_chat_request *r);
 void oa_tokenize_request_release(struct oa_tokenize_request *r);

@@ -358,18 +358,28 @@ static int content_parts(struct parser *p, size_t mi, json_t *parts, json_t **ou
         size_t add = json_string_length(text) + (j ? 1 : 0);
         if (ms_add_overflow(total, add, &total)) return oom(p);
     }
-    char *buf = malloc(total + 1);
-    if (!buf) return oom(p);
+    *out = oa_join_texts(parts, total);
+    return *out ? 0 : oom(p);
+}
+
+json_t *oa_join_texts(json_t *parts, size_t total)
+{
+    size_t n = json_array_size(parts), cap;
+    if (ms_add_overflow(total, n + 1, &cap)) return NULL;
+    char *buf = malloc(cap);
+    if (!buf) return NULL;
     size_t at = 0;
     for (size_t j = 0; j < n; j++) {
         json_t *text = json_object_get(json_array_get(parts, j), "text");
+        size_t tl = json_string_length(text);
+        if (at + tl + (j ? 1 : 0) >= cap) break; // not as counted: the caller's bug, cut
         if (j) buf[at++] = '\n';
-        memcpy(buf + at, json_string_value(text), json_string_length(text));
-        at += json_string_length(text);
+        memcpy(buf + at, json_string_value(text), tl);
+        at += tl;
     }
-    *out = json_stringn_nocheck(buf, at);
+    json_t *s = json_stringn_nocheck(buf, at);
     free(buf);
-    return *out ? 0 : oom(p);
+    return s;
 }
 
 // Validates messages and returns an owned copy whose contents are strings.

@@ -243,18 +243,8 @@ int tr_text(struct tr *t, const char *key, json_t *v, const char *const *types, 
         json_t *text = json_object_get(part, "text");
         snprintf(k, sizeof k, "%s[%zu].text", key, i);
         if (!json_is_string(text)) return text ? tr_type_error(t, k, "a string", text) : tr_missing(t, k);
-        if (ms_add_overflow(total, json_string_length(text) + 1, &total)) return tr_oom(t);
+        if (ms_add_overflow(total, json_string_length(text), &total)) return tr_oom(t);
     }
-    char *buf = malloc(total + 1);
-    if (!buf) return tr_oom(t);
-    size_t at = 0;
-    for (size_t i = 0; i < n; i++) {
-        json_t *text = json_object_get(json_array_get(v, i), "text");
-        if (i) buf[at++] = '\n';
-        memcpy(buf + at, json_string_value(text), json_string_length(text));
-        at += json_string_length(text);
-    }
-    *out = json_stringn_nocheck(buf, at);
-    free(buf);
+    *out = oa_join_texts(v, total);
     return *out ? 0 : tr_oom(t);
 }
