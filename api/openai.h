@@ -55,6 +55,8 @@ struct oa_limits {
     const struct gen_defaults *gen; // generation_config.json's defaults, or NULL (vLLM's neutral ones)
     int vocab_size;                 // token ids (prompts, logit_bias, stop_token_ids) must be below it
     int max_model_len;              // for messages that quote it; 0 when unknown
+    bool logprobs_capped;           // max_logprobs applies (else OA_MAX_LOGPROBS alone)
+    int max_logprobs;               // logprobs / top_logprobs at most (--max-logprobs)
 };
 
 // Structured output: the language the output must be in, from
@@ -171,12 +173,25 @@ struct oa_detokenize_request {
 // OpenAI or vLLM API that moeserve does not implement get a 400 naming them.
 int oa_parse_chat(const char *body, size_t len, const struct oa_limits *lim, struct arena *a,
                   struct oa_chat_request *out, struct oa_error *e);
+// The body as one JSON object with duplicate keys refused (*root a new
+// reference), or a 400 saying what is wrong with it.
+int oa_load_object(const char *body, size_t len, json_t **root, struct oa_error *e);
+// The same over a body already parsed (not null, an object; borrowed): the
+// Responses and Anthropic Messages parsers translate their bodies into a
+// chat body and validate it here, so every API runs the same checks.
+int oa_parse_chat_json(json_t *root, const struct oa_limits *lim, struct arena *a,
+                       struct oa_chat_request *out, struct oa_error *e);
 int oa_parse_completion(const char *body, size_t len, const struct oa_limits *lim, struct arena *a,
                         struct oa_completion_request *out, struct oa_error *e);
 int oa_parse_tokenize(const char *body, size_t len, const struct oa_limits *lim, struct arena *a,
                       struct oa_tokenize_request *out, struct oa_error *e);
 int oa_parse_detokenize(const char *body, size_t len, const struct oa_limits *lim,
                         struct arena *a, struct oa_detokenize_request *out, struct oa_error *e);
+// The "text" strings of parts (an array of objects whose "text" is a
+// string, already checked) joined with "\n", as vLLM joins text parts for
+// templates that want a string; total: at least their lengths added up
+// (separators are room of their own). A new string, or NULL when out of memory.
+json_t *oa_join_texts(json_t *parts, size_t total);
 // Drop the JSON the requests hold (safe on zeroed or partly filled structs).
 void oa_chat_request_release(struct oa_chat_request *r);
 void oa_tokenize_request_release(struct oa_tokenize_request *r);

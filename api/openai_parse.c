@@ -358,18 +358,28 @@ static int content_parts(struct parser *p, size_t mi, json_t *parts, json_t **ou
         size_t add = json_string_length(text) + (j ? 1 : 0);
         if (ms_add_overflow(total, add, &total)) return oom(p);
     }
-    char *buf = malloc(total + 1);
-    if (!buf) return oom(p);
+    *out = oa_join_texts(parts, total);
+    return *out ? 0 : oom(p);
+}
+
+json_t *oa_join_texts(json_t *parts, size_t total)
+{
+    size_t n = json_array_size(parts), cap;
+    if (ms_add_overflow(total, n + 1, &cap)) return NULL;
+    char *buf = malloc(cap);
+    if (!buf) return NULL;
     size_t at = 0;
     for (size_t j = 0; j < n; j++) {
         json_t *text = json_object_get(json_array_get(parts, j), "text");
+        size_t tl = json_string_length(text);
+        if (at + tl + (j ? 1 : 0) >= cap) break; // not as counted: the caller's bug, cut
         if (j) buf[at++] = '\n';
-        memcpy(buf + at, json_string_value(text), json_string_length(text));
-        at += json_string_length(text);
+        memcpy(buf + at, json_string_value(text), tl);
+        at += tl;
     }
-    *out = json_stringn_nocheck(buf, at);
+    json_t *s = json_stringn_nocheck(buf, at);
     free(buf);
-    return *out ? 0 : oom(p);
+    return s;
 }
 
 // Validates messages and returns an owned copy whose contents are strings.
@@ -1150,25 +1160,30 @@ static int parse_fields(struct parser *p, json_t *root, const struct field *fiel
     return 0;
 }
 
-static int load_root(struct parser *p, const char *body, size_t len, json_t **out)
+int oa_load_object(const char *body, size_t len, json_t **out, struct oa_error *e)
 {
     json_error_t jerr;
     if (len == 0)
-        return oa_errorf(p->e, MS_EFORMAT, "invalid_json", NULL,
+        return oa_errorf(e, MS_EFORMAT, "invalid_json", NULL,
                          "the request body is empty; send a JSON object");
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
-        return oa_errorf(p->e, MS_EFORMAT, "invalid_json", NULL,
+        return oa_errorf(e, MS_EFORMAT, "invalid_json", NULL,
                          "the request body is not valid JSON (line %d, column %d): %s", jerr.line,
                          jerr.column, jerr.text);
     if (!json_is_object(root)) {
-        oa_errorf(p->e, MS_EINVAL, "invalid_type", NULL,
+        oa_errorf(e, MS_EINVAL, "invalid_type", NULL,
                   "the request body must be a JSON object, got %s", json_kind(root));
         json_decref(root);
         return MS_EINVAL;
     }
     *out = root;
     return 0;
+}
+
+static int load_root(struct parser *p, const char *body, size_t len, json_t **out)
+{
+    return oa_load_object(body, len, out, p->e);
 }
 
 static void gen_init(struct oa_gen_params *g)
@@ -1225,6 +1240,12 @@ static int gen_finish(struct parser *p)
                              "'top_logprobs' needs 'logprobs' set to true");
         if (p->chat_logprobs) g->logprobs = has_top_logprobs ? p->top_logprobs : 0;
     }
+    if (p->lim->logprobs_capped && g->logprobs > p->lim->max_logprobs) {
+        const char *k = p->ep == EP_CHAT && (p->seen & SEEN_TOP_LOGPROBS) ? "top_logprobs" : "logprobs";
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", k,
+                         "'%s' asks for %d logprobs per token; this server gives at most %d "
+                         "(--max-logprobs)", k, g->logprobs, p->lim->max_logprobs);
+    }
     if ((p->seen & SEEN_BEST_OF) && p->best_of != g->n)
         return oa_errorf(p->e, MS_EUNSUPPORTED, "unsupported_parameter", "best_of",
                          "'best_of' other than n is not supported by moeserve yet (got %d with "
@@ -1249,34 +1270,55 @@ static void parser_init(struct parser *p, enum endpoint ep, const struct oa_limi
     memset(e, 0, sizeof *e);
 }
 
-int oa_parse_chat(const char *body, size_t len, const struct oa_limits *lim, struct arena *a,
-                  struct oa_chat_request *out, struct oa_error *e)
+static void chat_init(struct parser *p, const struct oa_limits *lim, struct arena *a,
+                      struct oa_chat_request *out, struct oa_error *e)
 {
-    struct parser p;
-    parser_init(&p, EP_CHAT, lim, a, e);
+    parser_init(p, EP_CHAT, lim, a, e);
     memset(out, 0, sizeof *out);
     out->add_generation_prompt = true;
     out->parallel_tool_calls = true;
     out->thinking = -1;
     out->include_reasoning = true;
     gen_init(&out->gen);
-    p.chat = out;
-    p.req = out;
-    p.gen = &out->gen;
+    p->chat = out;
+    p->req = out;
+    p->gen = &out->gen;
+}
+
+static int chat_parse_root(struct parser *p, json_t *root)
+{
+    struct oa_chat_request *out = p->chat;
+    int rc = parse_fields(p, root, chat_fields, COUNT(chat_fields), unsupported_chat,
+                          COUNT(unsupported_chat));
+    if (!rc && !(p->seen & SEEN_MESSAGES))
+        rc = oa_errorf(p->e, MS_EINVAL, "missing_required_parameter", "messages",
+                       "'messages' is required");
+    if (!rc) rc = gen_finish(p);
+    if (!rc) rc = chat_tools_finish(p);
+    if (!rc) out->ignored = finish_ignored(p);
+    if (rc) oa_chat_request_release(out);
+    return rc;
+}
+
+int oa_parse_chat(const char *body, size_t len, const struct oa_limits *lim, struct arena *a,
+                  struct oa_chat_request *out, struct oa_error *e)
+{
+    struct parser p;
+    chat_init(&p, lim, a, out, e);
     json_t *root;
     int rc = load_root(&p, body, len, &root);
     if (rc) return rc;
-    rc = parse_fields(&p, root, chat_fields, COUNT(chat_fields), unsupported_chat,
-                      COUNT(unsupported_chat));
-    if (!rc && !(p.seen & SEEN_MESSAGES))
-        rc = oa_errorf(e, MS_EINVAL, "missing_required_parameter", "messages",
-                       "'messages' is required");
-    if (!rc) rc = gen_finish(&p);
-    if (!rc) rc = chat_tools_finish(&p);
-    if (!rc) out->ignored = finish_ignored(&p);
+    rc = chat_parse_root(&p, root);
     json_decref(root);
-    if (rc) oa_chat_request_release(out);
     return rc;
+}
+
+int oa_parse_chat_json(json_t *root, const struct oa_limits *lim, struct arena *a,
+                       struct oa_chat_request *out, struct oa_error *e)
+{
+    struct parser p;
+    chat_init(&p, lim, a, out, e);
+    return chat_parse_root(&p, root);
 }
 
 int oa_parse_completion(const char *body, size_t len, const struct oa_limits *lim,

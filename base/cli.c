@@ -166,3 +166,25 @@ int cli_parse_bytes(const char *flag, const char *s, size_t lo, size_t *out, cha
     *out = (size_t)v;
     return 0;
 }
+
+int cli_match(const char *name, bool takes_value, int argc, char **argv, int *i,
+              const char **value, char *err, size_t errlen)
+{
+    const char *arg = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(arg, name, n)) return 0;
+    if (arg[n] == '=') {
+        if (!takes_value)
+            return ms_err(err, errlen, MS_EINVAL, "%s takes no value (got \"%s\")", name, arg + n + 1);
+        *value = arg + n + 1;
+        return 1;
+    }
+    if (arg[n]) return 0;
+    if (!takes_value) {
+        *value = NULL;
+        return 1;
+    }
+    if (*i + 1 >= argc) return ms_err(err, errlen, MS_EINVAL, "%s needs a value", name);
+    *value = argv[++*i];
+    return 1;
+}

@@ -1,10 +1,11 @@
-// cli: numbers on the subcommands' command lines, each read whole and range
-// checked, and refused with one wording: `FLAG must be WHAT, not "VALUE"`.
+// cli: flags and numbers on the subcommands' command lines, each number read
+// whole and range checked, and refused with one wording: `FLAG must be WHAT, not "VALUE"`.
 // Every parser returns 0 with *out set, or MS_EINVAL with that sentence in
 // err (out untouched). Pure functions: any thread.
 #ifndef MOESERVE_BASE_CLI_H
 #define MOESERVE_BASE_CLI_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,5 +33,13 @@ int cli_parse_count(const char *flag, const char *s, int64_t lo, int64_t hi, int
 // fraction of a byte is dropped. Beyond SIZE_MAX is refused.
 int cli_parse_bytes(const char *flag, const char *s, size_t lo, size_t *out, char *err,
                     size_t errlen);
+
+// Whether argv[*i] is the flag name: "--name value", "--name=value", or
+// "--name" alone when it takes no value. 1 with *value set (NULL for a flag
+// without one) and *i advanced past a separate value; 0 when argv[*i] is
+// another argument; MS_EINVAL with a sentence when the value is missing or
+// a flag without one got one.
+int cli_match(const char *name, bool takes_value, int argc, char **argv, int *i,
+              const char **value, char *err, size_t errlen);
 
 #endif

@@ -19,6 +19,7 @@ packages=(
   python3-jinja2 python3-jsonschema
   clang libclang-rt-dev
   nginx prometheus systemd curl ca-certificates
+  chromium
 )
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)

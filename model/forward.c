@@ -74,6 +74,7 @@ struct rank {
     void *host_block;
     struct backend_step step;
     uint64_t *expert_tokens;    // (E) host
+    uint64_t *layer_tokens;     // (n_layers) host: rows this rank's experts took in each layer
 
     int layer;                  // the layer being computed
     int op_rc;                  // the first failed op of this step
@@ -192,6 +193,7 @@ static void carve_host(struct rank *r, struct carver *c)
     r->h.a2a = carve(c, 4 * R, sizeof(size_t));
     r->h.first_vocab = carve(c, R + 1, sizeof(int));
     r->expert_tokens = carve(c, E ? E : 1, sizeof(uint64_t));
+    r->layer_tokens = carve(c, (size_t)r->cfg->n_layers, sizeof(uint64_t));
 }
 
 static int max_int(int a, int b) { return a > b ? a : b; }
@@ -343,6 +345,7 @@ void rank_get_stats(const struct rank *r, struct rank_stats *out)
     out->last_step_seconds = r->last_step;
     out->last_a2a_seconds = r->a2a_time;
     out->expert_tokens = r->expert_tokens;
+    out->layer_tokens = r->layer_tokens;
     memcpy(out->phase_seconds, r->phase_time, sizeof out->phase_seconds);
     out->a2a_seconds_total = r->a2a_total;
     out->forward_seconds_total = r->forward_total;
@@ -485,8 +488,10 @@ static void run_experts(struct rank *r, const float *x, const int32_t *x_rows, f
     struct backend *b = r->b;
     const size_t hd = (size_t)r->cfg->hidden_size, F = (size_t)r->cfg->moe_intermediate_size;
     const int n = e1 - e0;
-    if (h_off)
+    if (h_off) {
         for (int e = e0; e < e1; e++) r->expert_tokens[e] += (uint64_t)(h_off[e - e0 + 1] - h_off[e - e0]);
+        r->layer_tokens[r->layer] += (uint64_t)(h_off[n] - h_off[0]);
+    }
     if (rows == 0) return;
     const struct backend_gmm gu[2] = {
         {.w = L->expert_gate + e0, .n_groups = n, .off = off, .h_off = h_off, .max_rows = rows,
@@ -750,6 +755,7 @@ int rank_forward(struct rank *r, const struct fwd_batch *b, float *logits, char 
             if (!r->m->layers[l].is_moe) continue;
             const int32_t *off = r->h.exp_off_all + (size_t)l * E1;
             for (int e = 0; e < r->E; e++) r->expert_tokens[e] += (uint64_t)(off[e + 1] - off[e]);
+            r->layer_tokens[l] += (uint64_t)(off[r->E] - off[0]);
         }
     }
     r->steps++;

@@ -69,6 +69,7 @@ struct rank_stats {
     double last_step_seconds;   // wall time of the last rank_forward
     double last_a2a_seconds;    // time in all-to-all exchanges during the last step
     const uint64_t *expert_tokens; // (n_experts) tokens this rank's local experts processed, all layers
+    const uint64_t *layer_tokens;  // (n_layers) tokens this rank's local experts processed per layer
     // Cumulative over all steps, in seconds: each phase, the exchanges
     // (inside the MoE and lm_head phases), and whole forward passes.
     double phase_seconds[FWD_PHASES];

@@ -315,7 +315,10 @@ static void seq_finish(struct engine *e, struct seq *s, const struct sample_toke
         double queue = s->t_scheduled ? s->t_scheduled - s->t_submit : -1;
         double prefill = s->t_first ? s->t_first - s->t_scheduled : -1;
         double decode = s->t_first ? now - s->t_first : -1;
-        metrics_observe_request(e->o.metrics, now - s->t_submit, queue, prefill, decode);
+        struct metrics_request mr = {.e2e = now - s->t_submit, .queue = queue, .prefill = prefill,
+                                     .decode = decode, .prompt_tokens = s->q.n_prompt,
+                                     .generation_tokens = s->q.n_tokens - s->q.n_prompt};
+        metrics_observe_request(e->o.metrics, &mr);
     }
     seq_free(s);
     pthread_mutex_lock(&e->mu);
@@ -590,6 +593,7 @@ static void observe_step(struct engine *e, double seconds, int tokens)
         ms.rank[ri].seconds = rs.last_step_seconds;
         ms.rank[ri].a2a_seconds = rs.last_a2a_seconds;
         ms.rank[ri].expert_tokens = rs.expert_tokens;
+        ms.rank[ri].layer_tokens = rs.layer_tokens;
         rank_expert_range(e->ranks[ri].rank, &ms.rank[ri].expert_begin, &ms.rank[ri].expert_end);
     }
     metrics_observe_step(e->o.metrics, &ms);

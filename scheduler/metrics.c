@@ -21,13 +21,18 @@ static const double request_bounds[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 
                                         1920.0, 7680.0};
 static const double tokens_bounds[] = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
                                        16384};
+// vLLM's n buckets, and its 1-2-5 steps for token counts (cut at max_model_len).
+static const double n_bounds[] = {1, 2, 5, 10, 20};
+static const double one_two_five[] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4,
+                                      5e4, 1e5, 2e5, 5e5, 1e6, 2e6, 5e6, 1e7};
 static const double step_bounds[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                      0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0};
 
 #define NB(a) ((int)(sizeof a / sizeof a[0]))
 _Static_assert(NB(ttft_bounds) <= METRICS_MAX_BOUNDS && NB(itl_bounds) <= METRICS_MAX_BOUNDS &&
                    NB(request_bounds) <= METRICS_MAX_BOUNDS &&
-                   NB(tokens_bounds) <= METRICS_MAX_BOUNDS && NB(step_bounds) <= METRICS_MAX_BOUNDS,
+                   NB(tokens_bounds) <= METRICS_MAX_BOUNDS && NB(step_bounds) <= METRICS_MAX_BOUNDS &&
+                   NB(one_two_five) <= METRICS_MAX_BOUNDS,
                "struct metrics_hist holds METRICS_MAX_BOUNDS bounds");
 
 static void hist_init(struct metrics_hist *h, const double *bounds, int n)
@@ -60,7 +65,18 @@ struct metrics {
     uint64_t *win_sum;          // (n_ranks)
     uint64_t *prev_load;        // (n_ranks) cumulative load at the previous step
     bool have_prev;
+    int n_layers;
+    uint64_t *layer_tokens;     // (n_ranks, n_layers) latest cumulative counts, or NULL
 };
+
+// The 1-2-5 bounds up to the first at or above max_len.
+static int bounds_upto(int max_len)
+{
+    double top = max_len > 0 ? max_len : 1e6;
+    int n = 0;
+    while (n < NB(one_two_five) && (n == 0 || one_two_five[n - 1] < top)) n++;
+    return n;
+}
 
 int metrics_create(const struct metrics_opts *o, struct metrics **out, char *err, size_t errlen)
 {
@@ -81,8 +97,13 @@ int metrics_create(const struct metrics_opts *o, struct metrics **out, char *err
     m->win_load = calloc((size_t)m->window * (size_t)o->n_ranks, sizeof *m->win_load);
     m->win_sum = calloc((size_t)o->n_ranks, sizeof *m->win_sum);
     m->prev_load = calloc((size_t)o->n_ranks, sizeof *m->prev_load);
+    m->n_layers = o->n_experts && o->n_layers > 0 ? o->n_layers : 0;
+    if (m->n_layers > 4096) m->n_layers = 4096;
+    if (m->n_layers)
+        m->layer_tokens = calloc((size_t)o->n_ranks * (size_t)m->n_layers, sizeof *m->layer_tokens);
     if (!m->expert_tokens || !m->expert_held || !m->win_load || !m->win_sum ||
-        !m->prev_load || pthread_mutex_init(&m->mu, NULL)) {
+        !m->prev_load || (m->n_layers && !m->layer_tokens) || pthread_mutex_init(&m->mu, NULL)) {
+        free(m->layer_tokens);
         free(m->expert_tokens);
         free(m->expert_held);
         free(m->win_load);
@@ -99,6 +120,13 @@ int metrics_create(const struct metrics_opts *o, struct metrics **out, char *err
     hist_init(&m->hist[METRICS_DECODE], request_bounds, NB(request_bounds));
     hist_init(&m->hist[METRICS_ITER_TOKENS], tokens_bounds, NB(tokens_bounds));
     hist_init(&m->hist[METRICS_STEP], step_bounds, NB(step_bounds));
+    hist_init(&m->hist[METRICS_INFERENCE], request_bounds, NB(request_bounds));
+    hist_init(&m->hist[METRICS_TPOT], itl_bounds, NB(itl_bounds));
+    int tb = bounds_upto(o->max_model_len);
+    hist_init(&m->hist[METRICS_PROMPT_TOKENS], one_two_five, tb);
+    hist_init(&m->hist[METRICS_GEN_TOKENS], one_two_five, tb);
+    hist_init(&m->hist[METRICS_PARAMS_N], n_bounds, NB(n_bounds));
+    hist_init(&m->hist[METRICS_PARAMS_MAX_TOKENS], one_two_five, tb);
     for (int r = 0; r < o->n_ranks; r++) hist_init(&m->a2a[r], step_bounds, NB(step_bounds));
     *out = m;
     return 0;
@@ -108,6 +136,7 @@ void metrics_destroy(struct metrics *m)
 {
     if (!m) return;
     pthread_mutex_destroy(&m->mu);
+    free(m->layer_tokens);
     free(m->expert_tokens);
     free(m->expert_held);
     free(m->win_load);
@@ -131,14 +160,28 @@ void metrics_observe_inter_token(struct metrics *m, double gap, int n)
     pthread_mutex_unlock(&m->mu);
 }
 
-void metrics_observe_request(struct metrics *m, double e2e, double queue, double prefill,
-                             double decode)
+void metrics_observe_request(struct metrics *m, const struct metrics_request *r)
 {
     pthread_mutex_lock(&m->mu);
-    hist_add(&m->hist[METRICS_E2E], e2e, 1);
-    hist_add(&m->hist[METRICS_QUEUE], queue, 1);
-    hist_add(&m->hist[METRICS_PREFILL], prefill, 1);
-    hist_add(&m->hist[METRICS_DECODE], decode, 1);
+    hist_add(&m->hist[METRICS_E2E], r->e2e, 1);
+    hist_add(&m->hist[METRICS_QUEUE], r->queue, 1);
+    hist_add(&m->hist[METRICS_PREFILL], r->prefill, 1);
+    hist_add(&m->hist[METRICS_DECODE], r->decode, 1);
+    if (r->prefill >= 0 && r->decode >= 0) hist_add(&m->hist[METRICS_INFERENCE], r->prefill + r->decode, 1);
+    if (r->decode >= 0 && r->generation_tokens > 1)
+        hist_add(&m->hist[METRICS_TPOT], r->decode / (r->generation_tokens - 1), 1);
+    if (r->prompt_tokens >= 0) {
+        hist_add(&m->hist[METRICS_PROMPT_TOKENS], r->prompt_tokens, 1);
+        hist_add(&m->hist[METRICS_GEN_TOKENS], r->generation_tokens, 1);
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_observe_params(struct metrics *m, int n, int max_tokens)
+{
+    pthread_mutex_lock(&m->mu);
+    hist_add(&m->hist[METRICS_PARAMS_N], n, 1);
+    if (max_tokens > 0) hist_add(&m->hist[METRICS_PARAMS_MAX_TOKENS], max_tokens, 1);
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -164,6 +207,9 @@ void metrics_observe_step(struct metrics *m, const struct metrics_step *s)
             held[x] = true;
             load[r] += et[x];
         }
+        if (m->n_layers && s->rank[r].layer_tokens)
+            memcpy(m->layer_tokens + (size_t)r * (size_t)m->n_layers, s->rank[r].layer_tokens,
+                   (size_t)m->n_layers * sizeof *m->layer_tokens);
     }
     if (any_experts) {
         // The window holds each step's load per rank: cumulative now minus
@@ -207,9 +253,16 @@ int metrics_take_snapshot(struct metrics *m, struct metrics_snapshot *s, char *e
             return ms_err(err, errlen, MS_ENOMEM, "out of memory copying the metrics");
         }
     }
+    size_t rl = (size_t)m->n_ranks * (size_t)m->n_layers;
+    if (rl && !(s->layer_tokens = malloc(rl * sizeof *s->layer_tokens))) {
+        metrics_snapshot_release(s);
+        return ms_err(err, errlen, MS_ENOMEM, "out of memory copying the metrics");
+    }
     s->n_ranks = m->n_ranks;
     s->n_experts = m->n_experts;
+    s->n_layers = m->n_layers;
     pthread_mutex_lock(&m->mu);
+    if (rl) memcpy(s->layer_tokens, m->layer_tokens, rl * sizeof *s->layer_tokens);
     memcpy(s->hist, m->hist, sizeof s->hist);
     memcpy(s->a2a, m->a2a, (size_t)m->n_ranks * sizeof s->a2a[0]);
     if (re) {
@@ -225,6 +278,8 @@ void metrics_snapshot_release(struct metrics_snapshot *s)
 {
     free(s->expert_tokens);
     free(s->expert_held);
+    free(s->layer_tokens);
     s->expert_tokens = NULL;
     s->expert_held = NULL;
+    s->layer_tokens = NULL;
 }

@@ -17,7 +17,9 @@
 struct metrics_opts {
     int n_ranks;              // the `rank` label takes 0..n_ranks-1
     int n_experts;            // experts per MoE layer (0 for a dense model)
+    int n_layers;             // layers (the `layer` label of the per-layer expert load); 0: none
     int imbalance_window;     // steps in the imbalance gauge's sliding window (100)
+    int max_model_len;        // the token-count histograms' last bound (1-2-5 steps up to it); 0: 10^6
 };
 
 struct metrics;
@@ -36,9 +38,18 @@ void metrics_observe_inter_token(struct metrics *m, double gap, int n);
 // A request ended. queue: submitted until first scheduled; prefill: first
 // scheduled until its first token; decode: first token until the end; e2e:
 // submitted until the end. A negative value means "did not happen" (an
-// aborted request that never ran) and is not observed.
-void metrics_observe_request(struct metrics *m, double e2e, double queue, double prefill,
-                             double decode);
+// aborted request that never ran) and is not observed. Inference time is
+// prefill + decode, time per output token decode over the tokens after the
+// first (observed when there were any).
+struct metrics_request {
+    double e2e, queue, prefill, decode;
+    int prompt_tokens;        // its prompt (-1: not observed)
+    int generation_tokens;    // tokens it generated
+};
+void metrics_observe_request(struct metrics *m, const struct metrics_request *r);
+// The parameters of one API request, once (not per choice): n and max_tokens
+// (0: not given, not observed).
+void metrics_observe_params(struct metrics *m, int n, int max_tokens);
 
 // One engine step over all ranks.
 struct metrics_step {
@@ -51,6 +62,8 @@ struct metrics_step {
         const uint64_t *expert_tokens;  // (n_experts) cumulative tokens each expert processed
                                         // on this rank, all layers; NULL: none
         int expert_begin, expert_end;   // the experts this rank holds: [begin, end)
+        const uint64_t *layer_tokens;   // (n_layers) cumulative tokens this rank's experts
+                                        // processed in each layer; NULL: none
     } rank[METRICS_MAX_RANKS];
 };
 void metrics_observe_step(struct metrics *m, const struct metrics_step *s);
@@ -76,6 +89,12 @@ enum metrics_hist_id {
     METRICS_DECODE,        // first token until the end
     METRICS_ITER_TOKENS,   // tokens per step, all ranks
     METRICS_STEP,          // wall time of a step
+    METRICS_INFERENCE,     // first scheduled until the end (prefill + decode)
+    METRICS_TPOT,          // a request's decode time per token after its first
+    METRICS_PROMPT_TOKENS, // prompt tokens per request
+    METRICS_GEN_TOKENS,    // generated tokens per request
+    METRICS_PARAMS_N,      // n per API request
+    METRICS_PARAMS_MAX_TOKENS, // max_tokens per API request that gave one
     METRICS_HISTS,
 };
 
@@ -86,11 +105,14 @@ struct metrics_snapshot {
     struct metrics_hist a2a[METRICS_MAX_RANKS]; // (n_ranks) time in all-to-all exchanges per step
     uint64_t *expert_tokens;  // (n_ranks, n_experts) latest cumulative tokens per expert; NULL when n_experts is 0
     bool *expert_held;        // (n_ranks, n_experts) whether the rank holds (and reported) the expert
+    int n_layers;
+    uint64_t *layer_tokens;   // (n_ranks, n_layers) latest cumulative tokens of the rank's experts
+                              // per layer; NULL when n_layers or n_experts is 0
     double imbalance;         // busiest rank's expert load over the mean, over the
                               // sliding window (1 = balanced; 0 before any expert load)
 };
 
-// Fills *s. Its two arrays are malloc'd (MS_ENOMEM when they cannot be);
+// Fills *s. Its arrays are malloc'd (MS_ENOMEM when they cannot be);
 // metrics_snapshot_release frees them (and sets them to NULL).
 int metrics_take_snapshot(struct metrics *m, struct metrics_snapshot *s, char *err, size_t errlen);
 void metrics_snapshot_release(struct metrics_snapshot *s);

@@ -1,6 +1,7 @@
 // app: the wiring of the served model — creating, loading, draining and
 // destroying the app (model, tokenizer, chat template, metrics, engine), the
-// route table over routes_generate.c and routes_text.c, and the few helpers
+// route table over routes_generate.c, routes_responses.c, routes_anthropic.c
+// and routes_text.c, and the few helpers
 // every route shares (app_state.h).
 #include "server/app.h"
 
@@ -10,7 +11,10 @@
 
 #include "base/base.h"
 #include "server/app_state.h"
+#include "api/anthropic.h"
+#include "server/routes_anthropic.h"
 #include "server/routes_generate.h"
+#include "server/routes_responses.h"
 #include "server/routes_text.h"
 
 // ---- what the routes share -------------------------------------------------------------------
@@ -118,15 +122,26 @@ int app_encode(struct app *a, const char *text, size_t len, const char *param, b
 
 // ---- routes ----------------------------------------------------------------------------------
 
+// Every route; the Anthropic ones answer errors in Anthropic's shape.
 static const struct http_route routes[] = {
-    {"POST", "/v1/chat/completions", false, routes_generate_chat},
-    {"POST", "/v1/completions", false, routes_generate_completions},
-    {"GET", "/v1/models", false, routes_text_models},
-    {"GET", "/health", true, routes_text_health},
-    {"GET", "/metrics", true, routes_text_metrics},
-    {"POST", "/tokenize", false, routes_text_tokenize},
-    {"POST", "/detokenize", false, routes_text_detokenize},
-    {"GET", "/version", false, routes_text_version},
+    {.method = "POST", .path = "/v1/chat/completions", .handle = routes_generate_chat},
+    {.method = "POST", .path = "/v1/completions", .handle = routes_generate_completions},
+    {.method = "POST", .path = "/v1/responses", .handle = routes_responses_create},
+    {.method = "POST", .path = "/v1/messages", .handle = routes_anthropic_messages,
+     .error_json = an_error_json},
+    {.method = "POST", .path = "/v1/messages/count_tokens", .handle = routes_anthropic_count_tokens,
+     .error_json = an_error_json},
+    {.method = "GET", .path = "/v1/models", .handle = routes_text_models},
+    {.method = "GET", .path = "/v1/models/", .handle = routes_text_model, .prefix = true},
+    {.method = "GET", .path = "/health", .public_ = true, .handle = routes_text_health},
+    {.method = "GET", .path = "/v1/health", .public_ = true, .handle = routes_text_health},
+    {.method = "GET", .path = "/ping", .public_ = true, .handle = routes_text_health},
+    {.method = "POST", .path = "/ping", .public_ = true, .handle = routes_text_health},
+    {.method = "GET", .path = "/metrics", .public_ = true, .handle = routes_text_metrics},
+    {.method = "GET", .path = "/dashboard", .public_ = true, .handle = routes_text_dashboard},
+    {.method = "POST", .path = "/tokenize", .handle = routes_text_tokenize},
+    {.method = "POST", .path = "/detokenize", .handle = routes_text_detokenize},
+    {.method = "GET", .path = "/version", .handle = routes_text_version},
 };
 
 void app_routes(const struct http_route **out, int *n)
@@ -164,7 +179,7 @@ static int load_agents(struct app *a, const struct app_opts *o, char *err, size_
     a->tool_open_id = tok_find_token(a->tok, "<tool_call>");
     a->tool_close_id = tok_find_token(a->tok, "</tool_call>");
     const char *rp = o->reasoning_parser ? o->reasoning_parser : "auto";
-    const char *src = tok_chat_template(a->tok);
+    const char *src = a->template_src ? a->template_src : tok_chat_template(a->tok);
     a->reasoning_parser = !strcmp(rp, "qwen3") ||
                           (!strcmp(rp, "auto") && src && strstr(src, "<think>") &&
                            a->think_end_id >= 0);
@@ -180,6 +195,65 @@ static int load_agents(struct app *a, const struct app_opts *o, char *err, size_
     return 0;
 }
 
+// The default sampling: the checkpoint's generation_config.json (auto),
+// none (vllm), or another folder's; then the override's fields over it, as
+// vLLM merges them.
+static int load_gen_defaults(struct app *a, const struct app_opts *o, char *err, size_t errlen)
+{
+    const char *g = o->generation_config ? o->generation_config : "auto";
+    memset(&a->gen, 0, sizeof a->gen);
+    if (!strcmp(g, "auto")) {
+        a->gen = a->model->cfg.gen;
+    } else if (strcmp(g, "vllm")) {
+        char file[4096], *text = NULL, sub[512];
+        size_t len = 0;
+        int rc = ms_path_join(file, sizeof file, g, "generation_config.json");
+        if (!rc) rc = ms_read_file(file, 1 << 20, &text, &len, sub, sizeof sub);
+        if (rc) return ms_err(err, errlen, rc, "--generation-config %s: no readable "
+                              "generation_config.json there (auto, vllm or a folder): %s", g,
+                              rc == MS_ENOTFOUND ? "not found" : sub);
+        struct model_config scratch = a->model->cfg;
+        memset(&scratch.gen, 0, sizeof scratch.gen);
+        rc = config_parse_generation(text, len, &scratch, sub, sizeof sub);
+        free(text);
+        if (rc) return ms_err(err, errlen, rc, "--generation-config %s: %s", g, sub);
+        a->gen = scratch.gen;
+    }
+    if (!o->override_generation_config) return 0;
+    struct model_config scratch = a->model->cfg;
+    memset(&scratch.gen, 0, sizeof scratch.gen);
+    char sub[512];
+    const char *ov = o->override_generation_config;
+    int rc = config_parse_generation(ov, strlen(ov), &scratch, sub, sizeof sub);
+    if (rc) return ms_err(err, errlen, rc, "--override-generation-config: %s", sub);
+    const struct gen_defaults *x = &scratch.gen;
+    // Each field the override sets replaces the one below it.
+    if (x->has_temperature) a->gen.has_temperature = true, a->gen.temperature = x->temperature;
+    if (x->has_top_p) a->gen.has_top_p = true, a->gen.top_p = x->top_p;
+    if (x->has_top_k) a->gen.has_top_k = true, a->gen.top_k = x->top_k;
+    if (x->has_min_p) a->gen.has_min_p = true, a->gen.min_p = x->min_p;
+    if (x->has_repetition_penalty)
+        a->gen.has_repetition_penalty = true, a->gen.repetition_penalty = x->repetition_penalty;
+    if (x->max_new_tokens > 0) a->gen.max_new_tokens = x->max_new_tokens;
+    return 0;
+}
+
+// --chat-template: a readable file's text, else the value itself when it
+// looks like a template; *out is malloc'd.
+static int chat_template_source(const char *v, char **out, char *err, size_t errlen)
+{
+    char sub[512];
+    size_t len;
+    int rc = ms_read_file(v, 4u << 20, out, &len, sub, sizeof sub);
+    if (!rc) return 0;
+    if (strstr(v, "{{") || strstr(v, "{%")) {
+        *out = strdup(v);
+        return *out ? 0 : ms_err(err, errlen, MS_ENOMEM, "out of memory");
+    }
+    return ms_err(err, errlen, rc, "--chat-template %s: not a readable file (nor a template's "
+                  "text): %s", v, sub);
+}
+
 // Long because it is the start-up order in one place: model, tokenizer,
 // chat template, served names, metrics, engine, each needing the one
 // before. A failure returns at once; app_destroy frees what was loaded.
@@ -191,12 +265,19 @@ int app_load(struct app *a, const struct app_opts *o, char *err, size_t errlen)
     if (rc) return rc;
     rc = tok_load(o->model_dir, &a->tok, err, errlen);
     if (rc) return rc;
-    const char *src = tok_chat_template(a->tok);
+    char *own_src = NULL;
+    if (o->chat_template && (rc = chat_template_source(o->chat_template, &own_src, err, errlen)))
+        return rc;
+    const char *src = own_src ? own_src : tok_chat_template(a->tok);
     if (src) {
         char terr[512];
         rc = chat_template_parse(src, strlen(src), &a->tmpl, terr, sizeof terr);
-        if (rc) return ms_err(err, errlen, rc, "%s: the chat_template does not parse: %s",
-                              o->model_dir, terr);
+        if (rc) {
+            free(own_src);
+            return ms_err(err, errlen, rc, "%s: the chat_template does not parse: %s",
+                          own_src ? o->chat_template : o->model_dir, terr);
+        }
+        a->template_src = own_src;
     } else {
         ms_log(MS_LOG_WARN, "%s has no chat_template: /v1/chat/completions will answer 400",
                o->model_dir);
@@ -218,16 +299,28 @@ int app_load(struct app *a, const struct app_opts *o, char *err, size_t errlen)
     struct metrics_opts mo = {
         .n_ranks = eo.data_parallel_size > 0 ? eo.data_parallel_size : 1,
         .n_experts = a->model->cfg.n_experts,
+        .n_layers = a->model->cfg.n_layers,
         .imbalance_window = 100,
+        .max_model_len = eo.max_model_len > 0 ? eo.max_model_len : a->model->cfg.max_position_embeddings,
     };
     rc = metrics_create(&mo, &a->metrics, err, errlen);
     if (rc) return rc;
     eo.metrics = a->metrics;
     rc = engine_create(a->model, a->tok, &eo, &a->engine, err, errlen);
     if (rc) return rc;
+    a->metrics_page = (struct prometheus_page){
+        .prefix = o->metrics_prefix ? o->metrics_prefix : "moeserve",
+        .model_name = a->names[0],
+        .cache_dtype = eo.kv_dtype == DTYPE_F32 ? "float32" : eo.kv_dtype == DTYPE_F16 ? "float16"
+                                                                             : "bfloat16",
+        .enable_prefix_caching = eo.enable_prefix_caching,
+        .gpu_memory_utilization = eo.gpu_memory_utilization,
+    };
     a->max_model_len = engine_max_model_len(a->engine);
-    a->use_gen = !o->generation_config_vllm;
-    a->limits.gen = a->use_gen ? &a->model->cfg.gen : NULL;
+    if ((rc = load_gen_defaults(a, o, err, errlen))) return rc;
+    a->limits.gen = &a->gen;
+    a->limits.logprobs_capped = o->max_logprobs >= 0;
+    a->limits.max_logprobs = o->max_logprobs;
     a->limits.vocab_size = tok_vocab_size(a->tok);
     if (a->model->cfg.vocab_size > a->limits.vocab_size) a->limits.vocab_size = a->model->cfg.vocab_size;
     a->limits.max_model_len = a->max_model_len;
@@ -258,6 +351,7 @@ void app_destroy(struct app *a)
     grammar_cache_destroy(a->gcache);
     grammar_vocab_destroy(a->gvocab);
     json_decref(a->default_kwargs);
+    free(a->template_src);
     if (a->tok) tok_destroy(a->tok);
     if (a->model) model_destroy(a->model);
     for (int i = 0; i < a->n_names; i++) free(a->names[i]);

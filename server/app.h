@@ -15,7 +15,13 @@ struct app_opts {
     const char *model_dir;
     const char *const *served_names; // (n_served); none: the model path as given
     int n_served;
-    bool generation_config_vllm;     // --generation-config vllm: no sampling defaults from the checkpoint
+    // --generation-config: NULL or "auto" (the checkpoint's generation_config.json),
+    // "vllm" (neutral sampling defaults), or a folder holding a generation_config.json;
+    // then --override-generation-config's JSON object over it.
+    const char *generation_config;
+    const char *override_generation_config;
+    const char *chat_template;       // --chat-template: a file, or the template's text; NULL: the checkpoint's
+    int max_logprobs;                // --max-logprobs 0..20, or -1 (20)
     struct engine_opts engine;
     bool kv_dtype_auto;              // resolve engine.kv_dtype from the checkpoint
     enum load_format load_format;    // --load-format: auto, or dummy (random weights)
@@ -26,6 +32,7 @@ struct app_opts {
     // <think>), "qwen3", or "none" (reasoning stays in content)
     const char *reasoning_parser;
     const char *default_chat_template_kwargs; // JSON object text, or NULL
+    const char *metrics_prefix;      // /metrics series prefix: NULL "moeserve", or "vllm"
 };
 
 struct app;

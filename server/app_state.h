@@ -19,6 +19,7 @@
 #include "scheduler/engine.h"
 #include "scheduler/metrics.h"
 #include "server/http.h"
+#include "server/prometheus.h"
 #include "tokenizer/tokenizer.h"
 
 #define APP_MAX_NAMES 16
@@ -34,13 +35,15 @@ struct app {
     struct model *model;
     struct tokenizer *tok;
     struct chat_template *tmpl;      // NULL when the checkpoint has none
+    char *template_src;              // --chat-template's text (owned), or NULL: the checkpoint's
     struct engine *engine;
     struct metrics *metrics;         // what /metrics renders; the engine feeds it
+    struct prometheus_page metrics_page; // its prefix, model_name and cache_config_info
     char *names[APP_MAX_NAMES];      // the served model names; names[0] labels /metrics
     int n_names;
     int max_model_len;
     size_t max_bytes_per_id;         // tok_max_bytes_per_id: the byte floor of a prompt's tokens
-    bool use_gen;                    // generation_config.json's defaults apply
+    struct gen_defaults gen;         // default sampling (--generation-config and its override)
     struct oa_limits limits;
     int64_t created;
     double health_timeout_s;

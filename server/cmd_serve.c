@@ -17,6 +17,7 @@
 #include "server/commands.h"
 #include "server/engine_flags.h"
 #include "server/http.h"
+#include "server/vllm_flags.h"
 
 #define MAX_SERVED 16
 #define MAX_HOSTS 64
@@ -26,20 +27,21 @@ static void usage(FILE *f)
     fprintf(f,
         "usage: moeserve serve MODEL_DIR [options]\n"
         "\n"
-        "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models) and\n"
-        "/health, /tokenize, /detokenize, /version for the checkpoint in MODEL_DIR.\n"
+        "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses,\n"
+        "/v1/models), Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens),\n"
+        "/health, /tokenize, /detokenize, /version, /metrics and the live /dashboard for\n"
+        "the checkpoint in MODEL_DIR (or --model DIR).\n"
         "\n"
         "server options:\n"
         "  --host ADDR                   address to listen on (127.0.0.1; 0.0.0.0 for all)\n"
         "  --port N                      TCP port (8000; 0 picks a free one)\n"
         "  --served-model-name NAME ...  names clients use as \"model\" (the MODEL_DIR as given)\n"
-        "  --api-key KEY                 require 'Authorization: Bearer KEY' (or MOESERVE_API_KEY,\n"
-        "                                VLLM_API_KEY); /health and /metrics stay open\n"
+        "  --api-key KEY                 require 'Authorization: Bearer KEY' or 'x-api-key: KEY'\n"
+        "                                (or MOESERVE_API_KEY, VLLM_API_KEY); /health, /metrics\n"
+        "                                and /dashboard stay open\n"
         "  --max-request-body BYTES      larger bodies get 413 (8MiB)\n"
         "  --shutdown-timeout S          on SIGTERM/SIGINT, running requests get S seconds, then\n"
         "                                end with finish_reason abort (30)\n"
-        "  --generation-config auto|vllm auto: default sampling from generation_config.json;\n"
-        "                                vllm: neutral defaults (auto)\n"
         "  --http-threads N              HTTP event threads (4)\n"
         "  --request-workers N           threads that parse, template and tokenize request\n"
         "                                bodies, so a huge prompt never stalls running streams\n"
@@ -77,7 +79,9 @@ static void usage(FILE *f)
         "  --reuse-port                  share --port with other servers already on it\n"
         "                                (SO_REUSEPORT); without it a port in use is an error\n"
         "\n");
+    vllm_flags_usage(f);
     engine_flags_usage(f);
+    fprintf(f, "  --kv-cache-memory-bytes SIZE  vLLM's name for --kv-cache-memory\n");
 }
 
 // --shutdown-timeout, --sse-keepalive and --health-timeout: seconds, up to about four months.
@@ -108,7 +112,6 @@ struct serve_opts {
     const char *api_key;
     size_t max_body;
     double shutdown_timeout;
-    bool gen_vllm;
     int64_t http_threads;
     int64_t request_workers;
     double keepalive;
@@ -124,6 +127,7 @@ struct serve_opts {
     char *hosts_buf;               // the --allowed-hosts value, split in place (freed at exit)
     bool reuse_port;
     struct engine_flags ef;
+    struct vllm_flags vf;
 };
 
 // "a,b,c" into names (each trimmed, none empty).
@@ -167,6 +171,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
     o->max_buffered = 256u << 20;
     o->max_buffered_per_client = 64u << 20;
     engine_flags_init(&o->ef);
+    vllm_flags_init(&o->vf);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int rc = 0;
@@ -178,6 +183,9 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
         int ef = engine_flags_parse_one(&o->ef, argc, argv, &i, err, errlen);
         if (ef < 0) return ef;
         if (ef == 1) continue;
+        int vf = vllm_flags_parse_one(&o->vf, argc, argv, &i, err, errlen);
+        if (vf < 0) return vf;
+        if (vf == 1) continue;
         if ((v = flag_value("--host", argc, argv, &i, &rc, err, errlen))) {
             o->host = v;
         } else if (!rc && (v = flag_value("--port", argc, argv, &i, &rc, err, errlen))) {
@@ -199,10 +207,6 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
         } else if (!rc && (v = flag_value("--shutdown-timeout", argc, argv, &i, &rc, err, errlen))) {
             rc = cli_parse_double("--shutdown-timeout", v, 0, MAX_SECONDS, &o->shutdown_timeout, err,
                                   errlen);
-        } else if (!rc && (v = flag_value("--generation-config", argc, argv, &i, &rc, err, errlen))) {
-            if (!strcmp(v, "vllm")) o->gen_vllm = true;
-            else if (!strcmp(v, "auto")) o->gen_vllm = false;
-            else rc = ms_err(err, errlen, MS_EINVAL, "--generation-config takes auto or vllm, got \"%s\"", v);
         } else if (!rc && (v = flag_value("--http-threads", argc, argv, &i, &rc, err, errlen))) {
             rc = cli_parse_int("--http-threads", v, 1, 256, &o->http_threads, err, errlen);
         } else if (!rc && (v = flag_value("--sse-keepalive", argc, argv, &i, &rc, err, errlen))) {
@@ -269,7 +273,11 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
         }
         if (rc) return rc;
     }
-    if (!o->model_dir) return ms_err(err, errlen, MS_EINVAL, "MODEL_DIR is missing");
+    if (o->vf.model && o->model_dir && strcmp(o->vf.model, o->model_dir))
+        return ms_err(err, errlen, MS_EINVAL, "two models: MODEL_DIR \"%s\" and --model \"%s\"",
+                      o->model_dir, o->vf.model);
+    if (o->vf.model) o->model_dir = o->vf.model;
+    if (!o->model_dir) return ms_err(err, errlen, MS_EINVAL, "MODEL_DIR (or --model) is missing");
     if (!o->api_key) o->api_key = getenv("MOESERVE_API_KEY");
     if (!o->api_key) o->api_key = getenv("VLLM_API_KEY");
     if (o->api_key && !o->api_key[0]) o->api_key = NULL;
@@ -328,6 +336,14 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "moeserve serve: %s\n", err);
         return 2;
     }
+    if (o.vf.log_level >= 0) ms_log_level = o.vf.log_level;
+    struct cors *cors = NULL;
+    struct cors_opts co = {.origins = o.vf.allowed_origins, .methods = o.vf.allowed_methods,
+                           .headers = o.vf.allowed_headers, .credentials = o.vf.allow_credentials};
+    if (cors_create(&co, &cors, err, sizeof err)) {
+        fprintf(stderr, "moeserve serve: %s\n", err);
+        return 2;
+    }
     raise_fd_limit();
     // Every thread created from here on inherits the mask, so only the
     // signal thread ever sees SIGINT and SIGTERM.
@@ -376,6 +392,9 @@ int cmd_serve(int argc, char **argv)
         .max_buffered_bytes_per_client = o.max_buffered_per_client,
         .allowed_hosts = o.hosts,
         .n_allowed_hosts = o.n_hosts,
+        .cors = cors,
+        .root_path = o.vf.root_path,
+        .no_access_log = !o.vf.access_log,
         .app = app,
     };
     app_routes(&ho.routes, &ho.n_routes);
@@ -385,6 +404,7 @@ int cmd_serve(int argc, char **argv)
     if (hrc) {
         fprintf(stderr, "moeserve serve: %s\n", err);
         app_destroy(app);
+        cors_destroy(cors);
         return 1;
     }
     const char *shown = strchr(o.host, ':') ? "[%s]" : "%s";
@@ -396,7 +416,11 @@ int cmd_serve(int argc, char **argv)
         .model_dir = o.model_dir,
         .served_names = o.served,
         .n_served = o.n_served,
-        .generation_config_vllm = o.gen_vllm,
+        .generation_config = o.vf.generation_config,
+        .override_generation_config = o.vf.override_generation_config,
+        .chat_template = o.vf.chat_template,
+        .max_logprobs = o.vf.max_logprobs,
+        .metrics_prefix = o.vf.metrics_prefix,
         .engine = o.ef.opts,
         .kv_dtype_auto = o.ef.kv_dtype_auto,
         .load_format = o.ef.load_format,
@@ -411,6 +435,7 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "moeserve serve: %s\n", err);
         http_stop(srv, 1);
         app_destroy(app);
+        cors_destroy(cors);
         return 1;
     }
     ms_log(MS_LOG_INFO, "ready: serving %s as \"%s\" on http://%s:%d (loaded in %.1fs)%s", o.model_dir,
@@ -429,6 +454,7 @@ int cmd_serve(int argc, char **argv)
     while (http_open_async(srv) > 0 && ms_now() < end) usleep(10000);
     http_stop(srv, 2);
     app_destroy(app);
+    cors_destroy(cors);
     ms_log(MS_LOG_INFO, "stopped");
     return 0;
 }

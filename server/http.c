@@ -120,6 +120,7 @@ struct http_request {
         char name[40];
         char value[160];
     } hdr[MAX_EXTRA_HEADERS];
+    struct cors_headers cors;    // what every response to an allowed Origin carries
     struct http_async *async;    // the connection's reference
 };
 
@@ -528,6 +529,8 @@ static void add_headers(struct http_request *r, struct MHD_Response *resp)
 {
     for (int i = 0; i < r->n_hdr; i++) MHD_add_response_header(resp, r->hdr[i].name, r->hdr[i].value);
     r->n_hdr = 0;
+    for (int i = 0; i < r->cors.n; i++)
+        MHD_add_response_header(resp, r->cors.h[i].name, r->cors.h[i].value);
 }
 
 // Queues resp now, or (on a worker) keeps it for the connection's thread.
@@ -575,7 +578,9 @@ int http_respond_json(struct http_request *r, int status, json_t *j)
 
 int http_respond_error(struct http_request *r, const struct oa_error *e)
 {
-    return http_respond_json(r, e->http, oa_error_json(e));
+    json_t *(*shape)(const struct oa_error *) =
+        r->route && r->route->error_json ? r->route->error_json : oa_error_json;
+    return http_respond_json(r, e->http, shape(e));
 }
 
 static void respond_simple_error(struct http_request *r, int http, const char *code,
@@ -610,6 +615,12 @@ void http_set_log_tokens(struct http_request *r, int prompt, int completion)
 
 const char *http_method(const struct http_request *r) { return r->method; }
 const char *http_path(const struct http_request *r) { return r->path; }
+
+const char *http_path_rest(const struct http_request *r)
+{
+    if (!r->route || !r->route->prefix) return "";
+    return r->path + strlen(r->route->path);
+}
 
 const char *http_header(const struct http_request *r, const char *name)
 {
@@ -723,6 +734,8 @@ static bool authorized(struct http_request *r)
 {
     const char *key = r->s->api_key;
     if (!key || r->route->public_) return true;
+    const char *x = http_header(r, "x-api-key");
+    if (x && key_matches(x, key)) return true;
     const char *h = http_header(r, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!h || strncasecmp(h, "Bearer ", 7)) return false;
     h += 7;
@@ -740,7 +753,8 @@ static const struct http_route *find_route(struct http_server *s, const char *me
     const struct http_route *hit = NULL;
     for (int i = 0; i < s->o.n_routes; i++) {
         const struct http_route *rt = &s->o.routes[i];
-        if (strcmp(rt->path, path)) continue;
+        size_t pl = strlen(rt->path);
+        if (rt->prefix ? strncmp(rt->path, path, pl) || !path[pl] : strcmp(rt->path, path)) continue;
         *path_known = true;
         size_t al = strlen(allow);
         snprintf(allow + al, allow_len - al, "%s%s", al ? ", " : "", rt->method);
@@ -868,6 +882,19 @@ static bool head_acceptable(struct http_request *r, const char *url, const char 
                              host ? host : "");
         return false;
     }
+    const char *origin = http_header(r, "Origin");
+    cors_response_headers(s->o.cors, origin, &r->cors);
+    const char *pf_method = http_header(r, "Access-Control-Request-Method");
+    if (s->o.cors && !strcmp(method, "OPTIONS") && origin && pf_method) {
+        // A preflight: answered for any path, before the key (browsers send none).
+        char msg[400];
+        int st = cors_preflight(s->o.cors, origin, pf_method,
+                                http_header(r, "Access-Control-Request-Headers"), &r->cors, msg,
+                                sizeof msg);
+        if (st == 204) http_respond(r, 204, NULL, NULL, 0);
+        else respond_simple_error(r, st, "cors_refused", "%s", msg);
+        return false;
+    }
     bool known;
     char allow[128];
     r->route = find_route(s, method, url, &known, allow, sizeof allow);
@@ -885,7 +912,8 @@ static bool head_acceptable(struct http_request *r, const char *url, const char 
         http_add_header(r, "WWW-Authenticate", "Bearer");
         respond_simple_error(r, 401, "invalid_api_key",
                              "missing or wrong API key: send the header 'Authorization: Bearer "
-                             "<key>' with the key the server was started with");
+                             "<key>' (or 'x-api-key: <key>') with the key the server was started "
+                             "with");
         return false;
     }
     const char *cl = http_header(r, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -939,6 +967,10 @@ static enum MHD_Result first_call(struct http_server *s, struct MHD_Connection *
     r->conn = conn_of(c);
     r->http11 = version && strcmp(version, MHD_HTTP_VERSION_1_0) && strcmp(version, "HTTP/0.9");
     snprintf(r->method, sizeof r->method, "%s", method);
+    // Behind a proxy that keeps its prefix (--root-path), "/api/v1/x" is "/v1/x".
+    const char *root = s->o.root_path;
+    size_t rl = root ? strlen(root) : 0;
+    if (rl && !strncmp(url, root, rl) && (url[rl] == '/' || !url[rl])) url = url[rl] ? url + rl : "/";
     r->path = strdup(url);
     if (!r->path) return MHD_NO;
     conn_phase(s, r->conn, PHASE_BODY);
@@ -1143,9 +1175,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
         how = " (client gone)";
     else if (toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED) how = " (timeout)";
     else if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) how = " (aborted)";
-    ms_log(MS_LOG_INFO, "%s %s %s %d prompt_tokens=%d completion_tokens=%d %.3fs%s",
-           r->peer[0] ? r->peer : "-", r->method, r->path ? r->path : "-", r->status,
-           r->prompt_tokens, r->completion_tokens, ms_now() - r->t0, how);
+    if (!s->o.no_access_log)
+        ms_log(MS_LOG_INFO, "%s %s %s %d prompt_tokens=%d completion_tokens=%d %.3fs%s",
+               r->peer[0] ? r->peer : "-", r->method, r->path ? r->path : "-", r->status,
+               r->prompt_tokens, r->completion_tokens, ms_now() - r->t0, how);
     body_free(r);
     if (r->pending) MHD_destroy_response(r->pending);
     free(r->path);

@@ -10,6 +10,7 @@
 
 #include "api/openai.h"
 #include "base/buf.h"
+#include "server/cors.h"
 
 struct http_server;
 struct http_request; // one HTTP request, valid from its handler until it completes
@@ -21,10 +22,17 @@ struct http_async;   // a response that waits: deferred (one body later) or stre
 // response that waits (http_defer, http_stream), before it returns.
 struct http_route {
     const char *method;          // "GET", "POST"
-    const char *path;            // exact
+    const char *path;            // exact, or with prefix a path prefix ("/v1/models/")
     bool public_;                // no API key needed (/health, /metrics)
     void (*handle)(void *app, struct http_request *r);
+    // The body of every error on this route, the HTTP layer's own (401,
+    // 413, 415...) and the handler's http_respond_error: a new reference, or
+    // NULL when out of memory. NULL: OpenAI's envelope (oa_error_json).
+    json_t *(*error_json)(const struct oa_error *e);
+    bool prefix;                 // path matches every longer path that starts with it
 };
+// An API key comes as 'Authorization: Bearer KEY' or (Anthropic's clients)
+// 'x-api-key: KEY'.
 // Every body is JSON: a request with a body must say Content-Type:
 // application/json (or application/...+json) or gets 415, so that a web page
 // cannot drive a local server with a form or text/plain post (those need no
@@ -59,6 +67,13 @@ struct http_opts {
     // refuse DNS rebinding; NULL or none: any Host.
     const char *const *allowed_hosts;
     int n_allowed_hosts;
+    // CORS (server/cors.h), or NULL: no CORS headers, no preflight answers.
+    // Must outlive the server.
+    const struct cors *cors;
+    bool no_access_log;          // no log line per request (--disable-uvicorn-access-log)
+    // A path prefix a reverse proxy keeps (vLLM's --root-path): "/api" serves
+    // "/api/v1/models" as "/v1/models" (paths without it are served too).
+    const char *root_path;
     const struct http_route *routes;
     int n_routes;
     void *app;                   // passed to the handlers
@@ -78,7 +93,10 @@ void http_stop(struct http_server *s, double timeout_s);
 
 // ---- inside a handler (on an HTTP thread or a request worker) ----
 const char *http_method(const struct http_request *r);
-const char *http_path(const struct http_request *r);
+const char *http_path(const struct http_request *r);   // without the root path
+// What a prefix route's path leaves of the request's ("/v1/models/" on
+// "/v1/models/tiny" leaves "tiny"); "" for exact routes.
+const char *http_path_rest(const struct http_request *r);
 const char *http_header(const struct http_request *r, const char *name); // or NULL
 // NUL-terminated; valid during the handler call only (the HTTP layer frees
 // the body when the handler returns, so a long response does not hold it).

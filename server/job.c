@@ -51,6 +51,7 @@ static void job_free(struct job *j)
     }
     free(j->prompts);
     free(j->choices);
+    if (j->es) j->es->destroy(j->es_state);
     http_async_unref(j->async);
     arena_destroy(j->arena);
     pthread_mutex_destroy(&j->mu);
@@ -198,12 +199,13 @@ static void job_choice_view(struct job *j, const struct job_choice *c, struct oa
 
 // ---- the HTTP side of a job ---------------------------------------------------------------
 
-// Tool call ids as OpenAI spells them: "call_" and 24 random hex digits.
+// Tool call ids as the API spells them: "call_" (or the job's prefix,
+// Anthropic's "toolu_") and 24 random hex digits.
 static void make_call_id(void *ctx, int index, char *out, size_t cap)
 {
-    (void)ctx;
+    const struct job *j = ctx;
     (void)index;
-    oa_make_id(out, cap, "call_");
+    oa_make_id(out, cap, j->call_id_prefix ? j->call_id_prefix : "call_");
 }
 
 static struct output_parser *choice_parser(struct job *j, struct job_choice *c)
@@ -212,6 +214,7 @@ static struct output_parser *choice_parser(struct job *j, struct job_choice *c)
     if (!c->parser) {
         struct output_parser_opts o = j->parse_opts;
         o.make_id = make_call_id;
+        o.make_id_ctx = j;
         char err[128];
         if (output_parser_create(&o, &c->parser, err, sizeof err)) c->parser = NULL;
     }
@@ -241,6 +244,75 @@ static int parse_whole(struct job *j, struct job_choice *c, json_t **message, co
     return 0;
 }
 
+// ---- the typed-event APIs (Responses, Anthropic Messages) -----------------------------------
+
+// Output tokens before the first </think> token; none when the answer had
+// no reasoning. When </think> came spelled in ordinary tokens (a grammar
+// wrote it), the reasoning text re-encoded, its two tags included.
+static int reasoning_tokens(const struct job *j, const struct job_choice *c)
+{
+    size_t len = 0;
+    const char *text = c->parser ? output_parser_reasoning(c->parser, &len) : NULL;
+    if (!text || !len) return 0;
+    for (int i = 0; i < c->n_tokens; i++)
+        if (j->think_end_id >= 0 && c->tokens[i].id == j->think_end_id) return i;
+    int n = c->completion_tokens;
+    size_t n_ids = 0;
+    int32_t *ids = NULL;
+    char err[64];
+    if (j->meta.tok && !tok_encode(j->meta.tok, text, len, &ids, &n_ids, err, sizeof err) &&
+        n_ids + 2 < (size_t)n)
+        n = (int)n_ids + 2;
+    free(ids);
+    return n;
+}
+
+// How a finished choice ended, once its parser has had the whole text.
+static void es_result_of(struct job *j, const struct job_choice *c, struct es_result *r)
+{
+    memset(r, 0, sizeof *r);
+    job_usage(j, &r->usage);
+    r->finish = output_parser_finish_reason(c->parser, c->finish ? c->finish : "abort");
+    r->stop_str = c->stop_str;
+    r->reasoning_tokens = reasoning_tokens(j, c);
+}
+
+static void es_error(struct job_choice *c, struct oa_error *e)
+{
+    oa_errorf(e, MS_EINTERNAL, "internal_error", NULL, "%s",
+              c->error ? c->error : "out of memory building the answer");
+}
+
+// The whole answer of the one choice as the API's body: the parser's events
+// through the builder, silently, then its object.
+static void es_respond(struct job *j, struct http_request *r)
+{
+    struct job_choice *c = &j->choices[0];
+    struct output_parser *p = choice_parser(j, c);
+    const struct output_event *ev;
+    size_t n_ev;
+    char err[128];
+    struct oa_error e;
+    int rc = !p || c->error ? MS_EINTERNAL : 0;
+    if (!rc) rc = output_parser_feed(p, c->text.data ? c->text.data : "", c->text.len, &ev, &n_ev,
+                                     err, sizeof err);
+    if (!rc) rc = j->es->feed(j->es_state, ev, n_ev, NULL, NULL);
+    if (!rc) rc = output_parser_finish(p, &ev, &n_ev, err, sizeof err);
+    if (!rc) rc = j->es->feed(j->es_state, ev, n_ev, NULL, NULL);
+    if (!rc) {
+        struct es_result res;
+        es_result_of(j, c, &res);
+        rc = j->es->finish(j->es_state, &res, NULL, NULL);
+    }
+    json_t *body = rc ? NULL : j->es->body(j->es_state);
+    if (!body) {
+        es_error(c, &e);
+        http_respond_error(r, &e);
+        return;
+    }
+    http_respond_json(r, 200, body);
+}
+
 static void job_ready(void *ctx, struct http_request *r)
 {
     struct job *j = ctx;
@@ -252,6 +324,10 @@ static void job_ready(void *ctx, struct http_request *r)
     struct oa_usage u;
     job_usage(j, &u);
     http_set_log_tokens(r, u.prompt_tokens, u.completion_tokens);
+    if (j->es) {
+        es_respond(j, r);
+        return;
+    }
     for (int i = 0; i < j->n_choices; i++)
         if (j->choices[i].error) {
             struct oa_error e;
@@ -308,6 +384,51 @@ struct piece {
     struct oa_usage usage;           // this choice so far (continuous usage)
 };
 
+// Writes one typed event as an SSE frame: `event: NAME`, `data: JSON`.
+static void es_frame(void *ctx, const char *event, json_t *data)
+{
+    struct ms_buf *out = ctx;
+    if (!data) return;
+    ms_buf_append_fmt(out, "event: %s\ndata: ", event);
+    json_dump_callback(data, dump_to_buf, out, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    ms_buf_append(out, "\n\n", 2);
+    json_decref(data);
+}
+
+// One piece of a typed-event stream: start once, the new text's parser
+// events, and at the end what the parser held back and the closing events.
+static void es_stream_piece(struct job *j, struct job_choice *c, const struct piece *p,
+                            struct ms_buf *out)
+{
+    const struct event_stream_ops *es = j->es;
+    struct output_parser *op = choice_parser(j, c);
+    const struct output_event *ev;
+    size_t n_ev = 0;
+    char err[128];
+    int rc = op ? 0 : MS_ENOMEM;
+    if (!rc && !j->es_started) {
+        j->es_started = true;
+        rc = es->start(j->es_state, es_frame, out);
+    }
+    if (!rc && p->role) return; // the start is all a role piece brings
+    if (!rc && p->text_len) rc = output_parser_feed(op, p->text, p->text_len, &ev, &n_ev, err, sizeof err);
+    if (!rc && n_ev) rc = es->feed(j->es_state, ev, n_ev, es_frame, out);
+    if (!rc && p->finish && !c->error) {
+        rc = output_parser_finish(op, &ev, &n_ev, err, sizeof err);
+        if (!rc) rc = es->feed(j->es_state, ev, n_ev, es_frame, out);
+        struct es_result res;
+        if (!rc) {
+            es_result_of(j, c, &res);
+            rc = es->finish(j->es_state, &res, es_frame, out);
+        }
+    }
+    if (rc || (p->finish && c->error)) {
+        struct oa_error e;
+        es_error(c, &e);
+        es->failed(j->es_state, &e, es_frame, out);
+    }
+}
+
 // One piece of a parsed chat stream: the new text through the choice's
 // parser (and, at the end, what it still held), its events as one delta. A
 // piece whose text the parser holds back (a tag not yet decided) and that
@@ -358,7 +479,7 @@ static bool job_fill(void *ctx, struct ms_buf *out)
     pthread_mutex_lock(&j->mu);
     for (int i = 0; i < j->n_choices; i++) {
         struct job_choice *c = &j->choices[i];
-        if (j->chat && !c->role_sent) {
+        if ((j->chat || j->es) && !c->role_sent) {
             c->role_sent = true;
             pc[n].choice = i;
             pc[n].usage.prompt_tokens = c->prompt_tokens ? c->prompt_tokens
@@ -409,6 +530,10 @@ static bool job_fill(void *ctx, struct ms_buf *out)
         struct piece *p = &pc[k];
         struct job_choice *c = &j->choices[p->choice];
         const struct oa_usage *cu = j->continuous_usage ? &p->usage : NULL;
+        if (j->es) {
+            es_stream_piece(j, c, p, out);
+            continue;
+        }
         if (p->role) {
             sse_event(out, oa_chat_chunk(&j->meta, c->index, "assistant", "", 0, NULL, 0, NULL,
                                          NULL, -1, cu));
@@ -447,6 +572,7 @@ static bool job_fill(void *ctx, struct ms_buf *out)
     struct oa_usage u;
     job_usage(j, &u);
     if (j->async) http_async_set_log_tokens(j->async, u.prompt_tokens, u.completion_tokens);
+    if (j->es) return true; // their streams end with their own last event, no [DONE]
     if (j->include_usage && !j->usage_sent) {
         j->usage_sent = true;
         sse_event(out, oa_usage_chunk(&j->meta, j->chat ? "chat.completion.chunk" : "text_completion", &u));
@@ -484,6 +610,7 @@ struct job *job_create(struct engine *engine, atomic_uint_least64_t *last_delta_
     j->last_delta_us = last_delta_us;
     j->arena = ar;
     j->chat = chat;
+    j->think_end_id = -1;
     return j;
 }
 

@@ -2,7 +2,9 @@
 // holds one engine request per choice; their sinks run on the engine thread
 // and only copy output under the job's lock and wake the connection, which
 // turns it into JSON on an HTTP thread: one body once every choice has
-// finished, or SSE chunks as they come, then usage and `data: [DONE]`.
+// finished, or SSE chunks as they come, then usage and `data: [DONE]`;
+// for the typed-event APIs (event_stream.h), `event: NAME` / `data: JSON`
+// frames as their builder emits them.
 #ifndef MOESERVE_SERVER_JOB_H
 #define MOESERVE_SERVER_JOB_H
 
@@ -12,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "api/event_stream.h"
 #include "api/openai.h"
 #include "api/output_parser.h"
 #include "base/arena.h"
@@ -53,6 +56,14 @@ struct job {
     bool parse_output;
     struct output_parser_opts parse_opts;
     bool include_reasoning;
+    // Responses and Anthropic Messages: their one choice, always parsed,
+    // goes out as that API's typed events or body through es (NULL: the
+    // OpenAI chat and completions shapes). es_state is owned: es->destroy
+    // when the job ends.
+    const struct event_stream_ops *es;
+    void *es_state;
+    const char *call_id_prefix;      // tool call ids: "call_" when NULL ("toolu_" for Anthropic)
+    int32_t think_end_id;            // </think>: output tokens before it are reasoning (-1: none)
     // state
     pthread_mutex_t mu;
     int refs;
@@ -64,6 +75,7 @@ struct job {
     int n_finished;
     bool gone;
     bool usage_sent, done_sent;
+    bool es_started;
 };
 
 // NULL when out of memory. last_delta_us must outlive the job.

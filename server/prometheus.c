@@ -11,6 +11,7 @@
 
 #include "base/base.h"
 #include "base/buf.h"
+#include "model/backend.h"
 
 // Label values may hold any bytes a user chose (--served-model-name):
 // backslash, double quote and newline are escaped, per the text format.
@@ -41,6 +42,8 @@ static char *escape_label(const char *s)
 struct buf {
     struct ms_buf text;
     bool oom;
+    const char *prefix;              // "moeserve", "vllm"
+    const char *model;               // the escaped model_name label
 };
 
 static void put(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -55,25 +58,39 @@ static void put(struct buf *b, const char *fmt, ...)
 
 static void head(struct buf *b, const char *name, const char *type, const char *help)
 {
-    put(b, "# HELP moeserve:%s %s\n# TYPE moeserve:%s %s\n", name, help, name, type);
+    put(b, "# HELP %s:%s %s\n# TYPE %s:%s %s\n", b->prefix, name, help, b->prefix, name, type);
 }
 
-static void hist_render(struct buf *b, const char *model, const char *name, const char *extra,
+// One sample: prefix:name{model_name="…"<labels>} value (labels: ",k=\"v\"…" or "").
+static void sample(struct buf *b, const char *name, const char *labels, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void sample(struct buf *b, const char *name, const char *labels, const char *fmt, ...)
+{
+    put(b, "%s:%s{model_name=\"%s\"%s} ", b->prefix, name, b->model, labels);
+    if (b->oom) return;
+    va_list ap;
+    va_start(ap, fmt);
+    if (ms_buf_append_vfmt(&b->text, fmt, ap)) b->oom = true;
+    va_end(ap);
+    put(b, "\n");
+}
+
+static void hist_render(struct buf *b, const char *name, const char *extra,
                         const struct metrics_hist *h)
 {
+    char labels[96], series[96];
     uint64_t cum = 0;
+    snprintf(series, sizeof series, "%s_bucket", name);
     for (int i = 0; i <= h->n; i++) {
         cum += h->counts[i];
-        if (i < h->n)
-            put(b, "moeserve:%s_bucket{model_name=\"%s\"%s,le=\"%.6g\"} %llu\n", name, model, extra,
-                h->bounds[i], (unsigned long long)cum);
-        else
-            put(b, "moeserve:%s_bucket{model_name=\"%s\"%s,le=\"+Inf\"} %llu\n", name, model, extra,
-                (unsigned long long)cum);
+        if (i < h->n) snprintf(labels, sizeof labels, "%s,le=\"%.6g\"", extra, h->bounds[i]);
+        else snprintf(labels, sizeof labels, "%s,le=\"+Inf\"", extra);
+        sample(b, series, labels, "%llu", (unsigned long long)cum);
     }
-    put(b, "moeserve:%s_sum{model_name=\"%s\"%s} %.9g\n", name, model, extra, h->sum);
-    put(b, "moeserve:%s_count{model_name=\"%s\"%s} %llu\n", name, model, extra,
-        (unsigned long long)h->count);
+    snprintf(series, sizeof series, "%s_sum", name);
+    sample(b, series, extra, "%.9g", h->sum);
+    snprintf(series, sizeof series, "%s_count", name);
+    sample(b, series, extra, "%llu", (unsigned long long)h->count);
 }
 
 // The histograms in the order they are listed, with their help lines.
@@ -89,38 +106,56 @@ static const struct {
     {METRICS_DECODE, "request_decode_time_seconds", "First token until the end of the request."},
     {METRICS_ITER_TOKENS, "iteration_tokens_total", "Tokens processed per engine step, all ranks."},
     {METRICS_STEP, "step_duration_seconds", "Wall time of one engine step."},
+    {METRICS_INFERENCE, "request_inference_time_seconds", "First scheduled until the end (prefill and decode)."},
+    {METRICS_TPOT, "request_time_per_output_token_seconds", "A request's decode time per token after its first."},
+    {METRICS_PROMPT_TOKENS, "request_prompt_tokens", "Prompt tokens per request."},
+    {METRICS_GEN_TOKENS, "request_generation_tokens", "Tokens generated per request."},
+    {METRICS_PARAMS_N, "request_params_n", "The n parameter of each API request."},
+    {METRICS_PARAMS_MAX_TOKENS, "request_params_max_tokens", "The max_tokens parameter of each API request that gave one."},
 };
 
 // Long because it is the page itself: every series in the order Prometheus
 // users see it, each a head line and its samples.
-int prometheus_render(const char *model_name, const struct engine_stats *st,
+int prometheus_render(const struct prometheus_page *pg, const struct engine_stats *st,
                       const struct metrics_snapshot *ms, char **out, size_t *len, char *err,
                       size_t errlen)
 {
-    struct buf b = {0};
-    char *ml = escape_label(model_name ? model_name : "");
+    char *ml = escape_label(pg->model_name ? pg->model_name : "");
+    struct buf b = {.prefix = pg->prefix ? pg->prefix : "moeserve", .model = ml};
     if (ms_buf_reserve(&b.text, 16384) || !ml) {
         ms_buf_free(&b.text);
         free(ml);
         return ms_err(err, errlen, MS_ENOMEM, "out of memory rendering metrics");
     }
     int nr = st->n_ranks < ms->n_ranks ? st->n_ranks : ms->n_ranks;
+    char lab[128];
 
     head(&b, "num_requests_running", "gauge", "Requests in the running batches of all ranks.");
-    put(&b, "moeserve:num_requests_running{model_name=\"%s\"} %d\n", ml, st->num_running);
+    sample(&b, "num_requests_running", "", "%d", st->num_running);
     head(&b, "num_requests_waiting", "gauge", "Requests waiting to be scheduled.");
-    put(&b, "moeserve:num_requests_waiting{model_name=\"%s\"} %d\n", ml, st->num_waiting);
+    sample(&b, "num_requests_waiting", "", "%d", st->num_waiting);
     head(&b, "kv_cache_usage_perc", "gauge",
          "Share of the rank's KV blocks held by running sequences (1 = full).");
+    long blocks = 0;
     for (int r = 0; r < nr; r++) {
         const struct engine_rank_stats *rs = &st->rank[r];
         double u = rs->kv_blocks_total > 0 ? (double)rs->kv_blocks_used / rs->kv_blocks_total : 0.0;
-        put(&b, "moeserve:kv_cache_usage_perc{model_name=\"%s\",rank=\"%d\"} %.6g\n", ml, r, u);
+        snprintf(lab, sizeof lab, ",rank=\"%d\"", r);
+        sample(&b, "kv_cache_usage_perc", lab, "%.6g", u);
+        blocks += rs->kv_blocks_total;
     }
     head(&b, "num_requests_running_per_rank", "gauge", "Running sequences placed on each rank.");
-    for (int r = 0; r < nr; r++)
-        put(&b, "moeserve:num_requests_running_per_rank{model_name=\"%s\",rank=\"%d\"} %d\n", ml, r,
-            st->rank[r].num_running);
+    for (int r = 0; r < nr; r++) {
+        snprintf(lab, sizeof lab, ",rank=\"%d\"", r);
+        sample(&b, "num_requests_running_per_rank", lab, "%d", st->rank[r].num_running);
+    }
+    head(&b, "cache_config_info", "gauge", "Information of the KV cache (the labels; the value is 1).");
+    char info[320];
+    snprintf(info, sizeof info, ",block_size=\"%d\",cache_dtype=\"%s\",enable_prefix_caching=\"%s\","
+             "gpu_memory_utilization=\"%g\",num_gpu_blocks=\"%ld\"", KV_BLOCK_TOKENS,
+             pg->cache_dtype ? pg->cache_dtype : "auto", pg->enable_prefix_caching ? "True" : "False",
+             pg->gpu_memory_utilization, blocks);
+    sample(&b, "cache_config_info", info, "1");
     const struct {
         const char *name, *help;
         uint64_t v;
@@ -134,23 +169,22 @@ int prometheus_render(const char *model_name, const struct engine_stats *st,
     };
     for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++) {
         head(&b, counters[i].name, "counter", counters[i].help);
-        put(&b, "moeserve:%s{model_name=\"%s\"} %llu\n", counters[i].name, ml,
-            (unsigned long long)counters[i].v);
+        sample(&b, counters[i].name, "", "%llu", (unsigned long long)counters[i].v);
     }
     head(&b, "request_success_total", "counter", "Requests finished, by finish reason.");
-    for (int f = FINISH_STOP; f < FINISH_COUNT_; f++) // vLLM's label values
-        put(&b, "moeserve:request_success_total{model_name=\"%s\",finished_reason=\"%s\"} %llu\n", ml,
-            engine_finish_name((enum engine_finish)f), (unsigned long long)st->request_success[f]);
+    for (int f = FINISH_STOP; f < FINISH_COUNT_; f++) { // vLLM's label values
+        snprintf(lab, sizeof lab, ",finished_reason=\"%s\"", engine_finish_name((enum engine_finish)f));
+        sample(&b, "request_success_total", lab, "%llu", (unsigned long long)st->request_success[f]);
+    }
 
     for (size_t i = 0; i < sizeof hists / sizeof hists[0]; i++) {
         head(&b, hists[i].name, "histogram", hists[i].help);
-        hist_render(&b, ml, hists[i].name, "", &ms->hist[hists[i].id]);
+        hist_render(&b, hists[i].name, "", &ms->hist[hists[i].id]);
     }
     head(&b, "all_to_all_seconds", "histogram", "Time a rank spends in MoE all-to-all exchanges per step.");
     for (int r = 0; r < ms->n_ranks; r++) {
-        char extra[32];
-        snprintf(extra, sizeof extra, ",rank=\"%d\"", r);
-        hist_render(&b, ml, "all_to_all_seconds", extra, &ms->a2a[r]);
+        snprintf(lab, sizeof lab, ",rank=\"%d\"", r);
+        hist_render(&b, "all_to_all_seconds", lab, &ms->a2a[r]);
     }
     // Where the step time goes, per rank: a counter per phase, so that
     // rate() over any window gives each phase's share of the wall time.
@@ -158,9 +192,10 @@ int prometheus_render(const char *model_name, const struct engine_stats *st,
          "Wall time of each rank's steps by phase: attention, moe (with its exchanges), "
          "lm_head, sampling.");
     for (int r = 0; r < st->n_ranks && r < ENGINE_MAX_RANKS; r++)
-        for (int f = 0; f < ENGINE_PHASES; f++)
-            put(&b, "moeserve:step_phase_seconds_total{model_name=\"%s\",rank=\"%d\",phase=\"%s\"} %.6f\n",
-                ml, r, engine_phase_names[f], st->rank[r].phase_seconds[f]);
+        for (int f = 0; f < ENGINE_PHASES; f++) {
+            snprintf(lab, sizeof lab, ",rank=\"%d\",phase=\"%s\"", r, engine_phase_names[f]);
+            sample(&b, "step_phase_seconds_total", lab, "%.6f", st->rank[r].phase_seconds[f]);
+        }
     if (ms->n_experts) {
         head(&b, "expert_tokens_total", "counter",
              "Tokens routed to each expert on each rank, summed over MoE layers.");
@@ -168,13 +203,23 @@ int prometheus_render(const char *model_name, const struct engine_stats *st,
             for (int x = 0; x < ms->n_experts; x++) {
                 size_t i = (size_t)r * (size_t)ms->n_experts + (size_t)x;
                 if (!ms->expert_held[i]) continue;
-                put(&b, "moeserve:expert_tokens_total{model_name=\"%s\",rank=\"%d\",expert=\"%d\"} %llu\n",
-                    ml, r, x, (unsigned long long)ms->expert_tokens[i]);
+                snprintf(lab, sizeof lab, ",rank=\"%d\",expert=\"%d\"", r, x);
+                sample(&b, "expert_tokens_total", lab, "%llu", (unsigned long long)ms->expert_tokens[i]);
             }
+        if (ms->n_layers) {
+            head(&b, "expert_layer_tokens_total", "counter",
+                 "Tokens routed to the experts each rank holds, per layer (0 for dense layers).");
+            for (int r = 0; r < ms->n_ranks; r++)
+                for (int l = 0; l < ms->n_layers; l++) {
+                    snprintf(lab, sizeof lab, ",rank=\"%d\",layer=\"%d\"", r, l);
+                    sample(&b, "expert_layer_tokens_total", lab, "%llu",
+                           (unsigned long long)ms->layer_tokens[(size_t)r * (size_t)ms->n_layers + (size_t)l]);
+                }
+        }
         head(&b, "expert_load_imbalance", "gauge",
              "Busiest rank's expert tokens over the mean across ranks, over the last steps "
              "(1 = balanced, 0 = no load yet).");
-        put(&b, "moeserve:expert_load_imbalance{model_name=\"%s\"} %.6g\n", ml, ms->imbalance);
+        sample(&b, "expert_load_imbalance", "", "%.6g", ms->imbalance);
     }
     free(ml);
     if (b.oom) {

@@ -19,6 +19,8 @@
 // holds it; g, served and param point into it or at static strings.
 struct parsed {
     bool chat;
+    const struct generate_front *front; // Responses, Anthropic: their parse and output (else NULL)
+    json_t *echo;                    // front: what the answer repeats (owned), or NULL
     struct oa_chat_request cr;
     struct oa_completion_request pr;
     const struct oa_gen_params *g;
@@ -37,7 +39,12 @@ static int parse(struct app *a, struct http_request *r, struct job *j, struct pa
     const char *body = http_body(r, &len);
     const char *model, *ignored;
     int rc;
-    if (q->chat) {
+    if (q->front) {
+        rc = q->front->parse(body, len, &a->limits, j->arena, &q->cr, &q->echo, e);
+        q->g = &q->cr.gen;
+        model = q->cr.model;
+        ignored = q->cr.ignored;
+    } else if (q->chat) {
         rc = oa_parse_chat(body, len, &a->limits, j->arena, &q->cr, e);
         q->g = &q->cr.gen;
         model = q->cr.model;
@@ -150,6 +157,21 @@ static int make_prompts(struct app *a, struct job *j, struct parsed *q, struct o
     return rc ? rc : check_prompts(a, j, q, e);
 }
 
+// A front's answer: always parsed (reasoning, tool calls), built by its
+// event stream state from the id, the served name and the prompt's size.
+static int make_front(struct app *a, struct job *j, const struct parsed *q, struct oa_error *e)
+{
+    j->parse_output = true;
+    j->call_id_prefix = q->front->call_id_prefix;
+    j->think_end_id = a->think_end_id;
+    struct es_meta m = {.id = j->id, .created = j->meta.created, .model = q->served,
+                        .prompt_tokens = j->prompts[0].n_ids, .echo = q->echo};
+    j->es_state = q->front->stream_create(&m);
+    if (!j->es_state) return oa_errorf(e, MS_ENOMEM, "internal_error", NULL, "out of memory");
+    j->es = q->front->ops;
+    return 0;
+}
+
 // n choices for each prompt, the response's id and what every chunk repeats.
 static int make_choices(struct app *a, struct job *j, const struct parsed *q, struct oa_error *e)
 {
@@ -161,7 +183,7 @@ static int make_choices(struct app *a, struct job *j, const struct parsed *q, st
                          j->n_prompts, g->n, total, JOB_MAX_CHOICES);
     if (job_add_choices(j, (int)total))
         return oa_errorf(e, MS_ENOMEM, "internal_error", NULL, "out of memory");
-    const char *prefix = q->chat ? "chatcmpl-" : "cmpl-";
+    const char *prefix = q->front ? q->front->id_prefix : q->chat ? "chatcmpl-" : "cmpl-";
     if (g->request_id) snprintf(j->id, sizeof j->id, "%s%s", prefix, g->request_id);
     else oa_make_id(j->id, sizeof j->id, prefix);
     j->meta.id = j->id;
@@ -179,7 +201,7 @@ static int make_choices(struct app *a, struct job *j, const struct parsed *q, st
     j->include_usage = g->include_usage;
     // vLLM sends usage on every chunk only when include_usage asks for usage at all.
     j->continuous_usage = g->continuous_usage_stats && g->include_usage;
-    return 0;
+    return q->front ? make_front(a, j, q, e) : 0;
 }
 
 // ---- agents: the grammar of a structured output or a forced tool call ----------
@@ -329,9 +351,7 @@ static void fill_engine_request(struct app *a, const struct parsed *q, const str
     if (max == 0 && !q->chat) max = room < 16 ? room : 16;
     if (max == 0) {
         max = room;
-        if (a->use_gen && a->model->cfg.gen.max_new_tokens > 0 &&
-            a->model->cfg.gen.max_new_tokens < max)
-            max = a->model->cfg.gen.max_new_tokens;
+        if (a->gen.max_new_tokens > 0 && a->gen.max_new_tokens < max) max = a->gen.max_new_tokens;
     }
     st->max_tokens = max;
     st->ignore_eos = g->ignore_eos;
@@ -366,7 +386,8 @@ static int submit_choices(struct app *a, struct job *j, const struct parsed *q, 
             const char *code = rc == MS_ETOOLONG ? "context_length_exceeded"
                                : rc == MS_EBUSY   ? "service_unavailable"
                                                   : "invalid_value";
-            const char *p = rc == MS_ETOOLONG ? (g->max_tokens ? "max_tokens" : q->param)
+            const char *max = q->front ? q->front->max_param : "max_tokens";
+            const char *p = rc == MS_ETOOLONG ? (g->max_tokens ? max : q->param)
                             : rc == MS_EBUSY  ? NULL
                                               : q->param;
             oa_errorf(e, rc, code, p, "%s", err);
@@ -377,7 +398,8 @@ static int submit_choices(struct app *a, struct job *j, const struct parsed *q, 
     return 0;
 }
 
-static void handle_generate(struct app *a, struct http_request *r, bool chat)
+static void handle_generate(struct app *a, struct http_request *r, bool chat,
+                            const struct generate_front *front)
 {
     if (!app_serving(a, r)) return;
     struct job *j = job_create(a->engine, &a->last_delta_us, chat);
@@ -388,26 +410,34 @@ static void handle_generate(struct app *a, struct http_request *r, bool chat)
     struct parsed q;
     memset(&q, 0, sizeof q);
     q.chat = chat;
-    q.param = chat ? "messages" : "prompt";
+    q.front = front;
+    q.param = front ? front->param : chat ? "messages" : "prompt";
     struct oa_error e;
     int rc = parse(a, r, j, &q, &e);
     if (!rc) rc = make_prompts(a, j, &q, &e);
     if (!rc) rc = make_choices(a, j, &q, &e);
     if (!rc) rc = make_grammar(a, &q, &e);
     if (!rc) rc = submit_choices(a, j, &q, &e);
+    for (int i = 0; !rc && i < j->n_prompts; i++) metrics_observe_params(a->metrics, q.g->n, q.g->max_tokens);
     grammar_unref(q.grammar); // each engine request holds its own
     if (!rc && job_respond(j, r)) rc = oa_errorf(&e, MS_ENOMEM, "internal_error", NULL, "out of memory");
     if (chat) oa_chat_request_release(&q.cr);
+    json_decref(q.echo);
     if (rc) app_respond_error(r, &e);
     job_unref(j);
 }
 
 void routes_generate_chat(void *app, struct http_request *r)
 {
-    handle_generate(app, r, true);
+    handle_generate(app, r, true, NULL);
 }
 
 void routes_generate_completions(void *app, struct http_request *r)
 {
-    handle_generate(app, r, false);
+    handle_generate(app, r, false, NULL);
+}
+
+void routes_generate_front(void *app, struct http_request *r, const struct generate_front *f)
+{
+    handle_generate(app, r, true, f);
 }

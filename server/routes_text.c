@@ -10,6 +10,7 @@
 #include "base/base.h"
 #include "moeserve_build.h"
 #include "server/app_state.h"
+#include "server/dashboard.h"
 #include "server/prometheus.h"
 
 
@@ -134,6 +135,14 @@ void routes_text_detokenize(void *app, struct http_request *r)
     arena_destroy(ar);
 }
 
+// One served name as vLLM's model card lists it.
+static json_t *model_json(const struct app *a, int i)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i, s:[]}", "id", a->names[i], "object",
+                     "model", "created", (json_int_t)a->created, "owned_by", "moeserve", "root",
+                     a->model->dir, "parent", "max_model_len", a->max_model_len, "permission");
+}
+
 void routes_text_models(void *app, struct http_request *r)
 {
     struct app *a = app;
@@ -142,30 +151,47 @@ void routes_text_models(void *app, struct http_request *r)
         return;
     }
     json_t *data = json_array();
-    for (int i = 0; i < a->n_names; i++) {
-        json_t *m = json_object();
-        json_object_set_new(m, "id", json_string(a->names[i]));
-        json_object_set_new(m, "object", json_string("model"));
-        json_object_set_new(m, "created", json_integer(a->created));
-        json_object_set_new(m, "owned_by", json_string("moeserve"));
-        json_object_set_new(m, "root", json_string(a->model->dir));
-        json_object_set_new(m, "parent", json_null());
-        json_object_set_new(m, "max_model_len", json_integer(a->max_model_len));
-        json_object_set_new(m, "permission", json_array());
-        json_array_append_new(data, m);
+    for (int i = 0; i < a->n_names; i++) json_array_append_new(data, model_json(a, i));
+    http_respond_json(r, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
+}
+
+// GET /v1/models/{id}: the card of one served name, or 404 model_not_found.
+void routes_text_model(void *app, struct http_request *r)
+{
+    struct app *a = app;
+    if (atomic_load(&a->state) == APP_LOADING) {
+        app_serving(a, r);
+        return;
     }
-    json_t *o = json_object();
-    json_object_set_new(o, "object", json_string("list"));
-    json_object_set_new(o, "data", data);
-    http_respond_json(r, 200, o);
+    const char *id = http_path_rest(r);
+    for (int i = 0; i < a->n_names; i++)
+        if (!strcmp(a->names[i], id)) {
+            http_respond_json(r, 200, model_json(a, i));
+            return;
+        }
+    struct oa_error e;
+    app_served_name(a, id, &e);
+    app_respond_error(r, &e);
 }
 
 void routes_text_version(void *app, struct http_request *r)
 {
     (void)app;
-    json_t *o = json_object();
-    json_object_set_new(o, "version", json_string(MOESERVE_VERSION));
-    http_respond_json(r, 200, o);
+    http_respond_json(r, 200, json_pack("{s:s, s:s}", "name", "moeserve", "version", MOESERVE_VERSION));
+}
+
+// The live page; open like /metrics, which it reads. Its policy lets it run
+// only its own inline script and talk only to this server, so nothing on it
+// can come from elsewhere.
+void routes_text_dashboard(void *app, struct http_request *r)
+{
+    (void)app;
+    http_add_header(r, "Cache-Control", "no-cache");
+    http_add_header(r, "Content-Security-Policy",
+                    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                    "connect-src 'self'; img-src data:");
+    http_add_header(r, "X-Content-Type-Options", "nosniff");
+    http_respond(r, 200, "text/html; charset=utf-8", dashboard_html, dashboard_html_len);
 }
 
 // 200 only while serving and the step loop is alive: when work is queued or
@@ -237,7 +263,7 @@ void routes_text_metrics(void *app, struct http_request *r)
     char *text = NULL, err[256];
     size_t len = 0;
     int rc = metrics_take_snapshot(a->metrics, &ms, err, sizeof err);
-    if (!rc) rc = prometheus_render(a->names[0], &st, &ms, &text, &len, err, sizeof err);
+    if (!rc) rc = prometheus_render(&a->metrics_page, &st, &ms, &text, &len, err, sizeof err);
     metrics_snapshot_release(&ms);
     if (rc) {
         http_respond(r, 500, "text/plain; charset=utf-8", err, strlen(err));

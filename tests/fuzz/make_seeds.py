@@ -55,6 +55,34 @@ for raw in ['{"a":"\\u0\u00e9"}', '{"messages": [{"role": "user", "content": "x"
             '{"messages": [{"role": "user", "content": "x"}], "temperature": 1e999}']:
     put("fuzz_openai_request", b"\x00" + raw.encode())
 
+# ---- Responses and Anthropic Messages: byte 0 picks responses, messages, count_tokens ----
+responses = [
+    {"model": "m", "input": "Hello", "max_output_tokens": 16, "stream": True},
+    {"instructions": "Be brief.", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "r"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{\"a\":1}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "42"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "<think>x</think>ok<tool_call>{\"name\":\"f\",\"arguments\":{}}</tool_call>"}]}],
+     "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}], "tool_choice": "auto",
+     "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+     "reasoning": {"effort": "low"}, "temperature": 0.5, "store": False, "metadata": {"k": "v"}},
+]
+messages = [
+    {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "Hello"}], "stream": True},
+    {"model": "m", "max_tokens": 16, "system": [{"type": "text", "text": "S"}], "messages": [
+        {"role": "user", "content": "w?"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": ""},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "w", "input": {"c": 1}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "r"},
+                                     {"type": "text", "text": "<think>a</think>b<tool_call>{\"name\": \"w\", \"arguments\": {}}"}]}],
+     "tools": [{"name": "w", "input_schema": {"type": "object"}}], "tool_choice": {"type": "any"},
+     "stop_sequences": ["END"], "thinking": {"type": "enabled", "budget_tokens": 64}, "top_k": 5},
+]
+for mode, bodies in enumerate([responses, messages, messages]):
+    for b in bodies:
+        put("fuzz_api_fronts", bytes([mode]) + json.dumps(b).encode())
+
 # ---- Jinja: the Qwen3 template, the construct tests' templates ----------------
 with open(os.path.join(root, "third_party", "qwen3-tokenizer", "tokenizer_config.json")) as f:
     put("fuzz_jinja", json.load(f)["chat_template"])

@@ -3,25 +3,31 @@
 // named tests in order, stop it with SIGTERM and require a clean exit.
 import { spawn } from 'node:child_process';
 
-// Starts the server with extra flags; resolves { port, child, stop }.
-// stop() sends SIGTERM and resolves the exit { code, sig }.
-export async function startServer(extraArgs = []) {
+// Starts the server with extra flags; resolves { port, child, stop, log }.
+// stop() sends SIGTERM and resolves the exit { code, sig }; log() is what it
+// wrote to stderr so far. opts.model: how the model is named ('positional',
+// or 'flag' for vLLM's --model); opts.defaults: false leaves out the test
+// defaults after the model (port, KV cache, context, threads, served name)
+// for a command line that gives its own.
+export async function startServer(extraArgs = [], opts = {}) {
   const bin = process.env.MOESERVE_BIN;
   const modelDir = process.env.MOESERVE_TINY_MODEL;
   if (!bin || !modelDir) {
     console.error('MOESERVE_BIN and MOESERVE_TINY_MODEL must be set (meson test sets them)');
     process.exit(1);
   }
-  const child = spawn(bin, ['serve', modelDir, '--port', '0', '--kv-cache-memory', '64MiB',
-    '--max-model-len', '2048', '--threads', '1', '--served-model-name', 'tiny', ...extraArgs],
-  { stdio: ['ignore', 'inherit', 'pipe'] });
+  const model = opts.model === 'flag' ? ['--model', modelDir] : [modelDir];
+  const defaults = opts.defaults === false ? [] : ['--port', '0', '--kv-cache-memory', '64MiB',
+    '--max-model-len', '2048', '--threads', '1', '--served-model-name', 'tiny'];
+  const child = spawn(bin, ['serve', ...model, ...defaults, ...extraArgs],
+    { stdio: ['ignore', 'inherit', 'pipe'] });
+  let log = '';
   let exited = null;
   const exitPromise = new Promise((resolve) => child.on('exit', (code, sig) => {
     exited = { code, sig };
     resolve(exited);
   }));
   const port = await new Promise((resolve, reject) => {
-    let log = '';
     const timer = setTimeout(() => reject(new Error('the server did not get ready')), 120000);
     child.stderr.on('data', (d) => {
       process.stderr.write(d);
@@ -38,7 +44,7 @@ export async function startServer(extraArgs = []) {
     child.kill('SIGTERM');
     return exited ?? await exitPromise;
   };
-  return { port, child, stop };
+  return { port, child, stop, log: () => log };
 }
 
 // Runs each { name, fn } in order, then stops the server; exits 1 when any

@@ -81,7 +81,7 @@ static void observations_land_in_their_buckets(void **state)
     metrics_observe_first_token(m, 1e9);         // beyond every bound
     metrics_observe_first_token(m, NAN);         // not observed
     metrics_observe_inter_token(m, 0.5, 0);      // no tokens: nothing
-    metrics_observe_request(m, NAN, -1, -1, -1); // not observed
+    metrics_observe_request(m, &(struct metrics_request){NAN, -1, -1, -1, -1, 0}); // not observed
 
     struct metrics_snapshot s;
     snap(m, &s);
@@ -106,6 +106,18 @@ static void observations_land_in_their_buckets(void **state)
     assert_int_equal(in_bucket(&s.hist[METRICS_STEP], 0.005), 1);
     assert_int_equal(in_bucket(&s.a2a[0], 0.001), 1);
     assert_int_equal(in_bucket(&s.a2a[1], 0.0005), 1);
+    // Per layer and rank, as the ranks reported them.
+    assert_int_equal(s.n_layers, 3);
+    assert_int_equal(s.layer_tokens[0 * 3 + 2], 8);
+    assert_int_equal(s.layer_tokens[1 * 3 + 0], 1);
+    assert_int_equal(s.layer_tokens[1 * 3 + 1], 0);
+    // The request's sizes and params; the aborted one had no prompt to count.
+    assert_int_equal(s.hist[METRICS_PROMPT_TOKENS].count, 1);
+    assert_true(s.hist[METRICS_GEN_TOKENS].sum == 38);
+    assert_true(fabs(s.hist[METRICS_INFERENCE].sum - 3.9) < 1e-12);
+    assert_true(fabs(s.hist[METRICS_TPOT].sum - 0.1) < 1e-12);
+    assert_int_equal(s.hist[METRICS_PARAMS_N].count, 2);
+    assert_int_equal(s.hist[METRICS_PARAMS_MAX_TOKENS].count, 1);
     // Each rank reports only the experts it holds.
     assert_int_equal(s.expert_tokens[0 * 4 + 1], 7);
     assert_int_equal(s.expert_tokens[1 * 4 + 3], 3);

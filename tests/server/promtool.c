@@ -16,7 +16,8 @@
 static int expected_lint(const char *line)
 {
     if (strstr(line, "metric names should not contain ':'")) return 1;
-    return !strncmp(line, "moeserve:iteration_tokens_total ", 32) &&
+    return (!strncmp(line, "moeserve:iteration_tokens_total ", 32) ||
+            !strncmp(line, "vllm:iteration_tokens_total ", 28)) &&
            strstr(line, "non-counter metrics should not have \"_total\" suffix");
 }
 

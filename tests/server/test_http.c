@@ -204,15 +204,31 @@ static void h_block(void *app, struct http_request *r)
     http_respond(r, 200, "text/plain", a, strlen(a));
 }
 
+// A prefix route answers with what follows its path.
+static void h_rest(void *app, struct http_request *r)
+{
+    (void)app;
+    const char *rest = http_path_rest(r);
+    http_respond(r, 200, "text/plain", rest, strlen(rest));
+}
+
+// An error shape of the route's own.
+static json_t *shaped_error(const struct oa_error *e)
+{
+    return json_pack("{s:s, s:i}", "shaped", e->message, "status", e->http);
+}
+
 static const struct http_route routes[] = {
-    {"POST", "/block", false, h_block},
-    {"GET", "/hello", false, h_hello},
-    {"POST", "/echo", false, h_echo},
-    {"GET", "/later", false, h_later},
-    {"GET", "/never", false, h_never},
-    {"GET", "/stream", false, h_stream},
-    {"GET", "/forever", false, h_forever},
-    {"GET", "/open", true, h_hello},
+    {.method = "GET", .path = "/items/", .handle = h_rest, .prefix = true},
+    {.method = "GET", .path = "/shaped", .handle = h_hello, .error_json = shaped_error},
+    {.method = "POST", .path = "/block", .public_ = false, .handle = h_block},
+    {.method = "GET", .path = "/hello", .public_ = false, .handle = h_hello},
+    {.method = "POST", .path = "/echo", .public_ = false, .handle = h_echo},
+    {.method = "GET", .path = "/later", .public_ = false, .handle = h_later},
+    {.method = "GET", .path = "/never", .public_ = false, .handle = h_never},
+    {.method = "GET", .path = "/stream", .public_ = false, .handle = h_stream},
+    {.method = "GET", .path = "/forever", .public_ = false, .handle = h_forever},
+    {.method = "GET", .path = "/open", .public_ = true, .handle = h_hello},
 };
 
 // ---- clients -------------------------------------------------------------------------
@@ -316,6 +332,120 @@ static void routes_answer_and_unknown_paths_get_404_or_405(void **state)
     r = request("DELETE", "/echo", NULL, 0, "k");
     assert_int_equal(r.status, 405);
     free(r.body);
+}
+
+// A whole raw exchange (request text as given), the answer's head and body.
+static void raw_exchange(const char *req, char *buf, size_t cap)
+{
+    int fd = client_connect_raw(g_port, 5);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+    client_read_until(fd, buf, cap, NULL);
+    close(fd);
+}
+
+static void prefix_routes_keys_beside_bearer_and_error_shapes_per_route(void **state)
+{
+    (void)state;
+    struct resp r = request("GET", "/items/abc", NULL, 0, "k");
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.body, "abc");
+    free(r.body);
+    r = request("GET", "/items/", NULL, 0, "k"); // a prefix route needs something after it
+    assert_int_equal(r.status, 404);
+    free(r.body);
+    // Anthropic's clients send x-api-key.
+    char buf[2048];
+    raw_exchange("GET /hello HTTP/1.1\r\nHost: x\r\nx-api-key: k\r\nConnection: close\r\n\r\n", buf, sizeof buf);
+    assert_non_null(strstr(buf, "HTTP/1.1 200"));
+    raw_exchange("GET /hello HTTP/1.1\r\nHost: x\r\nx-api-key: kk\r\nConnection: close\r\n\r\n", buf, sizeof buf);
+    assert_non_null(strstr(buf, "HTTP/1.1 401"));
+    // The HTTP layer's own refusals take the route's error shape.
+    r = request("GET", "/shaped", NULL, 0, NULL);
+    assert_int_equal(r.status, 401);
+    json_t *j = json_loads(r.body, 0, NULL);
+    assert_int_equal(json_integer_value(json_object_get(j, "status")), 401);
+    assert_non_null(strstr(json_string_value(json_object_get(j, "shaped")), "x-api-key"));
+    json_decref(j);
+    free(r.body);
+}
+
+static void root_path_and_cors(void **state)
+{
+    (void)state;
+    struct cors *cors;
+    char err[256];
+    struct cors_opts co = {.origins = "[\"http://a.example\", \"http://b.example\"]", .methods = "GET, POST",
+                           .headers = "content-type,authorization"};
+    assert_int_equal(cors_create(&co, &cors, err, sizeof err), 0);
+    struct http_opts o = test_opts();
+    o.root_path = "/api";
+    o.cors = cors;
+    struct http_server *s = start_other(&o);
+    char buf[4096];
+    // The root path is stripped; paths without it are served too; a longer word is not it.
+    raw_exchange("GET /api/hello HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nConnection: close\r\n\r\n",
+                 buf, sizeof buf);
+    assert_non_null(strstr(buf, "HTTP/1.1 200"));
+    assert_null(strstr(buf, "Access-Control"));
+    raw_exchange("GET /hello HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nConnection: close\r\n\r\n", buf, sizeof buf);
+    assert_non_null(strstr(buf, "HTTP/1.1 200"));
+    raw_exchange("GET /apix/hello HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nConnection: close\r\n\r\n",
+                 buf, sizeof buf);
+    assert_non_null(strstr(buf, "HTTP/1.1 404"));
+    // A preflight from an allowed origin: 204 with the lists, no key needed.
+    raw_exchange("OPTIONS /api/echo HTTP/1.1\r\nHost: x\r\nOrigin: http://b.example\r\n"
+                 "Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: Content-Type\r\n"
+                 "Connection: close\r\n\r\n", buf, sizeof buf);
+    assert_non_null(strstr(buf, "HTTP/1.1 204"));
+    assert_non_null(strstr(buf, "Access-Control-Allow-Origin: http://b.example\r\n"));
+    assert_non_null(strstr(buf, "Access-Control-Allow-Methods: GET, POST\r\n"));
+    assert_non_null(strstr(buf, "Access-Control-Allow-Headers: content-type, authorization\r\n"));
+    assert_non_null(strstr(buf, "Vary: Origin\r\n"));
+    // A method, a header or an origin not on the lists.
+    raw_exchange("OPTIONS /echo HTTP/1.1\r\nHost: x\r\nOrigin: http://b.example\r\n"
+                 "Access-Control-Request-Method: DELETE\r\nConnection: close\r\n\r\n", buf, sizeof buf);
+    assert_non_null(strstr(buf, "HTTP/1.1 400"));
+    raw_exchange("OPTIONS /echo HTTP/1.1\r\nHost: x\r\nOrigin: http://b.example\r\n"
+                 "Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: x-secret\r\n"
+                 "Connection: close\r\n\r\n", buf, sizeof buf);
+    assert_non_null(strstr(buf, "HTTP/1.1 400"));
+    assert_non_null(strstr(buf, "x-secret"));
+    raw_exchange("OPTIONS /echo HTTP/1.1\r\nHost: x\r\nOrigin: http://c.example\r\n"
+                 "Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n", buf, sizeof buf);
+    assert_non_null(strstr(buf, "HTTP/1.1 403"));
+    assert_null(strstr(buf, "Access-Control-Allow-Origin"));
+    // Answers to an allowed origin carry its header, refusals included.
+    raw_exchange("GET /hello HTTP/1.1\r\nHost: x\r\nOrigin: http://a.example\r\nConnection: close\r\n\r\n",
+                 buf, sizeof buf);
+    assert_non_null(strstr(buf, "HTTP/1.1 401"));
+    assert_non_null(strstr(buf, "Access-Control-Allow-Origin: http://a.example\r\n"));
+    end_other(s);
+    cors_destroy(cors);
+    // "*" without credentials answers "*"; with them, the origin itself.
+    struct cors_headers h;
+    co = (struct cors_opts){.origins = "*"};
+    assert_int_equal(cors_create(&co, &cors, err, sizeof err), 0);
+    cors_response_headers(cors, "http://z.example", &h);
+    assert_int_equal(h.n, 1);
+    assert_string_equal(h.h[0].value, "*");
+    cors_destroy(cors);
+    co.credentials = true;
+    assert_int_equal(cors_create(&co, &cors, err, sizeof err), 0);
+    cors_response_headers(cors, "http://z.example", &h);
+    assert_string_equal(h.h[0].value, "http://z.example");
+    assert_int_equal(h.n, 3);
+    cors_destroy(cors);
+    // No origins, no CORS; malformed lists are refused naming the flag.
+    co = (struct cors_opts){0};
+    assert_int_equal(cors_create(&co, &cors, err, sizeof err), 0);
+    assert_null(cors);
+    static const char *const bad[] = {"[\"a\",", "[1]", "a,,b", "[]", " "};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        co.origins = bad[i];
+        assert_int_equal(cors_create(&co, &cors, err, sizeof err), MS_EINVAL);
+        assert_non_null(strstr(err, "--allowed-origins"));
+    }
 }
 
 static void api_key_is_required_except_on_public_routes(void **state)
@@ -882,6 +1012,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(routes_answer_and_unknown_paths_get_404_or_405),
         cmocka_unit_test(api_key_is_required_except_on_public_routes),
+        cmocka_unit_test(prefix_routes_keys_beside_bearer_and_error_shapes_per_route),
+        cmocka_unit_test(root_path_and_cors),
         cmocka_unit_test(bodies_arrive_whole_and_oversized_ones_get_413),
         cmocka_unit_test(deferred_responses_wait_without_a_thread),
         cmocka_unit_test(streams_deliver_every_event_in_order),

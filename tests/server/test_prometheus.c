@@ -23,7 +23,9 @@ static char *render(const char *model, struct metrics *m, const struct engine_st
     char *out, err[256];
     size_t len;
     assert_int_equal(metrics_take_snapshot(m, &ms, err, sizeof err), 0);
-    assert_int_equal(prometheus_render(model, st, &ms, &out, &len, err, sizeof err), 0);
+    struct prometheus_page pg = {.model_name = model, .cache_dtype = "bfloat16",
+                                 .enable_prefix_caching = true, .gpu_memory_utilization = 0.9};
+    assert_int_equal(prometheus_render(&pg, st, &ms, &out, &len, err, sizeof err), 0);
     metrics_snapshot_release(&ms);
     assert_int_equal(strlen(out), len);
     return out;
@@ -125,6 +127,74 @@ static void observations_move_the_series(void **state)
     metrics_destroy(m);
 }
 
+// --metrics-prefix vllm: every series under vLLM's prefix, and the families
+// vLLM has that the engine feeds (request sizes and params, inference time,
+// time per output token, cache_config_info) with the fixture's values.
+static void the_vllm_prefix_names_every_series_as_vllm_does(void **state)
+{
+    (void)state;
+    struct metrics *m = metrics_fixture_create(2, 4, 10);
+    metrics_fixture_observe(m);
+    struct engine_stats st = {0};
+    st.n_ranks = 2;
+    st.num_waiting = 7;
+    st.rank[0].kv_blocks_total = st.rank[1].kv_blocks_total = 100;
+    struct metrics_snapshot ms;
+    char *t, err[256];
+    size_t len;
+    assert_int_equal(metrics_take_snapshot(m, &ms, err, sizeof err), 0);
+    struct prometheus_page pg = {.prefix = "vllm", .model_name = "qwen3", .cache_dtype = "bfloat16",
+                                 .enable_prefix_caching = true, .gpu_memory_utilization = 0.9};
+    assert_int_equal(prometheus_render(&pg, &st, &ms, &t, &len, err, sizeof err), 0);
+    metrics_snapshot_release(&ms);
+    assert_null(strstr(t, "moeserve:"));
+    const char *vllm[] = {"num_requests_waiting gauge", "num_requests_running gauge",
+                          "kv_cache_usage_perc gauge", "prompt_tokens_total counter",
+                          "generation_tokens_total counter", "request_success_total counter",
+                          "time_to_first_token_seconds histogram",
+                          "inter_token_latency_seconds histogram",
+                          "e2e_request_latency_seconds histogram",
+                          "request_queue_time_seconds histogram",
+                          "request_prefill_time_seconds histogram",
+                          "request_decode_time_seconds histogram",
+                          "request_inference_time_seconds histogram",
+                          "request_time_per_output_token_seconds histogram",
+                          "request_prompt_tokens histogram", "request_generation_tokens histogram",
+                          "request_params_n histogram", "request_params_max_tokens histogram",
+                          "cache_config_info gauge", "prefix_cache_queries_total counter",
+                          "prefix_cache_hits_total counter", "num_preemptions_total counter"};
+    for (size_t i = 0; i < sizeof vllm / sizeof vllm[0]; i++) {
+        char type[128];
+        snprintf(type, sizeof type, "# TYPE vllm:%s\n", vllm[i]);
+        if (!strstr(t, type)) fail_msg("'%s' missing", type);
+    }
+    assert_line(t, "vllm:num_requests_waiting{model_name=\"qwen3\"} 7");
+    assert_line(t, "vllm:cache_config_info{model_name=\"qwen3\",block_size=\"16\",cache_dtype=\"bfloat16\","
+                   "enable_prefix_caching=\"True\",gpu_memory_utilization=\"0.9\",num_gpu_blocks=\"200\"} 1");
+    // One request ran: 30 prompt tokens, 38 generated, prefill 0.2 + decode 3.7.
+    assert_line(t, "vllm:request_prompt_tokens_sum{model_name=\"qwen3\"} 30");
+    assert_line(t, "vllm:request_prompt_tokens_count{model_name=\"qwen3\"} 1");
+    assert_line(t, "vllm:request_prompt_tokens_bucket{model_name=\"qwen3\",le=\"20\"} 0");
+    assert_line(t, "vllm:request_prompt_tokens_bucket{model_name=\"qwen3\",le=\"50\"} 1");
+    assert_line(t, "vllm:request_generation_tokens_sum{model_name=\"qwen3\"} 38");
+    assert_line(t, "vllm:request_inference_time_seconds_sum{model_name=\"qwen3\"} 3.9");
+    assert_line(t, "vllm:request_time_per_output_token_seconds_sum{model_name=\"qwen3\"} 0.1");
+    // The token histograms stop at the first 1-2-5 bound at or above max_model_len (4096).
+    assert_line(t, "vllm:request_prompt_tokens_bucket{model_name=\"qwen3\",le=\"5000\"} 1");
+    assert_null(strstr(t, "vllm:request_prompt_tokens_bucket{model_name=\"qwen3\",le=\"10000\"}"));
+    // n 2 with max_tokens 100, n 1 without.
+    assert_line(t, "vllm:request_params_n_sum{model_name=\"qwen3\"} 3");
+    assert_line(t, "vllm:request_params_n_count{model_name=\"qwen3\"} 2");
+    assert_line(t, "vllm:request_params_max_tokens_sum{model_name=\"qwen3\"} 100");
+    assert_line(t, "vllm:request_params_max_tokens_count{model_name=\"qwen3\"} 1");
+    // The MoE series keep their own names under the prefix; per layer too.
+    assert_line(t, "vllm:expert_layer_tokens_total{model_name=\"qwen3\",rank=\"0\",layer=\"2\"} 8");
+    assert_line(t, "vllm:expert_layer_tokens_total{model_name=\"qwen3\",rank=\"1\",layer=\"0\"} 1");
+    promtool_check_metrics(t);
+    free(t);
+    metrics_destroy(m);
+}
+
 static void label_values_are_escaped(void **state)
 {
     (void)state;
@@ -144,6 +214,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_fresh_engine_renders_every_series_at_zero),
         cmocka_unit_test(observations_move_the_series),
+        cmocka_unit_test(the_vllm_prefix_names_every_series_as_vllm_does),
         cmocka_unit_test(label_values_are_escaped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

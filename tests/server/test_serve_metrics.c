@@ -2,7 +2,8 @@
 // `promtool check metrics`, labelled with the served model name, and its
 // counters and histograms move by exactly what the requests did (tokens from
 // the responses' usage, one success per request, one TTFT and e2e sample
-// each), with per-rank expert loads and all-to-all times on 2 EP ranks.
+// each), with per-rank expert loads (by expert and by layer) and all-to-all
+// times on 2 EP ranks under vLLM's names (--metrics-prefix vllm).
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -118,26 +119,45 @@ static void metrics_are_valid_and_count_what_requests_did(void **state)
     assert_int_equal(srv_stop(&s, SIGTERM, 30), 0);
 }
 
+// Under vLLM's names (--metrics-prefix vllm), as its dashboards and
+// autoscalers read them: promtool-clean, vLLM's request families moved.
 static void two_ranks_report_expert_loads_and_exchanges_per_rank(void **state)
 {
     (void)state;
     struct srv s;
     const char *extra[] = {"--api-key", KEY, "--served-model-name", "tiny", "--data-parallel-size", "2",
-                           "--enable-expert-parallel", "--threads", "2", NULL};
+                           "--enable-expert-parallel", "--threads", "2", "--metrics-prefix", "vllm",
+                           NULL};
     assert_int_equal(srv_start(&s, extra), 0);
     run_requests(&s, 2, 4);
     assert_true(srv_wait_idle(&s, 10));
     char *text = get_metrics(&s);
     promtool_check_metrics(text);
+    assert_null(strstr(text, "moeserve:"));
     // Both ranks joined every step's exchanges, and both hold experts that ran.
-    double a2a0 = sample_sum(text, "moeserve:all_to_all_seconds_count", "rank=\"0\"");
-    double a2a1 = sample_sum(text, "moeserve:all_to_all_seconds_count", "rank=\"1\"");
+    double a2a0 = sample_sum(text, "vllm:all_to_all_seconds_count", "rank=\"0\"");
+    double a2a1 = sample_sum(text, "vllm:all_to_all_seconds_count", "rank=\"1\"");
     assert_true(a2a0 > 0 && a2a0 == a2a1);
-    assert_true(sample_sum(text, "moeserve:expert_tokens_total", "rank=\"0\"") > 0);
-    assert_true(sample_sum(text, "moeserve:expert_tokens_total", "rank=\"1\"") > 0);
-    double imb = sample_sum(text, "moeserve:expert_load_imbalance", "");
+    for (int r = 0; r < 2; r++) {
+        char rank[16];
+        snprintf(rank, sizeof rank, "rank=\"%d\"", r);
+        double experts = sample_sum(text, "vllm:expert_tokens_total", rank);
+        assert_true(experts > 0);
+        // By layer or by expert, a rank's experts took the same tokens.
+        assert_true(sample_sum(text, "vllm:expert_layer_tokens_total", rank) == experts);
+    }
+    double imb = sample_sum(text, "vllm:expert_load_imbalance", "");
     assert_true(imb >= 1.0 && imb <= 2.0);
-    assert_true(sample_sum(text, "moeserve:kv_cache_usage_perc", "rank=\"1\"") >= 0);
+    assert_true(sample_sum(text, "vllm:kv_cache_usage_perc", "rank=\"1\"") >= 0);
+    // vLLM's request families: two requests of 4 generated tokens, max_tokens 4, n 1.
+    assert_true(sample_sum(text, "vllm:request_prompt_tokens_count", "") == 2);
+    assert_true(sample_sum(text, "vllm:request_generation_tokens_sum", "") == 8);
+    assert_true(sample_sum(text, "vllm:request_params_max_tokens_sum", "") == 8);
+    assert_true(sample_sum(text, "vllm:request_params_n_sum", "") == 2);
+    assert_true(sample_sum(text, "vllm:request_inference_time_seconds_count", "") == 2);
+    assert_true(sample_sum(text, "vllm:request_time_per_output_token_seconds_count", "") == 2);
+    assert_true(sample_sum(text, "vllm:num_requests_waiting", "") == 0);
+    assert_true(sample_sum(text, "vllm:cache_config_info", "block_size=\"16\"") == 1);
     free(text);
     assert_int_equal(srv_stop(&s, SIGTERM, 30), 0);
 }

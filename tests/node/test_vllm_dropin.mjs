@@ -1,0 +1,214 @@
+// moeserve as a drop-in for a vLLM deployment: a `vllm serve` command line
+// copied from vLLM's own documentation starts it (the model a local folder,
+// as there is no hub here); one carrying every vLLM flag moeserve takes
+// starts and each flag does what it says (--chat-template FILE,
+// --generation-config DIR with --override-generation-config,
+// --max-logprobs, --root-path, --metrics-prefix vllm, CORS with
+// --allowed-origins) or is logged as changing nothing; flags whose meaning
+// cannot be honoured (-tp 2, --dtype float16...) are refused with a
+// sentence; and the endpoints vLLM and llama-server answer beside the API
+// (/ping, /v1/health, /version, /v1/models/{id}) answer. CORS is off unless
+// configured.
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import http from 'node:http';
+import os from 'node:os';
+import path from 'node:path';
+import OpenAI from 'openai';
+import { startServer } from './serve.mjs';
+
+const bin = process.env.MOESERVE_BIN;
+const modelDir = process.env.MOESERVE_TINY_MODEL;
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'moeserve-vllm-'));
+const UI = 'http://ui.example:3000';
+
+// A raw request: status, headers and body (fetch would hide CORS headers' absence).
+function raw(port, method, url, headers = {}, body = null) {
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: '127.0.0.1', port, method, path: url, headers }, (res) => {
+      let data = '';
+      res.on('data', (d) => { data += d; });
+      res.on('end', () => resolve({ status: res.statusCode, headers: res.headers, body: data }));
+    });
+    req.on('error', reject);
+    if (body) req.write(body);
+    req.end();
+  });
+}
+
+const results = [];
+async function test(name, fn) {
+  try {
+    await fn();
+    console.log(`ok - ${name}`);
+  } catch (e) {
+    results.push(name);
+    console.log(`not ok - ${name}\n${e.stack ?? e}`);
+  }
+}
+
+// ---- the docs' command line ---------------------------------------------------------------
+// vLLM's OpenAI-compatible server page: `vllm serve NousResearch/Meta-Llama-3-8B-Instruct
+// --dtype auto --api-key token-abc123`, with `moeserve` for `vllm` and a folder for the model.
+{
+  const server = await startServer([...['--dtype', 'auto', '--api-key', 'token-abc123']]);
+  const client = new OpenAI({ baseURL: `http://127.0.0.1:${server.port}/v1`, apiKey: 'token-abc123', maxRetries: 0 });
+  await test('the docs\' `vllm serve MODEL --dtype auto --api-key token-abc123` starts and serves', async () => {
+    const r = await client.chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content: 'Hello!' }], max_tokens: 3 });
+    assert.equal(r.object, 'chat.completion');
+    assert.match(server.log(), /--dtype auto: .*changes nothing/);
+  });
+  await test('CORS is off unless configured: no preflight answer, no CORS headers', async () => {
+    const pre = await raw(server.port, 'OPTIONS', '/v1/chat/completions', { Origin: UI,
+      'Access-Control-Request-Method': 'POST' });
+    assert.equal(pre.status, 405);
+    assert.equal(pre.headers['access-control-allow-origin'], undefined);
+    const get = await raw(server.port, 'GET', '/v1/models', { Origin: UI, Authorization: 'Bearer token-abc123' });
+    assert.equal(get.status, 200);
+    assert.equal(get.headers['access-control-allow-origin'], undefined);
+  });
+  await test('/ping, /v1/health, /version, /v1/models/{id}', async () => {
+    for (const p of ['/ping', '/v1/health', '/health']) {
+      const r = await raw(server.port, 'GET', p);
+      assert.equal(r.status, 200, p);
+    }
+    assert.equal((await raw(server.port, 'POST', '/ping')).status, 200);
+    const v = JSON.parse((await raw(server.port, 'GET', '/version', { Authorization: 'Bearer token-abc123' })).body);
+    assert.equal(v.name, 'moeserve');
+    assert.match(v.version, /^\d+\.\d+/);
+    const m = await client.models.retrieve('tiny');
+    assert.equal(m.id, 'tiny');
+    assert.equal(m.object, 'model');
+    await assert.rejects(client.models.retrieve('nope'), (e) => e instanceof OpenAI.NotFoundError);
+  });
+  await server.stop();
+}
+
+// ---- every vLLM flag moeserve takes --------------------------------------------------------
+{
+  const template = path.join(dir, 'template.jinja');
+  fs.writeFileSync(template, '{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n'
+    + '{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\nCUSTOMIZED{% endif %}');
+  const genDir = path.join(dir, 'gen');
+  fs.mkdirSync(genDir);
+  fs.writeFileSync(path.join(genDir, 'generation_config.json'), JSON.stringify({ temperature: 0.3, top_p: 0.7 }));
+  const args = ['-tp', '1', '--dtype', 'bfloat16', '--seed', '0', '--trust-remote-code', '--enforce-eager',
+    '--disable-log-requests', '--disable-log-stats', '--uvicorn-log-level', 'info', '--max-logprobs', '3',
+    '--enable-prompt-tokens-details', '--chat-template', template, '--generation-config', genDir,
+    '--override-generation-config', '{"top_p": 0.5}', '--allowed-origins', `["${UI}"]`,
+    '--root-path', '/api', '--kv-cache-memory-bytes', '64MiB', '--metrics-prefix', 'vllm',
+    '--enable-reasoning', '--reasoning-parser', 'deepseek_r1', '--swap-space', '4', '--block-size', '16',
+    '--host', '127.0.0.1', '--port', '0', '--served-model-name', 'tiny', '--max-model-len', '2048',
+    '--gpu-memory-utilization', '0.9', '--max-num-seqs', '8', '--threads', '1'];
+  const server = await startServer(args, { model: 'flag', defaults: false });
+  const base = `http://127.0.0.1:${server.port}`;
+  const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries: 0 });
+  await test('flags that change nothing are accepted and logged as such', async () => {
+    for (const f of ['--tensor-parallel-size 1', '--dtype bfloat16', '--seed', '--trust-remote-code',
+      '--enforce-eager', '--disable-log-requests', '--disable-log-stats', '--enable-prompt-tokens-details',
+      '--enable-reasoning', '--swap-space 4'])
+      assert.ok(server.log().includes(`${f}`) && new RegExp(`${f.replace(/[-]/g, '\\-')}[^\\n]*changes nothing`).test(server.log()),
+        `${f} is logged as changing nothing`);
+  });
+  await test('--chat-template FILE renders the prompt', async () => {
+    const r = await fetch(`${base}/tokenize`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ model: 'tiny', messages: [{ role: 'user', content: 'Hi' }] }) });
+    const { tokens } = await r.json();
+    const d = await fetch(`${base}/detokenize`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ model: 'tiny', tokens }) });
+    assert.match((await d.json()).prompt, /assistant\nCUSTOMIZED$/);
+  });
+  await test('--generation-config DIR and --override-generation-config set the default sampling', async () => {
+    const r = await client.responses.create({ model: 'tiny', input: 'Hi', max_output_tokens: 2 });
+    assert.equal(r.temperature, 0.3, 'from the folder');
+    assert.equal(r.top_p, 0.5, 'the override over the folder');
+    const given = await client.responses.create({ model: 'tiny', input: 'Hi', max_output_tokens: 2, temperature: 1 });
+    assert.equal(given.temperature, 1, 'a request\'s own value wins');
+  });
+  await test('--max-logprobs bounds top_logprobs and logprobs', async () => {
+    const messages = [{ role: 'user', content: 'Hi' }];
+    const ok = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 2, logprobs: true, top_logprobs: 3 });
+    assert.equal(ok.choices[0].logprobs.content[0].top_logprobs.length, 3);
+    await assert.rejects(client.chat.completions.create({ model: 'tiny', messages, max_tokens: 2, logprobs: true, top_logprobs: 4 }),
+      (e) => e instanceof OpenAI.BadRequestError && e.param === 'top_logprobs' && /--max-logprobs/.test(e.message));
+    await assert.rejects(client.completions.create({ model: 'tiny', prompt: 'Hi', max_tokens: 2, logprobs: 5 }),
+      (e) => e instanceof OpenAI.BadRequestError && e.param === 'logprobs');
+  });
+  await test('--root-path: /api/v1/... is /v1/..., and /v1/... is served too', async () => {
+    for (const p of ['/api/v1/models', '/v1/models', '/api/health', '/api/v1/models/tiny']) {
+      const r = await raw(server.port, 'GET', p);
+      assert.equal(r.status, 200, p);
+    }
+    const c = new OpenAI({ baseURL: `${base}/api/v1`, apiKey: 'unused', maxRetries: 0 });
+    const r = await c.chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 2 });
+    assert.equal(r.usage.completion_tokens > 0, true);
+  });
+  await test('--metrics-prefix vllm: /metrics speaks vLLM\'s names', async () => {
+    const t = (await raw(server.port, 'GET', '/metrics')).body;
+    assert.match(t, /^vllm:num_requests_waiting\{model_name="tiny"\} \d+$/m);
+    assert.match(t, /^vllm:kv_cache_usage_perc\{model_name="tiny",rank="0"\} /m);
+    assert.match(t, /^vllm:request_prompt_tokens_count\{model_name="tiny"\} [1-9]/m);
+    assert.match(t, /^vllm:cache_config_info\{[^}]*block_size="16"[^}]*\} 1$/m);
+    assert.doesNotMatch(t, /moeserve:/);
+  });
+  await test('CORS: the preflight of an allowed origin is answered, others refused; responses carry the header', async () => {
+    const pre = await raw(server.port, 'OPTIONS', '/v1/chat/completions', { Origin: UI,
+      'Access-Control-Request-Method': 'POST', 'Access-Control-Request-Headers': 'content-type, authorization' });
+    assert.equal(pre.status, 204);
+    assert.equal(pre.headers['access-control-allow-origin'], UI);
+    assert.match(pre.headers['access-control-allow-methods'], /POST/);
+    assert.match(pre.headers['access-control-allow-headers'], /content-type/i);
+    assert.equal(pre.headers.vary, 'Origin');
+    const evil = await raw(server.port, 'OPTIONS', '/v1/chat/completions', { Origin: 'http://evil.example',
+      'Access-Control-Request-Method': 'POST' });
+    assert.equal(evil.status, 403);
+    assert.equal(evil.headers['access-control-allow-origin'], undefined);
+    const post = await raw(server.port, 'POST', '/v1/chat/completions', { Origin: UI, 'Content-Type': 'application/json' },
+      JSON.stringify({ model: 'tiny', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 2 }));
+    assert.equal(post.status, 200);
+    assert.equal(post.headers['access-control-allow-origin'], UI);
+    const stream = await raw(server.port, 'POST', '/v1/chat/completions', { Origin: UI, 'Content-Type': 'application/json' },
+      JSON.stringify({ model: 'tiny', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 2, stream: true }));
+    assert.equal(stream.headers['access-control-allow-origin'], UI, 'streams carry it too');
+    const err = await raw(server.port, 'GET', '/v1/models/nope', { Origin: UI });
+    assert.equal(err.status, 404);
+    assert.equal(err.headers['access-control-allow-origin'], UI, 'errors carry it too, so the page can read them');
+    const other = await raw(server.port, 'GET', '/v1/models', { Origin: 'http://evil.example' });
+    assert.equal(other.headers['access-control-allow-origin'], undefined);
+  });
+  const e = await server.stop();
+  await test('the server with every flag stops cleanly', async () => assert.equal(e.code, 0));
+}
+
+// ---- what cannot be honoured is refused, with a sentence ----------------------------------
+await test('flags whose meaning moeserve cannot honour are refused with a sentence', async () => {
+  const cases = [
+    [['-tp', '2'], /--tensor-parallel-size 2 cannot be honoured: .*--data-parallel-size 2 --enable-expert-parallel/],
+    [['--tensor-parallel-size=4'], /tensor parallelism/],
+    [['--pipeline-parallel-size', '2'], /pipeline/],
+    [['--dtype', 'float16'], /--dtype float16 cannot be honoured/],
+    [['--block-size', '32'], /blocks hold 16 tokens/],
+    [['--max-logprobs', '50'], /at most 20/],
+    [['--metrics-prefix', 'prom'], /--metrics-prefix must be moeserve or vllm/],
+    [['--override-generation-config', '[1]'], /must be a JSON object/],
+    [['--allowed-origins', '["a",'], /--allowed-origins must be a JSON list/],
+    [['--model', '/elsewhere'], /two models/],
+  ];
+  for (const [extra, want] of cases) {
+    const r = spawnSync(bin, ['serve', modelDir, '--port', '0', ...extra], { encoding: 'utf8', timeout: 30000 });
+    assert.equal(r.status, 2, `${extra.join(' ')}: ${r.stderr}`);
+    assert.match(r.stderr, want, extra.join(' '));
+  }
+  for (const [extra, want] of [[['--generation-config', path.join(dir, 'nope')], /--generation-config .*generation_config\.json/],
+    [['--chat-template', path.join(dir, 'nope.jinja')], /--chat-template .*not a readable file/]]) {
+    const r = spawnSync(bin, ['serve', modelDir, '--port', '0', '--kv-cache-memory', '64MiB', '--threads', '1', ...extra],
+      { encoding: 'utf8', timeout: 60000 });
+    assert.equal(r.status, 1, `${extra.join(' ')}: ${r.stderr}`);
+    assert.match(r.stderr, want, extra.join(' '));
+  }
+});
+
+fs.rmSync(dir, { recursive: true, force: true });
+console.log(results.length ? `${results.length} failed` : 'all passed');
+process.exit(results.length ? 1 : 0);
