@@ -15,13 +15,15 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: moeserve make-model --shape tiny|demo --out DIR [--seed N] "
+            "usage: moeserve make-model --shape tiny|demo|mid --out DIR [--seed N] "
             "[--tokenizer-dir DIR]\n\n"
             "Writes config.json, generation_config.json, model.safetensors (bf16, random\n"
             "weights from a generator seeded by --seed, default 0) and the Qwen3\n"
             "tokenizer.json and tokenizer_config.json into DIR.\n\n"
             "  --shape tiny    hidden 64, 2 layers, 8 experts top-2, vocabulary 151936 (tests)\n"
             "  --shape demo    hidden 512, 8 layers, 32 experts top-4, vocabulary 151936\n"
+            "  --shape mid     hidden 1024, 12 layers, 64 experts top-8 (moe_intermediate 384),\n"
+            "                  16/4 heads of 64, vocabulary 151936: 1.25B parameters\n"
             "  --tokenizer-dir where tokenizer.json comes from (default %s)\n",
             MOESERVE_TOKENIZER_DIR);
 }
