@@ -68,6 +68,20 @@ int makemodel_spec_for_shape(const char *shape, struct makemodel_spec *s, char *
         s->n_experts_per_tok = 4;
         return 0;
     }
+    // The size of the issue-19 comparisons with llama.cpp: 1.25B parameters,
+    // Qwen3-30B-A3B's expert count and top-k at a fraction of its width.
+    if (!strcmp(shape, "mid")) {
+        s->hidden_size = 1024;
+        s->n_layers = 12;
+        s->n_heads = 16;
+        s->n_kv_heads = 4;
+        s->head_dim = 64;
+        s->intermediate_size = 3072;
+        s->moe_intermediate_size = 384;
+        s->n_experts = 64;
+        s->n_experts_per_tok = 8;
+        return 0;
+    }
     if (!strcmp(shape, "tiny")) {
         s->hidden_size = 64;
         s->n_layers = 2;
@@ -80,7 +94,7 @@ int makemodel_spec_for_shape(const char *shape, struct makemodel_spec *s, char *
         s->n_experts_per_tok = 2;
         return 0;
     }
-    return ms_err(err, errlen, MS_EINVAL, "unknown model shape \"%s\"; use tiny or demo", shape);
+    return ms_err(err, errlen, MS_EINVAL, "unknown model shape \"%s\"; use tiny, demo or mid", shape);
 }
 
 static bool spec_layer_is_moe(const struct makemodel_spec *s, int i)

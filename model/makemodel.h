@@ -65,7 +65,7 @@ struct weight_init {
 struct weight_init makemodel_weight_init(enum weight_role r, int hidden, int n_layers, int q_dim,
                                          int ffn);
 
-// "tiny" or "demo"; MS_EINVAL with a sentence for anything else.
+// "tiny", "demo" or "mid"; MS_EINVAL with a sentence for anything else.
 int makemodel_spec_for_shape(const char *shape, struct makemodel_spec *spec, char *err,
                              size_t errlen);
 

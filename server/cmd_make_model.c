@@ -15,7 +15,7 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: moeserve make-model --shape tiny|demo --out DIR [--seed N] "
+            "usage: moeserve make-model --shape tiny|demo|mid --out DIR [--seed N] "
             "[--tokenizer-dir DIR]\n"
             "                           [--quantization fp8|gptq [--group-size N] [--asym]]\n\n"
             "Writes config.json, generation_config.json, model.safetensors (bf16, random\n"
@@ -23,6 +23,8 @@ static void usage(FILE *f)
             "tokenizer.json and tokenizer_config.json into DIR.\n\n"
             "  --shape tiny    hidden 64, 2 layers, 8 experts top-2, vocabulary 151936 (tests)\n"
             "  --shape demo    hidden 512, 8 layers, 32 experts top-4, vocabulary 151936\n"
+            "  --shape mid     hidden 1024, 12 layers, 64 experts top-8 (moe_intermediate 384),\n"
+            "                  16/4 heads of 64, vocabulary 151936: 1.25B parameters\n"
             "  --tokenizer-dir where tokenizer.json comes from (default %s)\n"
             "  --quantization  the projections (attention, experts, MLPs) quantized from the\n"
             "                  same bf16 values: fp8 (e4m3, weight_scale_inv per 128x128 block,\n"

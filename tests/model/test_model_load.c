@@ -581,6 +581,27 @@ static void make_model_writes_dense_tied_and_mixed_layouts(void **state)
     model_destroy(m);
 }
 
+// The mid shape is the one the llama.cpp comparisons run (bench/compare_llama_cpp.sh):
+// its sizes are the ones the README's figures name.
+static void make_model_mid_shape_has_the_compared_sizes(void **state)
+{
+    (void)state;
+    struct makemodel_spec s;
+    char err[256];
+    assert_int_equal(makemodel_spec_for_shape("mid", &s, err, sizeof err), 0);
+    assert_int_equal(s.hidden_size, 1024);
+    assert_int_equal(s.n_layers, 12);
+    assert_int_equal(s.n_experts, 64);
+    assert_int_equal(s.n_experts_per_tok, 8);
+    assert_int_equal(s.moe_intermediate_size, 384);
+    assert_int_equal(s.n_heads, 16);
+    assert_int_equal(s.n_kv_heads, 4);
+    assert_int_equal(s.head_dim, 64);
+    assert_int_equal(s.vocab_size, 151936);
+    const uint64_t p = makemodel_param_count(&s);
+    assert_true(p > 1240000000u && p < 1260000000u);
+}
+
 static void make_model_refuses_bad_shapes_and_paths(void **state)
 {
     (void)state;
@@ -638,6 +659,7 @@ int main(void)
     ms_log_level = MS_LOG_ERROR;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(golden_moe_checkpoint_binds_every_tensor),
+        cmocka_unit_test(make_model_mid_shape_has_the_compared_sizes),
         cmocka_unit_test(golden_dense_checkpoint_binds_mlp_weights),
         cmocka_unit_test(wrong_shape_names_tensor_with_expected_and_actual),
         cmocka_unit_test(missing_tensor_is_named),
