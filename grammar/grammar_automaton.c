@@ -683,7 +683,17 @@ static int automaton_minimize(struct grammar *g)
     int32_t *rep = malloc((size_t)n * sizeof *rep);
     if (!blk || !nblk || !sig || !hash || !rep) goto out;
     int nb = 1;
+    uint64_t work = 0;
     for (;;) {
+        // Each round refines by one more byte of lookahead, so a long chain
+        // (a regex's {9000}) takes as many rounds as it has states: past the
+        // budget the automaton stays as determinized, which is correct, only
+        // larger (the partition is a congruence only at its fixed point).
+        work += (uint64_t)n * width;
+        if (work > GRAMMAR_MAX_MINIMIZE_WORK) {
+            rc = 0;
+            goto out;
+        }
         for (size_t i = 0; i < hcap; i++) hash[i] = -1;
         int count = 0;
         for (int s = 0; s < n; s++) {

@@ -123,6 +123,7 @@ struct gx *gx_json_string_char(struct gbuild *b); // one character of a JSON str
 #define GRAMMAR_MAX_DFA_STATES 60000    // after, all rules together
 #define GRAMMAR_MAX_RULES 20000
 #define GRAMMAR_MAX_REPEAT 10000        // {m,n} bounds
+#define GRAMMAR_MAX_MINIMIZE_WORK 50000000ull // signature entries over all refinement rounds
 #define GRAMMAR_MAX_WALK_STEPS 80000000ull // vocabulary-trie steps while precomputing
 #define GRAMMAR_MAX_STACK_DEPTH 1024    // nested rule calls at run time
 #define GRAMMAR_MAX_TOPS 4096           // simultaneous stacks at run time
