@@ -1,6 +1,6 @@
 // backend_cuda: the CUDA backend's op table (model/backend.h) — device
 // memory, the weights uploaded (or made, for dummy loads) per rank with only
-// the rank's experts, the KV pool, the host-side plans each op needs (the
+// the rank's experts (quantized ones in gpu/qlayout.h's blocks), the KV pool, the host-side plans each op needs (the
 // attention work items, the grouped-matmul tile scratch, the sampler's packed
 // tables) and the error handling: every CUDA call is checked and its failure
 // becomes a negative ms_status with CUDA's own sentence in b->err. Nothing
@@ -313,6 +313,7 @@ struct place_ctx {
     const void **d_ptrs;            // its device address
     size_t done, total;             // bytes placed, for the progress line
     double t0, last_log;
+    struct cuda_qstage qstage;      // a quantized checkpoint tensor on its way
 };
 
 static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
@@ -334,13 +335,22 @@ static int place(const struct tensor *t, struct backend_mat *mat, long slot, voi
         mat->data = p->w->embed.data;
         return 0;
     }
-    const size_t n = tensor_elems(t), bytes = n * dtype_size(t->dtype);
+    // A quantized matrix: gpu/qlayout.h's blocks, the bytes the loader counts.
+    const bool quant = t->quant.format != QUANT_NONE && t->ndim == 2;
+    const size_t n = tensor_elems(t), bytes = quant ? tensor_bytes(t) : n * dtype_size(t->dtype);
+    if (quant) {
+        mat->quant = t->quant.format;
+        mat->group_rows = 1;
+        mat->group_cols = t->quant.group > 0 ? t->quant.group : mat->cols;
+    }
     const size_t at = p->off;
     p->off += align256(bytes);
     if (!p->base) return 0;
     char *dst = p->base + at;
     struct cuda_backend *c = p->c;
-    if (t->data) {
+    if (quant) {
+        CK(&c->b, cuda_qweight_fill(c->stream, t, dst, &p->qstage), "making a quantized weight");
+    } else if (t->data) {
         CK(&c->b, cudaMemcpyAsync(dst, t->data, bytes, cudaMemcpyHostToDevice, c->stream),
            "uploading a weight");
     } else {
@@ -469,6 +479,7 @@ static int cu_prepare_weights(struct backend *b, const struct model *m, int expe
         rc = fail_cuda(b, e, "uploading the weights");
         goto fail;
     }
+    cuda_qstage_free(&p.qstage);
     free(h_ptrs);
     {
         const double dt = ms_now() - t0;
@@ -480,6 +491,7 @@ static int cu_prepare_weights(struct backend *b, const struct model *m, int expe
     *out = w;
     return 0;
 fail:
+    cuda_qstage_free(&p.qstage);
     free(h_ptrs);
     cu_release_weights(b, w);
     return rc;
@@ -563,6 +575,8 @@ static int cu_matmul(struct backend *b, const struct backend_mm *jobs, int n_job
         m.y_rows = j->y_rows;
         m.rows = m.max_rows = m.max_group_rows = j->rows;
         m.accumulate = j->accumulate;
+        m.quant = j->w->quant;
+        m.group = j->w->group_cols;
         CK(b, cuda_matmul(c->stream, &m), "a matmul");
     }
     return 0;
@@ -588,9 +602,10 @@ static int cu_grouped_matmul(struct backend *b, const struct backend_gmm *jobs, 
             int rc = mm_check(b, &j->w[g], "a grouped matmul");
             if (rc) return rc;
             if (j->w[g].dtype != j->w[0].dtype || j->w[g].rows != j->w[0].rows ||
-                j->w[g].cols != j->w[0].cols)
+                j->w[g].cols != j->w[0].cols || j->w[g].quant != j->w[0].quant ||
+                j->w[g].group_cols != j->w[0].group_cols)
                 return backend_fail(b, MS_EINVAL, "grouped matmul: group %d's matrix differs in "
-                                    "shape or dtype from group 0's", g);
+                                    "shape, dtype or quantization from group 0's", g);
             if (wtab && (const void *const *)j->w[g].priv != wtab + g) wtab = NULL;
         }
         if (!wtab) {
@@ -633,6 +648,8 @@ static int cu_grouped_matmul(struct backend *b, const struct backend_gmm *jobs, 
         m.tiles = (int2 *)c->tiles.p;
         m.n_tiles = (int *)((int2 *)c->tiles.p + cap);
         m.tiles_cap = cap;
+        m.quant = j->w[0].quant;
+        m.group = j->w[0].group_cols;
         CK(b, cuda_matmul(c->stream, &m), "a grouped (expert) matmul");
     }
     return 0;

@@ -15,49 +15,15 @@
 // Grouped matmuls (experts) take their row ranges from device memory: a
 // one-block kernel turns the offsets into a list of (group, first row) tiles,
 // and the main grid is sized by a bound the host knows (n_groups + rows / 64),
-// so routing never makes a host round trip. Other weight dtypes (f16, f32)
-// take a plain fp32 path with the same interface.
+// so routing never makes a host round trip. Quantized weights (fp8, int8,
+// int4) take qgemm.cu's kernels on the same grid; other weight dtypes (f16,
+// f32) and quantized groups off the 32-input steps a plain fp32 path with
+// the same interface.
 #include "gpu/kernels.cuh"
 
-#include <cuda_bf16.h>
-
+#include "gpu/mma.cuh"
 #include "gpu/plan.h"
-
-#define MM_WARPS 4
-#define MM_OUTS 16
-
-struct mm_params {
-    const uint16_t *w;              // bf16 (rows of w, K), or NULL when wtab is used
-    const uint16_t *const *wtab;    // per group: its matrix (grouped)
-    int o0, n_out, K;
-    const float *x;
-    size_t ldx;
-    const int32_t *x_rows;
-    float *y;
-    size_t ldy;
-    const int32_t *y_rows;
-    const int32_t *off;             // (n_groups + 1) device, or NULL: one group of `rows`
-    int rows;
-    const int2 *tiles;              // (group, first row) per blockIdx.y, or NULL: blockIdx.y * rows per tile
-    const int *n_tiles;
-    bool accumulate;
-    bool vec;                       // 16-byte loads allowed (K % 8 == 0, ldx % 4 == 0, aligned)
-};
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-
-__device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+#include "gpu/qlayout.h"
 
 // Eight consecutive weights of one row from k (zeros past kend or past the
 // matrix's rows), as four bf16 pairs.
@@ -75,38 +41,12 @@ __device__ __forceinline__ uint4 load_w8(const uint16_t *row, bool live, int k, 
     return make_uint4(v[0], v[1], v[2], v[3]);
 }
 
-__device__ __forceinline__ void load_x8(const float *row, int k, int kend, bool vec, float f[8])
-{
-    if (!row) {
-        for (int i = 0; i < 8; i++) f[i] = 0.0f;
-        return;
-    }
-    if (vec && k + 8 <= kend) {
-        const float4 a = *reinterpret_cast<const float4 *>(row + k);
-        const float4 b = *reinterpret_cast<const float4 *>(row + k + 4);
-        f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w;
-        f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-        return;
-    }
-    for (int i = 0; i < 8; i++) f[i] = k + i < kend ? row[k + i] : 0.0f;
-}
-
 template <int NT>
 __global__ void __launch_bounds__(MM_WARPS * 32) mm_bf16_kernel(const mm_params p)
 {
     __shared__ float red[MM_WARPS][NT][4][32];
-    int g = 0, r0, r_end;
-    if (p.tiles) {
-        if ((int)blockIdx.y >= *p.n_tiles) return;
-        const int2 t = p.tiles[blockIdx.y];
-        g = t.x;
-        r0 = t.y;
-        r_end = p.off[g + 1];
-    } else {
-        r0 = (int)blockIdx.y * NT * 8;
-        r_end = p.off ? p.off[1] : p.rows;
-        if (r0 >= r_end) return;
-    }
+    int g, r0, r_end;
+    if (!mm_tile(p, NT, &g, &r0, &r_end)) return;
     const uint16_t *w = p.wtab ? p.wtab[g] : p.w;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
     const int otile = (int)blockIdx.x * MM_OUTS, K = p.K;
@@ -114,10 +54,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32) mm_bf16_kernel(const mm_params 
     const uint16_t *w_lo = w + (size_t)(p.o0 + otile + gid) * K;
     const uint16_t *w_hi = w + (size_t)(p.o0 + otile + gid + 8) * K;
     const float *xr[NT];
-    for (int t = 0; t < NT; t++) {
-        const int r = r0 + t * 8 + gid;
-        xr[t] = r < r_end ? p.x + (size_t)(p.x_rows ? p.x_rows[r] : r) * p.ldx : nullptr;
-    }
+    mm_x_rows<NT>(p, r0, r_end, gid, xr);
     float acc[NT][4];
     for (int t = 0; t < NT; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
     // This warp's quarter of K, in whole 32-element steps.
@@ -135,22 +72,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32) mm_bf16_kernel(const mm_params 
             mma_bf16(acc[t], a.z, b.z, a.w, b.w, pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7]));
         }
     }
-    for (int t = 0; t < NT; t++)
-        for (int i = 0; i < 4; i++) red[warp][t][i][lane] = acc[t][i];
-    __syncthreads();
-    // Warp 0 adds the quarters in order; the others are done.
-    if (warp != 0) return;
-    for (int t = 0; t < NT; t++) {
-        for (int i = 0; i < 4; i++) {
-            float s = red[0][t][i][lane];
-            for (int q = 1; q < MM_WARPS; q++) s += red[q][t][i][lane];
-            const int o = otile + gid + (i >= 2 ? 8 : 0);
-            const int r = r0 + t * 8 + tig * 2 + (i & 1);
-            if (o >= p.n_out || r >= r_end) continue;
-            float *y = p.y + (size_t)(p.y_rows ? p.y_rows[r] : r) * p.ldy + o;
-            *y = p.accumulate ? *y + s : s;
-        }
-    }
+    mm_store<NT>(p, red, acc, otile, r0, r_end);
 }
 
 // The tiles of every group (plan_group_tiles's twin): group g's rows [off[g], off[g + 1]) in runs of
@@ -175,7 +97,8 @@ __global__ void mm_tiles_kernel(const int32_t *off, int n_groups, int rows_per_t
             tiles[i] = make_int2(g, off[g] + (i - base[g]) * rows_per_tile);
 }
 
-// f16 / f32 weights: one thread per (row, output), fp32 in k order.
+// f16 / f32 weights, and quantized ones the tensor-core kernel does not
+// read (ql_tensor_cores): one thread per (row, output), fp32 in k order.
 __global__ void mm_plain_kernel(const mm_params p, const void *const *wtab_any, const void *w_any,
                                 enum dtype wt, int n_groups, int total_rows)
 {
@@ -190,7 +113,15 @@ __global__ void mm_plain_kernel(const mm_params p, const void *const *wtab_any, 
     const float *x = p.x + (size_t)(p.x_rows ? p.x_rows[r] : r) * p.ldx;
     const size_t base = (size_t)(p.o0 + o) * p.K;
     float s = 0.0f;
-    for (int k = 0; k < p.K; k++) s += x[k] * load_elem(w, wt, base + k);
+    if (p.quant != QUANT_NONE) {
+        const int row = p.o0 + o;
+        const uint8_t *blk = (const uint8_t *)w + (size_t)(row / QUANT_BLOCK_ROWS) * p.block_bytes;
+        for (int k = 0; k < p.K; k++)
+            s += x[k] * ql_value(blk, (size_t)p.header_bytes, p.quant, p.K, p.group,
+                                 row % QUANT_BLOCK_ROWS, k);
+    } else {
+        for (int k = 0; k < p.K; k++) s += x[k] * load_elem(w, wt, base + k);
+    }
     float *y = p.y + (size_t)(p.y_rows ? p.y_rows[r] : r) * p.ldy + o;
     *y = p.accumulate ? *y + s : s;
 }
@@ -214,7 +145,14 @@ cudaError_t cuda_matmul(cudaStream_t s, const struct cuda_mm *m)
     p.rows = m->rows;
     p.accumulate = m->accumulate;
     const unsigned ox = ceil_div_u((size_t)m->n_out, MM_OUTS);
-    if (m->wtype != DTYPE_BF16) {
+    if (m->quant != QUANT_NONE) {
+        if (m->group <= 0) return cudaErrorInvalidValue;
+        p.quant = m->quant;
+        p.group = m->group;
+        p.block_bytes = quant_block_bytes(m->quant, m->K, m->group);
+        p.header_bytes = (int)quant_block_header_bytes(m->quant, m->K, m->group);
+    }
+    if (m->quant != QUANT_NONE ? !ql_tensor_cores(m->K, m->group, m->o0) : m->wtype != DTYPE_BF16) {
         const int n_groups = m->off ? m->n_groups : 1;
         dim3 grid((unsigned)m->max_rows, ceil_div_u((size_t)m->n_out, 128));
         mm_plain_kernel<<<grid, 128, 0, s>>>(p, (const void *const *)m->wtab, m->w, m->wtype,
@@ -223,7 +161,8 @@ cudaError_t cuda_matmul(cudaStream_t s, const struct cuda_mm *m)
     }
     p.w = (const uint16_t *)m->w;
     p.wtab = (const uint16_t *const *)m->wtab;
-    p.vec = m->K % 8 == 0 && m->ldx % 4 == 0 && aligned16(m->x) &&
+    // Quantized blocks are 64-byte aligned whatever K (gpu/qlayout.h).
+    p.vec = (m->quant != QUANT_NONE || m->K % 8 == 0) && m->ldx % 4 == 0 && aligned16(m->x) &&
             (m->wtab || aligned16(m->w));
     // Few rows per group: eight rows a tile (decode); else 64.
     const bool small = m->max_group_rows <= 8;
@@ -257,9 +196,14 @@ cudaError_t cuda_matmul(cudaStream_t s, const struct cuda_mm *m)
             if (!p.y_rows) q.y = p.y + skip * p.ldy;
             q.rows = p.rows - (int)skip;
         }
-        if (small) mm_bf16_kernel<1><<<grid, MM_WARPS * 32, 0, s>>>(q);
-        else mm_bf16_kernel<8><<<grid, MM_WARPS * 32, 0, s>>>(q);
-        cudaError_t e = launch_status();
+        cudaError_t e;
+        if (q.quant != QUANT_NONE) {
+            e = cuda_qmm_launch(s, grid, small, q);
+        } else {
+            if (small) mm_bf16_kernel<1><<<grid, MM_WARPS * 32, 0, s>>>(q);
+            else mm_bf16_kernel<8><<<grid, MM_WARPS * 32, 0, s>>>(q);
+            e = launch_status();
+        }
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;

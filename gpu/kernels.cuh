@@ -24,6 +24,15 @@ size_t cuda_moe_route_smem(int n_experts);
 cudaError_t cuda_moe_route(cudaStream_t s, const int32_t *ids, int n_tokens, int k, int n_experts,
                            int32_t *off, int32_t *slot, int32_t *token);
 cudaError_t cuda_dummy_fill(cudaStream_t s, const struct tensor *t, size_t n, void *dst);
+// A quantized matrix (t->quant.format != QUANT_NONE) into dst, tensor_bytes(t)
+// bytes of device memory, in gpu/qlayout.h's blocks (qweights.cu); st is
+// scratch the caller keeps across calls and frees with cuda_qstage_free.
+struct cuda_qstage {
+    void *p;
+    size_t cap;
+};
+cudaError_t cuda_qweight_fill(cudaStream_t s, const struct tensor *t, void *dst, struct cuda_qstage *st);
+void cuda_qstage_free(struct cuda_qstage *st);
 // Queues `blocks` x 256 threads of fp32 FMA chains; flops_out: the FLOPs queued.
 cudaError_t cuda_fma_burn(cudaStream_t s, int blocks, long iters, float *sink, double *flops_out);
 
@@ -48,6 +57,8 @@ struct cuda_mm {
     int *n_tiles;
     int tiles_cap;
     bool accumulate;
+    enum quant_format quant;        // QUANT_NONE, or w / wtab hold gpu/qlayout.h's blocks
+    int group;                      // quantized: inputs per scale group
 };
 cudaError_t cuda_matmul(cudaStream_t s, const struct cuda_mm *m);
 

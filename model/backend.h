@@ -69,10 +69,12 @@ struct backend;
 //               scale as for FP8 (values an fp16 holds exactly);
 //               zero  uint8 (ceil(rows / group_rows), ceil(cols / group_cols)), 0..16;
 //               w = (q - zero) * scale
-// (the last group of a row may be shorter), and/or in priv: the CPU
-// backend keeps only model/quant.h's packed blocks there (data, scale and
-// zero NULL; group_rows 1, group_cols the tensor's group). Activations
-// stay fp32: only the weights are quantized.
+// (the last group of a row may be shorter), and/or in the backend's own
+// layout: the CPU backend keeps only model/quant.h's packed blocks, in
+// priv; the CUDA backend keeps only gpu/qlayout.h's blocks (the same
+// bytes, ordered for its kernels), in data (scale and zero NULL; both:
+// group_rows 1, group_cols the tensor's group). Activations stay fp32: only
+// the weights are quantized.
 struct backend_mat {
     enum dtype dtype;            // DTYPE_BF16, DTYPE_F16 or DTYPE_F32 (quantized: the model's dtype)
     int rows, cols;

@@ -26,30 +26,6 @@ int quant_format_parse(const char *s, enum quant_format *out)
     return MS_EINVAL;
 }
 
-// Subnormals (below 2^-6) are multiples of 2^-9: rint rounds to even. Normals
-// keep 3 of the fp32 mantissa's 23 bits, rounded to nearest even; a carry
-// out of the mantissa moves to the next binade.
-uint8_t quant_f32_to_fp8(float x)
-{
-    if (x != x) return 0x7f;
-    const uint8_t sign = signbit(x) ? 0x80 : 0;
-    const float a = fabsf(x);
-    if (a >= 448.0f) return sign | 0x7e;
-    if (a < 0x1p-6f) return sign | (uint8_t)rintf(a * 0x1p9f); // 8 is the smallest normal's code
-    uint32_t bits;
-    memcpy(&bits, &a, sizeof bits);
-    int e = (int)(bits >> 23) - 127;
-    uint32_t m = (bits >> 20) & 7u;
-    const uint32_t rest = bits & 0xfffffu;
-    if (rest > 0x80000u || (rest == 0x80000u && (m & 1u))) m++;
-    if (m == 8) {
-        m = 0;
-        e++;
-    }
-    const uint32_t code = (uint32_t)(e + 7) << 3 | m;
-    return sign | (uint8_t)(code > 0x7e ? 0x7e : code);
-}
-
 // ---- canonical rows ------------------------------------------------------------------
 
 static size_t align8(size_t n) { return (n + 7) & ~(size_t)7; }

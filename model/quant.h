@@ -21,6 +21,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -72,10 +73,16 @@ static inline int quant_groups(int cols, int group)
 }
 
 // ---- the formulas ----------------------------------------------------------------
+#if defined(__CUDACC__)
+#define QUANT_FN static inline __host__ __device__ // the CUDA kernels read the same formulas
+#else
+#define QUANT_FN static inline
+#endif
+
 // e4m3fn code -> fp32, exactly: the magnitude bits shifted into an fp32's
 // exponent and mantissa give the value times 2^-120 (normals and subnormals
 // alike), then the sign.
-static inline float quant_fp8_to_f32(uint8_t q)
+QUANT_FN float quant_fp8_to_f32(uint8_t q)
 {
     const uint32_t bits = (uint32_t)(q & 0x7f) << 20;
     float f;
@@ -84,7 +91,29 @@ static inline float quant_fp8_to_f32(uint8_t q)
     return q & 0x80 ? -f : f;
 }
 // fp32 -> e4m3fn code, rounding to nearest even, saturating at +-448.
-uint8_t quant_f32_to_fp8(float x);
+// Subnormals (below 2^-6) are multiples of 2^-9: rint rounds to even. Normals
+// keep 3 of the fp32 mantissa's 23 bits, rounded to nearest even; a carry
+// out of the mantissa moves to the next binade.
+QUANT_FN uint8_t quant_f32_to_fp8(float x)
+{
+    if (x != x) return 0x7f;
+    const uint8_t sign = signbit(x) ? 0x80 : 0;
+    const float a = fabsf(x);
+    if (a >= 448.0f) return sign | 0x7e;
+    if (a < 0x1p-6f) return sign | (uint8_t)rintf(a * 0x1p9f); // 8 is the smallest normal's code
+    uint32_t bits;
+    memcpy(&bits, &a, sizeof bits);
+    int e = (int)(bits >> 23) - 127;
+    uint32_t m = (bits >> 20) & 7u;
+    const uint32_t rest = bits & 0xfffffu;
+    if (rest > 0x80000u || (rest == 0x80000u && (m & 1u))) m++;
+    if (m == 8) {
+        m = 0;
+        e++;
+    }
+    const uint32_t code = (uint32_t)(e + 7) << 3 | m;
+    return sign | (uint8_t)(code > 0x7e ? 0x7e : code);
+}
 
 // ---- canonical rows: what a backend packs from ----------------------------------
 // Rows [r0, r0 + n) of a quantized (rows, cols) matrix, one byte per value
