@@ -358,7 +358,8 @@ static int bind_layer(struct binder *b, int i, char *err, size_t errlen)
     return 0;
 }
 
-static size_t layer_bytes(const struct layer_weights *L, const struct model_config *c, bool all)
+// One layer's bytes with `experts` of its experts (a MoE layer).
+static size_t layer_bytes(const struct layer_weights *L, int experts)
 {
     size_t n = tensor_bytes(&L->attn_norm) + tensor_bytes(&L->wq) + tensor_bytes(&L->wk) +
                tensor_bytes(&L->wv) + tensor_bytes(&L->wo) + tensor_bytes(&L->q_norm) +
@@ -366,7 +367,6 @@ static size_t layer_bytes(const struct layer_weights *L, const struct model_conf
     if (!L->is_moe) return n + tensor_bytes(&L->gate) + tensor_bytes(&L->up) +
                            tensor_bytes(&L->down);
     n += tensor_bytes(&L->router);
-    int experts = all ? c->n_experts : c->n_experts_per_tok;
     if (L->experts && experts > 0) {
         const struct expert_weights *x = &L->experts[0];
         n += (size_t)experts * (tensor_bytes(&x->gate) + tensor_bytes(&x->up) +
@@ -422,7 +422,7 @@ static size_t model_total_bytes(const struct model *m)
 {
     size_t total = tensor_bytes(&m->embed) + tensor_bytes(&m->final_norm);
     if (!m->cfg.tie_word_embeddings) total += tensor_bytes(&m->lm_head);
-    for (int i = 0; i < m->cfg.n_layers; i++) total += layer_bytes(&m->layers[i], &m->cfg, true);
+    for (int i = 0; i < m->cfg.n_layers; i++) total += layer_bytes(&m->layers[i], m->cfg.n_experts);
     return total;
 }
 
@@ -558,6 +558,16 @@ size_t model_active_bytes(const struct model *m)
     const struct model_config *c = &m->cfg;
     size_t n = tensor_bytes(&m->final_norm) + tensor_bytes(&m->lm_head) +
                (size_t)c->hidden_size * dtype_size(m->embed.dtype);
-    for (int i = 0; i < c->n_layers; i++) n += layer_bytes(&m->layers[i], c, false);
+    for (int i = 0; i < c->n_layers; i++) n += layer_bytes(&m->layers[i], c->n_experts_per_tok);
+    return n;
+}
+
+size_t model_rank_weight_bytes(const struct model *m, int expert_begin, int expert_end)
+{
+    const struct model_config *c = &m->cfg;
+    size_t n = tensor_bytes(&m->embed) + tensor_bytes(&m->final_norm);
+    if (!c->tie_word_embeddings) n += tensor_bytes(&m->lm_head);
+    const int experts = expert_end > expert_begin ? expert_end - expert_begin : 0;
+    for (int i = 0; i < c->n_layers; i++) n += layer_bytes(&m->layers[i], experts);
     return n;
 }

@@ -144,4 +144,10 @@ size_t tensor_bytes(const struct tensor *t);
 // embedding row. Used by benchmarks and the planner's bandwidth bound.
 size_t model_active_bytes(const struct model *m);
 
+// Bytes of weights a rank holding experts [expert_begin, expert_end) keeps
+// (tensor_bytes: quantized matrices as the loader counts them): every
+// non-expert tensor (a tied lm_head once) and those experts of each MoE
+// layer. The engine sizes a GPU's memory with it.
+size_t model_rank_weight_bytes(const struct model *m, int expert_begin, int expert_end);
+
 #endif

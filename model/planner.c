@@ -511,6 +511,7 @@ int plan_device_compute(const struct model_config *cfg, const struct plan_opts *
     rc = plan_weight_bytes(cfg, o->weight_dtype, shared ? PLAN_TP : layout, shared ? 1 : devices,
                            &out->weight_bytes, err, errlen);
     if (rc) return rc;
+    if (o->weight_bytes) out->weight_bytes = o->weight_bytes;
     struct ck k = {false};
     uint64_t ws = plan_workspace_bytes(cfg, o, layout, devices);
     if (ws == UINT64_MAX)

@@ -89,6 +89,10 @@ struct plan_opts {
     int activation_bytes;             // bytes of one activation element: 2 (bf16 on GPU), 4 (CPU fp32)
     uint64_t runtime_reserve;         // per device: runtime context, GEMM and communicator buffers (512 MiB)
     double memory_bandwidth;          // bytes/s of one device (4.8e12)
+    uint64_t weight_bytes;            // > 0: the busiest device's weights as the loader holds
+                                      // them (the engine's, from its model: a checkpoint's own
+                                      // quantization groups), in place of the count from the
+                                      // config and weight_dtype; 0: counted
 };
 void plan_opts_default(struct plan_opts *o);
 

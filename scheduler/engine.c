@@ -752,8 +752,18 @@ static void fit_opts(const struct model *m, const struct engine_opts *o,
                      struct plan_opts *po)
 {
     plan_opts_default(po);
-    // Quantized projections count as the loader holds them.
+    // Quantized projections count as the loader holds them: the format, and
+    // the bytes of the model itself (its checkpoint's groups), on the
+    // busiest rank (experts split as forward.c splits them) or, for ranks
+    // sharing the memory, once.
     po->weight_dtype = plan_dtype_from_quant(m->quant, m->cfg.torch_dtype);
+    const int R = o->data_parallel_size > 0 ? o->data_parallel_size : 1, E = m->cfg.n_experts;
+    po->weight_bytes = mem->host_shared ? model_rank_weight_bytes(m, 0, E) : 0;
+    for (int r = 0; !mem->host_shared && r < R; r++) {
+        const uint64_t b = model_rank_weight_bytes(m, (int)((long long)E * r / R),
+                                                   (int)((long long)E * (r + 1) / R));
+        if (b > po->weight_bytes) po->weight_bytes = b;
+    }
     po->kv_dtype = plan_dtype_from_dtype(o->kv_dtype);
     po->device_memory = mem->total_bytes;
     // The CPU keeps the rest for the OS, the HTTP side and the page cache.

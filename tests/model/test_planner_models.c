@@ -1,6 +1,7 @@
 // Pins the planner against real configs and checkpoints: config_load of the
 // Qwen3 fixtures gives the figures issue 6 states, and for every model we can
-// load the planner's weight and decode-step bytes equal what model_load maps.
+// load the planner's weight and decode-step bytes equal what model_load maps,
+// and a rank's share is what the engine sizes a GPU with.
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,6 +15,7 @@
 #include "base/base.h"
 #include "model/config.h"
 #include "model/forward.h"
+#include "model/makemodel.h"
 #include "model/model.h"
 #include "model/planner.h"
 
@@ -102,6 +104,63 @@ static void planner_bytes_equal_loaded_checkpoints(void **state)
     check_against_loaded(tiny);
 }
 
+// A rank holds the replicated tensors and its experts as loaded: over the
+// ranks of forward.c's split the busiest one is what the planner counts for
+// dp-ep (bf16), the ranks together hold the model once plus the replicated
+// part R - 1 more times, and a checkpoint quantized in groups of 32 holds
+// more than the planner's estimate (groups of QUANT_GROUP), which is why
+// the engine hands the planner the model's own count (plan_opts.weight_bytes).
+static void ranks_hold_their_experts_as_loaded(void **state)
+{
+    (void)state;
+    const char *data = getenv("MOESERVE_TEST_DATA");
+    assert_non_null(data);
+    char path[1024], err[1024];
+    snprintf(path, sizeof path, "%s/qwen3moe-v2048", data);
+    struct model *m;
+    if (model_load(path, &m, err, sizeof err)) fail_msg("%s", err);
+    const int E = m->cfg.n_experts;
+    const uint64_t shared = model_rank_weight_bytes(m, 0, 0);
+    assert_int_equal(model_rank_weight_bytes(m, 0, E), m->weight_bytes);
+    for (int R = 1; R <= 3; R++) {
+        uint64_t busiest = 0, sum = 0, planned;
+        for (int r = 0; r < R; r++) {
+            const uint64_t b = model_rank_weight_bytes(m, E * r / R, E * (r + 1) / R);
+            sum += b;
+            if (b > busiest) busiest = b;
+        }
+        assert_int_equal(sum, m->weight_bytes + (uint64_t)(R - 1) * shared);
+        assert_int_equal(plan_weight_bytes(&m->cfg, PLAN_BF16, PLAN_DP_EP, R, &planned, err, sizeof err), 0);
+        assert_int_equal(busiest, planned);
+    }
+    model_destroy(m);
+
+    char dir[] = "/tmp/moeserve-planq-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    struct makemodel_spec s;
+    assert_int_equal(makemodel_spec_for_shape("tiny", &s, err, sizeof err), 0);
+    s.vocab_size = 2048;
+    s.quant = QUANT_METHOD_GPTQ;
+    s.quant_group = 32;
+    if (makemodel_write(&s, dir, 5, NULL, err, sizeof err)) fail_msg("%s", err);
+    if (model_load(dir, &m, err, sizeof err)) fail_msg("%s", err);
+    uint64_t estimate;
+    assert_int_equal(plan_weight_bytes(&m->cfg, PLAN_INT4, PLAN_TP, 1, &estimate, err, sizeof err), 0);
+    const uint64_t held = model_rank_weight_bytes(m, 0, m->cfg.n_experts);
+    assert_int_equal(held, m->weight_bytes);
+    assert_true(held > estimate);
+    struct plan_opts o;
+    plan_opts_default(&o);
+    o.weight_dtype = PLAN_INT4;
+    o.weight_bytes = held;
+    struct plan_device d;
+    assert_int_equal(plan_device_compute(&m->cfg, &o, PLAN_DP_EP, 1, &d, err, sizeof err), 0);
+    assert_int_equal(d.weight_bytes, held);
+    model_destroy(m);
+    snprintf(path, sizeof path, "rm -rf '%s'", dir);
+    assert_int_equal(system(path), 0);
+}
+
 // The planner's KV bytes per token are the forward pass's block bytes over
 // its 16 tokens, for every config and KV dtype the engine allocates.
 static void kv_per_token_equals_the_forward_pass_block_over_16(void **state)
@@ -129,6 +188,7 @@ int main(void)
         cmocka_unit_test(qwen3_30b_a3b_config_json_gives_the_issue_figures),
         cmocka_unit_test(qwen3_0_6b_config_json_is_dense_and_tied),
         cmocka_unit_test(planner_bytes_equal_loaded_checkpoints),
+        cmocka_unit_test(ranks_hold_their_experts_as_loaded),
         cmocka_unit_test(kv_per_token_equals_the_forward_pass_block_over_16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
