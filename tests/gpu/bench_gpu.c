@@ -2,7 +2,7 @@
 // printed as markdown table rows: the copy bandwidth and fp32 FMA peak
 // (measure_limits), the expert GEMM of Qwen3-30B-A3B (128 experts of 768 x
 // 2048, gate + up + down) at 1..256 rows per expert against the bandwidth
-// roofline, decode attention over 1k, 8k and 32k contexts, and the NCCL
+// roofline, in bf16 and quantized at load to fp8, int8 and int4, decode attention over 1k, 8k and 32k contexts, and the NCCL
 // calls over every visible GPU. Weights are one dummy layer of the config
 // given, made on the GPU. Exits 77 (a skip) with a note where no GPU is
 // visible. Timings are wall clock around ops followed by a sync, best of
@@ -76,14 +76,21 @@ static void run_experts(void *arg)
     CHECK(b->ops->grouped_matmul(b, &down, 1) == 0, "%s", b->err);
 }
 
-static void bench_gemm(const struct backend_weights *w, double bw)
+// The expert GEMM of layer 0 (m's experts as w holds them) at 1..256 rows
+// per expert; the weight bytes are what the format holds (tensor_bytes).
+static void bench_gemm(const struct model *m, const struct backend_weights *w, double bw)
 {
     const struct model_config *cfg = w->cfg;
     struct gemm_ctx c = {.L = &w->layers[0], .E = cfg->n_experts, .H = cfg->hidden_size,
                          .F = cfg->moe_intermediate_size};
+    const struct expert_weights *x = &m->layers[0].experts[0];
+    const double wbytes = (double)c.E * (double)(tensor_bytes(&x->gate) + tensor_bytes(&x->up) +
+                                                 tensor_bytes(&x->down));
     const int per[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
-    printf("\n| expert GEMM (%d experts, gate+up+down of %dx%d) rows/expert | ms | weight GB/s | "
-           "TFLOP/s | of the bandwidth roofline |\n|---|---|---|---|---|\n", c.E, c.F, c.H);
+    printf("\n| expert GEMM, %s weights (%d experts, gate+up+down of %dx%d, %.0f MiB) rows/expert | "
+           "ms | weight GB/s | TFLOP/s | of the bandwidth roofline |\n|---|---|---|---|---|\n",
+           m->quant != QUANT_NONE ? quant_format_name(m->quant) : dtype_name(x->gate.dtype), c.E, c.F,
+           c.H, wbytes / (1 << 20));
     const int max_rows = 256 * c.E;
     c.x = dmalloc((size_t)max_rows * c.H * sizeof(float));
     c.y = dmalloc((size_t)max_rows * c.H * sizeof(float));
@@ -97,7 +104,6 @@ static void bench_gemm(const struct backend_weights *w, double bw)
         for (int e = 0; e <= c.E; e++) c.h_off[e] = e * per[i];
         CHECK(b->ops->upload(b, c.off, c.h_off, (size_t)(c.E + 1) * sizeof(int32_t)) == 0, "%s", b->err);
         const double t = best_of(5, run_experts, &c);
-        const double wbytes = 3.0 * c.E * c.F * (double)c.H * 2;
         const double abytes = (double)c.rows * (c.H * 2.0 + c.F * 3.0) * 4;
         const double flops = 2.0 * 3.0 * c.rows * (double)c.F * c.H;
         printf("| %d | %.3f | %.0f | %.1f | %.0f%% |\n", per[i], t * 1e3, wbytes / t / 1e9,
@@ -253,24 +259,31 @@ int main(int argc, char **argv)
     snprintf(path, sizeof path, "%s/config.json", dir);
     CHECK(json_dump_file(c, path, 0) == 0, "cannot write %s", path);
     json_decref(c);
-    struct model *m;
-    CHECK(model_load_format(dir, LOAD_FORMAT_DUMMY, 1, &m, err, sizeof err) == 0, "%s", err);
-    unlink(path);
-    rmdir(dir);
     struct backend_opts bo = {.device_index = 0};
     CHECK(backend_create(BACKEND_DEVICE_CUDA, &bo, &b, err, sizeof err) == 0, "%s", err);
-    struct backend_weights *w;
-    CHECK(b->ops->prepare_weights(b, m, 0, m->cfg.n_experts, &w) == 0, "%s", b->err);
     struct backend_limits lim;
     CHECK(b->ops->measure_limits(b, &lim) == 0, "%s", b->err);
     printf("| GPU | copy bandwidth (read + write) | fp32 FMA peak |\n|---|---|---|\n"
            "| %s | %.0f GB/s | %.1f TFLOP/s |\n", b->ops->variant(b), lim.read_bytes_per_s / 1e9,
            lim.flops / 1e12);
-    bench_gemm(w, lim.read_bytes_per_s);
-    bench_attention(w, lim.read_bytes_per_s);
+    // The layer as the config has it, then with its projections quantized
+    // at load (made on the GPU): the expert GEMM in every weight format.
+    const enum quant_format formats[] = {QUANT_NONE, QUANT_FP8, QUANT_INT8, QUANT_INT4};
+    for (size_t fi = 0; fi < sizeof formats / sizeof *formats; fi++) {
+        struct model *m;
+        const struct model_load_opts lo = {.format = LOAD_FORMAT_DUMMY, .seed = 1,
+                                           .quantization = formats[fi], .cache_dir = "none"};
+        CHECK(model_load_opts(dir, &lo, &m, err, sizeof err) == 0, "%s", err);
+        struct backend_weights *w;
+        CHECK(b->ops->prepare_weights(b, m, 0, m->cfg.n_experts, &w) == 0, "%s", b->err);
+        bench_gemm(m, w, lim.read_bytes_per_s);
+        if (fi == 0) bench_attention(w, lim.read_bytes_per_s);
+        b->ops->release_weights(b, w);
+        model_destroy(m);
+    }
+    unlink(path);
+    rmdir(dir);
     bench_nccl();
-    b->ops->release_weights(b, w);
     backend_destroy(b);
-    model_destroy(m);
     return 0;
 }

@@ -6,6 +6,11 @@
 # utf8proc, cmocka): `prepare` copies them (headers, and the shared
 # libraries with everything they load but glibc) from this machine into
 # .devdeps/, with the tokenizer files the build needs; `run` uses them there.
+# The measurements: bench_gpu's tables (copy bandwidth, the expert GEMM at
+# 1..256 rows per expert in bf16, fp8, int8 and int4, decode attention,
+# NCCL), then bench-offline passes on a dummy Qwen3-30B-A3B: decode at
+# concurrency 1..256, the same with --quantization int4 and fp8, prefill,
+# and the 1024 / 128 x 256 target.
 #
 # Here, once (from the repository root, after a build in build/):
 #   tests/gpu/device_check.sh prepare
@@ -221,12 +226,19 @@ print("| %s | %d | %.1f | %.0f | %.0f | %.2f |" % (label, c, 1e3 * j["elapsed_ti
 PY
 }
 note ""
-note "Qwen3-30B-A3B shape, --load-format dummy, bf16, one GPU (bench-offline; TPOT ~ concurrency / output tokens/s, prefill included)"
+note "Qwen3-30B-A3B shape, --load-format dummy, bf16 unless the pass says a --quantization, one GPU (bench-offline; TPOT ~ concurrency / output tokens/s, prefill included)"
 note ""
 note "| pass | concurrency | ms per step | output tok/s | total tok/s | TPOT ms |"
 note "|---|---|---|---|---|---|"
 for c in 1 8 64 256; do
     pass "decode, 64 in / 64 out" 45 --num-prompts "$c" --max-concurrency "$c" --input-len 64 --output-len 64
+done
+# Quantized experts and projections, made on the GPU at load (issue 17).
+for q in int4 fp8; do
+    for c in 1 64; do
+        pass "$q decode, 64 in / 64 out" 45 --quantization "$q" --num-prompts "$c" --max-concurrency "$c" \
+            --input-len 64 --output-len 64
+    done
 done
 pass "prefill, 2048 in / 1 out" 45 --num-prompts 16 --max-concurrency 16 --input-len 2048 --output-len 1
 pass "target: 1024 in / 128 out" 120 --num-prompts 256 --max-concurrency 256 --input-len 1024 --output-len 128
