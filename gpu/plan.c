@@ -1,5 +1,5 @@
-// plan: the attention work plan, grouped-matmul tile arithmetic and graph
-// buckets shared by the CUDA backend's host code and kernels (plan.h).
+// plan: the attention work plan and grouped-matmul tile arithmetic shared by
+// the CUDA backend's host code and kernels (plan.h).
 #include "gpu/plan.h"
 
 #include <stddef.h>
@@ -92,33 +92,4 @@ int plan_group_tiles(const int32_t *off, int n_groups, int per_tile, int32_t *ti
             n++;
         }
     return n;
-}
-
-int plan_graph_bucket(int n, int max_seqs)
-{
-    if (n < 1 || n > max_seqs) return 0;
-    int b;
-    if (n <= 8) {
-        b = 1;
-        while (b < n) b *= 2;
-    } else if (n <= 64) {
-        b = ceil_div(n, 8) * 8;
-    } else {
-        b = ceil_div(n, 32) * 32;
-    }
-    return b > max_seqs ? max_seqs : b;
-}
-
-int plan_graph_buckets(int max_seqs, int *out, int cap)
-{
-    int n = 0, last = 0;
-    for (int i = 1; i <= max_seqs; i++) {
-        const int b = plan_graph_bucket(i, max_seqs);
-        if (b != last) {
-            if (n < cap) out[n] = b;
-            n++;
-            last = b;
-        }
-    }
-    return n < cap ? n : cap;
 }

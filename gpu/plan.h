@@ -2,14 +2,20 @@
 // in plain C so that it is unit-tested on any machine (tests/gpu/): how a
 // step's attention is cut into work items (tiles of a sequence's new tokens
 // x ranges of its KV positions, with the split-KV partials they leave for
-// the combine), how many row tiles a grouped (expert) matmul can need, and
-// which captured batch-size bucket a decode step replays.
+// the combine) — planned on the host for any step, or item by item on the
+// device for a decode step (so that a captured graph replays any decode
+// step of its size) — and how many row tiles a grouped (expert) matmul can
+// need. (The routing, exchange and bucket arithmetic forward.c shares too is
+// in model/fwd_plan.h.)
 //
 // Nothing here allocates; callers size the arrays with the counting calls.
 #ifndef MOESERVE_GPU_PLAN_H
 #define MOESERVE_GPU_PLAN_H
 
+#include <stdbool.h>
 #include <stdint.h>
+
+#include "model/fwd_plan.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -70,13 +76,66 @@ int plan_group_tiles_bound(int n_groups, int max_rows, int per_tile);
 // pairs into tiles (2 ints each), returns their number (the kernel's twin).
 int plan_group_tiles(const int32_t *off, int n_groups, int per_tile, int32_t *tiles, int cap);
 
-// CUDA graph batch buckets: decode steps of n sequences replay the graph
-// captured for the smallest bucket >= n. The buckets are 1, 2, 4, 8, then
-// multiples of 8 up to 64, then multiples of 32 up to max_seqs (vLLM's
-// capture sizes, coarser). Returns the bucket, or 0 when n > max_seqs or n < 1.
-int plan_graph_bucket(int n, int max_seqs);
-// All buckets up to max_seqs, ascending, into out (cap entries); returns how many.
-int plan_graph_buckets(int max_seqs, int *out, int cap);
+// ---- decode steps, planned on the device -------------------------------------------
+// In a decode step every sequence s has one new token, token s. Its items
+// are (s, j) for j < split: the same chunks as plan_attention cuts, each
+// sequence's partial sets at fixed rows (s * max_chunks * n_heads, room for
+// the longest context's chunks), so that a kernel derives its item from the
+// token's position alone and the launch grid (n_seqs x split items, spare
+// ones exiting) depends only on the number of sequences.
+
+// Items per sequence of a decode step of n_seqs sequences: plan_attention's
+// split for n_seqs one-token tiles.
+static inline MS_HD int plan_decode_split(int n_seqs, int kv_heads, int target_ctas, int max_split)
+{
+    const long long have = (long long)n_seqs * kv_heads;
+    if (target_ctas <= 0 || n_seqs < 1 || have >= target_ctas) return 1;
+    const long long want = (target_ctas + have - 1) / have;
+    return want > max_split ? max_split : (int)want;
+}
+
+// Chunks of a context of ctx positions cut into `split` items: per item,
+// and how many items are not empty.
+static inline MS_HD void plan_decode_cut(int ctx, int split, int chunk, int *n_chunk, int *per,
+                                         int *n_split)
+{
+    *n_chunk = (ctx + chunk - 1) / chunk;
+    *per = (*n_chunk + split - 1) / split;
+    *n_split = *per > 0 ? (*n_chunk + *per - 1) / *per : 0;
+}
+
+// Item j of sequence s, whose token is at position pos: false when the
+// sequence has no item j (its context has fewer chunks).
+static inline MS_HD bool plan_decode_item(int s, int pos, int j, int split, int chunk, int n_heads,
+                                          int max_chunks, struct plan_attn_item *it)
+{
+    int n_chunk, per, n_split;
+    const int ctx = pos + 1;
+    plan_decode_cut(ctx, split, chunk, &n_chunk, &per, &n_split);
+    if (j >= n_split) return false;
+    const int end = (j + 1) * per * chunk;
+    it->t0 = s;
+    it->n_tok = 1;
+    it->seq = s;
+    it->p0 = j * per * chunk;
+    it->p1 = end < ctx ? end : ctx;
+    it->part = n_split > 1 ? (int32_t)(s * max_chunks * n_heads + j * per * n_heads) : -1;
+    return true;
+}
+
+// Sequence s's combine entry: false when its context is not split.
+static inline MS_HD bool plan_decode_combine(int s, int pos, int split, int chunk, int n_heads,
+                                             int max_chunks, struct plan_attn_combine *c)
+{
+    int n_chunk, per, n_split;
+    plan_decode_cut(pos + 1, split, chunk, &n_chunk, &per, &n_split);
+    if (n_split < 2) return false;
+    c->t0 = s;
+    c->n_tok = 1;
+    c->n_chunk = n_chunk;
+    c->part0 = (int32_t)(s * max_chunks * n_heads);
+    return true;
+}
 
 #ifdef __cplusplus
 }

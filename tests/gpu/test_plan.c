@@ -4,8 +4,8 @@
 // split only when a step has few tiles, with one partial set per chunk that
 // no other item writes; the
 // grouped-matmul tile bound holds for every routing and the tile list is
-// the groups' rows in order; graph buckets are the smallest captured size
-// that holds a batch.
+// the groups' rows in order; decode steps planned item by item on the device
+// cut the same chunks as the host plan.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -192,28 +192,77 @@ static void group_tiles_stay_within_the_bound(void **state)
     }
 }
 
-static void graph_buckets_hold_each_batch(void **state)
+// A decode step planned item by item (as the device does) cuts each token's
+// context into the chunks plan_attention cuts, covers every visible position
+// once, keeps each sequence's partial sets in its own fixed rows, and makes a
+// combine entry exactly for the split tokens.
+static void decode_items_match_the_host_plan(void **state)
 {
     (void)state;
-    assert_int_equal(plan_graph_bucket(1, 256), 1);
-    assert_int_equal(plan_graph_bucket(3, 256), 4);
-    assert_int_equal(plan_graph_bucket(9, 256), 16);
-    assert_int_equal(plan_graph_bucket(65, 256), 96);
-    assert_int_equal(plan_graph_bucket(250, 256), 256);
-    assert_int_equal(plan_graph_bucket(257, 256), 0);
-    assert_int_equal(plan_graph_bucket(0, 256), 0);
-    assert_int_equal(plan_graph_bucket(100, 100), 100); // capped at max_seqs
-    int b[64];
-    const int n = plan_graph_buckets(256, b, 64);
-    for (int i = 1; i < n; i++) assert_true(b[i] > b[i - 1]);
-    assert_int_equal(b[n - 1], 256);
-    for (int s = 1; s <= 256; s++) {
-        const int k = plan_graph_bucket(s, 256);
-        assert_true(k >= s);
-        int found = 0;
-        for (int i = 0; i < n; i++) found |= b[i] == k;
-        assert_true(found);
-    }
+    const int H = 8, chunk = 32, max_chunks = 64; // contexts up to 2048
+    const int pos_sets[][6] = {{0, 31, 32, 1000, 2047, 63}, {5, 5, 5, 5, 5, 5}, {2047, 0, 64, 95, 96, 1}};
+    for (size_t ps = 0; ps < 3; ps++)
+        for (int n = 1; n <= 6; n++)
+            for (int target = 0; target <= 300; target += 100) {
+                struct layout l;
+                int past[6], one[6];
+                for (int s = 0; s < n; s++) past[s] = pos_sets[ps][s], one[s] = 1;
+                layout_make(&l, n, past, one);
+                struct plan_attn_opts o = opts(1, target);
+                o.chunk = chunk;
+                o.n_heads = H;
+                o.max_split = 8;
+                struct plan_attn pa;
+                struct plan_attn_item it[64];
+                struct plan_attn_combine cb[8];
+                assert_int_equal(plan_attention(l.seq_start, l.tok_pos, n, &o, it, 64, cb, 8, &pa), 0);
+                const int split = plan_decode_split(n, o.kv_heads, target, o.max_split);
+                int seen[6][2048] = {{0}};
+                int n_items = 0, n_comb = 0;
+                char *used = calloc((size_t)n * max_chunks * H, 1);
+                assert_non_null(used);
+                for (int s = 0; s < n; s++) {
+                    for (int j = 0; j < split; j++) {
+                        struct plan_attn_item d;
+                        if (!plan_decode_item(s, l.tok_pos[s], j, split, chunk, H, max_chunks, &d))
+                            continue;
+                        // The host plan's item, but for where its partial sets go.
+                        const struct plan_attn_item *h = &it[n_items++];
+                        assert_int_equal(d.t0, h->t0);
+                        assert_int_equal(d.n_tok, 1);
+                        assert_int_equal(d.seq, h->seq);
+                        assert_int_equal(d.p0, h->p0);
+                        assert_int_equal(d.p1, h->p1);
+                        assert_int_equal(d.part < 0, h->part < 0);
+                        for (int p = d.p0; p < d.p1; p++) seen[s][p]++;
+                        for (int c = d.p0 / chunk; d.part >= 0 && c * chunk < d.p1; c++) {
+                            const int row0 = d.part + (c - d.p0 / chunk) * H;
+                            assert_true(row0 >= s * max_chunks * H && row0 + H <= (s + 1) * max_chunks * H);
+                            for (int r = 0; r < H; r++) {
+                                assert_int_equal(used[row0 + r], 0);
+                                used[row0 + r] = 1;
+                            }
+                        }
+                    }
+                    struct plan_attn_combine c;
+                    if (plan_decode_combine(s, l.tok_pos[s], split, chunk, H, max_chunks, &c)) {
+                        const struct plan_attn_combine *h = &cb[n_comb++];
+                        assert_int_equal(c.t0, h->t0);
+                        assert_int_equal(c.n_chunk, h->n_chunk);
+                        assert_int_equal(c.part0, s * max_chunks * H);
+                        for (int k = 0; k < c.n_chunk * H; k++) assert_int_equal(used[c.part0 + k], 1);
+                    }
+                    for (int p = 0; p < 2048; p++) assert_int_equal(seen[s][p], p <= l.tok_pos[s]);
+                }
+                assert_int_equal(n_items, pa.n_items);
+                assert_int_equal(n_comb, pa.n_combine);
+                free(used);
+            }
+    // Splitting stops once the step alone fills the target.
+    assert_int_equal(plan_decode_split(1, 4, 264, 64), 64);
+    assert_int_equal(plan_decode_split(8, 4, 264, 64), 9);
+    assert_int_equal(plan_decode_split(66, 4, 264, 64), 1);
+    assert_int_equal(plan_decode_split(3, 4, 0, 64), 1);
 }
 
 int main(void)
@@ -223,7 +272,7 @@ int main(void)
         cmocka_unit_test(decode_steps_split_long_contexts_and_prefill_does_not),
         cmocka_unit_test(attention_plan_refuses_bad_input_and_small_arrays),
         cmocka_unit_test(group_tiles_stay_within_the_bound),
-        cmocka_unit_test(graph_buckets_hold_each_batch),
+        cmocka_unit_test(decode_items_match_the_host_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
