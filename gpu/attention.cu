@@ -1,6 +1,9 @@
 // attention: causal attention of every new token over its sequence's paged
 // KV (keys (head_dim, 16) and values (16, head_dim) per block), prefill
-// chunks and decode rows in one launch, driven by plan_attention's items.
+// chunks and decode rows in one launch, driven by plan_attention's items —
+// or, for a decode step, by items each CTA derives from its token's position
+// (plan_decode_item), so that the launch depends only on the number of
+// sequences and a recorded graph replays any decode step of its size.
 //
 // One CTA per (item, KV head): a tile of a sequence's new tokens with every
 // query head of the KV head's group, so each KV block is read from memory
@@ -52,8 +55,14 @@ __device__ __forceinline__ float fold(float old, float chunk, const fold_w &w)
 __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const struct cuda_attn p)
 {
     extern __shared__ float sm[];
-    const struct plan_attn_item it = p.items[blockIdx.x];
     const int h = blockIdx.y, D = p.head_dim, G = p.n_q, H = p.n_kv_heads * G;
+    struct plan_attn_item it;
+    if (p.items) {
+        it = p.items[blockIdx.x];
+    } else {
+        const int s = (int)blockIdx.x / p.split, j = (int)blockIdx.x % p.split;
+        if (!plan_decode_item(s, p.tok_pos[s], j, p.split, p.chunk, H, p.max_chunks, &it)) return;
+    }
     const int R = it.n_tok * G, CH = p.chunk;
     float *Q = sm, *ACC = Q + (size_t)R * D, *NUM = ACC + (size_t)R * D;
     float *Ks = NUM + (size_t)R * D, *Vs = Ks + (size_t)KV_BLOCK_TOKENS * D;
@@ -172,8 +181,12 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const struct cud
 // states folded in chunk order, exactly as the attention kernel folds them.
 __global__ void attention_combine_kernel(const struct cuda_attn p)
 {
-    const struct plan_attn_combine c = p.combine[blockIdx.x];
     const int i = blockIdx.y, head = blockIdx.z, D = p.head_dim, H = p.n_kv_heads * p.n_q;
+    struct plan_attn_combine c;
+    if (p.combine) c = p.combine[blockIdx.x];
+    else if (!plan_decode_combine((int)blockIdx.x, p.tok_pos[blockIdx.x], p.split, p.chunk, H,
+                                  p.max_chunks, &c))
+        return;
     if (i >= c.n_tok) return;
     const size_t stride = (size_t)c.n_tok * H, row0 = (size_t)c.part0 + (size_t)i * H + head;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {

@@ -1,10 +1,11 @@
 // backend_cuda: the CUDA backend's op table (model/backend.h) — device
 // memory, the weights uploaded (or made, for dummy loads) per rank with only
-// the rank's experts (quantized ones in gpu/qlayout.h's blocks), the KV pool, the host-side plans each op needs (the
-// attention work items, the grouped-matmul tile scratch, the sampler's packed
-// tables) and the error handling: every CUDA call is checked and its failure
-// becomes a negative ms_status with CUDA's own sentence in b->err. Nothing
-// here aborts. The kernels are in one .cu per op (kernels.cuh).
+// the rank's experts (quantized ones in gpu/qlayout.h's blocks), the KV pool,
+// the host-side plans each op needs (the attention work items, the
+// grouped-matmul tile scratch, the sampler's packed tables), recording and replaying graphs (stream capture), and the error
+// handling: every CUDA call is checked and its failure becomes a negative
+// ms_status with CUDA's own sentence in b->err. Nothing here aborts. The
+// kernels are in one .cu per op (kernels.cuh).
 #include "gpu/backend_cuda.h"
 
 #include <math.h>
@@ -19,6 +20,7 @@
 struct dbuf {
     void *p;
     size_t cap;
+    bool no_graph;                  // never used by an op a graph records (sampling)
 };
 
 struct cuda_backend {
@@ -31,6 +33,7 @@ struct cuda_backend {
     struct dbuf ptrs;               // gemm: group matrices when not in the weights' table
     struct dbuf plan;               // attention items and combine entries
     struct dbuf parts;              // attention partial rows
+    struct dbuf dparts;             // decode attention partial rows (fixed rows per sequence)
     struct dbuf stab;               // sampling: packed row tables
     struct dbuf swork;              // sampling: work and probs rows
     struct dbuf sout;               // sampling: results
@@ -44,6 +47,18 @@ struct cuda_backend {
     uint8_t *h_seen;                // (vocab) zero between calls
     int32_t *h_count;               // (vocab) zero between calls
     int h_vocab;
+    // Graphs: a recording is under way; an op failed or could not be
+    // recorded during it; gen counts the times device scratch moved (a graph
+    // recorded before runs no more).
+    bool recording, rec_failed;
+    uint64_t gen, rec_gen;
+};
+
+// A recorded graph, ready to launch.
+struct backend_graph {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    uint64_t gen;                   // the scratch generation it was recorded in
 };
 
 static struct cuda_backend *cuda_of(struct backend *b) { return (struct cuda_backend *)b; }
@@ -62,6 +77,8 @@ static int status_of(cudaError_t e)
 
 static int fail_cuda(struct backend *b, cudaError_t e, const char *what)
 {
+    if (b->impl && ((struct cuda_backend *)b->impl)->recording)
+        ((struct cuda_backend *)b->impl)->rec_failed = true;
     return backend_fail(b, status_of(e), "%s on GPU %d failed: %s (%s)", what,
                         b->impl ? ((struct cuda_backend *)b->impl)->dev : -1, cudaGetErrorString(e),
                         cudaGetErrorName(e));
@@ -76,9 +93,20 @@ static int fail_cuda(struct backend *b, cudaError_t e, const char *what)
 // Every op starts here: the calling thread's current device is the backend's.
 #define ON_DEVICE(c) CK(&(c)->b, cudaSetDevice((c)->dev), "selecting the device")
 
+// Refuses what a recording cannot hold (an allocation, a read back), failing it.
+static int not_while_recording(struct cuda_backend *c, const char *what)
+{
+    if (!c->recording) return 0;
+    c->rec_failed = true;
+    return backend_fail(&c->b, MS_EINVAL, "%s cannot be recorded in a graph (GPU %d)", what, c->dev);
+}
+
 static int dbuf_need(struct cuda_backend *c, struct dbuf *d, size_t bytes, const char *what)
 {
     if (bytes <= d->cap) return 0;
+    int rc = not_while_recording(c, what);
+    if (rc) return rc;
+    if (!d->no_graph) c->gen++; // graphs may hold the old buffer
     size_t want = bytes + bytes / 2;
     if (d->p) {
         cudaError_t e = cudaFree(d->p);
@@ -120,6 +148,8 @@ static int cu_alloc(struct backend *b, size_t bytes, void **out)
 {
     struct cuda_backend *c = cuda_of(b);
     *out = NULL;
+    int rc = not_while_recording(c, "an allocation");
+    if (rc) return rc;
     ON_DEVICE(c);
     cudaError_t e = cudaMalloc(out, bytes ? bytes : 1);
     if (e != cudaSuccess) {
@@ -147,6 +177,8 @@ static int cu_upload(struct backend *b, void *dst, const void *src, size_t bytes
 {
     struct cuda_backend *c = cuda_of(b);
     if (!bytes) return 0;
+    int rc = not_while_recording(c, "an upload (from pageable host memory)");
+    if (rc) return rc;
     ON_DEVICE(c);
     // From pageable memory the copy has taken src when it returns.
     CK(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream), "an upload");
@@ -156,6 +188,8 @@ static int cu_upload(struct backend *b, void *dst, const void *src, size_t bytes
 static int cu_download(struct backend *b, void *dst, const void *src, size_t bytes)
 {
     struct cuda_backend *c = cuda_of(b);
+    int rc = not_while_recording(c, "a download");
+    if (rc) return rc;
     ON_DEVICE(c);
     if (bytes) CK(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream), "a download");
     CK(b, cudaStreamSynchronize(c->stream), "a download (or an op before it)");
@@ -176,6 +210,8 @@ static int cu_copy_2d(struct backend *b, void *dst, size_t dst_pitch, const void
 static int cu_sync(struct backend *b)
 {
     struct cuda_backend *c = cuda_of(b);
+    int rc = not_while_recording(c, "waiting for the GPU");
+    if (rc) return rc;
     ON_DEVICE(c);
     CK(b, cudaStreamSynchronize(c->stream), "waiting for the GPU's queued work");
     return 0;
@@ -589,8 +625,10 @@ static int cu_grouped_matmul(struct backend *b, const struct backend_gmm *jobs, 
     for (int i = 0; i < n_jobs; i++) {
         const struct backend_gmm *j = &jobs[i];
         if (j->n_groups <= 0 || j->max_rows <= 0) continue;
+        // Offsets moe_route padded to a tile need no tile list.
+        const bool padded = j->pad == 8 || j->pad == 64;
         int max_group = j->max_rows;
-        if (j->h_off) {
+        if (j->h_off && !padded) {
             if (j->h_off[j->n_groups] == 0) continue;
             max_group = 0;
             for (int g = 0; g < j->n_groups; g++)
@@ -626,8 +664,9 @@ static int cu_grouped_matmul(struct backend *b, const struct backend_gmm *jobs, 
         const bool small = max_group <= 8 || (!j->h_off && j->max_rows <= 8 * j->n_groups);
         const int per_tile = small ? 8 : 64;
         if (small) max_group = 8;
-        const int cap = plan_group_tiles_bound(j->n_groups, j->max_rows, per_tile);
-        int rc = dbuf_need(c, &c->tiles, (size_t)cap * sizeof(int2) + sizeof(int), "matmul tiles");
+        const int cap = padded ? 0 : plan_group_tiles_bound(j->n_groups, j->max_rows, per_tile);
+        int rc = padded ? 0 : dbuf_need(c, &c->tiles, (size_t)cap * sizeof(int2) + sizeof(int),
+                                        "matmul tiles");
         if (rc) return rc;
         struct cuda_mm m;
         memset(&m, 0, sizeof m);
@@ -645,9 +684,13 @@ static int cu_grouped_matmul(struct backend *b, const struct backend_gmm *jobs, 
         m.n_groups = j->n_groups;
         m.max_rows = j->max_rows;
         m.max_group_rows = max_group;
-        m.tiles = (int2 *)c->tiles.p;
-        m.n_tiles = (int *)((int2 *)c->tiles.p + cap);
-        m.tiles_cap = cap;
+        if (padded) {
+            m.pad = j->pad;
+        } else {
+            m.tiles = (int2 *)c->tiles.p;
+            m.n_tiles = (int *)((int2 *)c->tiles.p + cap);
+            m.tiles_cap = cap;
+        }
         m.quant = j->w[0].quant;
         m.group = j->w[0].group_cols;
         CK(b, cuda_matmul(c->stream, &m), "a grouped (expert) matmul");
@@ -704,6 +747,65 @@ static int attn_tile(const struct cuda_backend *c, int n_q, int head_dim)
     return t;
 }
 
+// Partial sets of decode attention: at most 256 MiB, else decode steps run unsplit.
+#define DECODE_PARTS_MAX ((size_t)256 << 20)
+
+// A decode step (one new token per sequence): the items come from each
+// token's position on the device (plan_decode_item), the grid from the
+// number of sequences alone, and the partial sets sit at fixed rows of a
+// buffer sized once, for the most sequences that split and the longest
+// context the pool holds — so that the op records into a graph that any
+// decode step of the same size replays.
+static int attention_decode(struct cuda_backend *c, const struct backend_weights *w, int layer,
+                            const struct backend_step *s, const struct kv_pool *kv, const float *q,
+                            float *out, const struct plan_attn_opts *o)
+{
+    struct backend *b = &c->b;
+    const struct model_config *cfg = w->cfg;
+    const int H = cfg->n_heads, KVH = cfg->n_kv_heads, D = cfg->head_dim;
+    long long ctx = (long long)(kv->n_blocks + 1) * KV_BLOCK_TOKENS;
+    if (ctx > cfg->max_position_embeddings) ctx = cfg->max_position_embeddings;
+    const int max_chunks = (int)((ctx + o->chunk - 1) / o->chunk);
+    // The most sequences a step splits: n x KV heads below the target.
+    const int most = o->target_ctas > KVH ? (o->target_ctas - 1) / KVH : 0;
+    const size_t rows = (size_t)most * (size_t)max_chunks * (size_t)H;
+    const size_t bytes = rows * ((size_t)D + 2) * sizeof(float);
+    int split = plan_decode_split(s->n_seqs, KVH, o->target_ctas, o->max_split);
+    if (bytes > DECODE_PARTS_MAX || (size_t)s->n_seqs * max_chunks * H > rows) split = 1;
+    if (split > 1) {
+        int rc = dbuf_need(c, &c->dparts, bytes + 16, "decode attention partials");
+        if (rc) return rc;
+    }
+    const size_t esz = dtype_size(kv->dtype), lo = (size_t)layer * kv->layer_elems * esz;
+    struct cuda_attn a;
+    memset(&a, 0, sizeof a);
+    a.n_items = s->n_seqs * split;
+    a.n_combine = split > 1 ? s->n_seqs : 0;
+    a.split = split;
+    a.max_chunks = max_chunks;
+    a.tile_tokens = 1;
+    a.chunk = o->chunk;
+    a.n_kv_heads = KVH;
+    a.n_q = H / KVH;
+    a.head_dim = D;
+    a.scale = 1.0f / sqrtf((float)D);
+    a.tok_pos = s->tok_pos;
+    a.bt_start = s->bt_start;
+    a.bt = s->bt;
+    a.k = (const char *)kv->k + lo;
+    a.v = (const char *)kv->v + lo;
+    a.kv_dtype = kv->dtype;
+    a.q = q;
+    a.out = out;
+    if (split > 1) {
+        a.part_acc = (float *)c->dparts.p;
+        a.part_m = a.part_acc + rows * (size_t)D;
+        a.part_l = a.part_m + rows;
+    }
+    CK(b, cuda_attention(c->stream, &a), "paged attention (decode)");
+    return 0;
+}
+
 static int cu_attention(struct backend *b, const struct backend_weights *w, int layer,
                         const struct backend_step *s, const struct kv_pool *kv, const float *q,
                         float *out)
@@ -727,6 +829,7 @@ static int cu_attention(struct backend *b, const struct backend_weights *w, int 
     o.n_heads = cfg->n_heads;
     // Partial sets of at most 256 MiB; a step that would need more runs unsplit.
     o.max_part_rows = ((long long)256 << 20) / (long long)(((size_t)cfg->head_dim + 2) * sizeof(float));
+    if (s->n_tokens == s->n_seqs) return attention_decode(c, w, layer, s, kv, q, out, &o);
     struct plan_attn pa;
     if (plan_attention(s->h_seq_start, s->h_tok_pos, s->n_seqs, &o, NULL, 0, NULL, 0, &pa))
         return backend_fail(b, MS_EINVAL, "attention: the step's layout is inconsistent");
@@ -790,16 +893,63 @@ static int cu_router_topk(struct backend *b, const float *logits, int n, int n_e
     return 0;
 }
 
-static int cu_moe_route(struct backend *b, const int32_t *ids, int n_tokens, int k, int n_experts,
-                        int32_t *off, int32_t *slot, int32_t *token)
+static int cu_moe_route(struct backend *b, const struct backend_route *r)
 {
     struct cuda_backend *c = cuda_of(b);
     ON_DEVICE(c);
-    if (n_experts < 1 || cuda_moe_route_smem(n_experts) > c->prop.sharedMemPerBlockOptin)
+    const int n = r->e1 - r->e0;
+    if (n < 0 || r->n_tokens < 0 || r->k < 1 || r->pad < 1)
+        return backend_fail(b, MS_EINVAL, "routing %d tokens x top-%d to experts [%d, %d) padded "
+                            "to %d rows", r->n_tokens, r->k, r->e0, r->e1, r->pad);
+    if (cuda_moe_route_smem(n) > c->prop.sharedMemPerBlockOptin)
         return backend_fail(b, MS_EUNSUPPORTED, "routing over %d experts needs more shared memory "
-                            "than GPU %d has", n_experts, c->dev);
-    CK(b, cuda_moe_route(c->stream, ids, n_tokens, k, n_experts, off, slot, token),
-       "sorting the tokens by expert");
+                            "than GPU %d has", n, c->dev);
+    struct cuda_route d;
+    memset(&d, 0, sizeof d);
+    d.ids = r->ids;
+    d.live = r->live;
+    d.n_tokens = r->n_tokens;
+    d.k = r->k;
+    d.e0 = r->e0;
+    d.e1 = r->e1;
+    d.pad = r->pad;
+    d.off = r->off;
+    d.count = r->count;
+    d.slot = r->slot;
+    d.token = r->token;
+    d.pair = r->pair;
+    CK(b, cuda_moe_route(c->stream, &d), "sorting the tokens by expert");
+    return 0;
+}
+
+// The grouped matmul's tile: 8 rows when experts average 8 rows or fewer
+// (decode), else 64 (cu_grouped_matmul picks the same).
+static int cu_route_pad(const struct backend *b, int n_pairs, int n_groups)
+{
+    (void)b;
+    return n_pairs <= 8 * n_groups ? 8 : 64;
+}
+
+static int cu_moe_return_slots(struct backend *b, const int32_t *ids, const int32_t *live,
+                               int n_tokens, int k, const int *first, int n_ranks, int stride,
+                               int32_t *slot)
+{
+    struct cuda_backend *c = cuda_of(b);
+    if (n_ranks < 1 || n_ranks > CUDA_MAX_RANKS || k < 1 || n_tokens < 0)
+        return backend_fail(b, MS_EINVAL, "return slots of %d tokens x top-%d over %d ranks (at "
+                            "most %d)", n_tokens, k, n_ranks, CUDA_MAX_RANKS);
+    ON_DEVICE(c);
+    struct cuda_return d;
+    memset(&d, 0, sizeof d);
+    d.ids = ids;
+    d.live = live;
+    d.n_tokens = n_tokens;
+    d.k = k;
+    d.n_ranks = n_ranks;
+    d.stride = stride;
+    memcpy(d.first, first, (size_t)(n_ranks + 1) * sizeof *first);
+    d.slot = slot;
+    CK(b, cuda_moe_return(c->stream, &d), "the MoE return slots");
     return 0;
 }
 
@@ -993,12 +1143,88 @@ static int cu_sample(struct backend *b, const struct backend_sample_row *rows, i
     return 0;
 }
 
+// ---- graphs ---------------------------------------------------------------------
+
+// Stream capture, local to this thread (other ranks' threads record their
+// own graphs, or run, meanwhile).
+static int cu_graph_begin(struct backend *b)
+{
+    struct cuda_backend *c = cuda_of(b);
+    if (c->recording) return backend_fail(b, MS_EINVAL, "a graph is already being recorded");
+    ON_DEVICE(c);
+    CK(b, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal),
+       "starting to record a graph");
+    c->recording = true;
+    c->rec_failed = false;
+    c->rec_gen = c->gen;
+    return 0;
+}
+
+static int cu_graph_end(struct backend *b, struct backend_graph **out)
+{
+    struct cuda_backend *c = cuda_of(b);
+    *out = NULL;
+    if (!c->recording) return backend_fail(b, MS_EINVAL, "no graph is being recorded");
+    c->recording = false;
+    ON_DEVICE(c);
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (e != cudaSuccess) {
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError(); // a failed capture is not the context's failure
+        return fail_cuda(b, e, "recording a graph");
+    }
+    if (c->rec_failed || c->gen != c->rec_gen) {
+        cudaGraphDestroy(g);
+        return backend_fail(b, MS_EINVAL, "an op failed or moved scratch memory while the graph "
+                            "was recorded on GPU %d", c->dev);
+    }
+    struct backend_graph *bg = (struct backend_graph *)calloc(1, sizeof *bg);
+    if (!bg) {
+        cudaGraphDestroy(g);
+        return backend_fail(b, MS_ENOMEM, "out of host memory for a graph");
+    }
+    if ((e = cudaGraphInstantiate(&bg->exec, g, 0)) != cudaSuccess) {
+        cudaGraphDestroy(g);
+        free(bg);
+        cudaGetLastError();
+        return fail_cuda(b, e, "instantiating a recorded graph");
+    }
+    bg->graph = g;
+    bg->gen = c->gen;
+    *out = bg;
+    return 0;
+}
+
+static int cu_graph_launch(struct backend *b, struct backend_graph *g)
+{
+    struct cuda_backend *c = cuda_of(b);
+    if (g->gen != c->gen)
+        return backend_fail(b, MS_EINVAL, "the graph was recorded before GPU %d's scratch memory "
+                            "moved", c->dev);
+    int rc = not_while_recording(c, "launching a graph");
+    if (rc) return rc;
+    ON_DEVICE(c);
+    CK(b, cudaGraphLaunch(g->exec, c->stream), "replaying a graph");
+    return 0;
+}
+
+static void cu_graph_free(struct backend *b, struct backend_graph *g)
+{
+    if (!g) return;
+    cudaSetDevice(cuda_of(b)->dev);
+    cudaGraphExecDestroy(g->exec); // after the launches queued before it
+    cudaGraphDestroy(g->graph);
+    free(g);
+}
+
 static void cu_destroy(struct backend *b)
 {
     if (!b) return;
     struct cuda_backend *c = cuda_of(b);
     cudaSetDevice(c->dev);
-    struct dbuf *bufs[] = {&c->tiles, &c->ptrs, &c->plan, &c->parts, &c->stab, &c->swork, &c->sout};
+    struct dbuf *bufs[] = {&c->tiles, &c->ptrs, &c->plan, &c->parts, &c->dparts, &c->stab,
+                           &c->swork, &c->sout};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dbuf_free(bufs[i]);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c->h_plan);
@@ -1032,11 +1258,17 @@ static const struct backend_ops cuda_ops = {
     cu_attention,
     cu_router_topk,
     cu_moe_route,
+    cu_route_pad,
+    cu_moe_return_slots,
     cu_silu_mul,
     cu_gather_rows,
     cu_moe_combine,
     cu_lm_head,
     cu_sample,
+    cu_graph_begin,
+    cu_graph_end,
+    cu_graph_launch,
+    cu_graph_free,
     cu_destroy,
 };
 
@@ -1087,6 +1319,7 @@ int backend_cuda_create(int device_index, int rank, struct backend **out, char *
     c->b.index = rank;
     c->b.impl = c;
     c->dev = device_index;
+    c->stab.no_graph = c->swork.no_graph = c->sout.no_graph = true;
     cudaError_t e;
     if ((e = cudaSetDevice(device_index)) != cudaSuccess ||
         (e = cudaGetDeviceProperties(&c->prop, device_index)) != cudaSuccess ||

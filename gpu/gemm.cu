@@ -12,13 +12,17 @@
 // The decode path is memory-bound (each weight byte is read once per 8 rows);
 // the prefill path reads it once per 64 rows.
 //
-// Grouped matmuls (experts) take their row ranges from device memory: a
-// one-block kernel turns the offsets into a list of (group, first row) tiles,
-// and the main grid is sized by a bound the host knows (n_groups + rows / 64),
-// so routing never makes a host round trip. Quantized weights (fp8, int8,
-// int4) take qgemm.cu's kernels on the same grid; other weight dtypes (f16,
-// f32) and quantized groups off the 32-input steps a plain fp32 path with
-// the same interface.
+// Grouped matmuls (experts) take their row ranges from device memory, so
+// routing never makes a host round trip. Offsets moe_route padded to the
+// tile (8 or 64 rows) make the tiles implicit: tile i is rows [i x tile, (i +
+// 1) x tile), its group found by a binary search of the offsets, padding
+// rows (a negative row index) skipped, spare tiles past the end exiting.
+// Other offsets go through a one-block kernel that turns them into a list of
+// (group, first row) tiles. Either way the grid is sized by a bound the host
+// knows. Quantized weights (fp8, int8, int4) take qgemm.cu's kernels on the
+// same grid (mma.cuh's tile frame: the same padding); other weight dtypes
+// (f16, f32) and quantized groups off the 32-input steps a plain fp32 path
+// with the same interface.
 #include "gpu/kernels.cuh"
 
 #include "gpu/mma.cuh"
@@ -109,6 +113,7 @@ __global__ void mm_plain_kernel(const mm_params p, const void *const *wtab_any, 
         if (r >= p.off[n_groups]) return;
         while (g + 1 < n_groups && p.off[g + 1] <= r) g++;
     }
+    if ((p.x_rows && p.x_rows[r] < 0) || (p.y_rows && p.y_rows[r] < 0)) return; // padding
     const void *w = wtab_any ? wtab_any[g] : w_any;
     const float *x = p.x + (size_t)(p.x_rows ? p.x_rows[r] : r) * p.ldx;
     const size_t base = (size_t)(p.o0 + o) * p.K;
@@ -164,11 +169,19 @@ cudaError_t cuda_matmul(cudaStream_t s, const struct cuda_mm *m)
     // Quantized blocks are 64-byte aligned whatever K (gpu/qlayout.h).
     p.vec = (m->quant != QUANT_NONE || m->K % 8 == 0) && m->ldx % 4 == 0 && aligned16(m->x) &&
             (m->wtab || aligned16(m->w));
-    // Few rows per group: eight rows a tile (decode); else 64.
-    const bool small = m->max_group_rows <= 8;
+    // Few rows per group: eight rows a tile (decode); else 64. Offsets
+    // padded to one of the two pick it.
+    const bool padded = m->off && m->n_groups > 0 && (m->pad == 8 || m->pad == 64);
+    const bool small = padded ? m->pad == 8 : m->max_group_rows <= 8;
     const int per_tile = small ? 8 : 64;
     unsigned ny;
-    if (m->off && m->n_groups > 0) {
+    if (padded) {
+        const size_t tiles = ((size_t)m->max_rows + per_tile - 1) / per_tile;
+        if (tiles > 65535) return cudaErrorInvalidValue;
+        p.pad = per_tile;
+        p.n_groups = m->n_groups;
+        ny = (unsigned)tiles;
+    } else if (m->off && m->n_groups > 0) {
         if (m->n_groups > 1024) return cudaErrorInvalidValue;
         const int max_tiles = plan_group_tiles_bound(m->n_groups, m->max_rows, per_tile);
         if (max_tiles <= 0) return cudaSuccess;
@@ -188,7 +201,7 @@ cudaError_t cuda_matmul(cudaStream_t s, const struct cuda_mm *m)
         // grid.y is at most 65535: longer row lists go in slices of tiles.
         dim3 grid(ox, ny - y0 < 65535 ? ny - y0 : 65535);
         mm_params q = p;
-        if (!q.tiles && y0) {
+        if (!q.tiles && !q.pad && y0) {
             const size_t skip = (size_t)y0 * per_tile;
             q.x_rows = p.x_rows ? p.x_rows + skip : nullptr;
             q.y_rows = p.y_rows ? p.y_rows + skip : nullptr;

@@ -20,9 +20,25 @@ cudaError_t cuda_moe_combine(cudaStream_t s, float *x, const float *expert_out, 
                              const float *weights, int n_tokens, int k, int width);
 cudaError_t cuda_router_topk(cudaStream_t s, const float *logits, int n, int n_experts, int k,
                              bool norm_topk, int32_t *ids, float *weights);
+// The routing (moe_route.cu): backend_route's fields.
+struct cuda_route {
+    const int32_t *ids, *live;
+    int n_tokens, k, e0, e1, pad;
+    int32_t *off, *count, *slot, *token, *pair;
+};
 size_t cuda_moe_route_smem(int n_experts);
-cudaError_t cuda_moe_route(cudaStream_t s, const int32_t *ids, int n_tokens, int k, int n_experts,
-                           int32_t *off, int32_t *slot, int32_t *token);
+cudaError_t cuda_moe_route(cudaStream_t s, const struct cuda_route *r);
+
+// Return slots of a fixed-size exchange (moe_return.cu); first is copied
+// into the launch.
+#define CUDA_MAX_RANKS 64
+struct cuda_return {
+    const int32_t *ids, *live;
+    int n_tokens, k, n_ranks, stride;
+    int first[CUDA_MAX_RANKS + 1];
+    int32_t *slot;
+};
+cudaError_t cuda_moe_return(cudaStream_t s, const struct cuda_return *p);
 cudaError_t cuda_dummy_fill(cudaStream_t s, const struct tensor *t, size_t n, void *dst);
 // A quantized matrix (t->quant.format != QUANT_NONE) into dst, tensor_bytes(t)
 // bytes of device memory, in gpu/qlayout.h's blocks (qweights.cu); st is
@@ -56,6 +72,7 @@ struct cuda_mm {
     int2 *tiles;                    // grouped: scratch of tiles_cap tiles, and their count
     int *n_tiles;
     int tiles_cap;
+    int pad;                        // grouped: 8 or 64 when off is padded to it (no tile list)
     bool accumulate;
     enum quant_format quant;        // QUANT_NONE, or w / wtab hold gpu/qlayout.h's blocks
     int group;                      // quantized: inputs per scale group
@@ -77,12 +94,15 @@ struct cuda_rope {
 };
 cudaError_t cuda_rope_store(cudaStream_t s, const struct cuda_rope *p);
 
-// Paged attention over plan_attention's items (attention.cu).
+// Paged attention over plan_attention's items (attention.cu), or, with
+// items NULL, a decode step's items derived on the device: n_items = n_seqs
+// x split, n_combine = n_seqs (0 when split is 1).
 struct cuda_attn {
     const struct plan_attn_item *items;
     int n_items;
     const struct plan_attn_combine *combine;
     int n_combine;
+    int split, max_chunks;          // decode: items per sequence, partial sets per sequence
     int tile_tokens;                // the plan's tile (shared memory is sized by it)
     int chunk;                      // the plan's chunk of KV positions
     int n_kv_heads, n_q, head_dim;  // n_q: query heads per KV head

@@ -15,6 +15,7 @@
 #include <cuda_bf16.h>
 
 #include "gpu/common.cuh"
+#include "gpu/plan.h"
 
 #define MM_WARPS 4
 #define MM_OUTS 16
@@ -33,6 +34,8 @@ struct mm_params {
     int rows;
     const int2 *tiles;              // (group, first row) per blockIdx.y, or NULL: blockIdx.y * rows per tile
     const int *n_tiles;
+    int pad;                        // > 0: off (n_groups + 1) padded to tiles of pad (= NT x 8) rows
+    int n_groups;
     bool accumulate;
     bool vec;                       // 16-byte loads allowed (K % 8 == 0, ldx % 4 == 0, aligned)
     // Quantized matrices (qgemm.cu; gpu/qlayout.h): format, inputs per
@@ -75,11 +78,20 @@ __device__ __forceinline__ void load_x8(const float *row, int k, int kend, bool 
     for (int i = 0; i < 8; i++) f[i] = k + i < kend ? row[k + i] : 0.0f;
 }
 
-// This CTA's rows: group *g's [*r0, *r_end), from the tile list (grouped)
-// or blockIdx.y. False when the CTA has none (a spare tile).
+// This CTA's rows: group *g's [*r0, *r_end), from padded offsets (tile
+// blockIdx.y, its group by a binary search: fwd_plan_group_of_row), the
+// tile list (grouped) or blockIdx.y. False when the CTA has none (a spare
+// tile).
 __device__ __forceinline__ bool mm_tile(const mm_params &p, int nt, int *g, int *r0, int *r_end)
 {
     *g = 0;
+    if (p.pad > 0) {
+        *r0 = (int)blockIdx.y * nt * 8;
+        if (*r0 >= p.off[p.n_groups]) return false;
+        *g = fwd_plan_group_of_row(p.off, p.n_groups, *r0);
+        *r_end = p.off[*g + 1];
+        return true;
+    }
     if (p.tiles) {
         if ((int)blockIdx.y >= *p.n_tiles) return false;
         const int2 t = p.tiles[blockIdx.y];
@@ -93,14 +105,16 @@ __device__ __forceinline__ bool mm_tile(const mm_params &p, int nt, int *g, int 
     return *r0 < *r_end;
 }
 
-// Lane gid's activation row in each 8-row slice of the tile (nullptr past its end).
+// Lane gid's activation row in each 8-row slice of the tile (nullptr past its
+// end, and for a padding row: a negative row index).
 template <int NT>
 __device__ __forceinline__ void mm_x_rows(const mm_params &p, int r0, int r_end, int gid,
                                           const float *xr[NT])
 {
     for (int t = 0; t < NT; t++) {
         const int r = r0 + t * 8 + gid;
-        xr[t] = r < r_end ? p.x + (size_t)(p.x_rows ? p.x_rows[r] : r) * p.ldx : nullptr;
+        const int xi = r < r_end ? (p.x_rows ? p.x_rows[r] : r) : -1;
+        xr[t] = xi >= 0 ? p.x + (size_t)xi * p.ldx : nullptr;
     }
 }
 
@@ -122,6 +136,7 @@ __device__ __forceinline__ void mm_store(const mm_params &p, float (*red)[NT][4]
             const int o = otile + gid + (i >= 2 ? 8 : 0);
             const int r = r0 + t * 8 + tig * 2 + (i & 1);
             if (o >= p.n_out || r >= r_end) continue;
+            if ((p.x_rows && p.x_rows[r] < 0) || (p.y_rows && p.y_rows[r] < 0)) continue; // padding
             float *y = p.y + (size_t)(p.y_rows ? p.y_rows[r] : r) * p.ldy + o;
             *y = p.accumulate ? *y + s : s;
         }

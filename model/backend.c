@@ -47,7 +47,7 @@ int kv_pool_create(struct backend *b, const struct model_config *cfg, enum dtype
                       "not %d blocks", KV_BLOCK_TOKENS, n_blocks);
     size_t per_layer_block, layer, bytes;
     if (!kv_block_elems(cfg, &per_layer_block) ||
-        ms_mul_overflow(per_layer_block, (size_t)n_blocks, &layer) ||
+        ms_mul_overflow(per_layer_block, (size_t)n_blocks + 1, &layer) || // + the scratch block
         ms_mul_overflow(layer, (size_t)cfg->n_layers, &bytes) ||
         ms_mul_overflow(bytes, dtype_size(dtype), &bytes))
         return ms_err(err, errlen, MS_ENOFIT, "a KV pool of %d blocks overflows the address space",

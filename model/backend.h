@@ -124,15 +124,18 @@ struct backend_weights {
 };
 
 // A rank's paged KV cache. Keys are stored transposed within their block, so
-// that attention reads one dimension of 16 keys as one vector.
+// that attention reads one dimension of 16 keys as one vector. Block ids
+// 0..n_blocks-1 are the sequences'; one more block, id n_blocks, is scratch
+// that no sequence owns: the padding rows of a decode step padded to its
+// bucket (forward.c) write their K and V there.
 struct kv_pool {
     enum dtype dtype;            // DTYPE_BF16, DTYPE_F16 or DTYPE_F32
-    int n_blocks;
+    int n_blocks;                // the sequences' blocks (the pool holds n_blocks + 1)
     int n_layers, n_kv_heads, head_dim;
     size_t block_bytes;          // K and V of one block over all layers
-    size_t layer_elems;          // K (or V) elements of one layer: n_blocks * n_kv_heads * 16 * head_dim
-    void *k;                     // (n_layers, n_blocks, n_kv_heads, head_dim, KV_BLOCK_TOKENS)
-    void *v;                     // (n_layers, n_blocks, n_kv_heads, KV_BLOCK_TOKENS, head_dim)
+    size_t layer_elems;          // K (or V) elements of one layer: (n_blocks + 1) * n_kv_heads * 16 * head_dim
+    void *k;                     // (n_layers, n_blocks + 1, n_kv_heads, head_dim, KV_BLOCK_TOKENS)
+    void *v;                     // (n_layers, n_blocks + 1, n_kv_heads, KV_BLOCK_TOKENS, head_dim)
 };
 
 // The token layout of one step, in backend memory, with the same arrays on
@@ -172,6 +175,9 @@ struct backend_mm {
 // without telling the host; h_off is the same array on the host when the
 // caller has it (else NULL), and max_rows bounds off[n_groups] for sizing.
 // x row i is x[x_rows ? x_rows[i] : i]; y row i is y[y_rows ? y_rows[i] : i].
+// Padded groups (moe_route's offsets, pad > 1): every group's rows are a
+// multiple of pad, and its padding rows, which follow its real ones, carry
+// a negative x_rows (or y_rows) entry: they are neither read nor written.
 struct backend_gmm {
     const struct backend_mat *w; // (n_groups) host array of prepared matrices, same shape
     int n_groups;
@@ -184,7 +190,32 @@ struct backend_gmm {
     float *y;
     size_t ldy;
     const int32_t *y_rows;       // (off[n_groups]) or NULL
+    int pad;                     // 0 or 1: any offsets; > 1: padded as moe_route pads with it
 };
+
+// The routing of one MoE layer's (token, slot) pairs to experts [e0, e1)
+// (fwd_plan_route is the host twin; all arrays backend memory): pairs p =
+// t * k + j whose expert ids[p] is in [e0, e1), and whose token is live, are
+// sorted by expert, tokens ascending within one, each expert's rows padded
+// to a multiple of pad. Pairs of other experts and of dead tokens are left
+// out (slot -1): the rank's other experts, another rank's, the padding
+// tokens of a padded decode step.
+struct backend_route {
+    const int32_t *ids;          // (n_tokens, k) each pair's expert (any value)
+    const int32_t *live;         // (n_tokens) 0 for a token to leave out, or NULL: all live
+    int n_tokens, k;
+    int e0, e1;                  // the experts routed
+    int pad;                     // >= 1: each expert's rows a multiple of pad (route_pad's)
+    int32_t *off;                // (e1 - e0 + 1) each expert's first row; off[e1 - e0]: rows in all
+    int32_t *count;              // (e1 - e0) each expert's pairs (its rows without padding), or NULL
+    int32_t *slot;               // (n_tokens * k) each pair's row, -1 when left out
+    int32_t *token;              // (fwd_plan_route_rows(n_tokens * k, e1 - e0, pad)) each row's
+                                 // token, -1 for a padding row
+    int32_t *pair;               // (as token) each row's pair t * k + j, -1 for padding, or NULL
+};
+
+// A recorded sequence of ops (graph_begin .. graph_end), replayed by graph_launch.
+struct backend_graph;
 
 // One row to sample from (host memory; the arrays it points to are host
 // memory too unless marked). The logits row is modified in place (bias,
@@ -247,8 +278,9 @@ struct backend_ops {
     int (*prepare_weights)(struct backend *b, const struct model *m, int expert_begin,
                            int expert_end, struct backend_weights **out);
     void (*release_weights)(struct backend *b, struct backend_weights *w);
-    // A KV pool of n_blocks blocks in backend memory (kv_pool_create checks
-    // the arguments and sizes; this allocates and fills in k and v).
+    // A KV pool of n_blocks blocks and its scratch block in backend memory
+    // (kv_pool_create checks the arguments and sizes; this allocates and
+    // fills in k and v).
     int (*kv_alloc)(struct backend *b, struct kv_pool *kv);
     void (*kv_free)(struct backend *b, struct kv_pool *kv);
 
@@ -281,12 +313,20 @@ struct backend_ops {
     // the k when norm_topk.
     int (*router_topk)(struct backend *b, const float *logits, int n, int n_experts, int k,
                        bool norm_topk, int32_t *ids, float *weights);
-    // Sorts the (token, slot) pairs by expert, tokens ascending within one:
-    // ids (n_tokens, k) -> off (n_experts + 1) where each expert's rows start,
-    // slot (n_tokens * k) the sorted row of each pair, token (n_tokens * k)
-    // the token of each sorted row.
-    int (*moe_route)(struct backend *b, const int32_t *ids, int n_tokens, int k, int n_experts,
-                     int32_t *off, int32_t *slot, int32_t *token);
+    // Routes a MoE layer's pairs (struct backend_route), on the backend:
+    // nothing is read back to the host.
+    int (*moe_route)(struct backend *b, const struct backend_route *r);
+    // The pad moe_route should use for n_pairs pairs over n_groups experts:
+    // the row tile this backend's grouped matmul runs (1: none needed).
+    int (*route_pad)(const struct backend *b, int n_pairs, int n_groups);
+    // Where each pair's expert output comes back in a fixed-size exchange
+    // (fwd_plan_return_slot): ids (n_tokens, k) -> slot (n_tokens * k),
+    // rank p owning experts [first[p], first[p + 1]) (first: host, n_ranks +
+    // 1), stride rows from each rank; -1 for tokens with live[t] == 0 (live
+    // NULL: all live) and experts no rank owns.
+    int (*moe_return_slots)(struct backend *b, const int32_t *ids, const int32_t *live,
+                            int n_tokens, int k, const int *first, int n_ranks, int stride,
+                            int32_t *slot);
     // g (n) = silu(g) * u.
     int (*silu_mul)(struct backend *b, float *g, const float *u, size_t n);
     // dst row i (n, width) = src row rows[i].
@@ -294,7 +334,8 @@ struct backend_ops {
                        int width, float *dst);
     // x (n_tokens, width) += sum over j in 0..k-1, in that order, of
     // weights[t, j] * expert_out row slot[t, j]: the same sum whatever the
-    // ranks or the batch.
+    // ranks or the batch. A pair whose slot is negative adds nothing; slot
+    // NULL reads pair (t, j) at row t * k + j.
     int (*moe_combine)(struct backend *b, float *x, const float *expert_out, const int32_t *slot,
                        const float *weights, int n_tokens, int k, int width);
     // logits (n, n_out) = x (n, hidden) . lm_head[v0 : v0 + n_out]^T, rows
@@ -309,6 +350,26 @@ struct backend_ops {
     // temperature 1); greedy takes the lowest id among equal maxima.
     int (*sample)(struct backend *b, const struct backend_sample_row *rows, int n, int vocab,
                   struct sample_token *out);
+
+    // ---- captured steps (optional: all four NULL on a backend without them) ---
+    // From graph_begin to graph_end, the ops called on this backend (and the
+    // communicator calls enqueued on it) are recorded, not run. A recorded
+    // op keeps the host arguments it was called with — sizes, pointers, the
+    // host arrays it read — and reads backend memory when the graph runs, so
+    // only steps whose host arguments are the same every time may be
+    // recorded (forward.c's padded decode steps; attention then plans on the
+    // device: one new token per sequence). download and sync cannot be
+    // recorded: calling them fails the recording.
+    int (*graph_begin)(struct backend *b);
+    // Ends the recording: *out is a graph to launch, or NULL with the failure
+    // (an op that failed or could not be recorded, or the device refusing the
+    // graph). Nothing recorded has run either way.
+    int (*graph_end)(struct backend *b, struct backend_graph **out);
+    // Runs a recorded graph after the ops before it (queued like an op). It
+    // fails, changing nothing, when memory the graph used has been moved
+    // since it was recorded (the backend's own scratch grew): record it again.
+    int (*graph_launch)(struct backend *b, struct backend_graph *g);
+    void (*graph_free)(struct backend *b, struct backend_graph *g);
 
     void (*destroy)(struct backend *b);
 };

@@ -15,12 +15,34 @@
 #include "model/config.h"
 #include "model/model.h"
 
+// How decode steps run. A decode step is one where every rank's sequences
+// each bring one new token and want its logits (a rank with none joins in).
+enum fwd_decode {
+    // Every step as it comes (vLLM's --enforce-eager).
+    FWD_DECODE_EAGER = 0,
+    // Decode steps are padded to a bucket of sequences (fwd_plan_bucket):
+    // padding sequences of one token write the pool's scratch block, their
+    // logits rows follow the real ones, they route to no expert; MoE rows
+    // are exchanged in sizes known at the step's start (all-gather of the
+    // ranks' rows, one row back per pair). From the step's header to its
+    // end nothing is read back to the host. Run eagerly: the choreography a
+    // graph records, on any backend.
+    FWD_DECODE_PADDED,
+    // As PADDED, each bucket's step recorded once as a graph (backend.h's
+    // graph ops) and replayed; eager where the backend has no graph ops or
+    // the recording fails (said once in the log).
+    FWD_DECODE_GRAPHS,
+};
+
 struct rank_opts {
     int rank;              // this rank's index
     int n_ranks;           // ranks in the expert-parallel group
     struct comm *comm;     // NULL when n_ranks == 1: every expert is local
     int max_batch_tokens;  // most new tokens in one step on this rank (sizes the workspace)
     int max_batch_seqs;    // most sequences in one step on this rank
+    enum fwd_decode decode; // every rank of a group the same
+    int max_logit_rows;    // rows every logits buffer handed to rank_forward holds: padded steps
+                           // write a row per bucket row (0: decode steps are never padded)
 };
 
 struct rank;
@@ -50,16 +72,20 @@ struct fwd_batch {
 // Runs one step: writes the new tokens' K/V into their blocks and, for each
 // sequence in order, n_logits rows of fp32 logits into logits (sum of
 // n_logits, vocab), which is backend memory (the engine samples there; read
-// it on the host with the backend's download). Under expert parallelism
-// every rank must call this for every step, in lockstep, with whatever batch
-// it has (possibly empty).
+// it on the host with the backend's download). A padded decode step
+// (rank_opts.decode) writes logits rows for its padding sequences after the
+// real ones, up to max_logit_rows. Under expert parallelism every rank must
+// call this for every step, in lockstep, with whatever batch it has
+// (possibly empty); every rank's step starts with one exchange of the step's
+// sizes (its header).
 int rank_forward(struct rank *r, const struct fwd_batch *b, float *logits,
                  char *err, size_t errlen);
 
 // The parts of a step whose wall time rank_stats accumulates: the embedding,
 // attention and the norms before each MLP; the MLP or MoE layers with their
 // exchanges; the final norm and the lm_head (with its exchanges under
-// expert parallelism).
+// expert parallelism, and the step's header exchange). A replayed graph's
+// launch counts as attention.
 enum fwd_phase { FWD_PHASE_ATTENTION, FWD_PHASE_MOE, FWD_PHASE_LM_HEAD, FWD_PHASES };
 
 // Counters the metrics read; updated by rank_forward.
@@ -67,6 +93,8 @@ struct rank_stats {
     uint64_t steps;
     uint64_t tokens;            // new tokens processed
     double last_step_seconds;   // wall time of the last rank_forward
+    uint64_t padded_steps;      // decode steps run padded to a bucket
+    uint64_t graph_steps;       // of those, replayed from a recorded graph
     double last_a2a_seconds;    // time in all-to-all exchanges during the last step
     const uint64_t *expert_tokens; // (n_experts) tokens this rank's local experts processed, all layers
     const uint64_t *layer_tokens;  // (n_layers) tokens this rank's local experts processed per layer

@@ -23,6 +23,7 @@
 #include "model/cpu/sample.h"
 #include "model/cpu/threadpool.h"
 #include "model/cpu/weights_cache.h"
+#include "model/fwd_plan.h"
 
 struct cpu_backend {
     struct backend b;
@@ -36,7 +37,7 @@ struct cpu_backend {
     int jobs_cap;
     int32_t *tiles;                // attention tiles: (first token, tokens) pairs
     int tiles_cap;
-    int32_t *fill;                 // moe_route: each expert's next free row
+    int32_t *fill;                 // moe_route: each expert's pairs, then its next free row
     int fill_cap;
 };
 
@@ -797,7 +798,12 @@ static int cpu_grouped_matmul(struct backend *b, const struct backend_gmm *jobs,
         const struct backend_gmm *j = &jobs[i];
         const int32_t *off = j->h_off ? j->h_off : j->off; // host memory either way here
         for (int g = 0; g < j->n_groups; g++) {
-            const int n = off[g + 1] - off[g];
+            int n = off[g + 1] - off[g];
+            // A padded group's padding rows follow its real ones.
+            while (j->pad > 1 && n > 0 &&
+                   ((j->x_rows && j->x_rows[off[g] + n - 1] < 0) ||
+                    (j->y_rows && j->y_rows[off[g] + n - 1] < 0)))
+                n--;
             if (n <= 0) continue;
             struct cpu_mm *m = &c->jobs[nj++];
             *m = (struct cpu_mm){.w = wmat_of(&j->w[g]), .x = j->x, .ldx = j->ldx, .y = j->y,
@@ -989,30 +995,40 @@ static int cpu_router_topk_op(struct backend *b, const float *logits, int n, int
     return 0;
 }
 
-// A counting sort: pairs in (token, slot) order land in their expert's rows
-// in that order, so tokens ascend within each expert.
-static int cpu_moe_route(struct backend *b, const int32_t *ids, int n_tokens, int k, int n_experts,
-                         int32_t *off, int32_t *slot, int32_t *token)
+// fwd_plan_route, the host twin every backend is held to (its memory is
+// the host's here).
+static int cpu_moe_route(struct backend *b, const struct backend_route *r)
 {
-    const int P = n_tokens * k;
-    memset(off, 0, (size_t)(n_experts + 1) * sizeof *off);
-    for (int p = 0; p < P; p++) {
-        if (ids[p] < 0 || ids[p] >= n_experts)
-            return backend_fail(b, MS_EINVAL, "pair %d routes to expert %d of %d", p, (int)ids[p],
-                                n_experts);
-        off[ids[p] + 1]++;
-    }
-    for (int e = 0; e < n_experts; e++) off[e + 1] += off[e];
+    const int n = r->e1 - r->e0;
+    if (n < 0 || r->n_tokens < 0 || r->k < 1 || r->pad < 1)
+        return backend_fail(b, MS_EINVAL, "routing %d tokens x top-%d to experts [%d, %d) padded "
+                            "to %d rows", r->n_tokens, r->k, r->e0, r->e1, r->pad);
     struct cpu_backend *c = cpu_of(b);
-    int rc = grow(c, (void **)&c->fill, &c->fill_cap, n_experts, sizeof *c->fill, "routing counters");
+    int rc = grow(c, (void **)&c->fill, &c->fill_cap, 2 * n + 1, sizeof *c->fill,
+                  "routing counters");
     if (rc) return rc;
-    int32_t *fill = c->fill;
-    memset(fill, 0, (size_t)n_experts * sizeof *fill);
-    for (int p = 0; p < P; p++) {
-        const int e = ids[p], s = off[e] + fill[e]++;
-        slot[p] = s;
-        token[s] = p / k;
-    }
+    fwd_plan_route(r->ids, r->live, r->n_tokens, r->k, r->e0, r->e1, r->pad, r->off,
+                    r->count ? r->count : c->fill + n, r->slot, r->token, r->pair, c->fill);
+    return 0;
+}
+
+// The CPU's matmul takes any rows: no padding.
+static int cpu_route_pad(const struct backend *b, int n_pairs, int n_groups)
+{
+    (void)b, (void)n_pairs, (void)n_groups;
+    return 1;
+}
+
+static int cpu_moe_return_slots(struct backend *b, const int32_t *ids, const int32_t *live,
+                                int n_tokens, int k, const int *first, int n_ranks, int stride,
+                                int32_t *slot)
+{
+    (void)b;
+    for (int t = 0; t < n_tokens; t++)
+        for (int j = 0; j < k; j++)
+            slot[t * k + j] = live && !live[t] ? -1
+                                               : fwd_plan_return_slot(ids[t * k + j], t, j, k, first,
+                                                                       n_ranks, stride);
     return 0;
 }
 
@@ -1085,9 +1101,11 @@ static void combine_rows(void *arg, int b, int e, int tid)
     float *acc = cpu_exec_scratch(&cc->c->ex, tid);
     for (int t = b; t < e; t++) {
         memset(acc, 0, (size_t)hd * sizeof(float));
-        for (int j = 0; j < k; j++)
-            cc->c->k->axpy(acc, cc->w[(size_t)t * k + j],
-                           cc->out + (size_t)cc->slot[(size_t)t * k + j] * hd, hd);
+        for (int j = 0; j < k; j++) {
+            const size_t p = (size_t)t * k + j;
+            const int32_t row = cc->slot ? cc->slot[p] : (int32_t)p;
+            if (row >= 0) cc->c->k->axpy(acc, cc->w[p], cc->out + (size_t)row * hd, hd);
+        }
         cc->c->k->axpy(cc->x + (size_t)t * hd, 1.0f, acc, hd);
     }
 }
@@ -1198,6 +1216,8 @@ static const struct backend_ops cpu_ops = {
     .attention = cpu_attention,
     .router_topk = cpu_router_topk_op,
     .moe_route = cpu_moe_route,
+    .route_pad = cpu_route_pad,
+    .moe_return_slots = cpu_moe_return_slots,
     .silu_mul = cpu_silu_mul,
     .gather_rows = cpu_gather_rows,
     .moe_combine = cpu_moe_combine,

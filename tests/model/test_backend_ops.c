@@ -31,6 +31,7 @@
 
 #include "base/base.h"
 #include "model/backend_registry.h"
+#include "model/fwd_plan.h"
 
 #define TOL 1e-4
 #define GPU_MM_TOL 1e-2
@@ -565,7 +566,9 @@ static void moe_pieces_match(struct pair *p)
             int32_t *doff = dev(s[k], NULL, (size_t)(E + 1) * sizeof(int32_t));
             int32_t *dslot = dev(s[k], NULL, (size_t)P * sizeof(int32_t));
             int32_t *dtok = dev(s[k], NULL, (size_t)P * sizeof(int32_t));
-            assert_int_equal(b->ops->moe_route(b, di, n, K, E, doff, dslot, dtok), 0);
+            const struct backend_route rt = {.ids = di, .n_tokens = n, .k = K, .e0 = 0, .e1 = E,
+                                             .pad = 1, .off = doff, .slot = dslot, .token = dtok};
+            assert_int_equal(b->ops->moe_route(b, &rt), 0);
             float *dx = dev(s[k], x, (size_t)n * H * sizeof(float));
             float *deo = dev(s[k], eo, (size_t)P * H * sizeof(float));
             assert_int_equal(b->ops->moe_combine(b, dx, deo, dslot, dw, n, K, H), 0);
@@ -610,6 +613,176 @@ static void moe_pieces_match(struct pair *p)
         free(eo);
         free(g);
         free(u);
+    }
+}
+
+// A layer's routing on the device, for several token counts, padded to 1,
+// 8 and the target's own pad, over every expert and over a rank's range,
+// with dead tokens: offsets, counts, slots and the row lists agree exactly
+// with the reference (and so with fwd_plan_route). Then where each pair
+// comes back in a fixed-size exchange, and the combine over those slots
+// (skipping the dead) and over pair-ordered rows (slot NULL).
+static void routing_pads_ranges_and_returns(struct pair *p)
+{
+    const struct model_config *c = &p->m->cfg;
+    const int E = c->n_experts, K = c->n_experts_per_tok, H = c->hidden_size;
+    const int counts[] = {0, 1, 7, 40};
+    const int first[] = {0, E / 3, E - 1, E}; // three ranks' experts, the last owning one
+    for (size_t ci = 0; ci < 4; ci++) {
+        const int n = counts[ci], P = n * K;
+        int32_t ids[40 * 8], live[40];
+        for (int t = 0; t < n; t++) {
+            live[t] = t % 4 != 3;
+            for (int j = 0; j < K; j++) ids[t * K + j] = (t * 3 + j * 5 + (t % 2) * j) % E;
+        }
+        for (int cfgi = 0; cfgi < 6; cfgi++) {
+            const int e0 = cfgi % 2 ? E / 3 : 0, e1 = cfgi % 2 ? E - 1 : E;
+            const int pad = cfgi < 2 ? 1 : cfgi < 4 ? 8 : p->t.b->ops->route_pad(p->t.b, P, e1 - e0);
+            const bool with_live = cfgi % 3 == 1;
+            const int rows = fwd_plan_route_rows(P, e1 - e0, pad), G = e1 - e0;
+            struct side *s[2] = {&p->ref, &p->t};
+            int32_t *h[2][6];
+            float *xo[2][2];
+            float *x = frand_array((size_t)(n ? n : 1) * H), *w = frand_array((size_t)(P ? P : 1));
+            float *eo = frand_array((size_t)(3 * (P ? P : 1)) * H);
+            for (int k = 0; k < 2; k++) {
+                struct backend *b = s[k]->b;
+                int32_t *di = dev(s[k], ids, (size_t)P * sizeof *ids);
+                int32_t *dl = dev(s[k], live, (size_t)n * sizeof *live);
+                int32_t *doff = dev(s[k], NULL, (size_t)(G + 1) * sizeof(int32_t));
+                int32_t *dcnt = dev(s[k], NULL, (size_t)(G ? G : 1) * sizeof(int32_t));
+                int32_t *dslot = dev(s[k], NULL, (size_t)(P ? P : 1) * sizeof(int32_t));
+                int32_t *dtok = dev(s[k], NULL, (size_t)(rows ? rows : 1) * sizeof(int32_t));
+                int32_t *dpair = dev(s[k], NULL, (size_t)(rows ? rows : 1) * sizeof(int32_t));
+                int32_t *dhome = dev(s[k], NULL, (size_t)(P ? P : 1) * sizeof(int32_t));
+                const struct backend_route rt = {
+                    .ids = di, .live = with_live ? dl : NULL, .n_tokens = n, .k = K, .e0 = e0,
+                    .e1 = e1, .pad = pad, .off = doff, .count = dcnt, .slot = dslot, .token = dtok,
+                    .pair = dpair};
+                assert_int_equal(b->ops->moe_route(b, &rt), 0);
+                assert_int_equal(b->ops->moe_return_slots(b, di, with_live ? dl : NULL, n, K, first,
+                                                          3, P, dhome), 0);
+                h[k][0] = host(s[k], doff, (size_t)(G + 1) * sizeof(int32_t));
+                h[k][1] = host(s[k], dcnt, (size_t)G * sizeof(int32_t));
+                h[k][2] = host(s[k], dslot, (size_t)P * sizeof(int32_t));
+                h[k][5] = host(s[k], dhome, (size_t)P * sizeof(int32_t));
+                const int used = h[k][0][G];
+                h[k][3] = host(s[k], dtok, (size_t)used * sizeof(int32_t));
+                h[k][4] = host(s[k], dpair, (size_t)used * sizeof(int32_t));
+                // The combine over the return slots (rows from three ranks' blocks),
+                // and over pair-ordered rows.
+                float *dx = dev(s[k], x, (size_t)n * H * sizeof(float));
+                float *dx2 = dev(s[k], x, (size_t)n * H * sizeof(float));
+                float *dw = dev(s[k], w, (size_t)P * sizeof(float));
+                float *deo = dev(s[k], eo, (size_t)3 * P * H * sizeof(float));
+                assert_int_equal(b->ops->moe_combine(b, dx, deo, dhome, dw, n, K, H), 0);
+                assert_int_equal(b->ops->moe_combine(b, dx2, deo, NULL, dw, n, K, H), 0);
+                xo[k][0] = host(s[k], dx, (size_t)n * H * sizeof(float));
+                xo[k][1] = host(s[k], dx2, (size_t)n * H * sizeof(float));
+                void *all[] = {di, dl, doff, dcnt, dslot, dtok, dpair, dhome, dx, dx2, dw, deo};
+                for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(s[k], all[i]);
+            }
+            assert_memory_equal(h[1][0], h[0][0], (size_t)(G + 1) * sizeof(int32_t));
+            assert_true(h[0][0][G] <= rows);
+            if (G) assert_memory_equal(h[1][1], h[0][1], (size_t)G * sizeof(int32_t));
+            if (P) assert_memory_equal(h[1][2], h[0][2], (size_t)P * sizeof(int32_t));
+            if (P) assert_memory_equal(h[1][5], h[0][5], (size_t)P * sizeof(int32_t));
+            if (h[0][0][G]) {
+                assert_memory_equal(h[1][3], h[0][3], (size_t)h[0][0][G] * sizeof(int32_t));
+                assert_memory_equal(h[1][4], h[0][4], (size_t)h[0][0][G] * sizeof(int32_t));
+            }
+            for (int t = 0; t < n; t++)
+                for (int j = 0; j < K; j++) {
+                    const int32_t want = with_live && !live[t] ? -1
+                                         : fwd_plan_return_slot(ids[t * K + j], t, j, K, first, 3, P);
+                    assert_int_equal(h[0][5][t * K + j], want);
+                }
+            assert_close("moe combine (return slots)", p->who, xo[1][0], xo[0][0], (size_t)n * H);
+            assert_close("moe combine (pair rows)", p->who, xo[1][1], xo[0][1], (size_t)n * H);
+            for (int k = 0; k < 2; k++) {
+                for (int i = 0; i < 6; i++) free(h[k][i]);
+                free(xo[k][0]);
+                free(xo[k][1]);
+            }
+            free(x);
+            free(w);
+            free(eo);
+        }
+    }
+}
+
+// Experts over routed, padded rows, as a padded decode step runs them: gate
+// and up read their tokens and write each pair's row, down reads and writes
+// the pair rows; padding rows are neither read nor written (their y rows
+// keep a sentinel).
+static void grouped_matmul_skips_padding_rows(struct pair *p)
+{
+    const struct model_config *c = &p->m->cfg;
+    const int E = c->n_experts, K = c->n_experts_per_tok, H = c->hidden_size;
+    const int F = c->moe_intermediate_size;
+    const int counts[] = {1, 9, 40};
+    for (size_t ci = 0; ci < 3; ci++) {
+        const int n = counts[ci], P = n * K;
+        int32_t ids[40 * 8];
+        for (int t = 0; t < n; t++)
+            for (int j = 0; j < K; j++) ids[t * K + j] = (t + j * (1 + t % 3)) % E;
+        // Distinct experts per token (the router's): shift duplicates along.
+        for (int t = 0; t < n; t++)
+            for (int j = 1; j < K; j++)
+                for (int i = 0; i < j; i++)
+                    if (ids[t * K + j] == ids[t * K + i]) ids[t * K + j] = (ids[t * K + j] + 1) % E, i = -1;
+        const int pads[] = {8, 64, p->t.b->ops->route_pad(p->t.b, P, E)};
+        for (int pi = 0; pi < 3; pi++) {
+            const int pad = pads[pi], rows = fwd_plan_route_rows(P, E, pad);
+            float *x = frand_array((size_t)n * H);
+            float *y0 = malloc((size_t)P * H * sizeof *y0);
+            assert_non_null(y0);
+            for (size_t i = 0; i < (size_t)P * H; i++) y0[i] = 1234.5f;
+            struct side *s[2] = {&p->ref, &p->t};
+            float *y[2];
+            for (int k = 0; k < 2; k++) {
+                struct backend *b = s[k]->b;
+                const struct backend_layer *L = &s[k]->w->layers[0];
+                int32_t *di = dev(s[k], ids, (size_t)P * sizeof *ids);
+                int32_t *doff = dev(s[k], NULL, (size_t)(E + 1) * sizeof(int32_t));
+                int32_t *dslot = dev(s[k], NULL, (size_t)P * sizeof(int32_t));
+                int32_t *dtok = dev(s[k], NULL, (size_t)rows * sizeof(int32_t));
+                int32_t *dpair = dev(s[k], NULL, (size_t)rows * sizeof(int32_t));
+                const struct backend_route rt = {.ids = di, .n_tokens = n, .k = K, .e0 = 0, .e1 = E,
+                                                 .pad = pad, .off = doff, .slot = dslot,
+                                                 .token = dtok, .pair = dpair};
+                assert_int_equal(b->ops->moe_route(b, &rt), 0);
+                float *dx = dev(s[k], x, (size_t)n * H * sizeof(float));
+                float *dg = dev(s[k], NULL, (size_t)P * F * sizeof(float));
+                float *du = dev(s[k], NULL, (size_t)P * F * sizeof(float));
+                float *dy = dev(s[k], y0, (size_t)P * H * sizeof(float));
+                const struct backend_gmm gu[2] = {
+                    {.w = L->expert_gate, .n_groups = E, .off = doff, .max_rows = rows, .x = dx,
+                     .ldx = (size_t)H, .x_rows = dtok, .y = dg, .ldy = (size_t)F, .y_rows = dpair,
+                     .pad = pad},
+                    {.w = L->expert_up, .n_groups = E, .off = doff, .max_rows = rows, .x = dx,
+                     .ldx = (size_t)H, .x_rows = dtok, .y = du, .ldy = (size_t)F, .y_rows = dpair,
+                     .pad = pad},
+                };
+                assert_int_equal(b->ops->grouped_matmul(b, gu, 2), 0);
+                assert_int_equal(b->ops->silu_mul(b, dg, du, (size_t)P * F), 0);
+                const struct backend_gmm down = {.w = L->expert_down, .n_groups = E, .off = doff,
+                                                 .max_rows = rows, .x = dg, .ldx = (size_t)F,
+                                                 .x_rows = dpair, .y = dy, .ldy = (size_t)H,
+                                                 .y_rows = dpair, .pad = pad};
+                assert_int_equal(b->ops->grouped_matmul(b, &down, 1), 0);
+                y[k] = host(s[k], dy, (size_t)P * H * sizeof(float));
+                void *all[] = {di, doff, dslot, dtok, dpair, dx, dg, du, dy};
+                for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(s[k], all[i]);
+            }
+            // Every pair's row was written (no sentinel left), and agrees.
+            for (size_t i = 0; i < (size_t)P * H; i++) assert_true(y[0][i] != 1234.5f);
+            assert_close_tol("grouped matmul over padded rows", p->who, y[1], y[0], (size_t)P * H, mm_tol);
+            free(y[0]);
+            free(y[1]);
+            free(x);
+            free(y0);
+        }
     }
 }
 
@@ -735,6 +908,8 @@ OP_TEST(matmul_matches_at_every_row_count)
 OP_TEST(grouped_matmul_runs_each_group_on_its_rows)
 OP_TEST(attention_over_paged_kv_matches)
 OP_TEST(moe_pieces_match)
+OP_TEST(routing_pads_ranges_and_returns)
+OP_TEST(grouped_matmul_skips_padding_rows)
 OP_TEST(lm_head_slices_match)
 OP_TEST(sample_matches_greedy_scores_and_draws)
 OP_TEST(copies_and_round_trips_are_exact)
@@ -758,6 +933,8 @@ int main(void)
         cmocka_unit_test(test_grouped_matmul_runs_each_group_on_its_rows),
         cmocka_unit_test(test_attention_over_paged_kv_matches),
         cmocka_unit_test(test_moe_pieces_match),
+        cmocka_unit_test(test_routing_pads_ranges_and_returns),
+        cmocka_unit_test(test_grouped_matmul_skips_padding_rows),
         cmocka_unit_test(test_lm_head_slices_match),
         cmocka_unit_test(test_sample_matches_greedy_scores_and_draws),
         cmocka_unit_test(test_copies_and_round_trips_are_exact),

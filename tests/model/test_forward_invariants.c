@@ -1,7 +1,9 @@
 // Pins what the forward pass must not depend on: how a prompt is cut into
 // chunks, what else shares the step (prefill and decode rows mixed), the
-// thread count, and the number of expert-parallel ranks (2 and 3 ranks as
-// threads through the in-process communicator). Every comparison is bitwise:
+// thread count, the number of expert-parallel ranks (2 and 3 ranks as
+// threads through the in-process communicator), and whether decode steps
+// run padded to a bucket with fixed-size exchanges (and, on a GPU, replayed
+// from recorded graphs). Every comparison is bitwise:
 // each matmul output is a fixed function of its row (see kernels_simd.inc),
 // attention and norms are per row, and MoE outputs are summed in top-k order,
 // so no tolerance is needed. Also: a rank handed a bad batch still joins the
@@ -28,6 +30,8 @@ static const char *data_dir;
 struct seqdef {
     int32_t tok[1024];
     int len;
+    int prompt_len;
+    int first;         // > 0: the first chunk's size, before the cycle
     int chunks[4];     // chunk sizes, cycled
     int n_chunks;
     int start_step;
@@ -73,6 +77,7 @@ static void load_seq(const char *name, size_t ci, struct seqdef *s)
     s->len = 0;
     for (size_t i = 0; i < json_array_size(p); i++)
         s->tok[s->len++] = (int32_t)json_integer_value(json_array_get(p, i));
+    s->prompt_len = s->len;
     for (size_t i = 0; i < json_array_size(t); i++)
         s->tok[s->len++] = (int32_t)json_integer_value(json_object_get(json_array_get(t, i), "id"));
     json_decref(root);
@@ -124,10 +129,18 @@ struct rank_run {
     enum dtype kv_dtype;
     int fail_step;     // this rank submits a bad batch at this step (-1: never)
     int stop_after;    // the last step this rank runs (-1: until the plan ends)
+    enum fwd_decode decode;
     int rc;
     int steps;
     uint64_t expert_rows;  // rows this rank's experts processed, all layers
+    uint64_t padded_steps, graph_steps;
 };
+
+// The size of chunk c of sequence q.
+static int chunk_size(const struct seqdef *q, int c)
+{
+    return c == 0 && q->first > 0 ? q->first : q->chunks[c % q->n_chunks];
+}
 
 // Which sequences take how many tokens at each step: the same schedule on
 // every rank, each rank keeping the sequences s with s % n_ranks == rank.
@@ -144,8 +157,8 @@ static int schedule(const struct plan *p, int step, const int *done, int *take)
             if (earlier_busy) continue;
         }
         int k = 0;
-        for (int c = 0, at = 0; at < done[s]; c++) at += q->chunks[c % q->n_chunks], k = c + 1;
-        int n = q->chunks[k % q->n_chunks];
+        for (int c = 0, at = 0; at < done[s]; c++) at += chunk_size(q, c), k = c + 1;
+        int n = chunk_size(q, k);
         take[s] = n < q->len - done[s] ? n : q->len - done[s];
         active++;
     }
@@ -168,7 +181,8 @@ static void *rank_main(void *arg)
         return NULL;
     }
     struct rank_opts o = {.rank = rr->rank, .n_ranks = rr->n_ranks, .comm = rr->comm,
-                          .max_batch_tokens = 512, .max_batch_seqs = N_SEQS};
+                          .max_batch_tokens = 512, .max_batch_seqs = N_SEQS,
+                          .decode = rr->decode, .max_logit_rows = 512};
     float *d_logits = NULL;
     if ((rr->rc = rank_create(rr->m, bk, kv, &o, &r, err, sizeof err)) ||
         (rr->rc = bk->ops->alloc(bk, (size_t)512 * rr->m->cfg.vocab_size * sizeof(float),
@@ -223,6 +237,8 @@ static void *rank_main(void *arg)
     free(logits);
     struct rank_stats st;
     rank_get_stats(r, &st);
+    rr->padded_steps = st.padded_steps;
+    rr->graph_steps = st.graph_steps;
     int eb, ee;
     rank_expert_range(r, &eb, &ee);
     for (int e = 0; e < rr->m->cfg.n_experts; e++) {
@@ -250,6 +266,8 @@ static void result_free(const struct plan *p, struct result *res)
 }
 
 static uint64_t last_expert_rows; // summed over the ranks of the last run_plan
+static uint64_t last_padded_steps, last_graph_steps; // rank 0's, in the last run_plan
+static enum fwd_decode run_decode; // how run_plan's ranks run decode steps
 
 static void run_plan(const struct model *m, const struct plan *p, int n_ranks, int threads,
                      enum dtype kv_dtype, struct result *res)
@@ -264,7 +282,7 @@ static void run_plan(const struct model *m, const struct plan *p, int n_ranks, i
     for (int i = 0; i < n_ranks; i++) {
         rr[i] = (struct rank_run){.m = m, .p = p, .res = res, .comm = comms[i], .rank = i,
                                   .n_ranks = n_ranks, .threads = threads, .kv_dtype = kv_dtype,
-                                  .fail_step = -1, .stop_after = -1};
+                                  .fail_step = -1, .stop_after = -1, .decode = run_decode};
         assert_int_equal(pthread_create(&th[i], NULL, rank_main, &rr[i]), 0);
     }
     for (int i = 0; i < n_ranks; i++) {
@@ -272,6 +290,8 @@ static void run_plan(const struct model *m, const struct plan *p, int n_ranks, i
         assert_int_equal(rr[i].rc, 0);
         last_expert_rows += rr[i].expert_rows;
     }
+    last_padded_steps = rr[0].padded_steps;
+    last_graph_steps = rr[0].graph_steps;
     for (int i = 0; i < n_ranks; i++)
         if (comms[i]) comms[i]->ops->destroy(comms[i]);
 }
@@ -340,6 +360,19 @@ static void mixed_plan(const char *name, struct plan *p)
     set_chunks(&p->seq[3], 7, 1, 1, 1, 4, 4);
 }
 
+// Each prompt in one chunk, then its continuation one token a step; the
+// sequences start two steps apart and end at different steps, so decode
+// steps hold 4, 3, 2 and 1 sequences (padded to 4, 4, 2, 1), across ranks
+// unevenly, some steps mixing a prompt with decode rows.
+static void decode_plan(const char *name, struct plan *p)
+{
+    base_plan(name, p);
+    for (int s = 0; s < N_SEQS; s++) {
+        set_chunks(&p->seq[s], 1, 0, 0, 0, 1, 2 * s);
+        p->seq[s].first = p->seq[s].prompt_len;
+    }
+}
+
 static void check_plan_against_reference(const struct model *m, const char *name,
                                          void (*make)(const char *, struct plan *), int n_ranks,
                                          int threads, enum dtype kv, const char *what)
@@ -348,7 +381,10 @@ static void check_plan_against_reference(const struct model *m, const char *name
     struct result a, b;
     reference_plan(name, &ref);
     make(name, &p);
+    const enum fwd_decode decode = run_decode;
+    run_decode = FWD_DECODE_EAGER; // the reference runs every step as it comes
     run_plan(m, &ref, 1, 1, kv, &a);
+    run_decode = decode;
     uint64_t ref_rows = last_expert_rows;
     run_plan(m, &p, n_ranks, threads, kv, &b);
     assert_same_logits(m, &ref, &a, &b, what);
@@ -390,6 +426,31 @@ static void expert_parallel_ranks_give_the_same_logits(void **state)
     check_plan_against_reference(moe, "qwen3moe-v2048", mixed_plan, 3, 1, DTYPE_F32, "3 ranks");
     check_plan_against_reference(moe, "qwen3moe-v2048", mixed_plan, 3, 2, DTYPE_BF16, "3 ranks, bf16 KV");
     check_plan_against_reference(dense, "qwen3-dense-v2048", mixed_plan, 2, 1, DTYPE_F32, "dense 2 ranks");
+}
+
+// Decode steps padded to their bucket (padding sequences in the scratch
+// block, fixed-size exchanges, rows of every rank routed everywhere) give
+// the same logits, bitwise, as every sequence alone; on 1, 2 and 3 ranks,
+// dense and MoE, interleaved with unpadded prefill steps. On a GPU the
+// padded steps replay graphs recorded per bucket (single rank; the NCCL
+// ranks run in tests/model/test_comm.c's suite).
+static void padded_decode_steps_give_the_same_logits(void **state)
+{
+    (void)state;
+    const bool gpu = harness_device != BACKEND_DEVICE_CPU;
+    run_decode = gpu ? FWD_DECODE_GRAPHS : FWD_DECODE_PADDED;
+    const char *moe_name = "qwen3moe-v2048", *dense_name = "qwen3-dense-v2048";
+    check_plan_against_reference(moe, moe_name, decode_plan, 1, 1, DTYPE_F32, "padded decode");
+    assert_true(last_padded_steps > 10); // it did pad
+    if (gpu) assert_true(last_graph_steps > 5); // and replayed graphs
+    check_plan_against_reference(moe, moe_name, mixed_plan, 1, 2, DTYPE_BF16, "padded, mixed");
+    check_plan_against_reference(dense, dense_name, decode_plan, 1, 1, DTYPE_F32, "dense padded");
+    if (!gpu) {
+        check_plan_against_reference(moe, moe_name, decode_plan, 2, 1, DTYPE_F32, "padded, 2 ranks");
+        assert_true(last_padded_steps > 10);
+        check_plan_against_reference(moe, moe_name, mixed_plan, 3, 1, DTYPE_BF16, "padded, 3 ranks");
+        check_plan_against_reference(dense, dense_name, mixed_plan, 2, 1, DTYPE_F32, "dense padded, 2 ranks");
+    }
 }
 
 // Rank 1 is handed a token outside the vocabulary at step 3: it reports the
@@ -451,17 +512,26 @@ static void quantized_models_keep_the_invariants(void **state)
     }
 }
 
+// Every test starts with decode steps run as they come.
+static int eager_decode(void **state)
+{
+    (void)state;
+    run_decode = FWD_DECODE_EAGER;
+    return 0;
+}
+
 int main(void)
 {
     const int pick = harness_pick_device();
     if (pick) return pick;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(chunked_prefill_gives_the_same_logits),
-        cmocka_unit_test(mixed_batches_give_the_same_logits_per_sequence),
-        cmocka_unit_test(thread_count_does_not_change_logits),
-        cmocka_unit_test(expert_parallel_ranks_give_the_same_logits),
-        cmocka_unit_test(a_bad_batch_on_one_rank_does_not_hang_the_others),
-        cmocka_unit_test(quantized_models_keep_the_invariants),
+        cmocka_unit_test_setup(chunked_prefill_gives_the_same_logits, eager_decode),
+        cmocka_unit_test_setup(mixed_batches_give_the_same_logits_per_sequence, eager_decode),
+        cmocka_unit_test_setup(thread_count_does_not_change_logits, eager_decode),
+        cmocka_unit_test_setup(expert_parallel_ranks_give_the_same_logits, eager_decode),
+        cmocka_unit_test_setup(padded_decode_steps_give_the_same_logits, eager_decode),
+        cmocka_unit_test_setup(a_bad_batch_on_one_rank_does_not_hang_the_others, eager_decode),
+        cmocka_unit_test_setup(quantized_models_keep_the_invariants, eager_decode),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
