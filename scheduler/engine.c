@@ -17,6 +17,7 @@
 #include "grammar/grammar.h"
 #include "model/backend_registry.h"
 #include "model/forward.h"
+#include "model/fwd_plan.h"
 #include "model/planner.h"
 #include "scheduler/kv_blocks.h"
 #include "scheduler/metrics.h"
@@ -964,6 +965,21 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
     }
     int max_rows = o->max_num_seqs + EXTRA_LOGIT_ROWS;
     if (max_rows > o->max_num_batched_tokens) max_rows = o->max_num_batched_tokens;
+    // Decode steps replay graphs where the backend records them (CUDA).
+    const struct backend_ops *ops0 = e->ranks[0].b->ops;
+    const bool graphs = !o->enforce_eager && ops0->graph_begin;
+    if (graphs) {
+        int cap = o->max_num_seqs < max_rows ? o->max_num_seqs : max_rows, bk[64];
+        const int nb = fwd_plan_buckets(cap, bk, 64);
+        ms_log(MS_LOG_INFO, "decode steps of up to %d sequences run padded to %d buckets (%d, %d, "
+               "..., %d), each replaying a %s graph recorded at its second step; --enforce-eager "
+               "runs them eagerly", cap, nb, bk[0], nb > 1 ? bk[1] : bk[0], bk[nb - 1], ops0->name);
+    } else if (o->enforce_eager && ops0->graph_begin) {
+        ms_log(MS_LOG_INFO, "--enforce-eager: decode steps run eagerly, as they come (no graphs)");
+    } else if (o->enforce_eager) {
+        ms_log(MS_LOG_INFO, "--enforce-eager: the %s backend records no graphs, so steps run "
+               "eagerly already; the flag changes nothing", ops0->name);
+    }
     for (int i = 0; i < n_ranks; i++) {
         struct rank_slot *r = &e->ranks[i];
         rc = kv_pool_create(r->b, cfg, o->kv_dtype, (int)n_blocks, &r->kv, err, errlen);
@@ -976,6 +992,8 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
             .comm = n_ranks > 1 ? e->comms[i] : NULL,
             .max_batch_tokens = o->max_num_batched_tokens,
             .max_batch_seqs = o->max_num_seqs,
+            .decode = graphs ? FWD_DECODE_GRAPHS : FWD_DECODE_EAGER,
+            .max_logit_rows = max_rows,
         };
         rc = rank_create(m, r->b, r->kv, &ro, &r->rank, err, errlen);
         if (rc) goto fail;

@@ -19,6 +19,7 @@ void engine_opts_default(struct engine_opts *o)
     o->enable_prefix_caching = true;
     o->enable_chunked_prefill = true;
     o->max_waiting_requests = 0;
+    o->enforce_eager = false;
     o->gpu_memory_utilization = 0.9;
 }
 

@@ -54,7 +54,9 @@ void engine_flags_usage(FILE *out)
         "  --max-model-len N             prompt + output tokens at most, e.g. 32K (the config's)\n"
         "  --[no-]enable-prefix-caching  reuse the KV of shared prompt prefixes (on)\n"
         "  --[no-]enable-chunked-prefill spread long prompts over several steps (on)\n"
-        "  --max-waiting-requests N      queued requests before new ones get 503 (0: no limit)\n");
+        "  --max-waiting-requests N      queued requests before new ones get 503 (0: no limit)\n"
+        "  --enforce-eager               decode steps run as they come, never replaying CUDA graphs\n"
+        "                                (by default a GPU replays a graph per batch bucket)\n");
 }
 
 // Matches argv[*i] against --name, --name=value; *val is the value (or NULL
@@ -125,6 +127,10 @@ int engine_flags_parse_one(struct engine_flags *f, int argc, char **argv, int *i
     }
     if (MATCH("--no-enable-expert-parallel", false)) {
         if (rc > 0) o->enable_expert_parallel = false;
+        DONE();
+    }
+    if (MATCH("--enforce-eager", false)) {
+        if (rc > 0) o->enforce_eager = true;
         DONE();
     }
     if (MATCH("--device", true)) {

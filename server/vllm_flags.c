@@ -226,8 +226,6 @@ static const struct row rows[] = {
     {"--seed", NULL, "N", check_seed, NULL, "accepted; requests seed themselves ('seed')"},
     {"--trust-remote-code", NULL, NULL, NULL,
      "no model code is ever loaded: the architectures moeserve serves are its own C", "accepted; runs no code"},
-    {"--enforce-eager", NULL, NULL, NULL, "no CUDA graphs are captured, so steps run eagerly already",
-     "accepted; steps run eagerly"},
     {"--disable-log-requests", NULL, NULL, NULL,
      "moeserve never logs prompts or outputs (one access line per request stays: "
      "--disable-uvicorn-access-log drops it)", "accepted; prompts are never logged"},
