@@ -5,7 +5,9 @@
 // overwrites what a slow one still reads), with buffers in each rank's
 // backend memory; inconsistent sizes are reported rather than copied (by the
 // communicators that can check); abort releases peers blocked in a call and
-// fails every later one; impossible rank counts are refused.
+// fails every later one; impossible rank counts are refused; on backends
+// that record graphs (CUDA), exchanges recorded once deliver each replay's
+// bytes (a padded decode step replays its exchanges so).
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -174,6 +176,104 @@ static void exchanges_deliver_every_peer_bytes(void **state)
     }
 }
 
+#define REPLAYS 20
+
+// One eager round, then an all_gather and an all_to_all_v recorded once in a
+// graph on the rank's backend and replayed with new bytes each time.
+static void *peer_replays(void *arg)
+{
+    struct peer *pe = arg;
+    struct comm *c = pe->c;
+    struct backend *b = pe->b;
+    const int R = c->n_ranks, me = c->rank;
+    uint8_t send[BUF], recv[BUF];
+    int32_t mine[2], all[2 * MAX_R];
+    void *d_send, *d_recv, *d_mine, *d_all;
+    if (b->ops->alloc(b, BUF, &d_send) || b->ops->alloc(b, BUF, &d_recv) ||
+        b->ops->alloc(b, 8, &d_mine) || b->ops->alloc(b, 8 * MAX_R, &d_all)) {
+        pe->errors++;
+        return NULL;
+    }
+    size_t sb[MAX_R], so[MAX_R], rb[MAX_R], ro[MAX_R], at = 0, rat = 0;
+    for (int p = 0; p < R; p++) {
+        sb[p] = amount(me, p, 0);
+        so[p] = at;
+        at += sb[p];
+        rb[p] = amount(p, me, 0);
+        ro[p] = rat;
+        rat += rb[p];
+    }
+    struct backend_graph *g = NULL;
+    for (int round = 0; round <= REPLAYS; round++) {
+        mine[0] = me, mine[1] = round;
+        for (int p = 0; p < R; p++)
+            for (size_t i = 0; i < sb[p]; i++) send[so[p] + i] = mark(me, p, round, i);
+        b->ops->upload(b, d_mine, mine, sizeof mine);
+        b->ops->upload(b, d_send, send, at);
+        if (round == 0) {
+            // Eagerly first (NCCL connects its peers), then recorded.
+            if (comm_all_gather(c, d_mine, sizeof mine, d_all) ||
+                comm_all_to_all_v(c, d_send, sb, so, d_recv, rb, ro))
+                pe->errors++;
+            if (b->ops->graph_begin(b)) pe->errors++;
+            if (comm_all_gather(c, d_mine, sizeof mine, d_all) ||
+                comm_all_to_all_v(c, d_send, sb, so, d_recv, rb, ro))
+                pe->errors++;
+            if (b->ops->graph_end(b, &g) || !g) {
+                fprintf(stderr, "rank %d: %s\n", me, b->err);
+                pe->errors++;
+                break;
+            }
+            continue;
+        }
+        memset(recv, 0xee, sizeof recv);
+        b->ops->upload(b, d_recv, recv, sizeof recv);
+        if (b->ops->graph_launch(b, g)) pe->errors++;
+        b->ops->download(b, all, d_all, (size_t)R * sizeof mine);
+        b->ops->download(b, recv, d_recv, rat);
+        for (int p = 0; p < R; p++) {
+            if (all[2 * p] != p || all[2 * p + 1] != round) pe->errors++;
+            for (size_t i = 0; i < rb[p]; i++)
+                if (recv[ro[p] + i] != mark(p, me, round, i)) pe->errors++;
+        }
+    }
+    if (g) b->ops->graph_free(b, g);
+    b->ops->free(b, d_send);
+    b->ops->free(b, d_recv);
+    b->ops->free(b, d_mine);
+    b->ops->free(b, d_all);
+    return NULL;
+}
+
+static void recorded_exchanges_deliver_on_every_replay(void **state)
+{
+    (void)state;
+    for (size_t fi = 0; fi < n_factories; fi++) {
+        const struct factory *f = &factories[fi];
+        for (int R = 1; R <= f->max_ranks; R++) {
+            struct comm *comms[MAX_R];
+            struct backend *bs[MAX_R];
+            open_group(f, R, comms, bs);
+            if (!bs[0]->ops->graph_begin) {
+                print_message("note: %s ranks' backend records no graphs\n", f->name);
+                close_group(R, comms, bs);
+                break;
+            }
+            struct peer pe[MAX_R];
+            pthread_t th[MAX_R];
+            for (int r = 0; r < R; r++) {
+                pe[r] = (struct peer){.f = f, .c = comms[r], .b = bs[r]};
+                assert_int_equal(pthread_create(&th[r], NULL, peer_replays, &pe[r]), 0);
+            }
+            for (int r = 0; r < R; r++) pthread_join(th[r], NULL);
+            for (int r = 0; r < R; r++)
+                if (pe[r].errors) fail_msg("%s, %d ranks, replayed: rank %d saw %d errors", f->name,
+                                           R, r, pe[r].errors);
+            close_group(R, comms, bs);
+        }
+    }
+}
+
 struct waiter {
     struct comm *c;
     int rc_first, rc_later;
@@ -245,6 +345,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(exchanges_deliver_every_peer_bytes),
+        cmocka_unit_test(recorded_exchanges_deliver_on_every_replay),
         cmocka_unit_test(abort_releases_blocked_peers_and_fails_later_calls),
         cmocka_unit_test(refuses_impossible_rank_counts),
     };
