@@ -664,6 +664,8 @@ static void publish_stats(struct engine *e)
         st->rank[i].phase_seconds[ENGINE_PHASE_SAMPLING] = e->ranks[i].sample_seconds;
         st->rank[i].exchange_seconds = rs.a2a_seconds_total;
         st->rank[i].forward_seconds = rs.forward_seconds_total;
+        st->rank[i].padded_steps = rs.padded_steps;
+        st->rank[i].graph_steps = rs.graph_steps;
     }
     st->prefix_cache_queries = e->sched.prefix_queries;
     st->prefix_cache_hits = e->sched.prefix_hits;

@@ -145,6 +145,8 @@ struct engine_rank_stats {
     double phase_seconds[ENGINE_PHASES];
     double exchange_seconds;     // in MoE and lm_head exchanges (inside those phases)
     double forward_seconds;      // whole forward passes
+    uint64_t padded_steps;       // decode steps run padded to a bucket
+    uint64_t graph_steps;        // of those, replayed from a recorded graph
 };
 
 struct engine_stats {

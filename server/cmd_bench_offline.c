@@ -83,6 +83,7 @@ struct pass_result {
     int concurrency;
     double seconds;
     uint64_t steps;
+    uint64_t padded_steps, graph_steps; // rank 0's decode steps padded, and replayed as graphs
     int n_ranks;
     // Per rank over the pass, in seconds: each engine phase, the exchanges.
     double phase[SHOWN_RANKS][ENGINE_PHASES];
@@ -140,6 +141,8 @@ static int run_pass(struct engine *e, int vocab, int n_prompts, int input_len, i
     pr->concurrency = concurrency;
     pr->seconds = t1 - t0;
     pr->steps = s1.steps - s0.steps;
+    pr->padded_steps = s1.rank[0].padded_steps - s0.rank[0].padded_steps;
+    pr->graph_steps = s1.rank[0].graph_steps - s0.rank[0].graph_steps;
     pr->n_ranks = s1.n_ranks < SHOWN_RANKS ? s1.n_ranks : SHOWN_RANKS;
     for (int ri = 0; ri < pr->n_ranks; ri++) {
         for (int f = 0; f < ENGINE_PHASES; f++)
@@ -174,10 +177,12 @@ static void print_pass(const struct pass_result *r, const struct engine_opts *o,
                "\"output_len\": %d, \"data_parallel_size\": %d, \"threads\": %d, "
                "\"elapsed_time\": %.4f, \"num_requests\": %d, \"total_num_tokens\": %lld, "
                "\"requests_per_second\": %.4f, \"tokens_per_second\": %.2f, "
-               "\"output_tokens_per_second\": %.2f, \"steps\": %llu, \"step_ms\": [",
+               "\"output_tokens_per_second\": %.2f, \"steps\": %llu, \"padded_steps\": %llu, "
+               "\"graph_steps\": %llu, \"step_ms\": [",
                r->concurrency, n_prompts, input_len, output_len, o->data_parallel_size,
                o->n_threads, r->seconds, r->done, r->output_tokens + r->input_tokens, rps, tot_tps,
-               out_tps, (unsigned long long)r->steps);
+               out_tps, (unsigned long long)r->steps, (unsigned long long)r->padded_steps,
+               (unsigned long long)r->graph_steps);
         for (int ri = 0; ri < r->n_ranks; ri++) {
             printf("%s{", ri ? ", " : "");
             for (int f = 0; f < ENGINE_PHASES; f++)
@@ -191,6 +196,9 @@ static void print_pass(const struct pass_result *r, const struct engine_opts *o,
                r->concurrency, rps, tot_tps, out_tps, r->done, r->output_tokens + r->input_tokens,
                r->seconds);
         // Where a step's time went, so that a figure comes with its reason.
+        if (r->padded_steps)
+            printf("  decode steps padded to a bucket: %llu, replayed as graphs: %llu\n",
+                   (unsigned long long)r->padded_steps, (unsigned long long)r->graph_steps);
         for (int ri = 0; ri < r->n_ranks; ri++) {
             printf("  rank %d, ms per step over %llu steps:", ri, (unsigned long long)r->steps);
             for (int f = 0; f < ENGINE_PHASES; f++)

@@ -22,7 +22,9 @@
 #
 # Subcommands:
 #   prepare [--deps DIR]        fill DIR (.devdeps) from this machine
-#   run [options]               build, test, measure (the device machine)
+#   run [options]               build, test, measure (the device machine): the
+#                               decode passes run with CUDA graphs on and off
+#                               (--enforce-eager), side by side
 #   check                       say what `run` would find here and stop: exit 0
 #                               when a GPU is visible, 77 when not (the skip path)
 # run options:
@@ -211,37 +213,44 @@ moe="$build/server/moeserve"
 model=$(mktemp -d)
 cp "$cfg" "$model/"
 common=(--load-format dummy --device cuda --kv-cache-memory 24GiB --max-model-len 4096 --json)
-pass() { # pass LABEL SECONDS ARGS...: one bench-offline pass, or a note when time is short
-    local label=$1 need=$2; shift 2
-    if [ "$(left)" -lt "$need" ]; then note "| $label | skipped: $(left) s left of the budget |"; return; fi
-    local js
-    js=$(timeout $(( $(left) - 10 )) "$moe" bench-offline "$model" "${common[@]}" "$@" 2>>"$out/bench.log" | tail -1)
-    if [ -z "$js" ]; then note "| $label | failed or timed out (bench.log) |"; return; fi
-    python3 - "$label" "$js" <<'PY' | tee -a "$table"
+pass() { # pass LABEL GRAPHS SECONDS ARGS...: one bench-offline pass, or a note when time is short
+    local label=$1 graphs=$2 need=$3; shift 3
+    if [ "$(left)" -lt "$need" ]; then note "| $label | $graphs | skipped: $(left) s left of the budget |"; return; fi
+    local js extra=()
+    [ "$graphs" = off ] && extra=(--enforce-eager)
+    js=$(timeout $(( $(left) - 10 )) "$moe" bench-offline "$model" "${common[@]}" "${extra[@]}" "$@" 2>>"$out/bench.log" | tail -1)
+    if [ -z "$js" ]; then note "| $label | $graphs | failed or timed out (bench.log) |"; return; fi
+    python3 - "$label" "$graphs" "$js" <<'PY' | tee -a "$table"
 import json, sys
-label, j = sys.argv[1], json.loads(sys.argv[2])
+label, graphs, j = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 c, steps = j["max_concurrency"], max(j["steps"], 1)
-print("| %s | %d | %.1f | %.0f | %.0f | %.2f |" % (label, c, 1e3 * j["elapsed_time"] / steps,
-      j["output_tokens_per_second"], j["tokens_per_second"], c / max(j["output_tokens_per_second"], 1e-9) * 1e3))
+print("| %s | %s | %d | %.1f | %.0f | %.0f | %.2f | %d of %d |" % (label, graphs, c,
+      1e3 * j["elapsed_time"] / steps, j["output_tokens_per_second"], j["tokens_per_second"],
+      c / max(j["output_tokens_per_second"], 1e-9) * 1e3, j.get("graph_steps", 0), steps))
 PY
 }
 note ""
-note "Qwen3-30B-A3B shape, --load-format dummy, bf16 unless the pass says a --quantization, one GPU (bench-offline; TPOT ~ concurrency / output tokens/s, prefill included)"
+note "Qwen3-30B-A3B shape, --load-format dummy, bf16 unless the pass says a --quantization, one GPU (bench-offline; TPOT ~ concurrency / output tokens/s, prefill included). graphs on: decode steps padded to their bucket and replayed from a CUDA graph per bucket (the last column: steps replayed of all steps); off: --enforce-eager."
 note ""
-note "| pass | concurrency | ms per step | output tok/s | total tok/s | TPOT ms |"
-note "|---|---|---|---|---|---|"
-for c in 1 8 64 256; do
-    pass "decode, 64 in / 64 out" 45 --num-prompts "$c" --max-concurrency "$c" --input-len 64 --output-len 64
+note "| pass | graphs | concurrency | ms per step | output tok/s | total tok/s | TPOT ms | graph steps |"
+note "|---|---|---|---|---|---|---|---|"
+# Graphs on and off side by side where launches weigh most (small batches) first.
+for c in 1 8 64; do
+    for g in on off; do
+        pass "decode, 64 in / 64 out" $g 45 --num-prompts "$c" --max-concurrency "$c" --input-len 64 --output-len 64
+    done
 done
+pass "decode, 64 in / 64 out" on 45 --num-prompts 256 --max-concurrency 256 --input-len 64 --output-len 64
 # Quantized experts and projections, made on the GPU at load (issue 17).
 for q in int4 fp8; do
     for c in 1 64; do
-        pass "$q decode, 64 in / 64 out" 45 --quantization "$q" --num-prompts "$c" --max-concurrency "$c" \
+        pass "$q decode, 64 in / 64 out" on 45 --quantization "$q" --num-prompts "$c" --max-concurrency "$c" \
             --input-len 64 --output-len 64
     done
 done
-pass "prefill, 2048 in / 1 out" 45 --num-prompts 16 --max-concurrency 16 --input-len 2048 --output-len 1
-pass "target: 1024 in / 128 out" 120 --num-prompts 256 --max-concurrency 256 --input-len 1024 --output-len 128
+pass "prefill, 2048 in / 1 out" on 45 --num-prompts 16 --max-concurrency 16 --input-len 2048 --output-len 1
+pass "target: 1024 in / 128 out" on 120 --num-prompts 256 --max-concurrency 256 --input-len 1024 --output-len 128
+pass "decode, 64 in / 64 out" off 45 --num-prompts 256 --max-concurrency 256 --input-len 64 --output-len 64
 rm -rf "$model"
 note ""
 note "total: $(( $(date +%s) - start )) s"
