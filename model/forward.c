@@ -825,7 +825,8 @@ static int moe_exchange_fixed(struct rank *r, int B, char *err, size_t errlen)
     int rc = comm_timed_gather(r, r->xn, (size_t)B * row, r->xg);
     if (rc) return ms_err(err, errlen, rc, "rank %d: gathering the ranks' MoE rows failed (%s)", me,
                           ms_status_name(rc));
-    const int nl = r->e_end - r->e_begin, pad = route_pad(r, all * k, nl);
+    // About one pair in R is this rank's: the tile for that many.
+    const int nl = r->e_end - r->e_begin, pad = route_pad(r, all * k / R, nl);
     route_rows(r, r->xg, all, r->live, r->e_begin, r->e_end, pad);
     const struct expert_pass ep = {
         .x = r->xg, .x_rows = r->exp_x, .mid_rows = r->exp_pair, .mid = all * k, .y = r->res,

@@ -420,7 +420,7 @@ struct step_spec {
 struct step_dev {
     struct backend_step s;
     int32_t *buf; // backend memory holding every array
-    int32_t h[1024];
+    int32_t h[4096];
 };
 
 static void step_make(struct side *sd, const struct step_spec *sp, struct step_dev *st)
@@ -439,8 +439,9 @@ static void step_make(struct side *sd, const struct step_spec *sp, struct step_d
         bt_start[q] = nb;
         const int ctx = sp->n_past[q] + sp->n_new[q], blocks = (ctx + 15) / 16;
         if (ctx > max_ctx) max_ctx = ctx;
-        // Block ids interleaved and descending: tables are never the identity.
-        for (int b = 0; b < blocks; b++) bt[nb++] = 40 - (b * 3 + q);
+        // Block ids interleaved and descending: tables are never the identity
+        // (but for a lone long sequence, which takes the pool's blocks in order).
+        for (int b = 0; b < blocks; b++) bt[nb++] = sp->n_seqs == 1 ? b : 40 - (b * 3 + q);
         for (int i = 0; i < sp->n_new[q]; i++, t++) {
             tok_pos[t] = sp->n_past[q] + i;
             tok_seq[t] = q;
@@ -538,6 +539,56 @@ static void attention_over_paged_kv_matches(struct pair *p)
             free(kk[k]);
             free(vv[k]);
         }
+    }
+}
+
+// Decode steps (one new token per sequence: a device plans them item by
+// item, and splits a long context over CTAs) after a prefill that wrote
+// their contexts: three short sequences, and one of 700 positions (three
+// 256-position chunks, split on a GPU).
+static void decode_attention_matches(struct pair *p)
+{
+    const struct model_config *c = &p->m->cfg;
+    const int H = c->n_heads, KVH = c->n_kv_heads, D = c->head_dim;
+    const struct step_spec steps[2][2] = {
+        {{3, {0, 0, 0}, {20, 31, 15}}, {3, {20, 31, 15}, {1, 1, 1}}},
+        {{1, {0}, {700}}, {1, {700}, {1}}},
+    };
+    for (int sc = 0; sc < 2; sc++) {
+        struct side *s[2] = {&p->ref, &p->t};
+        float *ao[2];
+        int T = 0;
+        for (int k = 0; k < 2; k++) {
+            char err[256];
+            struct kv_pool *kv;
+            assert_int_equal(kv_pool_create(s[k]->b, c, DTYPE_BF16, 48, &kv, err, sizeof err), 0);
+            rng_state = 777; // the same inputs on both sides
+            for (int stepi = 0; stepi < 2; stepi++) {
+                struct step_dev st;
+                step_make(s[k], &steps[sc][stepi], &st);
+                T = st.s.n_tokens;
+                float *q = frand_array((size_t)T * H * D), *kn = frand_array((size_t)T * KVH * D);
+                float *v = frand_array((size_t)T * KVH * D);
+                float *dq = dev(s[k], q, (size_t)T * H * D * sizeof *q);
+                float *dk = dev(s[k], kn, (size_t)T * KVH * D * sizeof *kn);
+                float *dv = dev(s[k], v, (size_t)T * KVH * D * sizeof *v);
+                float *dout = dev(s[k], NULL, (size_t)T * H * D * sizeof(float));
+                assert_int_equal(s[k]->b->ops->qk_norm_rope_store(s[k]->b, s[k]->w, 0, &st.s, kv,
+                                                                  dq, dk, dv), 0);
+                assert_int_equal(s[k]->b->ops->attention(s[k]->b, s[k]->w, 0, &st.s, kv, dq,
+                                                         dout), 0);
+                if (stepi == 1) ao[k] = host(s[k], dout, (size_t)T * H * D * sizeof(float));
+                void *all[] = {dq, dk, dv, dout, st.buf};
+                for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(s[k], all[i]);
+                free(q);
+                free(kn);
+                free(v);
+            }
+            kv_pool_destroy(s[k]->b, kv);
+        }
+        assert_close("decode attention", p->who, ao[1], ao[0], (size_t)T * H * D);
+        free(ao[0]);
+        free(ao[1]);
     }
 }
 
@@ -907,6 +958,7 @@ OP_TEST(rmsnorm_normalises_gathered_rows)
 OP_TEST(matmul_matches_at_every_row_count)
 OP_TEST(grouped_matmul_runs_each_group_on_its_rows)
 OP_TEST(attention_over_paged_kv_matches)
+OP_TEST(decode_attention_matches)
 OP_TEST(moe_pieces_match)
 OP_TEST(routing_pads_ranges_and_returns)
 OP_TEST(grouped_matmul_skips_padding_rows)
@@ -932,6 +984,7 @@ int main(void)
         cmocka_unit_test(test_matmul_matches_at_every_row_count),
         cmocka_unit_test(test_grouped_matmul_runs_each_group_on_its_rows),
         cmocka_unit_test(test_attention_over_paged_kv_matches),
+        cmocka_unit_test(test_decode_attention_matches),
         cmocka_unit_test(test_moe_pieces_match),
         cmocka_unit_test(test_routing_pads_ranges_and_returns),
         cmocka_unit_test(test_grouped_matmul_skips_padding_rows),
