@@ -30,10 +30,13 @@ static void every_engine_flag_is_parsed(void **state)
                     "--kv-cache-memory", "3GiB", "--kv-cache-dtype", "float32",
                     "--max-num-seqs", "64", "--max-num-batched-tokens=4K", "--max-model-len",
                     "32K", "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
-                    "--max-waiting-requests", "100", "--gpu-memory-utilization", "0.75"};
+                    "--max-waiting-requests", "100", "--gpu-memory-utilization", "0.75",
+                    "--enforce-eager"};
     char err[256] = "";
     assert_true(f.opts.gpu_memory_utilization == 0.9); // vLLM's default
-    assert_int_equal(parse_all(&f, 19, argv, err, sizeof err), 0);
+    assert_false(f.opts.enforce_eager);                // graphs where the backend has them
+    assert_int_equal(parse_all(&f, 20, argv, err, sizeof err), 0);
+    assert_true(f.opts.enforce_eager);
     assert_true(f.opts.gpu_memory_utilization == 0.75);
     assert_int_equal(f.opts.data_parallel_size, 2);
     assert_true(f.opts.enable_expert_parallel);
@@ -96,6 +99,9 @@ static void malformed_values_are_refused(void **state)
     assert_int_equal(parse_all(&f, 2, a4, err, sizeof err), MS_EINVAL);
     char *a5[] = {"--enable-prefix-caching=yes"};
     assert_int_equal(parse_all(&f, 1, a5, err, sizeof err), MS_EINVAL);
+    char *a8[] = {"--enforce-eager=1"};
+    assert_int_equal(parse_all(&f, 1, a8, err, sizeof err), MS_EINVAL);
+    assert_non_null(strstr(err, "takes no value"));
     char *a6[] = {"--kv-cache-memory", "0"};
     assert_int_equal(parse_all(&f, 2, a6, err, sizeof err), MS_EINVAL);
     const char *bad_util[] = {"0", "1.01", "-0.5", "nan", "0.9x", "", "inf"};
