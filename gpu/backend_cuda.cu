@@ -747,6 +747,28 @@ static int attn_tile(const struct cuda_backend *c, int n_q, int head_dim)
     return t;
 }
 
+// What every attention launch takes from the model, the step and the pool.
+static void attn_args(struct cuda_attn *a, const struct model_config *cfg, int layer,
+                      const struct backend_step *s, const struct kv_pool *kv, int chunk,
+                      const float *q, float *out)
+{
+    const size_t esz = dtype_size(kv->dtype), lo = (size_t)layer * kv->layer_elems * esz;
+    memset(a, 0, sizeof *a);
+    a->chunk = chunk;
+    a->n_kv_heads = cfg->n_kv_heads;
+    a->n_q = cfg->n_heads / cfg->n_kv_heads;
+    a->head_dim = cfg->head_dim;
+    a->scale = 1.0f / sqrtf((float)cfg->head_dim);
+    a->tok_pos = s->tok_pos;
+    a->bt_start = s->bt_start;
+    a->bt = s->bt;
+    a->k = (const char *)kv->k + lo;
+    a->v = (const char *)kv->v + lo;
+    a->kv_dtype = kv->dtype;
+    a->q = q;
+    a->out = out;
+}
+
 // Partial sets of decode attention: at most 256 MiB, else decode steps run unsplit.
 #define DECODE_PARTS_MAX ((size_t)256 << 20)
 
@@ -776,27 +798,13 @@ static int attention_decode(struct cuda_backend *c, const struct backend_weights
         int rc = dbuf_need(c, &c->dparts, bytes + 16, "decode attention partials");
         if (rc) return rc;
     }
-    const size_t esz = dtype_size(kv->dtype), lo = (size_t)layer * kv->layer_elems * esz;
     struct cuda_attn a;
-    memset(&a, 0, sizeof a);
+    attn_args(&a, cfg, layer, s, kv, o->chunk, q, out);
     a.n_items = s->n_seqs * split;
     a.n_combine = split > 1 ? s->n_seqs : 0;
     a.split = split;
     a.max_chunks = max_chunks;
     a.tile_tokens = 1;
-    a.chunk = o->chunk;
-    a.n_kv_heads = KVH;
-    a.n_q = H / KVH;
-    a.head_dim = D;
-    a.scale = 1.0f / sqrtf((float)D);
-    a.tok_pos = s->tok_pos;
-    a.bt_start = s->bt_start;
-    a.bt = s->bt;
-    a.k = (const char *)kv->k + lo;
-    a.v = (const char *)kv->v + lo;
-    a.kv_dtype = kv->dtype;
-    a.q = q;
-    a.out = out;
     if (split > 1) {
         a.part_acc = (float *)c->dparts.p;
         a.part_m = a.part_acc + rows * (size_t)D;
@@ -854,27 +862,13 @@ static int cu_attention(struct backend *b, const struct backend_weights *w, int 
     if ((rc = dbuf_need(c, &c->parts, (size_t)pa.n_part_rows * (D + 2) * sizeof(float) + 16,
                         "attention partials")))
         return rc;
-    const size_t esz = dtype_size(kv->dtype), lo = (size_t)layer * kv->layer_elems * esz;
     struct cuda_attn a;
-    memset(&a, 0, sizeof a);
+    attn_args(&a, cfg, layer, s, kv, o.chunk, q, out);
     a.items = (const struct plan_attn_item *)c->plan.p;
     a.n_items = pa.n_items;
     a.combine = (const struct plan_attn_combine *)((char *)c->plan.p + ib);
     a.n_combine = pa.n_combine;
     a.tile_tokens = o.tile_tokens;
-    a.chunk = o.chunk;
-    a.n_kv_heads = cfg->n_kv_heads;
-    a.n_q = G;
-    a.head_dim = cfg->head_dim;
-    a.scale = 1.0f / sqrtf((float)cfg->head_dim);
-    a.tok_pos = s->tok_pos;
-    a.bt_start = s->bt_start;
-    a.bt = s->bt;
-    a.k = (const char *)kv->k + lo;
-    a.v = (const char *)kv->v + lo;
-    a.kv_dtype = kv->dtype;
-    a.q = q;
-    a.out = out;
     a.part_acc = (float *)c->parts.p;
     a.part_m = a.part_acc + (size_t)pa.n_part_rows * D;
     a.part_l = a.part_m + pa.n_part_rows;
@@ -931,7 +925,7 @@ static int cu_route_pad(const struct backend *b, int n_pairs, int n_groups)
 }
 
 static int cu_moe_return_slots(struct backend *b, const int32_t *ids, const int32_t *live,
-                               int n_tokens, int k, const int *first, int n_ranks, int stride,
+                               int n_tokens, int k, const int32_t *first, int n_ranks, int stride,
                                int32_t *slot)
 {
     struct cuda_backend *c = cuda_of(b);

@@ -35,7 +35,7 @@ cudaError_t cuda_moe_route(cudaStream_t s, const struct cuda_route *r);
 struct cuda_return {
     const int32_t *ids, *live;
     int n_tokens, k, n_ranks, stride;
-    int first[CUDA_MAX_RANKS + 1];
+    int32_t first[CUDA_MAX_RANKS + 1];
     int32_t *slot;
 };
 cudaError_t cuda_moe_return(cudaStream_t s, const struct cuda_return *p);

@@ -325,7 +325,7 @@ struct backend_ops {
     // 1), stride rows from each rank; -1 for tokens with live[t] == 0 (live
     // NULL: all live) and experts no rank owns.
     int (*moe_return_slots)(struct backend *b, const int32_t *ids, const int32_t *live,
-                            int n_tokens, int k, const int *first, int n_ranks, int stride,
+                            int n_tokens, int k, const int32_t *first, int n_ranks, int stride,
                             int32_t *slot);
     // g (n) = silu(g) * u.
     int (*silu_mul)(struct backend *b, float *g, const float *u, size_t n);

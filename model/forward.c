@@ -42,7 +42,7 @@ struct rank {
     struct comm *comm;          // NULL when every expert is local
     int R, me;
     int E, topk;
-    int *first_expert;          // (R + 1): rank p owns [first_expert[p], first_expert[p+1])
+    int32_t *first_expert;      // (R + 1): rank p owns [first_expert[p], first_expert[p+1])
     int e_begin, e_end;
 
     // Sizes the workspace was carved for.
@@ -297,7 +297,7 @@ int rank_create(const struct model *m, struct backend *b, struct kv_pool *kv,
         ms_err(err, errlen, MS_ENOMEM, "out of memory creating rank %d", o->rank);
         goto fail;
     }
-    for (int p = 0; p <= r->R; p++) r->first_expert[p] = (int)((long long)r->E * p / r->R);
+    for (int p = 0; p <= r->R; p++) r->first_expert[p] = (int32_t)((long long)r->E * p / r->R);
     r->e_begin = r->first_expert[r->me];
     r->e_end = r->first_expert[r->me + 1];
     if ((rc = b->ops->prepare_weights(b, m, r->e_begin, r->e_end, &r->w))) {

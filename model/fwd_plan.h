@@ -38,18 +38,24 @@ static inline MS_HD int fwd_plan_padded(int n, int pad) { return (n + pad - 1) /
 // expert adds at most pad - 1. (0 for bad arguments.)
 int fwd_plan_route_rows(int n_pairs, int n_groups, int pad);
 
+// The last i in [0, n) with a[i] <= v (a ascending, n >= 1; 0 when none is).
+static inline MS_HD int fwd_plan_last_at_most(const int32_t *a, int n, int v)
+{
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (a[mid] <= v) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 // The expert of padded row `row`: the g with off[g] <= row < off[g + 1]
 // (off (n_groups + 1) ascending, as fwd_plan_route writes it); n_groups - 1
 // for rows past the end. Empty experts are skipped.
 static inline MS_HD int fwd_plan_group_of_row(const int32_t *off, int n_groups, int row)
 {
-    int lo = 0, hi = n_groups - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (off[mid] <= row) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
+    return fwd_plan_last_at_most(off, n_groups, row);
 }
 
 // The host twin of the backends' moe_route op (model/backend.h has the
@@ -72,16 +78,10 @@ void fwd_plan_route(const int32_t *ids, const int32_t *live, int n_tokens, int k
 
 // The rank owning expert e, when rank p owns [first[p], first[p + 1])
 // (first (n_ranks + 1) ascending); -1 when no rank does.
-static inline MS_HD int fwd_plan_owner(int e, const int *first, int n_ranks)
+static inline MS_HD int fwd_plan_owner(int e, const int32_t *first, int n_ranks)
 {
     if (n_ranks < 1 || e < first[0] || e >= first[n_ranks]) return -1;
-    int lo = 0, hi = n_ranks - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (first[mid] <= e) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
+    return fwd_plan_last_at_most(first, n_ranks, e);
 }
 
 // In a fixed-size return every rank sends each peer one row per pair of the
@@ -89,7 +89,7 @@ static inline MS_HD int fwd_plan_owner(int e, const int *first, int n_ranks)
 // the peer receives rank q's rows at q * stride: pair (t, j), routed to
 // expert e, comes back at owner(e) * stride + t * k + j (-1 when no rank
 // owns e).
-static inline MS_HD int32_t fwd_plan_return_slot(int e, int t, int j, int k, const int *first,
+static inline MS_HD int32_t fwd_plan_return_slot(int e, int t, int j, int k, const int32_t *first,
                                                   int n_ranks, int stride)
 {
     const int q = fwd_plan_owner(e, first, n_ranks);

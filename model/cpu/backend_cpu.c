@@ -1020,7 +1020,7 @@ static int cpu_route_pad(const struct backend *b, int n_pairs, int n_groups)
 }
 
 static int cpu_moe_return_slots(struct backend *b, const int32_t *ids, const int32_t *live,
-                                int n_tokens, int k, const int *first, int n_ranks, int stride,
+                                int n_tokens, int k, const int32_t *first, int n_ranks, int stride,
                                 int32_t *slot)
 {
     (void)b;

@@ -678,7 +678,7 @@ static void routing_pads_ranges_and_returns(struct pair *p)
     const struct model_config *c = &p->m->cfg;
     const int E = c->n_experts, K = c->n_experts_per_tok, H = c->hidden_size;
     const int counts[] = {0, 1, 7, 40};
-    const int first[] = {0, E / 3, E - 1, E}; // three ranks' experts, the last owning one
+    const int32_t first[] = {0, E / 3, E - 1, E}; // three ranks' experts, the last owning one
     for (size_t ci = 0; ci < 4; ci++) {
         const int n = counts[ci], P = n * K;
         int32_t ids[40 * 8], live[40];

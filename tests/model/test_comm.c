@@ -64,6 +64,7 @@ struct peer {
     struct backend *b;
     int errors;
     int mismatch_rc;
+    bool no_graphs;  // its backend records none
 };
 
 // Rank r sends (r + 1) * (p + 1) + round % 3 bytes to peer p, each byte
@@ -150,28 +151,33 @@ static void close_group(int R, struct comm **comms, struct backend **bs)
     }
 }
 
+// fn on a thread per rank of a fresh group of R ranks; pe (R) says what each saw.
+static void run_peers(const struct factory *f, int R, void *(*fn)(void *), struct peer *pe)
+{
+    struct comm *comms[MAX_R];
+    struct backend *bs[MAX_R];
+    open_group(f, R, comms, bs);
+    pthread_t th[MAX_R];
+    for (int r = 0; r < R; r++) {
+        pe[r] = (struct peer){.f = f, .c = comms[r], .b = bs[r]};
+        assert_int_equal(pthread_create(&th[r], NULL, fn, &pe[r]), 0);
+    }
+    for (int r = 0; r < R; r++) pthread_join(th[r], NULL);
+    close_group(R, comms, bs);
+    for (int r = 0; r < R; r++)
+        if (pe[r].errors) fail_msg("%s, %d ranks: rank %d saw %d errors", f->name, R, r, pe[r].errors);
+}
+
 static void exchanges_deliver_every_peer_bytes(void **state)
 {
     (void)state;
     for (size_t fi = 0; fi < n_factories; fi++) {
         const struct factory *f = &factories[fi];
         for (int R = 1; R <= f->max_ranks; R++) {
-            struct comm *comms[MAX_R];
-            struct backend *bs[MAX_R];
-            open_group(f, R, comms, bs);
             struct peer pe[MAX_R];
-            pthread_t th[MAX_R];
-            for (int r = 0; r < R; r++) {
-                pe[r] = (struct peer){.f = f, .c = comms[r], .b = bs[r]};
-                assert_int_equal(pthread_create(&th[r], NULL, peer_main, &pe[r]), 0);
-            }
-            for (int r = 0; r < R; r++) pthread_join(th[r], NULL);
-            for (int r = 0; r < R; r++) {
-                if (pe[r].errors) fail_msg("%s, %d ranks: rank %d saw %d errors", f->name, R, r,
-                                           pe[r].errors);
+            run_peers(f, R, peer_main, pe);
+            for (int r = 0; r < R; r++)
                 if (f->checks_counts) assert_int_equal(pe[r].mismatch_rc, R > 1 ? MS_EINVAL : 0);
-            }
-            close_group(R, comms, bs);
         }
     }
 }
@@ -186,6 +192,10 @@ static void *peer_replays(void *arg)
     struct comm *c = pe->c;
     struct backend *b = pe->b;
     const int R = c->n_ranks, me = c->rank;
+    if (!b->ops->graph_begin) {
+        pe->no_graphs = true;
+        return NULL;
+    }
     uint8_t send[BUF], recv[BUF];
     int32_t mine[2], all[2 * MAX_R];
     void *d_send, *d_recv, *d_mine, *d_all;
@@ -251,25 +261,12 @@ static void recorded_exchanges_deliver_on_every_replay(void **state)
     for (size_t fi = 0; fi < n_factories; fi++) {
         const struct factory *f = &factories[fi];
         for (int R = 1; R <= f->max_ranks; R++) {
-            struct comm *comms[MAX_R];
-            struct backend *bs[MAX_R];
-            open_group(f, R, comms, bs);
-            if (!bs[0]->ops->graph_begin) {
+            struct peer pe[MAX_R];
+            run_peers(f, R, peer_replays, pe);
+            if (pe[0].no_graphs) {
                 print_message("note: %s ranks' backend records no graphs\n", f->name);
-                close_group(R, comms, bs);
                 break;
             }
-            struct peer pe[MAX_R];
-            pthread_t th[MAX_R];
-            for (int r = 0; r < R; r++) {
-                pe[r] = (struct peer){.f = f, .c = comms[r], .b = bs[r]};
-                assert_int_equal(pthread_create(&th[r], NULL, peer_replays, &pe[r]), 0);
-            }
-            for (int r = 0; r < R; r++) pthread_join(th[r], NULL);
-            for (int r = 0; r < R; r++)
-                if (pe[r].errors) fail_msg("%s, %d ranks, replayed: rank %d saw %d errors", f->name,
-                                           R, r, pe[r].errors);
-            close_group(R, comms, bs);
         }
     }
 }

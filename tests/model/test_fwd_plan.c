@@ -108,14 +108,14 @@ static void routing_sorts_pads_and_leaves_out(void **state)
 static void owners_and_return_rows_follow_the_expert_blocks(void **state)
 {
     (void)state;
-    const int first[] = {0, 42, 85, 128}; // 128 experts over 3 ranks
+    const int32_t first[] = {0, 42, 85, 128}; // 128 experts over 3 ranks
     assert_int_equal(fwd_plan_owner(0, first, 3), 0);
     assert_int_equal(fwd_plan_owner(41, first, 3), 0);
     assert_int_equal(fwd_plan_owner(42, first, 3), 1);
     assert_int_equal(fwd_plan_owner(127, first, 3), 2);
     assert_int_equal(fwd_plan_owner(128, first, 3), -1);
     assert_int_equal(fwd_plan_owner(-1, first, 3), -1);
-    const int uneven[] = {0, 0, 5, 5, 9}; // ranks owning nothing are never the owner
+    const int32_t uneven[] = {0, 0, 5, 5, 9}; // ranks owning nothing are never the owner
     assert_int_equal(fwd_plan_owner(0, uneven, 4), 1);
     assert_int_equal(fwd_plan_owner(5, uneven, 4), 3);
     // Token 3, slot 2 of 8, expert 90 (rank 2), 16 tokens a rank: rank 2's block, row 3 * 8 + 2.
