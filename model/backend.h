@@ -358,8 +358,8 @@ struct backend_ops {
     // host arrays it read — and reads backend memory when the graph runs, so
     // only steps whose host arguments are the same every time may be
     // recorded (forward.c's padded decode steps; attention then plans on the
-    // device: one new token per sequence). download and sync cannot be
-    // recorded: calling them fails the recording.
+    // device: one new token per sequence). alloc, upload, download and sync
+    // cannot be recorded: calling them fails the recording.
     int (*graph_begin)(struct backend *b);
     // Ends the recording: *out is a graph to launch, or NULL with the failure
     // (an op that failed or could not be recorded, or the device refusing the
@@ -369,6 +369,7 @@ struct backend_ops {
     // fails, changing nothing, when memory the graph used has been moved
     // since it was recorded (the backend's own scratch grew): record it again.
     int (*graph_launch)(struct backend *b, struct backend_graph *g);
+    // Frees a graph (after its queued launches); before the backend is destroyed.
     void (*graph_free)(struct backend *b, struct backend_graph *g);
 
     void (*destroy)(struct backend *b);
