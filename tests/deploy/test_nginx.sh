@@ -39,8 +39,11 @@ wait_ready "$dir/b.log" || fail "server b did not start"
 nginx_prepare "$dir" "$pn" "$pa" "$pb" || fail "nginx_prepare"
 "$nginx_bin" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" || fail "nginx did not start"
 
-node "$here/nginx_traffic.mjs" "http://127.0.0.1:$pn" 6 24 "$dir/stop" >"$dir/traffic.out" 2>&1 &
+node "$here/nginx_traffic.mjs" "http://127.0.0.1:$pn" 6 128 "$dir/stop" >"$dir/traffic.out" 2>&1 &
 traffic=$!
+# 128 tokens a stream: long enough that a stream is running on server a most
+# of the time (with 24 the tiny model finished a stream in a few ms, and a
+# SIGTERM could fall between two of a's streams, which proves nothing).
 # Both servers take streams before the signal (a busy machine may need a
 # while: wait for it rather than for a fixed time).
 for _ in $(seq 600); do
