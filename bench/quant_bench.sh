@@ -16,8 +16,9 @@
 #            bench`: ours in int4 against llama.cpp's llama-server in Q4_0
 #            (its default file: lm_head in Q6_K; and one whose lm_head stays
 #            bf16 as ours does), the same threads, rounds alternating
+#   peer_kernels  the same without HTTP: generate --bench against llama-bench
 #
-# Usage: bench/quant_bench.sh [options] [formats] [full] [peer]   (all three by default)
+# Usage: bench/quant_bench.sh [options] [formats] [full] [peer] [peer_kernels]   (all by default)
 #   --build DIR         the meson build folder (build)
 #   --demo DIR          the demo checkpoint (build/tests/demo-model: meson compile -C build demo_model)
 #   --peer-bin DIR      llama.cpp's binaries (/tmp/peer/llama.cpp/build/bin; ../shared/peer/README.md)
@@ -46,12 +47,12 @@ while [ $# -gt 0 ]; do
     --work) work=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
-    formats|full|peer) parts+=("$1"); shift ;;
+    formats|full|peer|peer_kernels) parts+=("$1"); shift ;;
     -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "quant_bench.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
 done
-[ ${#parts[@]} -gt 0 ] || parts=(formats full peer)
+[ ${#parts[@]} -gt 0 ] || parts=(formats full peer peer_kernels)
 [ -n "$demo" ] || demo=$build/tests/demo-model
 bin=$build/server/moeserve
 py=/usr/bin/python3
@@ -62,10 +63,14 @@ mkdir -p "$work" || die "cannot make $work"
 # ---- helpers -------------------------------------------------------------------------
 
 load() { cut -d' ' -f1-3 /proc/loadavg; }
-# field FILE KEY [LINE]: KEY of the JSON object on line LINE (1) of FILE.
+# field FILE KEY [N]: KEY of FILE's JSON document, or of the Nth object when
+# FILE holds one object per line (bench-offline --json).
 field() {
-  "$py" -c 'import json,sys; l=open(sys.argv[1]).read().splitlines()[int(sys.argv[3])-1]; print(json.loads(l)[sys.argv[2]])' \
-    "$1" "$2" "${3:-1}"
+  "$py" -c 'import json,sys
+t = open(sys.argv[1]).read()
+try: d = json.loads(t)
+except ValueError: d = json.loads(t.splitlines()[int(sys.argv[3]) - 1])
+print(d[sys.argv[2]])' "$1" "$2" "${3:-1}"
 }
 fmt() { "$py" -c 'import sys; print(("%." + sys.argv[2] + "f") % float(sys.argv[1]))' "$1" "$2"; }
 calc() { "$py" -c "print($1)"; }
@@ -202,11 +207,13 @@ part_full() {
   start_ours "$work/full-cold.log" "$full" "${opts[@]}"
   echo "| cold (quantize, write the cache) | ${la%% *} | $(fmt "$start_s" 1) | $(grep -o 'loaded in [0-9.]*s' "$work/full-cold.log") |"
   # The chat benchmark on this first server.
+  # Short prompts and 64 tokens out, so that decode dominates; 16 streams
+  # start together once (16 requests).
   local c1 c16 rss hwm lck
-  c1=$(serve_bench "$work/full-c1.json" 1 4 --endpoint /v1/chat/completions --random-input-len 128 \
-    --random-output-len 32)
-  c16=$(serve_bench "$work/full-c16.json" 16 32 --endpoint /v1/chat/completions --random-input-len 128 \
-    --random-output-len 32)
+  c1=$(serve_bench "$work/full-c1.json" 1 3 --endpoint /v1/chat/completions --random-input-len 32 \
+    --random-output-len 64)
+  c16=$(serve_bench "$work/full-c16.json" 16 16 --endpoint /v1/chat/completions --random-input-len 32 \
+    --random-output-len 64)
   rss=$(awk '/VmRSS/ { printf "%.2f", $2 / 1048576 }' "/proc/$srv_pid/status")
   hwm=$(awk '/VmHWM/ { printf "%.2f", $2 / 1048576 }' "/proc/$srv_pid/status")
   lck=$(awk '/VmLck/ { printf "%.2f", $2 / 1048576 }' "/proc/$srv_pid/status")
@@ -228,14 +235,16 @@ for f in os.listdir(sys.argv[1]):
   bw=$(calc "max($bw_before, $bw_after)")
   step_bytes=$(calc "1.93 * 2**30") # moeserve plan --dtype int4: weight bytes read per decode step at batch 1
   echo
-  echo "| streams | output tok/s | mean TPOT ms | failed | decode GB/s at batch 1 | % of read bandwidth ($bw GB/s) |"
-  echo "|---|---|---|---|---|---|"
+  echo "chat requests, about 32 prompt tokens, 64 out (ignore_eos); decode tok/s = streams x 1000 / mean TPOT"
+  echo
+  echo "| streams | output tok/s (with prefill) | mean TPOT ms | decode tok/s | failed | decode GB/s at batch 1 | % of read bandwidth ($bw GB/s) |"
+  echo "|---|---|---|---|---|---|---|"
   set -- $c1
   local gbs
   gbs=$(calc "$step_bytes / ($2 / 1e3) / 1e9 if $2 > 0 else 0")
-  echo "| 1 | $1 | $2 | $3 | $(fmt "$gbs" 1) | $(fmt "$(calc "100 * $gbs / $bw if $bw > 0 else 0")" 0)% |"
+  echo "| 1 | $1 | $2 | $(fmt "$(calc "1000 / $2 if $2 > 0 else 0")" 1) | $3 | $(fmt "$gbs" 1) | $(fmt "$(calc "100 * $gbs / $bw if $bw > 0 else 0")" 0)% |"
   set -- $c16
-  echo "| 16 | $1 | $2 | $3 | | |"
+  echo "| 16 | $1 | $2 | $(fmt "$(calc "16000 / $2 if $2 > 0 else 0")" 1) | $3 | | |"
   echo
   echo "resident memory of the server after the benchmarks: VmRSS $rss GiB (peak $hwm GiB, locked $lck GiB)"
   echo "read bandwidth measured before and after: $bw_before and $bw_after GB/s"
@@ -257,7 +266,7 @@ part_peer() {
   echo
   echo "## The demo model over HTTP: moeserve int4 against llama.cpp Q4_0 ($rounds rounds, alternating)"
   echo
-  echo "/v1/completions, 128-token id prompts, 128 tokens out (ignore_eos); 1 stream: 6 requests, 16 streams: 48"
+  echo "/v1/completions, 128-token id prompts, 64 tokens out (ignore_eos); 1 stream: 4 requests, 16 streams: 32"
   echo
   echo "| round | server | load avg | 1 stream tok/s | TPOT ms | 16 streams tok/s | TPOT ms | failed |"
   echo "|---|---|---|---|---|---|---|---|"
@@ -273,13 +282,56 @@ part_peer() {
         q4_0) start_peer "$work/peer-q4_0-$r.log" "$q4" ;;
         q4_0-bf16-output) start_peer "$work/peer-q4_0b-$r.log" "$q4b" ;;
       esac
-      a=$(serve_bench "$work/peer-$who-$r-c1.json" 1 6 --random-input-len 128 --random-output-len 128)
-      b=$(serve_bench "$work/peer-$who-$r-c16.json" 16 48 --random-input-len 128 --random-output-len 128)
+      a=$(serve_bench "$work/peer-$who-$r-c1.json" 1 4 --random-input-len 128 --random-output-len 64)
+      b=$(serve_bench "$work/peer-$who-$r-c16.json" 16 32 --random-input-len 128 --random-output-len 64)
       stop_server
       set -- $a
       local a1=$1 a2=$2 af=$3
       set -- $b
       echo "| $r | $who | ${la%% *} | $a1 | $a2 | $1 | $2 | $af + $3 |"
+    done
+  done
+}
+
+# llama-bench's figure of TEST (pp512, tg64) in its jsonl output FILE, "mean ± sd".
+peer_ts() {
+  "$py" -c 'import json,sys
+for l in open(sys.argv[1]):
+    d = json.loads(l)
+    if (d["n_prompt"] > 0) == (sys.argv[2] == "pp"):
+        print("%.1f ± %.1f" % (d["avg_ts"], d["stddev_ts"]))' "$1" "$2"
+}
+
+# The same comparison without HTTP: generate --bench against llama-bench.
+part_peer_kernels() {
+  local q4=$work/demo-q4_0.gguf q4b=$work/demo-q4_0-bf16-output.gguf
+  [ -s "$q4" ] && [ -s "$q4b" ] || die "run the peer part first (it makes the Q4_0 files)"
+  echo
+  echo "## The demo model without HTTP: generate --bench (int4) against llama-bench (Q4_0), $rounds rounds"
+  echo
+  echo "decode at batch 1 (ours: best of 5 windows of 16 steps; llama-bench: tg64, mean of 3) and prefill"
+  echo "of 512 tokens (pp512), tokens/s"
+  echo
+  echo "| round | engine | load avg | decode tok/s | prefill tok/s |"
+  echo "|---|---|---|---|---|"
+  local r who la j order
+  for r in $(seq "$rounds"); do
+    order="ours q4_0 q4_0-bf16-output"
+    [ $((r % 2)) -eq 0 ] && order="q4_0-bf16-output q4_0 ours"
+    for who in $order; do
+      la=$(load)
+      j=$work/kern-$who-$r.json
+      case $who in
+        ours) "$bin" generate "$demo" --bench --json --threads "$threads" --quantization int4 >"$j" 2>/dev/null ||
+                die "generate --bench failed"
+              echo "| $r | moeserve int4 | ${la%% *} | $(fmt "$(field "$j" decode_tokens_per_second)" 1)" \
+                "| $(fmt "$(field "$j" prefill_tokens_per_second)" 1) |" ;;
+        *) local g=$q4
+           [ "$who" = q4_0 ] || g=$q4b
+           "$peer_bin/llama-bench" -m "$g" -t "$threads" -p 512 -n 64 -r 3 -o jsonl >"$j" 2>/dev/null ||
+             die "llama-bench failed"
+           echo "| $r | llama.cpp $who | ${la%% *} | $(peer_ts "$j" tg) | $(peer_ts "$j" pp) |" ;;
+      esac
     done
   done
 }
