@@ -110,6 +110,7 @@ static inline __m512 vexp(__m512 x)
 // 16 outputs per tile, 16 chains in registers beside the weight vectors.
 #define Q_MR 4
 #define Q_NB 4
+#define Q_NB1 8 // one row: 8 chains, the FMA latency times its two pipes
 #define VI __m512i
 #define VLOADI(p) _mm512_loadu_si512(p)
 #define VFNMA(a, b, c) _mm512_fnmadd_ps(a, b, c)
