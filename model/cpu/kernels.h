@@ -108,8 +108,11 @@ struct cpu_attn {
 };
 
 struct cpu_kernels {
-    const char *name;      // "scalar", "avx2", "avx512", "amx"
+    const char *name;      // "scalar", "avx2", "avx512", "avx512_bf16", "amx"
     int lanes;             // fp32 lanes per vector (also the matmul's reduction width)
+    // The bf16 matmuls round their activations to bf16 (kernels_avx512bf16.c
+    // states the tolerance); false: fp32 within the reference's roundings.
+    bool bf16_activations;
     int unit;              // the matmul's natural split of outputs between threads
     // Outputs [o0, o1) of every row of m. Each output element depends only on
     // its x row, its w row and the table (never on rows, o0/o1 or the path
@@ -155,6 +158,8 @@ const struct cpu_kernels *cpu_kernels_scalar(void);
 // NULL when this CPU (or this build) lacks the instructions.
 const struct cpu_kernels *cpu_kernels_avx2(void);
 const struct cpu_kernels *cpu_kernels_avx512(void);
+// The avx512 table with bf16 activations in its bf16 matmuls (AVX512_BF16).
+const struct cpu_kernels *cpu_kernels_avx512_bf16(void);
 // Also needs Linux to grant this process the tile state (arch_prctl).
 const struct cpu_kernels *cpu_kernels_amx(void);
 // The matrices the amx table runs on the tile unit (the rest, quantized
@@ -164,13 +169,14 @@ static inline bool cpu_kernels_amx_takes(const struct cpu_wmat *w)
 {
     return w->quant == QUANT_NONE && w->dtype == DTYPE_BF16 && w->in > 0 && w->in % 32 == 0 && w->out > 0;
 }
-// The fastest table this CPU runs (amx, else avx512, else avx2, else
-// scalar); MOESERVE_CPU_KERNELS=scalar|avx2|avx512|amx picks one (falling
-// back to the best available when the CPU lacks it).
+// The fastest fp32 table this CPU runs (amx, else avx512, else avx2, else
+// scalar); MOESERVE_CPU_KERNELS=scalar|avx2|avx512|avx512_bf16|amx picks one
+// (falling back to the best available when the CPU lacks it): avx512_bf16
+// is never the default, only asked for.
 const struct cpu_kernels *cpu_kernels_best(void);
 
-// The table of that name ("scalar", "avx2", "avx512", "amx") when this CPU
-// runs it, else NULL.
+// The table of that name ("scalar", "avx2", "avx512", "avx512_bf16", "amx")
+// when this CPU runs it, else NULL.
 const struct cpu_kernels *cpu_kernels_by_name(const char *name);
 
 // Per-thread scratch any table needs for matmuls with in <= max_in and
