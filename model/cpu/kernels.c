@@ -426,6 +426,12 @@ size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
     // floats, or one 16-row tile when K is larger), four C tiles.
     const size_t amx = (8 * kp > 65536 ? 8 * kp : 65536) + (16 * kp > 32768 ? 16 * kp : 32768) + 1024;
     if (mm < amx) mm = amx;
+    // The avx512_bf16 matmul: 256 KiB of packed blocks (or one block, 8
+    // floats per k) for weights not packed at load, then CPU_BF16_ROWS x rows
+    // rounded to bf16 pairs (half a float per k each), so that a matmul of
+    // that many rows rounds each row once.
+    const size_t bf = (8 * kp > 65536 ? 8 * kp : 65536) + (size_t)CPU_BF16_ROWS * kp / 2 + kp;
+    if (mm < bf) mm = bf;
     // Attention, per row: accumulator, max, sum; a padding row's accumulator;
     // a row group's 16 probabilities each.
     size_t rows = (size_t)max_q * CPU_ATTN_TILE;

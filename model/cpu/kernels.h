@@ -181,6 +181,8 @@ const struct cpu_kernels *cpu_kernels_by_name(const char *name);
 
 // Per-thread scratch any table needs for matmuls with in <= max_in and
 // attention with n_q <= max_q heads of head_dim (tiles of CPU_ATTN_TILE).
+// A matrix of in = K may count on cpu_kernels_scratch_floats(K, 1, 1).
+#define CPU_BF16_ROWS 256 // x rows the avx512_bf16 matmul rounds once per call
 size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim);
 
 // Element i of a bf16, f16 or f32 array, as fp32.
