@@ -56,6 +56,29 @@ static inline uint16_t cpu_lane_mask16(int o, int o0, int o1)
     if (hi <= lo) return 0;
     return (uint16_t)(((1u << (hi - lo)) - 1u) << lo);
 }
+// The next chunk of a packed matrix, brought into L2 while the row blocks
+// after a chunk's first work on that chunk from L2 (without it the first
+// row block of every chunk waits on memory with too little work to hide
+// it): each tile step of those row blocks prefetches `per` lines from `at`
+// on, up to `end`. steps: the tile steps the row blocks after the first
+// take on the chunk. An empty plan (at NULL) when there is nothing ahead.
+struct cpu_ahead {
+    const char *at, *end;
+    int per;
+};
+static inline struct cpu_ahead cpu_ahead_plan(const void *packed, size_t bb, int ce, int b1, int chunk,
+                                              size_t steps)
+{
+    struct cpu_ahead a = {0};
+    if (!packed || ce >= b1 || steps == 0) return a;
+    const int ne = b1 - ce < chunk ? b1 : ce + chunk;
+    const size_t lines = (size_t)(ne - ce) * bb / 64;
+    a.at = (const char *)packed + (size_t)ce * bb;
+    a.end = (const char *)packed + (size_t)ne * bb;
+    a.per = (int)((lines + steps - 1) / steps);
+    return a;
+}
+
 // Rows [0, r->n) of canonical quantized rows (r->n <= 16) as one packed
 // block of model/quant.h's layout (quant_block_bytes) at dst; the rows past
 // r->n are zero.
