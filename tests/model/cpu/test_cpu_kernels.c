@@ -823,6 +823,55 @@ static void threadpool_runs_every_range_exactly_once(void **state)
     threadpool_destroy(p);
 }
 
+// A shared run: pieces from a counter, each marked by the thread that took
+// it; a thread inside fn twice at once would show as a tid seen busy.
+struct shared_ctx {
+    _Atomic int next;
+    int n;
+    _Atomic int taken[64];
+    _Atomic int busy[8];
+    _Atomic int clash;
+};
+
+static void shared_work(void *arg, int tid, int n_threads)
+{
+    struct shared_ctx *c = arg;
+    if (tid < 0 || tid >= n_threads || n_threads > 8) { // no cmocka asserts off the main thread
+        atomic_store(&c->clash, 1);
+        return;
+    }
+    if (atomic_fetch_add(&c->busy[tid], 1) != 0) atomic_store(&c->clash, 1);
+    for (int i; (i = atomic_fetch_add(&c->next, 1)) < c->n;) atomic_fetch_add(&c->taken[i], 1);
+    atomic_fetch_sub(&c->busy[tid], 1);
+}
+
+// Shared runs interleaved with full ones: every piece exactly once, by one
+// thread at a time per tid, and the full runs still run on every thread
+// (a worker left behind by a shared run must not run it later, nor miss
+// the next full run).
+static void threadpool_shared_runs_take_every_piece_once(void **state)
+{
+    (void)state;
+    const int sizes[] = {1, 2, 3, 5};
+    for (int s = 0; s < 4; s++) {
+        struct threadpool *p;
+        char err[256];
+        assert_int_equal(threadpool_create(sizes[s], &p, err, sizeof err), 0);
+        for (int rep = 0; rep < 3000; rep++) {
+            struct shared_ctx c = {.n = rep % 65};
+            threadpool_run_shared(p, shared_work, &c);
+            for (int i = 0; i < 64; i++) assert_int_equal(atomic_load(&c.taken[i]), i < c.n ? 1 : 0);
+            assert_int_equal(atomic_load(&c.clash), 0);
+            if (rep % 3 == 0) {
+                struct pool_ctx f = {.n = rep % 37};
+                threadpool_run(p, pool_work, &f);
+                assert_int_equal(atomic_load(&f.sum), (long)f.n * (f.n - 1) / 2);
+            }
+        }
+        threadpool_destroy(p);
+    }
+}
+
 // cpu_matmul over several jobs gives the same bits with 1 or 3 threads.
 static void threaded_matmul_matches_single_thread(void **state)
 {
@@ -1101,6 +1150,7 @@ int main(void)
         cmocka_unit_test(simd_scale_max_matches_scalar_and_clears_nan),
         cmocka_unit_test(simd_rmsnorm_and_axpy_match_scalar),
         cmocka_unit_test(threadpool_runs_every_range_exactly_once),
+        cmocka_unit_test(threadpool_shared_runs_take_every_piece_once),
         cmocka_unit_test(threaded_matmul_matches_single_thread),
         cmocka_unit_test(rmsnorm_scales_by_root_mean_square),
         cmocka_unit_test(rope_rotates_pairs_half_a_head_apart),
