@@ -22,6 +22,16 @@
 # Ratios are ours over the peer's of the same round (throughput) or the
 # peer's over ours (times): above 1 means moeserve is ahead.
 #
+# The control (--peer-control, on by default): each round also serves the
+# peer on ONE thread, and a second line of ratios puts ours against twice
+# that (a peer on N threads is at most N times its one-thread speed). On a
+# shared machine llama.cpp's threads spin at every op's barrier, so when
+# another process takes a core the peer on 2 threads can fall far below its
+# one-thread speed (measured here: llama-bench tg32 on the mid model, load
+# average 7: 15 tok/s on 1 thread, 0.8 on 2), which inflates the same-thread
+# ratios; the conservative ones do not depend on that. Every server's loads
+# are tagged with the load average when they started.
+#
 # The peer's requests carry a logit_bias of -100 on the vocabulary's tokens
 # that are not whole UTF-8 on their own (1448 of Qwen3's): llama-server
 # parses every streamed chunk as UTF-8 and, on the invalid bytes a random
@@ -44,6 +54,7 @@ usage: bench/compare_llama_cpp.sh MODEL_DIR MODEL.gguf [options]
   --in N --out N     prompt and output tokens of the c16/c64 loads (128, 64)
   --ours-args "..."  extra moeserve serve flags
   --peer-args "..."  extra llama-server flags
+  --no-peer-control  skip the peer on one thread (see the top of the script)
   --out-dir DIR      where results and logs go (a new folder under /tmp)
   --port N           first of the two ports used (28631)
 EOF
@@ -53,7 +64,7 @@ EOF
 MODEL_DIR=$1 GGUF=$2
 shift 2
 BUILD=build PEER=/tmp/peer/llama.cpp/build/bin THREADS=2 TABLES="" ROUNDS=2
-LOADS=c16,c64,ttft,tpot IN=128 OUT=64 OURS_ARGS="" PEER_ARGS="" OUT_DIR="" PORT=28631
+LOADS=c16,c64,ttft,tpot IN=128 OUT=64 OURS_ARGS="" PEER_ARGS="" OUT_DIR="" PORT=28631 CONTROL=1
 while [[ $# -gt 0 ]]; do
     case $1 in
     --build) BUILD=$2; shift 2 ;;
@@ -66,6 +77,7 @@ while [[ $# -gt 0 ]]; do
     --out) OUT=$2; shift 2 ;;
     --ours-args) OURS_ARGS=$2; shift 2 ;;
     --peer-args) PEER_ARGS=$2; shift 2 ;;
+    --no-peer-control) CONTROL=0; shift ;;
     --out-dir) OUT_DIR=$2; shift 2 ;;
     --port) PORT=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -134,6 +146,8 @@ stop_server() {
 trap stop_server EXIT
 trap 'stop_server; exit 130' INT TERM
 
+loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
+
 # Waits until GET /health answers 200 (both servers say 503 while loading).
 wait_ready() {
     local port=$1 log=$2
@@ -170,11 +184,11 @@ start_ours() {
 }
 
 start_peer() {
-    local log=$OUT_DIR/peer-r$1.log
+    local threads=$2 log=$OUT_DIR/peer-t$2-r$1.log
     check_port_free "$P_PEER"
     # 64 slots of 1024 positions: every load fits a slot.
     # shellcheck disable=SC2086
-    "$PEER/llama-server" -m "$GGUF" --host 127.0.0.1 --port "$P_PEER" -t "$THREADS" \
+    "$PEER/llama-server" -m "$GGUF" --host 127.0.0.1 --port "$P_PEER" -t "$threads" \
         -c 65536 -np 64 --no-warmup --reasoning-format none --no-jinja $PEER_ARGS >"$log" 2>&1 &
     SERVER_PID=$!
     wait_ready "$P_PEER" "$log"
@@ -206,6 +220,7 @@ run_load() {
 run_loads() {
     local port=$1 tag=$2 who=$3 round=$4 table=$5
     run_load "$port" warm "$tag" >/dev/null
+    printf '%s\t%s\t%s\tload\t%s\n' "$round" "$who" "$table" "$(loadavg | cut -d' ' -f1)" >>"$RESULTS"
     for load in "${LOAD_LIST[@]}"; do
         local v
         v=$(run_load "$port" "$load" "$tag")
@@ -213,8 +228,6 @@ run_loads() {
         printf '  %-6s %-7s %-5s %s\n' "$who" "$table" "$load" "$v"
     done
 }
-
-loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 
 echo "moeserve $MODEL_DIR vs llama-server $GGUF, $THREADS threads, tables $TABLES, $ROUNDS rounds"
 echo "results: $OUT_DIR"
@@ -235,29 +248,47 @@ for ((round = 1; round <= ROUNDS; round++)); do
         run_loads "$P_OURS" "ours-$table-r$round" ours "$round" "$table"
         stop_server
     done
-    start_peer "$round"
+    start_peer "$round" "$THREADS"
     run_loads "$P_PEER" "peer-r$round" peer "$round" -
     stop_server
+    if ((CONTROL)); then
+        start_peer "$round" 1
+        run_loads "$P_PEER" "peer1-r$round" peer1 "$round" -
+        stop_server
+    fi
 done
 echo "load average at the end: $(loadavg)"
 
-# The summary: per table and round, the ratios against that round's peer.
-echo
-printf '%-7s %-5s %10s %10s %12s %12s %14s\n' table round "c16 x" "c64 x" "ttft512 x" "tpot1 x" "decode/bound"
-for table in "${TABLE_LIST[@]}"; do
-    for ((round = 1; round <= ROUNDS; round++)); do
-        awk -F'\t' -v t="$table" -v r="$round" '
-            $1 == r && $2 == "ours" && $3 == t { o[$4] = $5 }
-            $1 == r && $2 == "peer" { p[$4] = $5 }
-            function ratio(a, b) { return (a == "" || b == "" || b == 0) ? "-" : sprintf("%.2f", a / b) }
-            END {
-                bound = (o["bw_gbs"] > 0) ? o["step_bytes"] / (o["bw_gbs"] * 1e9) * 1e3 : 0
-                frac = (bound > 0 && o["tpot"] > 0) ? sprintf("%.0f%%", 100 * bound / o["tpot"]) : "-"
-                printf "%-7s %-5s %10s %10s %12s %12s %14s\n", t, r, ratio(o["c16"], p["c16"]),
-                    ratio(o["c64"], p["c64"]), ratio(p["ttft"], o["ttft"]), ratio(p["tpot"], o["tpot"]), frac
-            }' "$RESULTS"
+# The summary: per table and round, the ratios against that round's peer
+# (and, with the control, against twice the peer on one thread).
+summary() {
+    local who=$1 scale=$2
+    printf '%-12s %-5s %8s %8s %10s %9s %13s   (load: ours, peer)\n' table round "c16 x" "c64 x" "ttft512 x" "tpot1 x" "decode/bound"
+    for table in "${TABLE_LIST[@]}"; do
+        for ((round = 1; round <= ROUNDS; round++)); do
+            awk -F'\t' -v t="$table" -v r="$round" -v w="$who" -v k="$scale" '
+                $1 == r && $2 == "ours" && $3 == t { o[$4] = $5 }
+                $1 == r && $2 == w { p[$4] = $5 }
+                function ratio(a, b) { return (a == "" || b == "" || b == 0) ? "-" : sprintf("%.2f", a / b) }
+                END {
+                    if (!("c16" in p) && !("tpot" in p) && !("ttft" in p) && !("c64" in p)) exit
+                    bound = (o["bw_gbs"] > 0) ? o["step_bytes"] / (o["bw_gbs"] * 1e9) * 1e3 : 0
+                    frac = (bound > 0 && o["tpot"] > 0) ? sprintf("%.0f%%", 100 * bound / o["tpot"]) : "-"
+                    printf "%-12s %-5s %8s %8s %10s %9s %13s   (%s, %s)\n", t, r,
+                        ratio(o["c16"], p["c16"] * k), ratio(o["c64"], p["c64"] * k),
+                        ratio(p["ttft"] / k, o["ttft"]), ratio(p["tpot"] / k, o["tpot"]), frac, o["load"], p["load"]
+                }' "$RESULTS"
+        done
     done
-done
+}
 echo
-echo "raw figures (tok/s for c16/c64, ms for ttft/tpot):"
-awk -F'\t' '$4 ~ /^(c16|c64|ttft|tpot)$/ { printf "  round %s %-4s %-7s %-5s %s\n", $1, $2, $3, $4, $5 }' "$RESULTS"
+echo "ours against the peer on $THREADS threads:"
+summary peer 1
+if ((CONTROL)); then
+    echo
+    echo "conservative: ours against $THREADS x the peer on one thread:"
+    summary peer1 "$THREADS"
+fi
+echo
+echo "raw figures (tok/s for c16/c64, ms for ttft/tpot; load average when the server's loads began):"
+awk -F'\t' '$4 ~ /^(c16|c64|ttft|tpot|load)$/ { printf "  round %s %-5s %-12s %-5s %s\n", $1, $2, $3, $4, $5 }' "$RESULTS"
