@@ -119,8 +119,8 @@ struct prompt {
     char *body; // the request's JSON
 };
 
-static char *make_body(const struct bench_opts *o, const char *model, bool chat, bool ids,
-                       int in_len, int out_len, uint64_t *rng)
+static char *make_body(const struct bench_opts *o, const json_t *extra, const char *model, bool chat,
+                       bool ids, int in_len, int out_len, uint64_t *rng)
 {
     json_t *b = json_object();
     if (!b) return NULL;
@@ -159,6 +159,10 @@ static char *make_body(const struct bench_opts *o, const char *model, bool chat,
     json_object_set_new(b, "stream", json_true());
     json_object_set_new(b, "stream_options", json_pack("{s:b}", "include_usage", 1));
     if (o->ignore_eos) json_object_set_new(b, "ignore_eos", json_true());
+    if (extra && json_object_update(b, (json_t *)extra)) {
+        json_decref(b);
+        return NULL;
+    }
     char *s = json_dumps(b, JSON_COMPACT);
     json_decref(b);
     return s;
@@ -599,8 +603,20 @@ int bench_run(const struct bench_opts *o, struct bench_result *r, FILE *progress
     memset(r, 0, sizeof *r);
     int rc = check_opts(o, err, errlen);
     if (rc) return rc;
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+    json_t *extra = NULL;
+    if (o->extra_body) {
+        json_error_t je;
+        extra = json_loads(o->extra_body, 0, &je);
+        if (!json_is_object(extra)) {
+            json_decref(extra);
+            return ms_err(err, errlen, MS_EINVAL, "--extra-body: expected a JSON object (%s)",
+                          extra ? "got another JSON value" : je.text);
+        }
+    }
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        json_decref(extra);
         return ms_err(err, errlen, MS_EIO, "libcurl failed to initialise");
+    }
     const int n = o->num_prompts;
     struct run R = {.o = o};
     struct prompt *prompts = calloc((size_t)n, sizeof *prompts);
@@ -636,7 +652,8 @@ int bench_run(const struct bench_opts *o, struct bench_result *r, FILE *progress
         int out = rng_between(&rng, (int)floor(o->random_output_len * (1 - rr)), (int)ceil(o->random_output_len * (1 + rr)));
         prompts[i].input_len = in < 1 ? 1 : in;
         prompts[i].output_len = out < 1 ? 1 : out;
-        prompts[i].body = make_body(o, r->model, chat, ids, prompts[i].input_len, prompts[i].output_len, &rng);
+        prompts[i].body = make_body(o, extra, r->model, chat, ids, prompts[i].input_len,
+                                    prompts[i].output_len, &rng);
         if (!prompts[i].body) {
             rc = ms_err(err, errlen, MS_ENOMEM, "out of memory building prompt %d", i);
             goto out;
@@ -679,6 +696,7 @@ out:
         for (int i = 0; i < n; i++) free(prompts[i].body);
     free(prompts);
     free(arrivals);
+    json_decref(extra);
     curl_global_cleanup();
     if (rc) bench_result_free(r);
     return rc;

@@ -37,6 +37,9 @@ struct bench_opts {
     uint64_t seed;             // prompts, lengths and arrival times
     double request_timeout;    // seconds per request; 0: none
     bool initial_test;         // send the first prompt alone first; stop if it fails
+    const char *extra_body;    // NULL, or a JSON object whose members are added to every
+                               // request body, replacing ours of the same name (vLLM's
+                               // --extra-body: sampling fields a server needs)
 };
 void bench_opts_default(struct bench_opts *o);
 

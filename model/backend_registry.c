@@ -117,14 +117,21 @@ int backend_variants(enum backend_device d, const char **names, int max)
     }
 #endif
     if (d == BACKEND_DEVICE_CPU) {
-        static const char *const tables[] = {"amx", "avx512", "avx2", "scalar"};
-        for (int i = 0; i < 4; i++)
+        static const char *const tables[] = {"amx", "avx512", "avx512_bf16", "avx2", "scalar"};
+        for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++)
             if (cpu_kernels_by_name(tables[i])) {
                 if (n < max) names[n] = tables[i];
                 n++;
             }
     }
     return n < max ? n : max;
+}
+
+bool backend_variant_bf16_activations(enum backend_device d, const char *variant)
+{
+    if (d == BACKEND_DEVICE_CUDA) return true;
+    const struct cpu_kernels *k = variant ? cpu_kernels_by_name(variant) : cpu_kernels_best();
+    return k && k->bf16_activations;
 }
 
 int backend_comm_create(enum backend_device d, int n_ranks, struct backend *const *ranks,

@@ -5,6 +5,7 @@
 #ifndef MOESERVE_MODEL_BACKEND_REGISTRY_H
 #define MOESERVE_MODEL_BACKEND_REGISTRY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "model/backend.h"
@@ -26,13 +27,20 @@ struct backend_opts {
     int n_threads;        // CPU: this rank's compute threads (0: all cores)
     int device_index;     // CUDA: the GPU (after CUDA_VISIBLE_DEVICES)
     int rank;             // the rank the backend serves (logs)
-    const char *variant;  // CPU: the kernel table ("scalar", "avx2", "avx512", "amx"); NULL:
-                          // the best this CPU runs (MOESERVE_CPU_KERNELS steers it)
+    const char *variant;  // CPU: the kernel table ("scalar", "avx2", "avx512", "avx512_bf16",
+                          // "amx"); NULL: the best this CPU runs (MOESERVE_CPU_KERNELS
+                          // steers it)
 };
 
 // The variants of device d this machine runs, best first (CPU: its kernel
 // tables); returns how many (at most max names written).
 int backend_variants(enum backend_device d, const char **names, int max);
+
+// Whether variant (NULL: the default) multiplies its projections with the
+// activations rounded to bf16 (8 significant bits, fp32 sums): the CUDA
+// backend, the CPU's avx512_bf16 table. Such results are held to bf16
+// tolerances, the others to fp32's.
+bool backend_variant_bf16_activations(enum backend_device d, const char *variant);
 
 // Devices of kind d this process can use: 1 for the CPU, the visible GPUs
 // for CUDA (0 without a CUDA build, driver or device).

@@ -33,6 +33,8 @@ static void usage(FILE *f)
             "                              (about one token each); default ids for completions,\n"
             "                              words for chat\n"
             "  --ignore-eos                ask for exactly max_tokens (vLLM's ignore_eos)\n"
+            "  --extra-body JSON           members added to every request body, e.g.\n"
+            "                              '{\"top_k\": 20}' (replacing ours of the same name)\n"
             "  --temperature T             sampling temperature (0)\n"
             "  --seed N                    prompts, lengths and arrivals (0)\n"
             "  --api-key KEY               Bearer token (default: $OPENAI_API_KEY, if set)\n"
@@ -75,6 +77,7 @@ int cmd_bench(int argc, char **argv)
         {"no-initial-test", no_argument, NULL, 'N'},
         {"no-progress", no_argument, NULL, 'P'},
         {"fail-on-error", no_argument, NULL, 'F'},
+        {"extra-body", required_argument, NULL, 'X'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -150,6 +153,7 @@ int cmd_bench(int argc, char **argv)
         case 'N': o.initial_test = false; break;
         case 'P': progress = false; break;
         case 'F': fail_on_error = true; break;
+        case 'X': o.extra_body = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

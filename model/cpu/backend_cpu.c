@@ -55,27 +55,6 @@ struct par_ctx {
     _Atomic int next;  // dynamic scheduling: the next item to take
 };
 
-static void par_static(void *arg, int tid, int n_threads)
-{
-    struct par_ctx *c = arg;
-    int b, e;
-    threadpool_range(c->n, tid, n_threads, &b, &e);
-    if (b < e) c->fn(c->ctx, b, e, tid);
-}
-
-// Splits [0, n) into equal contiguous ranges, one per thread.
-static void par_for(struct cpu_backend *c, int n, range_fn fn, void *ctx)
-{
-    if (n <= 0) return;
-    // One row (a decode step) is not worth waking the other threads for.
-    if (n == 1) {
-        fn(ctx, 0, 1, 0);
-        return;
-    }
-    struct par_ctx p = {.fn = fn, .ctx = ctx, .n = n};
-    threadpool_run(c->pool, par_static, &p);
-}
-
 static void par_dynamic(void *arg, int tid, int n_threads)
 {
     (void)n_threads;
@@ -87,17 +66,26 @@ static void par_dynamic(void *arg, int tid, int n_threads)
     }
 }
 
-// Items of unequal cost (attention rows of a prefill, sampled rows), taken
-// chunk by chunk.
+// Items taken chunk by chunk by whichever thread is free (a thread off its
+// core holds nothing up: threadpool_run_shared). Items of unequal cost
+// (attention rows of a prefill, sampled rows) go one at a time.
 static void par_for_dynamic(struct cpu_backend *c, int n, int chunk, range_fn fn, void *ctx)
 {
     if (n <= 0) return;
+    // One row (a decode step) is not worth waking the other threads for.
     if (n == 1) {
         fn(ctx, 0, 1, 0);
         return;
     }
     struct par_ctx p = {.fn = fn, .ctx = ctx, .n = n, .chunk = chunk};
-    threadpool_run(c->pool, par_dynamic, &p);
+    threadpool_run_shared(c->pool, par_dynamic, &p);
+}
+
+// Items of equal cost: a few chunks per thread.
+static void par_for(struct cpu_backend *c, int n, range_fn fn, void *ctx)
+{
+    const int pieces = 4 * threadpool_size(c->pool);
+    par_for_dynamic(c, n, (n + pieces - 1) / pieces, fn, ctx);
 }
 
 static struct cpu_wmat wmat_of(const struct backend_mat *m)

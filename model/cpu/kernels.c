@@ -17,6 +17,7 @@
 const struct cpu_kernels *cpu_kernels_avx2_table(void);
 const struct cpu_kernels *cpu_kernels_avx512_table(void);
 const struct cpu_kernels *cpu_kernels_amx_table(void);
+const struct cpu_kernels *cpu_kernels_avx512_bf16_table(void);
 #endif
 
 static void scalar_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
@@ -192,6 +193,15 @@ const struct cpu_kernels *cpu_kernels_avx512(void)
     return cpu_kernels_avx512_table();
 }
 
+// CPUID.(7,1).EAX bit 5: AVX512-BF16 (VCVTNE2PS2BF16, VDPBF16PS).
+const struct cpu_kernels *cpu_kernels_avx512_bf16(void)
+{
+    unsigned a, b, c, d;
+    if (!cpu_kernels_avx512()) return NULL;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return NULL;
+    return cpu_kernels_avx512_bf16_table();
+}
+
 // CPUID.(7,0).EDX: AMX-BF16 (bit 22), AMX-TILE (bit 24); CPUID.(7,1).EAX:
 // AVX512-BF16 (bit 5); XCR0 bits 17-18: the OS saves tile state. Linux
 // then hands out the 8 KiB of tile data per thread only on request.
@@ -223,15 +233,25 @@ const struct cpu_kernels *cpu_kernels_amx(void)
 #else
 const struct cpu_kernels *cpu_kernels_avx2(void) { return NULL; }
 const struct cpu_kernels *cpu_kernels_avx512(void) { return NULL; }
+const struct cpu_kernels *cpu_kernels_avx512_bf16(void) { return NULL; }
 const struct cpu_kernels *cpu_kernels_amx(void) { return NULL; }
 #endif
 
+static const struct {
+    const char *name;
+    const struct cpu_kernels *(*get)(void);
+} tables_by_name[] = {
+    {"scalar", cpu_kernels_scalar},
+    {"avx2", cpu_kernels_avx2},
+    {"avx512", cpu_kernels_avx512},
+    {"avx512_bf16", cpu_kernels_avx512_bf16},
+    {"amx", cpu_kernels_amx},
+};
+
 const struct cpu_kernels *cpu_kernels_by_name(const char *name)
 {
-    if (!strcmp(name, "scalar")) return cpu_kernels_scalar();
-    if (!strcmp(name, "avx2")) return cpu_kernels_avx2();
-    if (!strcmp(name, "avx512")) return cpu_kernels_avx512();
-    if (!strcmp(name, "amx")) return cpu_kernels_amx();
+    for (size_t i = 0; i < sizeof tables_by_name / sizeof tables_by_name[0]; i++)
+        if (!strcmp(name, tables_by_name[i].name)) return tables_by_name[i].get();
     return NULL;
 }
 
@@ -406,6 +426,12 @@ size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
     // floats, or one 16-row tile when K is larger), four C tiles.
     const size_t amx = (8 * kp > 65536 ? 8 * kp : 65536) + (16 * kp > 32768 ? 16 * kp : 32768) + 1024;
     if (mm < amx) mm = amx;
+    // The avx512_bf16 matmul: 256 KiB of packed blocks (or one block, 8
+    // floats per k) for weights not packed at load, then CPU_BF16_ROWS x rows
+    // rounded to bf16 pairs (half a float per k each), so that a matmul of
+    // that many rows rounds each row once.
+    const size_t bf = (8 * kp > 65536 ? 8 * kp : 65536) + (size_t)CPU_BF16_ROWS * kp / 2 + kp;
+    if (mm < bf) mm = bf;
     // Attention, per row: accumulator, max, sum; a padding row's accumulator;
     // a row group's 16 probabilities each.
     size_t rows = (size_t)max_q * CPU_ATTN_TILE;

@@ -56,6 +56,29 @@ static inline uint16_t cpu_lane_mask16(int o, int o0, int o1)
     if (hi <= lo) return 0;
     return (uint16_t)(((1u << (hi - lo)) - 1u) << lo);
 }
+// The next chunk of a packed matrix, brought into L2 while the row blocks
+// after a chunk's first work on that chunk from L2 (without it the first
+// row block of every chunk waits on memory with too little work to hide
+// it): each tile step of those row blocks prefetches `per` lines from `at`
+// on, up to `end`. steps: the tile steps the row blocks after the first
+// take on the chunk. An empty plan (at NULL) when there is nothing ahead.
+struct cpu_ahead {
+    const char *at, *end;
+    int per;
+};
+static inline struct cpu_ahead cpu_ahead_plan(const void *packed, size_t bb, int ce, int b1, int chunk,
+                                              size_t steps)
+{
+    struct cpu_ahead a = {0};
+    if (!packed || ce >= b1 || steps == 0) return a;
+    const int ne = b1 - ce < chunk ? b1 : ce + chunk;
+    const size_t lines = (size_t)(ne - ce) * bb / 64;
+    a.at = (const char *)packed + (size_t)ce * bb;
+    a.end = (const char *)packed + (size_t)ne * bb;
+    a.per = (int)((lines + steps - 1) / steps);
+    return a;
+}
+
 // Rows [0, r->n) of canonical quantized rows (r->n <= 16) as one packed
 // block of model/quant.h's layout (quant_block_bytes) at dst; the rows past
 // r->n are zero.
@@ -108,8 +131,11 @@ struct cpu_attn {
 };
 
 struct cpu_kernels {
-    const char *name;      // "scalar", "avx2", "avx512", "amx"
+    const char *name;      // "scalar", "avx2", "avx512", "avx512_bf16", "amx"
     int lanes;             // fp32 lanes per vector (also the matmul's reduction width)
+    // The bf16 matmuls round their activations to bf16 (kernels_avx512bf16.c
+    // states the tolerance); false: fp32 within the reference's roundings.
+    bool bf16_activations;
     int unit;              // the matmul's natural split of outputs between threads
     // Outputs [o0, o1) of every row of m. Each output element depends only on
     // its x row, its w row and the table (never on rows, o0/o1 or the path
@@ -155,6 +181,8 @@ const struct cpu_kernels *cpu_kernels_scalar(void);
 // NULL when this CPU (or this build) lacks the instructions.
 const struct cpu_kernels *cpu_kernels_avx2(void);
 const struct cpu_kernels *cpu_kernels_avx512(void);
+// The avx512 table with bf16 activations in its bf16 matmuls (AVX512_BF16).
+const struct cpu_kernels *cpu_kernels_avx512_bf16(void);
 // Also needs Linux to grant this process the tile state (arch_prctl).
 const struct cpu_kernels *cpu_kernels_amx(void);
 // The matrices the amx table runs on the tile unit (the rest, quantized
@@ -164,17 +192,20 @@ static inline bool cpu_kernels_amx_takes(const struct cpu_wmat *w)
 {
     return w->quant == QUANT_NONE && w->dtype == DTYPE_BF16 && w->in > 0 && w->in % 32 == 0 && w->out > 0;
 }
-// The fastest table this CPU runs (amx, else avx512, else avx2, else
-// scalar); MOESERVE_CPU_KERNELS=scalar|avx2|avx512|amx picks one (falling
-// back to the best available when the CPU lacks it).
+// The fastest fp32 table this CPU runs (amx, else avx512, else avx2, else
+// scalar); MOESERVE_CPU_KERNELS=scalar|avx2|avx512|avx512_bf16|amx picks one
+// (falling back to the best available when the CPU lacks it): avx512_bf16
+// is never the default, only asked for.
 const struct cpu_kernels *cpu_kernels_best(void);
 
-// The table of that name ("scalar", "avx2", "avx512", "amx") when this CPU
-// runs it, else NULL.
+// The table of that name ("scalar", "avx2", "avx512", "avx512_bf16", "amx")
+// when this CPU runs it, else NULL.
 const struct cpu_kernels *cpu_kernels_by_name(const char *name);
 
 // Per-thread scratch any table needs for matmuls with in <= max_in and
 // attention with n_q <= max_q heads of head_dim (tiles of CPU_ATTN_TILE).
+// A matrix of in = K may count on cpu_kernels_scratch_floats(K, 1, 1).
+#define CPU_BF16_ROWS 256 // x rows the avx512_bf16 matmul rounds once per call
 size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim);
 
 // Element i of a bf16, f16 or f32 array, as fp32.

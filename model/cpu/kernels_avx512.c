@@ -154,8 +154,10 @@ static const float nib_xscale[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 
 
 AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, const float *const *xr,
                 const float *xp, const char *wp, size_t bb, int K, float *const *yr, int o, int o0, int o1,
-                bool accumulate, bool pf)
+                bool accumulate, bool pf, struct cpu_ahead *ahead)
 {
+    const char *pa = ahead ? ahead->at : NULL, *pe = ahead ? ahead->end : NULL;
+    const int per = ahead ? ahead->per : 0;
     __m512 acc[PK_XP_MAX_ROWS][PK_NB];
 #pragma GCC unroll 16
     for (int r = 0; r < MR; r++)
@@ -176,6 +178,7 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
                 we[n] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
                 wo[n] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
             }
+            for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
 #pragma GCC unroll 16
             for (int r = 0; r < MR; r++) {
                 const __m512 xb = _mm512_set1_ps(PK_X(r, 2 * p));
@@ -210,6 +213,7 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
                 wv[n] = dt == DTYPE_F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)a))
                                         : _mm512_loadu_ps((const float *)a);
             }
+            for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
 #pragma GCC unroll 16
             for (int r = 0; r < MR; r++) {
                 const __m512 xb = _mm512_set1_ps(PK_X(r, k));
@@ -218,6 +222,7 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
             }
         }
     }
+    if (ahead) ahead->at = pa;
 #pragma GCC unroll 4
     for (int n = 0; n < NB; n++) {
         const int on = o + 16 * n;
@@ -243,13 +248,14 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
 
 #define PK_CASE(DT, MR)                                                                        \
     case MR:                                                                                 \
-        if (nb == PK_NB) pk_tile(MR, PK_NB, false, DT, xr, NULL, wp, bb, K, yr, o, o0, o1, acc, pf); \
-        else pk_tile(MR, 1, false, DT, xr, NULL, wp, bb, K, yr, o, o0, o1, acc, pf);                         \
+        if (nb == PK_NB) pk_tile(MR, PK_NB, false, DT, xr, NULL, wp, bb, K, yr, o, o0, o1, acc, pf, ahead); \
+        else pk_tile(MR, 1, false, DT, xr, NULL, wp, bb, K, yr, o, o0, o1, acc, pf, ahead);                 \
         break;
 // nb is PK_NB, or 1 for the blocks left over at the end of a range.
 #define PK_TILES(NAME, DT)                                                                   \
     static void NAME(int mr, int nb, const float *const *xr, const char *wp, size_t bb, int K,  \
-                     float *const *yr, int o, int o0, int o1, bool acc, bool pf)              \
+                     float *const *yr, int o, int o0, int o1, bool acc, bool pf,               \
+                     struct cpu_ahead *ahead)                                                 \
     {                                                                                        \
         switch (mr) {                                                                        \
             PK_CASE(DT, 1) PK_CASE(DT, 2) PK_CASE(DT, 3)                                 \
@@ -262,7 +268,7 @@ PK_TILES(pk_tiles_f32, DTYPE_F32)
 
 // Transposed-x tiles: MR rows (up to 16) x one block.
 #define PK_XCASE(DT, MR) \
-    case MR: pk_tile(MR, 1, true, DT, NULL, xp, wp, 0, K, yr, o, o0, o1, acc, pf); break;
+    case MR: pk_tile(MR, 1, true, DT, NULL, xp, wp, 0, K, yr, o, o0, o1, acc, pf, NULL); break;
 #define PK_XTILES(NAME, DT)                                                                       \
     static void NAME(int mr, const float *xp, const char *wp, int K, float *const *yr, int o,       \
                      int o0, int o1, bool acc, bool pf)                                            \
@@ -303,7 +309,7 @@ static void pk_matmul_xp(const struct cpu_mm *m, int o0, int o1, float *xp)
 }
 
 typedef void (*pk_tiles_fn)(int mr, int nb, const float *const *xr, const char *wp, size_t bb, int K,
-                            float *const *yr, int o, int o0, int o1, bool acc, bool pf);
+                            float *const *yr, int o, int o0, int o1, bool acc, bool pf, struct cpu_ahead *ahead);
 
 // The height of equal row blocks of at most PK_MAX_MR rows (16 rows as
 // 6 + 5 + 5, not 6 + 6 + 4: a short block has too few chains to hide the FMA
@@ -346,9 +352,14 @@ static void pk_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
     const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
     const float *xr[PK_MAX_MR];
     float *yr[PK_MAX_MR];
+    const int n_rb = (m->rows + bh - 1) / bh, kstep = m->w.dtype == DTYPE_BF16 ? K / 2 : K;
     for (int cb = b0; cb < b1; cb += chunk) {
         const int ce = b1 - cb < chunk ? b1 : cb + chunk;
         const char *wc = cpu_packed_blocks(&m->w, cb, ce, scratch);
+        // The row blocks after the first bring the next chunk into L2.
+        struct cpu_ahead ahead = cpu_ahead_plan(m->w.packed, bb, ce, b1, chunk,
+                                                (size_t)(n_rb - 1) * (size_t)((ce - cb) / PK_NB + (ce - cb) % PK_NB) *
+                                                    (size_t)kstep);
         for (int rb = 0; rb < m->rows; rb += bh) {
             const int mr = m->rows - rb < bh ? m->rows - rb : bh;
             for (int r = 0; r < mr; r++) {
@@ -358,13 +369,14 @@ static void pk_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
                 yr[r] = m->y + (size_t)yi * m->ldy;
             }
             const bool pf = rb == 0 && m->w.packed;
+            struct cpu_ahead *pa = rb > 0 && ahead.at ? &ahead : NULL;
             int b = cb;
             for (; b + PK_NB <= ce; b += PK_NB)
                 tiles(mr, PK_NB, xr, wc + (size_t)(b - cb) * bb, bb, K, yr, b * CPU_PACK_OUTS, o0, o1,
-                      m->accumulate, pf);
+                      m->accumulate, pf, pa);
             for (; b < ce; b++)
                 tiles(mr, 1, xr, wc + (size_t)(b - cb) * bb, bb, K, yr, b * CPU_PACK_OUTS, o0, o1,
-                      m->accumulate, pf);
+                      m->accumulate, pf, pa);
         }
     }
 }

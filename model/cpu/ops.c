@@ -2,13 +2,20 @@
 #include "model/cpu/ops.h"
 
 #include <math.h>
+#include <stdatomic.h>
 
 struct mm_ctx {
     const struct cpu_exec *e;
     const struct cpu_mm *jobs;
     int n_jobs;
     uint64_t total;
+    int n_pieces;
+    _Atomic int next;  // the next piece a thread takes
 };
+
+// Pieces per thread: a thread that finishes early (or a pool whose other
+// thread is off its core) takes the rest.
+#define MM_PIECES_PER_THREAD 4
 
 static uint64_t unit_cost(const struct cpu_kernels *k, const struct cpu_mm *m, int unit)
 {
@@ -21,14 +28,13 @@ static int n_units(const struct cpu_mm *m, int unit) { return (m->w.out + unit -
 
 static uint64_t ceil_div_u64(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
-static void mm_worker(void *arg, int tid, int n_threads)
+// Piece i is the units whose starting cost lies in [total i / n, total (i + 1) / n).
+static void mm_piece(const struct mm_ctx *c, int piece, float *scratch)
 {
-    const struct mm_ctx *c = arg;
     const int unit = c->e->k->unit;
-    float *scratch = cpu_exec_scratch(c->e, tid);
-    // This thread owns the units whose starting cost lies in [lo, hi).
-    uint64_t lo = (uint64_t)((unsigned __int128)c->total * (unsigned)tid / (unsigned)n_threads);
-    uint64_t hi = (uint64_t)((unsigned __int128)c->total * (unsigned)(tid + 1) / (unsigned)n_threads);
+    const unsigned n = (unsigned)c->n_pieces;
+    uint64_t lo = (uint64_t)((unsigned __int128)c->total * (unsigned)piece / n);
+    uint64_t hi = (uint64_t)((unsigned __int128)c->total * (unsigned)(piece + 1) / n);
     uint64_t start = 0;
     for (int j = 0; j < c->n_jobs && start < hi; j++) {
         const struct cpu_mm *m = &c->jobs[j];
@@ -49,9 +55,17 @@ static void mm_worker(void *arg, int tid, int n_threads)
     }
 }
 
+static void mm_worker(void *arg, int tid, int n_threads)
+{
+    (void)n_threads;
+    struct mm_ctx *c = arg;
+    float *scratch = cpu_exec_scratch(c->e, tid);
+    for (int i; (i = atomic_fetch_add(&c->next, 1)) < c->n_pieces;) mm_piece(c, i, scratch);
+}
+
 void cpu_matmul(const struct cpu_exec *e, const struct cpu_mm *jobs, int n_jobs)
 {
-    struct mm_ctx c = {.e = e, .jobs = jobs, .n_jobs = n_jobs};
+    struct mm_ctx c = {.e = e, .jobs = jobs, .n_jobs = n_jobs, .n_pieces = 1};
     for (int j = 0; j < n_jobs; j++)
         if (jobs[j].rows > 0 && jobs[j].w.out > 0)
             c.total += (uint64_t)n_units(&jobs[j], e->k->unit) * unit_cost(e->k, &jobs[j], e->k->unit);
@@ -62,7 +76,8 @@ void cpu_matmul(const struct cpu_exec *e, const struct cpu_mm *jobs, int n_jobs)
         mm_worker(&c, 0, 1);
         return;
     }
-    threadpool_run(e->pool, mm_worker, &c);
+    c.n_pieces = threadpool_size(e->pool) * MM_PIECES_PER_THREAD;
+    threadpool_run_shared(e->pool, mm_worker, &c);
 }
 
 void cpu_rmsnorm(const float *x, const void *w, enum dtype wt, int n, float eps, float *out)

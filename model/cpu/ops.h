@@ -27,9 +27,11 @@ static inline float *cpu_exec_scratch(const struct cpu_exec *e, int tid)
 }
 
 // Runs every job in one parallel region: their outputs are cut into units
-// of k->unit and the units dealt out in contiguous runs of about equal cost
-// (weight bytes plus FLOPs), so one small matrix or many experts alike keep
-// every thread busy. Results do not depend on the thread count.
+// of k->unit and the units into contiguous pieces of about equal cost
+// (weight bytes plus FLOPs), a few per thread, taken by whichever thread is
+// free (threadpool_run_shared), so one small matrix or many experts alike
+// keep every thread busy and a thread off its core holds nothing up.
+// Results do not depend on the thread count or on who takes which piece.
 void cpu_matmul(const struct cpu_exec *e, const struct cpu_mm *jobs, int n_jobs);
 
 // out = x / sqrt(mean(x^2) + eps) * w, the sum of squares in double.

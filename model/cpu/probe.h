@@ -10,8 +10,10 @@
 #include "model/cpu/threadpool.h"
 
 struct cpu_read_probe {
-    float *buf;   // (bytes / 4), touched once at creation
+    float *buf;   // (bytes / 4), touched once at creation; on 2 MiB pages where granted
     size_t bytes;
+    void *map;    // the mapping buf lies in (aligned inside it)
+    size_t map_bytes;
 };
 
 int cpu_read_probe_create(size_t bytes, struct cpu_read_probe *p, char *err, size_t errlen);

@@ -288,9 +288,9 @@ int cpu_sample_row(const struct backend_sample_row *row, int vocab, struct cpu_s
 
     int id;
     if (p->temperature < SAMPLING_EPS || p->top_k == 1) {
-        // The largest (NaN as -inf) in one vector pass, then the lowest id
-        // holding it: a scalar argmax over 152k logits took a tenth of a
-        // decode step of the demo model.
+        // The largest (NaN as -inf) in one vector pass, then its lowest id:
+        // a scalar scan with the running best in the loop took 0.5 ms a row
+        // over 152k logits, more than the lm_head per row at 64 rows.
         id = first_equal(logits, vocab, s->k->scale_max(logits, 1.0f, vocab));
     } else {
         // Scale (NaN to -inf) and find the largest in one vector pass; the

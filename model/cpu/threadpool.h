@@ -23,6 +23,15 @@ int threadpool_size(const struct threadpool *p);
 // Not reentrant: fn must not call threadpool_run on the same pool.
 void threadpool_run(struct threadpool *p, threadpool_fn fn, void *ctx);
 
+// Like threadpool_run, for work that any thread may take piece by piece
+// (every fn takes pieces from a shared counter until none are left, so the
+// caller's own fn returns only when every piece is taken). The caller waits
+// only for the threads already inside fn; a thread that has not started
+// when the caller's fn returns never runs it, so one the OS has taken off
+// its core (other processes on a shared machine) does not hold the run up.
+// tid is still unique among the threads running fn. Not reentrant either.
+void threadpool_run_shared(struct threadpool *p, threadpool_fn fn, void *ctx);
+
 // Splits [0, n) into contiguous, near-equal ranges, one per thread.
 void threadpool_range(int n, int tid, int n_threads, int *begin, int *end);
 

@@ -453,6 +453,45 @@ static void a_failing_initial_test_stops_the_run_with_its_error(void **state)
     assert_int_equal(bench_run(&o, &r, NULL, err, sizeof err), MS_EINVAL);
 }
 
+// --extra-body's members reach every request, replacing ours of the same name;
+// anything but a JSON object is refused before a request is sent.
+static void extra_body_members_join_every_request(void **state)
+{
+    (void)state;
+    fixture_start(NULL);
+    struct bench_opts o;
+    opts_for_fixture(&o, 3, 4, 6);
+    o.extra_body = "{\"top_k\": 20, \"max_tokens\": 2, \"logit_bias\": {\"7\": -100}}";
+    struct bench_result r;
+    char err[512];
+    int rc = bench_run(&o, &r, NULL, err, sizeof err);
+    if (rc) fail_msg("%s", err);
+    assert_int_equal(r.completed, 3);
+    json_t *st = fixture_stats();
+    json_t *bodies = json_object_get(st, "bodies"), *b;
+    assert_int_equal(json_array_size(bodies), 4); // + the initial test
+    size_t i;
+    json_array_foreach(bodies, i, b) {
+        assert_int_equal(json_integer_value(json_object_get(b, "top_k")), 20);
+        assert_int_equal(json_integer_value(json_object_get(b, "max_tokens")), 2);
+        assert_int_equal(json_integer_value(json_object_get(json_object_get(b, "logit_bias"), "7")), -100);
+        assert_int_equal(json_array_size(json_object_get(b, "prompt")), 4);
+    }
+    json_decref(st);
+    bench_result_free(&r);
+    const char *bad[] = {"[1, 2]", "{\"top_k\": ", "7", ""};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        opts_for_fixture(&o, 3, 4, 6);
+        o.extra_body = bad[k];
+        assert_int_equal(bench_run(&o, &r, NULL, err, sizeof err), MS_EINVAL);
+        assert_non_null(strstr(err, "--extra-body"));
+    }
+    st = fixture_stats();
+    assert_int_equal(json_array_size(json_object_get(st, "bodies")), 4); // nothing more was sent
+    json_decref(st);
+    fixture_stop();
+}
+
 // ---- the command --------------------------------------------------------------------------------
 static int run_cli(const char *args, char *out, size_t outlen)
 {
@@ -544,6 +583,7 @@ int main(void)
         cmocka_unit_test_teardown(split_crlf_streams_without_usage_count_chunks, teardown_fixture),
         cmocka_unit_test_teardown(poisson_requests_never_start_before_their_arrival, teardown_fixture),
         cmocka_unit_test_teardown(a_failing_initial_test_stops_the_run_with_its_error, teardown_fixture),
+        cmocka_unit_test_teardown(extra_body_members_join_every_request, teardown_fixture),
         cmocka_unit_test_teardown(the_command_prints_vllms_block_and_saves_its_keys, teardown_fixture),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -48,6 +48,7 @@ struct result {
 };
 
 static struct model *moe, *dense;
+static const char *variant; // the CPU kernel table the ranks run (NULL: the default)
 
 // The golden checkpoint as stored, or with its projections quantized at load.
 static struct model *load_as(const char *name, enum quant_format q)
@@ -173,7 +174,8 @@ static void *rank_main(void *arg)
     struct backend *bk;
     struct kv_pool *kv;
     struct rank *r;
-    struct backend_opts bo = {.n_threads = rr->threads, .rank = rr->rank, .device_index = rr->rank};
+    struct backend_opts bo = {.n_threads = rr->threads, .rank = rr->rank, .device_index = rr->rank,
+                              .variant = variant};
     if ((rr->rc = backend_create(harness_device, &bo, &bk, err, sizeof err))) return NULL;
     rr->rc = kv_pool_create(bk, &rr->m->cfg, rr->kv_dtype, 64 * N_SEQS, &kv, err, sizeof err);
     if (rr->rc) {
@@ -520,6 +522,30 @@ static int eager_decode(void **state)
     return 0;
 }
 
+// Activations rounded to bf16 (the avx512_bf16 table) change the numbers,
+// not what they depend on: the same invariants, bitwise.
+static void bf16_activations_keep_the_invariants(void **state)
+{
+    (void)state;
+    if (harness_device != BACKEND_DEVICE_CPU) skip();
+    const char *v[8];
+    const int n = backend_variants(BACKEND_DEVICE_CPU, v, 8);
+    for (int i = 0; i < n; i++) {
+        if (!backend_variant_bf16_activations(BACKEND_DEVICE_CPU, v[i])) continue;
+        variant = v[i];
+        check_plan_against_reference(moe, "qwen3moe-v2048", chunk_plan, 1, 1, DTYPE_F32, "bf16 chunks");
+        check_plan_against_reference(moe, "qwen3moe-v2048", mixed_plan, 1, 3, DTYPE_BF16,
+                                     "bf16 mixed batch on 3 threads");
+        check_plan_against_reference(moe, "qwen3moe-v2048", mixed_plan, 2, 1, DTYPE_F32, "bf16 on 2 ranks");
+        check_plan_against_reference(dense, "qwen3-dense-v2048", mixed_plan, 1, 2, DTYPE_F32,
+                                     "bf16 dense mixed batch");
+        variant = NULL;
+        fprintf(stderr, "%s kernels keep the invariants\n", v[i]);
+        return;
+    }
+    skip(); // no table with bf16 activations on this CPU
+}
+
 int main(void)
 {
     const int pick = harness_pick_device();
@@ -532,6 +558,7 @@ int main(void)
         cmocka_unit_test_setup(padded_decode_steps_give_the_same_logits, eager_decode),
         cmocka_unit_test_setup(a_bad_batch_on_one_rank_does_not_hang_the_others, eager_decode),
         cmocka_unit_test_setup(quantized_models_keep_the_invariants, eager_decode),
+        cmocka_unit_test_setup(bf16_activations_keep_the_invariants, eager_decode),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -156,6 +156,41 @@ static void greedy_takes_the_lowest_id_among_equal_maxima(void **state)
     sampler_scratch_destroy(s);
 }
 
+// Greedy over a vocabulary longer than a vector and the first-match scan's
+// blocks of 64: the largest value's lowest id wherever it falls, NaN never
+// winning (nor an all-NaN row: id 0), +0 and -0 one value.
+static void greedy_finds_the_first_maximum_anywhere(void **state)
+{
+    (void)state;
+    const int n = 1000, firsts[] = {0, 1, 15, 16, 63, 64, 65, 500, 998, 999};
+    struct sampler_scratch *s = sampler_scratch_create(n);
+    struct sampler_rng rng;
+    sampler_rng_seed(&rng, 5);
+    float *l = malloc((size_t)n * sizeof *l);
+    assert_non_null(l);
+    const struct sampling_params p = greedy();
+    for (size_t f = 0; f < sizeof firsts / sizeof firsts[0]; f++) {
+        for (int i = 0; i < n; i++) l[i] = (float)((i * 37) % 101) * 0.01f - 2.0f;
+        for (int i = 3; i < n; i += 41) l[i] = NAN;
+        l[firsts[f]] = 7.5f;
+        if (firsts[f] + 1 < n) l[n - 1] = 7.5f; // a later tie
+        struct sample_token t;
+        assert_int_equal(sampler_sample(&p, l, n, NULL, 0, NULL, 0, &rng, s, &t), 0);
+        assert_int_equal(t.id, firsts[f]);
+    }
+    for (int i = 0; i < n; i++) l[i] = -1.0f;
+    l[700] = 0.0f;
+    l[300] = -0.0f;
+    struct sample_token t;
+    assert_int_equal(sampler_sample(&p, l, n, NULL, 0, NULL, 0, &rng, s, &t), 0);
+    assert_int_equal(t.id, 300);
+    for (int i = 0; i < n; i++) l[i] = NAN;
+    assert_int_equal(sampler_sample(&p, l, n, NULL, 0, NULL, 0, &rng, s, &t), 0);
+    assert_int_equal(t.id, 0);
+    free(l);
+    sampler_scratch_destroy(s);
+}
+
 // An infinite logit leaves no distribution to draw from: sampling takes the
 // lowest id at +inf wherever it falls (inside, at the edges of and past the
 // scan's blocks of 64, at the last id), as greedy would.
@@ -595,6 +630,7 @@ int main(void)
         cmocka_unit_test(generator_is_keyed_counted_and_uniform),
         cmocka_unit_test(greedy_takes_the_lowest_id_among_equal_maxima),
         cmocka_unit_test(greedy_scans_a_long_row_to_its_lowest_maximum),
+        cmocka_unit_test(greedy_finds_the_first_maximum_anywhere),
         cmocka_unit_test(an_infinite_logit_is_taken_at_its_lowest_id),
         cmocka_unit_test(temperature_scales_the_softmax),
         cmocka_unit_test(top_k_keeps_the_k_best_and_their_ties),

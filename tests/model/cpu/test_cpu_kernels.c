@@ -56,6 +56,7 @@ static float *random_floats(size_t n)
 
 static const struct cpu_kernels *simd_tables[3];
 static int n_simd;
+static const struct cpu_kernels *bf16_table; // avx512_bf16, when this CPU has it
 
 static int setup(void **state)
 {
@@ -66,6 +67,8 @@ static int setup(void **state)
     if (cpu_kernels_amx()) simd_tables[n_simd++] = cpu_kernels_amx();
     else fprintf(stderr, "note: no AMX tile unit usable here; the amx table is not tested\n");
     if (n_simd == 0) fprintf(stderr, "note: this CPU has no SIMD tables; only scalar is tested\n");
+    bf16_table = cpu_kernels_avx512_bf16();
+    if (!bf16_table) fprintf(stderr, "note: no AVX512_BF16 here; the avx512_bf16 table is not tested\n");
     return 0;
 }
 
@@ -822,6 +825,55 @@ static void threadpool_runs_every_range_exactly_once(void **state)
     threadpool_destroy(p);
 }
 
+// A shared run: pieces from a counter, each marked by the thread that took
+// it; a thread inside fn twice at once would show as a tid seen busy.
+struct shared_ctx {
+    _Atomic int next;
+    int n;
+    _Atomic int taken[64];
+    _Atomic int busy[8];
+    _Atomic int clash;
+};
+
+static void shared_work(void *arg, int tid, int n_threads)
+{
+    struct shared_ctx *c = arg;
+    if (tid < 0 || tid >= n_threads || n_threads > 8) { // no cmocka asserts off the main thread
+        atomic_store(&c->clash, 1);
+        return;
+    }
+    if (atomic_fetch_add(&c->busy[tid], 1) != 0) atomic_store(&c->clash, 1);
+    for (int i; (i = atomic_fetch_add(&c->next, 1)) < c->n;) atomic_fetch_add(&c->taken[i], 1);
+    atomic_fetch_sub(&c->busy[tid], 1);
+}
+
+// Shared runs interleaved with full ones: every piece exactly once, by one
+// thread at a time per tid, and the full runs still run on every thread
+// (a worker left behind by a shared run must not run it later, nor miss
+// the next full run).
+static void threadpool_shared_runs_take_every_piece_once(void **state)
+{
+    (void)state;
+    const int sizes[] = {1, 2, 3, 5};
+    for (int s = 0; s < 4; s++) {
+        struct threadpool *p;
+        char err[256];
+        assert_int_equal(threadpool_create(sizes[s], &p, err, sizeof err), 0);
+        for (int rep = 0; rep < 3000; rep++) {
+            struct shared_ctx c = {.n = rep % 65};
+            threadpool_run_shared(p, shared_work, &c);
+            for (int i = 0; i < 64; i++) assert_int_equal(atomic_load(&c.taken[i]), i < c.n ? 1 : 0);
+            assert_int_equal(atomic_load(&c.clash), 0);
+            if (rep % 3 == 0) {
+                struct pool_ctx f = {.n = rep % 37};
+                threadpool_run(p, pool_work, &f);
+                assert_int_equal(atomic_load(&f.sum), (long)f.n * (f.n - 1) / 2);
+            }
+        }
+        threadpool_destroy(p);
+    }
+}
+
 // cpu_matmul over several jobs gives the same bits with 1 or 3 threads.
 static void threaded_matmul_matches_single_thread(void **state)
 {
@@ -914,6 +966,176 @@ static void router_picks_top_k_lowest_index_on_ties(void **state)
     assert_float_equal(w[1], e3 / all, 1e-6);
 }
 
+// ---- the bf16-activation table (avx512_bf16) --------------------------------------------
+
+// Shapes for it: one row to 70, K odd and even (pairs with a zero above),
+// 7 to 16 rows over 64 blocks or more (the tall tile), a block bigger than
+// a 256 KiB chunk.
+static const int bf16_shapes[][3] = {
+    {1, 1, 1}, {2, 7, 5}, {6, 33, 16}, {7, 77, 17}, {13, 96, 45}, {16, 512, 300}, {33, 130, 70},
+    {5, 2, 64}, {1, 512, 1000}, {16, 77, 1030}, {9, 64, 1024}, {7, 3, 1040}, {12, 512, 2100},
+    {70, 512, 70}, {40, 1024, 600}, {3, 9216, 20}, {64, 384, 100},
+};
+
+static float *bf16_rounded(const float *x, size_t n)
+{
+    float *r = xmalloc(n * sizeof *r);
+    for (size_t i = 0; i < n; i++) r[i] = ms_bf16_to_f32(ms_f32_to_bf16(x[i]));
+    return r;
+}
+
+// Against the scalar fp32 matmul: with x rounded to bf16 first, the same
+// within fp32 rounding (the tolerance every fp32 table meets); with x as it
+// is, within the stated 2^-8 * sum |w x| — and further off than fp32
+// rounding somewhere, or this test could not tell the modes apart.
+static void bf16_matmul_is_fp32_over_bf16_activations(void **state)
+{
+    (void)state;
+    if (!bf16_table) skip();
+    assert_true(bf16_table->bf16_activations);
+    assert_false(cpu_kernels_avx512()->bf16_activations);
+    int rounded_apart = 0;
+    for (size_t si = 0; si < sizeof bf16_shapes / sizeof bf16_shapes[0]; si++)
+        for (int packed = 0; packed < 2; packed++) {
+            const int rows = bf16_shapes[si][0], in = bf16_shapes[si][1], out = bf16_shapes[si][2];
+            struct cpu_wmat w = {.data = random_weights(DTYPE_BF16, (size_t)out * in), .dtype = DTYPE_BF16,
+                                 .out = out, .in = in};
+            void *pk = NULL;
+            if (packed) {
+                pk = xmalloc(cpu_pack_bytes(&w));
+                cpu_pack_blocks(&w, 0, (out + 15) / 16, pk);
+                w.packed = pk;
+            }
+            float *x = random_floats((size_t)rows * in), *xr = bf16_rounded(x, (size_t)rows * in);
+            float *ref = xmalloc((size_t)rows * out * 4), *refr = xmalloc((size_t)rows * out * 4);
+            float *got = xmalloc((size_t)rows * out * 4);
+            run_matmul(cpu_kernels_scalar(), &w, x, rows, ref, false);
+            run_matmul(cpu_kernels_scalar(), &w, xr, rows, refr, false);
+            run_matmul(bf16_table, &w, x, rows, got, false);
+            for (int r = 0; r < rows; r++)
+                for (int o = 0; o < out; o++) {
+                    const size_t i = (size_t)r * out + o;
+                    double mag = 0;
+                    for (int k = 0; k < in; k++)
+                        mag += fabs((double)x[(size_t)r * in + k] *
+                                    cpu_load_weight(w.data, DTYPE_BF16, (size_t)o * in + k));
+                    const double fp32_tol = 1e-6 * in + 1e-6 * fabs(refr[i]);
+                    if (fabs(got[i] - refr[i]) > fp32_tol)
+                        fail_msg("rows %d in %d out %d %s: [%d][%d] %.9g, fp32 over bf16 x gives %.9g", rows,
+                                 in, out, packed ? "packed" : "as stored", r, o, got[i], refr[i]);
+                    if (fabs(got[i] - ref[i]) > 0x1p-8 * mag + 1e-7)
+                        fail_msg("rows %d in %d out %d: [%d][%d] %.9g is further than 2^-8 * %.6g from the "
+                                 "fp32 reference %.9g", rows, in, out, r, o, got[i], mag, ref[i]);
+                    if (fabs(got[i] - ref[i]) > 1e-6 * in + 1e-6 * fabs(ref[i])) rounded_apart++;
+                }
+            free(pk);
+            free((void *)w.data);
+            free(x);
+            free(xr);
+            free(ref);
+            free(refr);
+            free(got);
+        }
+    assert_true(rounded_apart > 0);
+}
+
+// Each output is the same bits whatever computes it: the row alone as
+// stored is the reference for the whole batch, packed or not, each row alone
+// packed, rows gathered in reverse with outputs cut on and off the block
+// edges and accumulated onto y, and slices of the outputs as matrices.
+static void bf16_matmul_outputs_do_not_depend_on_batch_or_split(void **state)
+{
+    (void)state;
+    if (!bf16_table) skip();
+    const struct cpu_kernels *k = bf16_table;
+    for (size_t si = 0; si < sizeof bf16_shapes / sizeof bf16_shapes[0]; si++) {
+        const int rows = bf16_shapes[si][0], in = bf16_shapes[si][1], out = bf16_shapes[si][2];
+        struct cpu_wmat w = {.data = random_weights(DTYPE_BF16, (size_t)out * in), .dtype = DTYPE_BF16,
+                             .out = out, .in = in};
+        void *pk = xmalloc(cpu_pack_bytes(&w));
+        cpu_pack_blocks(&w, 0, (out + 15) / 16, pk);
+        struct cpu_wmat wp = w;
+        wp.packed = pk;
+        float *x = random_floats((size_t)rows * in);
+        float *want = xmalloc((size_t)rows * out * 4), *got = xmalloc((size_t)rows * out * 4);
+        float *scratch = xmalloc(cpu_kernels_scratch_floats(in, 1, 1) * 4);
+        for (int r = 0; r < rows; r++) run_matmul(k, &w, x + (size_t)r * in, 1, want + (size_t)r * out, false);
+        const struct cpu_wmat *ws[2] = {&w, &wp};
+        for (int v = 0; v < 2; v++) {
+            const char *how = v ? "packed" : "as stored";
+            run_matmul(k, ws[v], x, rows, got, false);
+            for (int i = 0; i < rows * out; i++)
+                if (got[i] != want[i])
+                    fail_msg("%s rows %d in %d out %d: [%d] %.9g in the batch, %.9g alone", how, rows, in, out,
+                             i, got[i], want[i]);
+            for (int r = 0; r < rows; r += 3) {
+                run_matmul(k, ws[v], x + (size_t)r * in, 1, got, false);
+                assert_memory_equal(got, want + (size_t)r * out, (size_t)out * 4);
+            }
+            int32_t idx[70];
+            for (int r = 0; r < rows; r++) idx[r] = rows - 1 - r;
+            for (int i = 0; i < rows * out; i++) got[i] = (float)(i % 5) - 1.5f;
+            struct cpu_mm m = {.w = *ws[v], .x = x, .ldx = in, .x_rows = idx, .y = got, .ldy = out,
+                               .y_rows = idx, .rows = rows, .accumulate = true};
+            const int cuts[] = {0, out / 3, out / 3 + 1 < out ? out / 3 + 1 : out, out};
+            for (int c = 0; c + 1 < 4; c++)
+                if (cuts[c] < cuts[c + 1]) k->matmul(&m, cuts[c], cuts[c + 1], scratch);
+            for (int i = 0; i < rows * out; i++)
+                if (got[i] != ((float)(i % 5) - 1.5f) + want[i])
+                    fail_msg("%s rows %d in %d out %d, gathered, split, accumulated: [%d] %.9g", how, rows, in,
+                             out, i, got[i]);
+            const int s0[2] = {out > 16 ? 16 : 0, out > 1 ? 1 : 0};
+            for (int c = 0; c < 2; c++) {
+                struct cpu_wmat sl = cpu_wmat_slice(ws[v], s0[c], out - s0[c]);
+                float *ys = xmalloc((size_t)rows * sl.out * 4);
+                run_matmul(k, &sl, x, rows, ys, false);
+                for (int r = 0; r < rows; r++)
+                    assert_memory_equal(ys + (size_t)r * sl.out, want + (size_t)r * out + s0[c],
+                                        (size_t)sl.out * 4);
+                free(ys);
+            }
+        }
+        free(pk);
+        free((void *)w.data);
+        free(x);
+        free(want);
+        free(got);
+        free(scratch);
+    }
+}
+
+// Only bf16 weights take bf16 activations: f16, f32 and quantized matrices
+// give exactly the avx512 table's outputs.
+static void bf16_table_leaves_other_weights_to_avx512(void **state)
+{
+    (void)state;
+    if (!bf16_table) skip();
+    const struct cpu_kernels *ref = cpu_kernels_avx512();
+    const enum dtype dts[] = {DTYPE_F16, DTYPE_F32};
+    for (int d = 0; d < 3; d++) {
+        const int rows = 9, in = 96, out = 70;
+        struct qmat q;
+        struct cpu_wmat w;
+        if (d < 2) {
+            w = (struct cpu_wmat){.data = random_weights(dts[d], (size_t)out * in), .dtype = dts[d], .out = out,
+                                  .in = in};
+        } else {
+            qmat_make(&q, QUANT_INT8, out, in, 32);
+            w = q.w;
+        }
+        float *x = random_floats((size_t)rows * in);
+        float *a = xmalloc((size_t)rows * out * 4), *b = xmalloc((size_t)rows * out * 4);
+        run_matmul(ref, &w, x, rows, a, false);
+        run_matmul(bf16_table, &w, x, rows, b, false);
+        assert_memory_equal(a, b, (size_t)rows * out * 4);
+        if (d < 2) free((void *)w.data);
+        else qmat_free(&q);
+        free(x);
+        free(a);
+        free(b);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -930,10 +1152,14 @@ int main(void)
         cmocka_unit_test(simd_scale_max_matches_scalar_and_clears_nan),
         cmocka_unit_test(simd_rmsnorm_and_axpy_match_scalar),
         cmocka_unit_test(threadpool_runs_every_range_exactly_once),
+        cmocka_unit_test(threadpool_shared_runs_take_every_piece_once),
         cmocka_unit_test(threaded_matmul_matches_single_thread),
         cmocka_unit_test(rmsnorm_scales_by_root_mean_square),
         cmocka_unit_test(rope_rotates_pairs_half_a_head_apart),
         cmocka_unit_test(router_picks_top_k_lowest_index_on_ties),
+        cmocka_unit_test(bf16_matmul_is_fp32_over_bf16_activations),
+        cmocka_unit_test(bf16_matmul_outputs_do_not_depend_on_batch_or_split),
+        cmocka_unit_test(bf16_table_leaves_other_weights_to_avx512),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -1,0 +1,280 @@
+// kernels_avx512bf16: the avx512 table with its bf16 matmuls on AVX512_BF16
+// dot products (VDPBF16PS; Zen 4 and later, Cooper Lake, Sapphire Rapids and
+// later), the activations rounded to bf16 as GPUs and llama.cpp multiply.
+// Compiled with the avx512 flags plus -mavx512bf16; reached only after
+// cpu_kernels_avx512_bf16() checked the CPU, and only by name
+// (MOESERVE_CPU_KERNELS=avx512_bf16): the fp32 tables stay the reference and
+// the default. Everything but the bf16 matmuls (f16, f32 and quantized
+// weights, attention, norms, the sampler's passes) is the avx512 table's.
+//
+// Why it pays: the packed bf16 layout (kernels.h) holds in each dword the
+// weights of k = 2p and 2p + 1 for one output, which is what VDPBF16PS takes:
+// one instruction multiplies a pair of k for 16 outputs and adds both
+// products into fp32, where the fp32 matmul needs a shift, a mask and two
+// FMAs. Compute-bound matmuls (prefill, experts and the lm_head at 16 and
+// more rows) take half the instructions; bandwidth-bound ones (decode) read
+// the same bytes as before.
+//
+// The numbers: x is rounded to bf16 (nearest even, VCVTNE2PS2BF16: 8
+// significant bits, each activation off by at most 2^-9 of itself; NaN stays
+// NaN, subnormal activations flush to zero), once per row. A product of two
+// bf16 is exact in fp32. Every output is one chain over the k pairs in order
+// from 0: y = dp(... dp(dp(0, w[0:2], x[0:2]), w[2:4], x[2:4]) ..., w[K-2:K],
+// x[K-2:K]) (an odd K's last pair holds zeros above), then y_old + y when
+// accumulating. Any tile, row block, chunk or output split gives an output
+// the same bits, so a row's results do not depend on its batch. Against the
+// fp32 reference, |y - y_fp32| <= 2^-8 * sum_k |w_k x_k| for K up to 2^15
+// (the rounding of x, 2^-9, plus fp32 sums): the tolerance the kernel tests
+// hold it to; the forward tests hold whole models to the CUDA backend's bf16
+// bounds.
+#include <cpuid.h>
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "model/cpu/kernels.h"
+
+const struct cpu_kernels *cpu_kernels_avx512_table(void);
+const struct cpu_kernels *cpu_kernels_avx512_bf16_table(void);
+
+#define AI static inline __attribute__((always_inline))
+
+#define BF_MR 6                     // rows per tile of BF_NB blocks: 24 accumulators
+#define BF_NB 4
+#define BF_XP_MAX_ROWS 16           // rows one tile of one block takes
+#define BF_XP_MIN_BLOCKS 64         // blocks of outputs that pay for one tall tile
+#define BF_CHUNK_BYTES (192u << 10) // packed weights each row block meets while they sit in L2
+#define BF_PF 2048                  // how far ahead in its block the first row block prefetches
+
+// One tile: MR rows x NB blocks of 16 outputs. The rows' bf16 pairs come
+// from row pointers (xr[r][p]: up to BF_MR rows), or, when XP, from one
+// buffer holding them interleaved (xq[p * MR + r]), so that one pointer
+// serves the broadcasts of a tall tile. wp: the first block; bb: bytes from
+// a block to the next.
+#define BF_X(r, p) (XP ? xq[(size_t)(p) * MR + (r)] : xr[r][p])
+
+AI void bf_tile(const int MR, const int NB, const bool XP, const uint32_t *const *xr, const uint32_t *xq,
+                const char *wp, size_t bb, int np, float *const *yr, int o, int o0, int o1, bool accumulate,
+                bool pf, struct cpu_ahead *ahead)
+{
+    const char *pa = ahead ? ahead->at : NULL, *pe = ahead ? ahead->end : NULL;
+    const int per = ahead ? ahead->per : 0;
+    __m512 acc[BF_XP_MAX_ROWS][BF_NB];
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int n = 0; n < NB; n++) acc[r][n] = _mm512_setzero_ps();
+    for (int p = 0; p < np; p++) {
+        __m512bh wv[BF_NB];
+#pragma GCC unroll 4
+        for (int n = 0; n < NB; n++) {
+            const char *a = wp + (size_t)n * bb + (size_t)p * 64;
+            if (pf) _mm_prefetch(a + BF_PF, _MM_HINT_T0);
+            wv[n] = (__m512bh)_mm512_loadu_si512(a);
+        }
+        for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
+            const __m512bh xb = (__m512bh)_mm512_set1_epi32((int)BF_X(r, p));
+#pragma GCC unroll 4
+            for (int n = 0; n < NB; n++) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], wv[n], xb);
+        }
+    }
+    if (ahead) ahead->at = pa;
+#pragma GCC unroll 4
+    for (int n = 0; n < NB; n++) {
+        const int on = o + 16 * n;
+        const __mmask16 mk = cpu_lane_mask16(on, o0, o1);
+        if (mk == 0xFFFF) {
+#pragma GCC unroll 16
+            for (int r = 0; r < MR; r++) {
+                float *y = yr[r] + on;
+                __m512 v = acc[r][n];
+                if (accumulate) v = _mm512_add_ps(_mm512_loadu_ps(y), v);
+                _mm512_storeu_ps(y, v);
+            }
+        } else if (mk) {
+            for (int r = 0; r < MR; r++) {
+                float *y = yr[r] + on;
+                __m512 v = acc[r][n];
+                if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, y), v);
+                _mm512_mask_storeu_ps(y, mk, v);
+            }
+        }
+    }
+}
+
+#define BF_CASE(MR)                                                                               \
+    case MR:                                                                                      \
+        if (nb == BF_NB) bf_tile(MR, BF_NB, false, xr, NULL, wp, bb, np, yr, o, o0, o1, acc, pf, ahead); \
+        else bf_tile(MR, 1, false, xr, NULL, wp, bb, np, yr, o, o0, o1, acc, pf, ahead);                 \
+        break;
+// mr rows (1 to BF_MR) from row pointers x nb blocks: nb is BF_NB, or 1 for
+// the blocks left at the end of a range.
+static void bf_tiles(int mr, int nb, const uint32_t *const *xr, const char *wp, size_t bb, int np,
+                     float *const *yr, int o, int o0, int o1, bool acc, bool pf, struct cpu_ahead *ahead)
+{
+    switch (mr) { BF_CASE(1) BF_CASE(2) BF_CASE(3) BF_CASE(4) BF_CASE(5) BF_CASE(6) }
+}
+
+#define BF_XCASE(MR) \
+    case MR: bf_tile(MR, 1, true, NULL, xq, wp, bb, np, yr, o, o0, o1, acc, pf, NULL); break;
+// 7 to 16 interleaved rows x one block.
+static void bf_xtiles(int mr, const uint32_t *xq, const char *wp, size_t bb, int np, float *const *yr, int o,
+                      int o0, int o1, bool acc, bool pf)
+{
+    switch (mr) {
+        BF_XCASE(7) BF_XCASE(8) BF_XCASE(9) BF_XCASE(10) BF_XCASE(11) BF_XCASE(12) BF_XCASE(13)
+        BF_XCASE(14) BF_XCASE(15) BF_XCASE(16)
+    }
+}
+
+// One row of x as bf16 pairs into d (np dwords; an odd K's last pair has 0
+// above): 32 values a step, bf16 i of a step being x[k + i], so that dword i
+// is pair k/2 + i.
+static void bf_round_row(const float *x, int K, uint32_t *d)
+{
+    for (int k = 0; k < K; k += 32) {
+        const int left = K - k;
+        const __mmask16 lo = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1u);
+        const __mmask16 hi = left >= 32 ? 0xFFFF : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1u);
+        const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, x + k + 16), _mm512_maskz_loadu_ps(lo, x + k));
+        const int pairs = left >= 32 ? 16 : (left + 1) / 2;
+        _mm512_mask_storeu_epi32(d + k / 2, (__mmask16)((1u << pairs) - 1u), (__m512i)v);
+    }
+}
+
+// Rows rb..rb+mr-1 of x rounded into xb, row r at xb + r * np; their x
+// pointers into xr and y rows into yr.
+static void bf_pack_rows(const struct cpu_mm *m, int rb, int mr, uint32_t *xb, const uint32_t **xr, float **yr)
+{
+    const int K = m->w.in, np = (K + 1) / 2;
+    for (int r = 0; r < mr; r++) {
+        const int xi = m->x_rows ? m->x_rows[rb + r] : rb + r;
+        const int yi = m->y_rows ? m->y_rows[rb + r] : rb + r;
+        yr[r] = m->y + (size_t)yi * m->ldy;
+        xr[r] = xb + (size_t)r * np;
+        bf_round_row(m->x + (size_t)xi * m->ldx, K, xb + (size_t)r * np);
+    }
+}
+
+// All rows (up to BF_XP_MAX_ROWS) rounded and interleaved: pair p of row r at
+// xq[p * rows + r]; tmp holds one row on the way.
+static void bf_pack_interleaved(const struct cpu_mm *m, uint32_t *xq, uint32_t *tmp, float **yr)
+{
+    const int K = m->w.in, np = (K + 1) / 2, rows = m->rows;
+    for (int r = 0; r < rows; r++) {
+        const int xi = m->x_rows ? m->x_rows[r] : r;
+        const int yi = m->y_rows ? m->y_rows[r] : r;
+        yr[r] = m->y + (size_t)yi * m->ldy;
+        bf_round_row(m->x + (size_t)xi * m->ldx, K, tmp);
+        for (int p = 0; p < np; p++) xq[(size_t)p * rows + r] = tmp[p];
+    }
+}
+
+AI int bf_block_height(int rows)
+{
+    const int n_blocks = (rows + BF_MR - 1) / BF_MR;
+    return (rows + n_blocks - 1) / n_blocks;
+}
+
+// Outputs [o0, o1) of every row. 7 to 16 rows against a big packed matrix
+// (the lm_head of a decode step) go through one tall tile, so that each
+// weight byte is read from memory once; otherwise chunks of packed blocks
+// (read from memory by the first row block, then from L2) meet every row
+// block in turn. Weights not packed at load are packed chunk by chunk.
+static void bf_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
+{
+    if (m->w.quant != QUANT_NONE || m->w.dtype != DTYPE_BF16) {
+        cpu_kernels_avx512_table()->matmul(m, o0, o1, scratch);
+        return;
+    }
+    if (m->rows <= 0 || o0 >= o1) return;
+    const int K = m->w.in, np = (K + 1) / 2;
+    const size_t bb = cpu_pack_block_bytes(DTYPE_BF16, K);
+    // Scratch (cpu_kernels_scratch_floats): 256 KiB or one block of packed
+    // weights when they were not packed at load, then the rounded x rows:
+    // all of them when they fit (each row rounded once per call), else a
+    // row block at a time, for each chunk of weights.
+    const size_t kp = ((size_t)K + 15) / 16 * 16, have = cpu_kernels_scratch_floats(K, 1, 1);
+    const size_t wfloats = m->w.packed ? 0 : 8 * kp > 65536 ? 8 * kp : 65536;
+    uint32_t *xb = (uint32_t *)(scratch + wfloats);
+    const size_t fit = (have - wfloats) / (size_t)np;
+    float *yr[BF_XP_MAX_ROWS];
+    const uint32_t *xr[BF_MR];
+    const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
+    if (m->w.packed && m->rows > BF_MR && m->rows <= BF_XP_MAX_ROWS && b1 - b0 >= BF_XP_MIN_BLOCKS) {
+        bf_pack_interleaved(m, xb, xb + (size_t)BF_XP_MAX_ROWS * np, yr);
+        for (int b = b0; b < b1; b++)
+            bf_xtiles(m->rows, xb, (const char *)m->w.packed + (size_t)b * bb, bb, np, yr, b * CPU_PACK_OUTS,
+                      o0, o1, m->accumulate, true);
+        return;
+    }
+    const int bh = bf_block_height(m->rows);
+    int chunk = (int)(BF_CHUNK_BYTES / bb) / BF_NB * BF_NB;
+    if (chunk < BF_NB) chunk = BF_NB;
+    const int fits = (int)((256u << 10) / bb);
+    if (!m->w.packed && chunk > fits) chunk = fits > 1 ? fits : 1;
+    const bool once = (size_t)m->rows <= fit;
+    if (once)
+        for (int r = 0; r < m->rows; r++)
+            bf_round_row(m->x + (size_t)(m->x_rows ? m->x_rows[r] : r) * m->ldx, K, xb + (size_t)r * np);
+    const int n_rb = (m->rows + bh - 1) / bh;
+    for (int cb = b0; cb < b1; cb += chunk) {
+        const int ce = b1 - cb < chunk ? b1 : cb + chunk;
+        const char *wc = cpu_packed_blocks(&m->w, cb, ce, scratch);
+        // The row blocks after the first share the next chunk's prefetch
+        // (measured: experts of 64 rows at 200 GFLOP/s a core without it,
+        // against the tiles' 420 from L2).
+        struct cpu_ahead ahead = cpu_ahead_plan(m->w.packed, bb, ce, b1, chunk,
+                                                (size_t)(n_rb - 1) * (size_t)((ce - cb) / BF_NB + (ce - cb) % BF_NB) *
+                                                    (size_t)np);
+        for (int rb = 0; rb < m->rows; rb += bh) {
+            const int mr = m->rows - rb < bh ? m->rows - rb : bh;
+            if (!once) {
+                bf_pack_rows(m, rb, mr, xb, xr, yr);
+            } else {
+                for (int r = 0; r < mr; r++) {
+                    const int yi = m->y_rows ? m->y_rows[rb + r] : rb + r;
+                    yr[r] = m->y + (size_t)yi * m->ldy;
+                    xr[r] = xb + (size_t)(rb + r) * np;
+                }
+            }
+            const bool pf = rb == 0 && m->w.packed;
+            struct cpu_ahead *pa = rb > 0 && ahead.at ? &ahead : NULL;
+            int b = cb;
+            for (; b + BF_NB <= ce; b += BF_NB)
+                bf_tiles(mr, BF_NB, xr, wc + (size_t)(b - cb) * bb, bb, np, yr, b * CPU_PACK_OUTS, o0, o1,
+                         m->accumulate, pf, pa);
+            for (; b < ce; b++)
+                bf_tiles(mr, 1, xr, wc + (size_t)(b - cb) * bb, bb, np, yr, b * CPU_PACK_OUTS, o0, o1,
+                         m->accumulate, pf, pa);
+        }
+    }
+}
+
+// A row's pass costs half the fp32 matmul's FMAs; the weights' read the same.
+static uint64_t bf_row_cost(const struct cpu_mm *m)
+{
+    if (m->w.quant == QUANT_NONE && m->w.dtype == DTYPE_BF16) return (uint64_t)m->rows + 4;
+    return (uint64_t)m->rows * 2 + 4;
+}
+
+static struct cpu_kernels bf16_table;
+
+static void bf16_table_init(void)
+{
+    bf16_table = *cpu_kernels_avx512_table();
+    bf16_table.name = "avx512_bf16";
+    bf16_table.matmul = bf_matmul;
+    bf16_table.row_cost = bf_row_cost;
+    bf16_table.bf16_activations = true;
+}
+
+const struct cpu_kernels *cpu_kernels_avx512_bf16_table(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, bf16_table_init);
+    return &bf16_table;
+}

@@ -1,0 +1,133 @@
+// bench_cpu_matmul: a benchmark, not a test — the CPU matmul of each kernel
+// table on the shapes a Qwen3-MoE step multiplies (the mid model of
+// `make-model --shape mid`: hidden 1024, experts of 384, a 151936-row
+// lm_head), weights packed as at load, split over the threads as the
+// backend splits them. Prints ms per call, GFLOP/s and the weight bytes read
+// per second (best of the repetitions: other processes only slow a run),
+// by the wall clock and by the process's CPU time (what a core does while
+// it runs: on a shared machine the steadier figure of the two).
+//
+//   meson compile -C build bench_cpu_matmul
+//   build/tests/model/cpu/bench_cpu_matmul [THREADS [TABLE...]]
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/base.h"
+#include "model/cpu/kernels.h"
+#include "model/cpu/ops.h"
+#include "model/cpu/threadpool.h"
+
+struct shape {
+    const char *what;
+    int out, in, rows, mats; // mats: matrices of this shape in one call (experts)
+};
+
+static const struct shape shapes[] = {
+    {"lm_head, 1 row", 151936, 1024, 1, 1},
+    {"lm_head, 16 rows", 151936, 1024, 16, 1},
+    {"lm_head, 64 rows", 151936, 1024, 64, 1},
+    {"experts gate/up, 64 x 2 rows", 384, 1024, 2, 64},
+    {"experts gate/up, 64 x 8 rows", 384, 1024, 8, 64},
+    {"experts down, 64 x 8 rows", 1024, 384, 8, 64},
+    {"experts gate/up, 64 x 64 rows (prefill 512)", 384, 1024, 64, 64},
+    {"q projection, 512 rows (prefill)", 1024, 1024, 512, 1},
+};
+
+static double cpu_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void *xalloc(size_t n)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 64)) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+int main(int argc, char **argv)
+{
+    const int threads = argc > 1 ? atoi(argv[1]) : 2;
+    const char *names[8] = {"avx512", "avx512_bf16", "avx2", NULL};
+    int n_names = 3;
+    if (argc > 2) {
+        n_names = 0;
+        for (int i = 2; i < argc && n_names < 8; i++) names[n_names++] = argv[i];
+    }
+    struct threadpool *pool;
+    char err[256];
+    if (threadpool_create(threads, &pool, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    uint64_t seed = 1;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const struct shape *sh = &shapes[s];
+        const size_t welems = (size_t)sh->out * sh->in;
+        uint16_t *w = xalloc(welems * 2 * (size_t)sh->mats);
+        for (size_t i = 0; i < welems * (size_t)sh->mats; i++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            w[i] = ms_f32_to_bf16((float)((int)(seed >> 41) % 2001 - 1000) * 1e-3f);
+        }
+        float *x = xalloc((size_t)sh->rows * sh->mats * sh->in * 4);
+        for (size_t i = 0; i < (size_t)sh->rows * sh->mats * sh->in; i++) x[i] = (float)(i % 17) * 0.1f - 0.8f;
+        float *y = xalloc((size_t)sh->rows * sh->mats * sh->out * 4);
+        struct cpu_mm *jobs = calloc((size_t)sh->mats, sizeof *jobs);
+        void *packed = NULL;
+        const struct cpu_wmat w0 = {.data = w, .dtype = DTYPE_BF16, .out = sh->out, .in = sh->in};
+        const size_t pb = cpu_pack_bytes(&w0);
+        packed = xalloc(pb * (size_t)sh->mats);
+        for (int e = 0; e < sh->mats; e++) {
+            struct cpu_wmat we = w0;
+            we.data = w + welems * (size_t)e;
+            cpu_pack_blocks(&we, 0, (sh->out + 15) / 16, (char *)packed + pb * (size_t)e);
+        }
+        const double flop = 2.0 * welems * sh->rows * sh->mats, bytes = 2.0 * welems * sh->mats;
+        printf("%s: %d x %d%s, %d rows\n", sh->what, sh->out, sh->in, sh->mats > 1 ? " x 64" : "", sh->rows);
+        for (int t = 0; t < n_names; t++) {
+            const struct cpu_kernels *k = cpu_kernels_by_name(names[t]);
+            if (!k) {
+                printf("  %-12s not on this CPU\n", names[t]);
+                continue;
+            }
+            for (int e = 0; e < sh->mats; e++) {
+                struct cpu_wmat we = w0;
+                we.data = w + welems * (size_t)e;
+                if (k->wants_packed && k->wants_packed(&we)) we.packed = (char *)packed + pb * (size_t)e;
+                jobs[e] = (struct cpu_mm){.w = we, .x = x + (size_t)e * sh->rows * sh->in, .ldx = (size_t)sh->in,
+                                          .y = y + (size_t)e * sh->rows * sh->out, .ldy = (size_t)sh->out,
+                                          .rows = sh->rows};
+            }
+            const size_t stride = cpu_kernels_scratch_floats(sh->in, 1, 1);
+            struct cpu_exec ex = {.pool = pool, .k = k, .scratch = xalloc((size_t)threads * stride * 4),
+                                  .scratch_stride = stride};
+            double best = 1e30, best_cpu = 1e30;
+            cpu_matmul(&ex, jobs, sh->mats); // warm
+            for (int rep = 0; rep < 7; rep++) {
+                const double t0 = ms_now(), c0 = cpu_now();
+                cpu_matmul(&ex, jobs, sh->mats);
+                const double dt = ms_now() - t0, dc = (cpu_now() - c0) / threads;
+                if (dt < best) best = dt;
+                if (dc < best_cpu) best_cpu = dc;
+            }
+            printf("  %-12s %8.2f ms  %7.1f GFLOP/s  %6.2f GB/s of weights | CPU time: %8.2f ms %7.1f GFLOP/s\n",
+                   k->name, best * 1e3, flop / best / 1e9, bytes / best / 1e9, best_cpu * 1e3,
+                   flop / best_cpu / 1e9);
+            free(ex.scratch);
+        }
+        free(jobs);
+        free(packed);
+        free(w);
+        free(x);
+        free(y);
+    }
+    threadpool_destroy(pool);
+    return 0;
+}
