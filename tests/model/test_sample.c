@@ -216,35 +216,6 @@ static void an_infinite_logit_is_taken_at_its_lowest_id(void **state)
     sampler_scratch_destroy(s);
 }
 
-// Greedy over a long row: the lowest id holding the largest finite value
-// wherever it falls against the vector scan's blocks, NaN never winning,
-// and id 0 when nothing is live (every logit NaN or -inf).
-static void greedy_scans_a_long_row_to_its_lowest_maximum(void **state)
-{
-    (void)state;
-    const int n = 300, firsts[] = {0, 1, 15, 16, 17, 63, 64, 65, 200, 255, 256, 298, 299};
-    struct sampler_scratch *s = sampler_scratch_create(n);
-    struct sampler_rng rng;
-    sampler_rng_seed(&rng, 5);
-    float *l = malloc((size_t)n * sizeof *l);
-    assert_non_null(l);
-    const struct sampling_params p = greedy();
-    for (size_t f = 0; f < sizeof firsts / sizeof firsts[0]; f++) {
-        for (int i = 0; i < n; i++) l[i] = i % 5 == 4 ? NAN : (float)(i % 7) * 0.1f;
-        l[firsts[f]] = 5.0f;
-        if (firsts[f] + 1 < n) l[n - 1] = 5.0f; // a later tie
-        struct sample_token t;
-        assert_int_equal(sampler_sample(&p, l, n, NULL, 0, NULL, 0, &rng, s, &t), 0);
-        assert_int_equal(t.id, firsts[f]);
-    }
-    for (int i = 0; i < n; i++) l[i] = i % 2 ? NAN : -INFINITY;
-    struct sample_token t;
-    assert_int_equal(sampler_sample(&p, l, n, NULL, 0, NULL, 0, &rng, s, &t), 0);
-    assert_int_equal(t.id, 0);
-    free(l);
-    sampler_scratch_destroy(s);
-}
-
 static void temperature_scales_the_softmax(void **state)
 {
     (void)state;
@@ -629,7 +600,6 @@ int main(void)
         cmocka_unit_test(draws_over_a_large_vocabulary_follow_the_softmax),
         cmocka_unit_test(generator_is_keyed_counted_and_uniform),
         cmocka_unit_test(greedy_takes_the_lowest_id_among_equal_maxima),
-        cmocka_unit_test(greedy_scans_a_long_row_to_its_lowest_maximum),
         cmocka_unit_test(greedy_finds_the_first_maximum_anywhere),
         cmocka_unit_test(an_infinite_logit_is_taken_at_its_lowest_id),
         cmocka_unit_test(temperature_scales_the_softmax),
