@@ -12,11 +12,13 @@
 #            quantized and written to the cache), warm starts (the cache file
 #            in the page cache, and evicted from it), `moeserve bench` chat
 #            requests at 1 and 16 streams, resident memory
-#   peer     the demo model through each server's HTTP API with `moeserve
-#            bench`: ours in int4 against llama.cpp's llama-server in Q4_0
-#            (its default file: lm_head in Q6_K; and one whose lm_head stays
-#            bf16 as ours does), the same threads, rounds alternating
-#   peer_kernels  the same without HTTP: generate --bench against llama-bench
+#   peer     the demo model through each server's HTTP API: ours in int4
+#            against llama.cpp's llama-server in Q4_0 (its default file,
+#            lm_head in Q6_K, and one whose lm_head stays bf16 as ours does),
+#            by bench/compare_llama_cpp.sh (16 streams and TPOT at one stream,
+#            rounds alternating, the peer on one thread as a control)
+#   peer_kernels  the same weights without HTTP: generate --bench against
+#            llama-bench, rounds alternating
 #
 # Usage: bench/quant_bench.sh [options] [formats] [full] [peer] [peer_kernels]   (all by default)
 #   --build DIR         the meson build folder (build)
@@ -74,7 +76,6 @@ print(d[sys.argv[2]])' "$1" "$2" "${3:-1}"
 }
 fmt() { "$py" -c 'import sys; print(("%." + sys.argv[2] + "f") % float(sys.argv[1]))' "$1" "$2"; }
 calc() { "$py" -c "print($1)"; }
-free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 mem_avail_gib() { awk '/MemAvailable/ { printf "%.1f\n", $2 / 1048576 }' /proc/meminfo; }
 
 # The one server this script runs at a time: its pid, URL and log.
@@ -106,22 +107,6 @@ start_ours() {
   start_s=$(calc "$(date +%s.%N) - $t0")
   srv_url=$(grep -o 'ready: .* on http://[0-9.]*:[0-9]*' "$log" | grep -o 'http://[0-9.:]*$')
   [ -n "$srv_url" ] || die "no ready line in $log"
-}
-
-# start_peer LOG GGUF: llama-server with the settings of ../shared/peer/README.md.
-start_peer() {
-  local log=$1 gguf=$2 port
-  port=$(free_port)
-  "$peer_bin/llama-server" -m "$gguf" --host 127.0.0.1 --port "$port" -t "$threads" -c 16384 -np 16 \
-    --no-warmup --reasoning-format none --no-jinja >"$log" 2>&1 &
-  srv_pid=$!
-  srv_url=http://127.0.0.1:$port
-  for _ in $(seq 3000); do
-    [ "$(curl -s -o /dev/null -w '%{http_code}' "$srv_url/health")" = 200 ] && return 0
-    kill -0 "$srv_pid" 2>/dev/null || { srv_pid=; die "llama-server did not start: $(tail -5 "$log")"; }
-    sleep 0.1
-  done
-  die "llama-server not ready after 300 s"
 }
 
 # serve_bench OUT.json CONCURRENCY PROMPTS [bench options]: moeserve bench
@@ -258,7 +243,7 @@ for f in os.listdir(sys.argv[1]):
 part_peer() {
   [ -d "$demo" ] || die "no demo checkpoint at $demo"
   [ -x "$peer_bin/llama-server" ] || die "no llama-server in $peer_bin (../shared/peer/README.md)"
-  local q4=$work/demo-q4_0.gguf q4b=$work/demo-q4_0-bf16-output.gguf
+  local q4=$work/demo-q4_0.gguf q4b=$work/demo-q4_0-bf16-output.gguf g
   if [ ! -s "$q4" ] || [ ! -s "$q4b" ]; then
     [ -n "$peer_gguf" ] && [ -s "$peer_gguf" ] || die "give --peer-gguf, the demo model as bf16 GGUF"
     [ -s "$q4" ] || "$peer_bin/llama-quantize" "$peer_gguf" "$q4" Q4_0 "$threads" >"$work/quantize.log" 2>&1 ||
@@ -266,33 +251,15 @@ part_peer() {
     [ -s "$q4b" ] || "$peer_bin/llama-quantize" --output-tensor-type bf16 "$peer_gguf" "$q4b" Q4_0 "$threads" \
       >"$work/quantize-bf16-output.log" 2>&1 || die "llama-quantize failed"
   fi
-  echo
-  echo "## The demo model over HTTP: moeserve int4 against llama.cpp Q4_0 ($rounds rounds, alternating)"
-  echo
-  echo "/v1/completions, 128-token id prompts, 64 tokens out (ignore_eos); 1 stream: 4 requests, 16 streams: 32"
-  echo
-  echo "| round | server | load avg | 1 stream tok/s | TPOT ms | 16 streams tok/s | TPOT ms | failed |"
-  echo "|---|---|---|---|---|---|---|---|"
-  local r who la a b order
-  for r in $(seq "$rounds"); do
-    order="ours q4_0 q4_0-bf16-output"
-    [ $((r % 2)) -eq 0 ] && order="q4_0-bf16-output q4_0 ours"
-    for who in $order; do
-      la=$(load)
-      case $who in
-        ours) start_ours "$work/peer-ours-$r.log" "$demo" --quantization int4 --max-model-len 4096 \
-                --kv-cache-memory 1GiB ;;
-        q4_0) start_peer "$work/peer-q4_0-$r.log" "$q4" ;;
-        q4_0-bf16-output) start_peer "$work/peer-q4_0b-$r.log" "$q4b" ;;
-      esac
-      a=$(serve_bench "$work/peer-$who-$r-c1.json" 1 4 --random-input-len 128 --random-output-len 64)
-      b=$(serve_bench "$work/peer-$who-$r-c16.json" 16 32 --random-input-len 128 --random-output-len 64)
-      stop_server
-      set -- $a
-      local a1=$1 a2=$2 af=$3
-      set -- $b
-      echo "| $r | $who | ${la%% *} | $a1 | $a2 | $1 | $2 | $af + $3 |"
-    done
+  for g in "$q4" "$q4b"; do
+    echo
+    echo "## The demo model over HTTP: moeserve int4 against llama.cpp $(basename "$g") ($rounds rounds)"
+    echo
+    echo '```'
+    "$here/bench/compare_llama_cpp.sh" "$demo" "$g" --build "$build" --peer "$peer_bin" --threads "$threads" \
+      --tables avx512 --rounds "$rounds" --loads c16,tpot --ours-args "--quantization int4" \
+      --out-dir "$work/peer-$(basename "$g" .gguf)" | sed -n '/^ours against/,$p'
+    echo '```'
   done
 }
 
@@ -308,7 +275,7 @@ for l in open(sys.argv[1]):
 # The same comparison without HTTP: generate --bench against llama-bench.
 part_peer_kernels() {
   local q4=$work/demo-q4_0.gguf q4b=$work/demo-q4_0-bf16-output.gguf
-  [ -s "$q4" ] && [ -s "$q4b" ] || die "run the peer part first (it makes the Q4_0 files)"
+  [ -s "$q4" ] && [ -s "$q4b" ] || die "run the peer part first (it makes the Q4_0 files in --work)"
   echo
   echo "## The demo model without HTTP: generate --bench (int4) against llama-bench (Q4_0), $rounds rounds"
   echo
