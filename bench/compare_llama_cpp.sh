@@ -47,6 +47,9 @@ usage: bench/compare_llama_cpp.sh MODEL_DIR MODEL.gguf [options]
   --build DIR        moeserve build tree (build; uses DIR/server/moeserve)
   --peer DIR         llama.cpp bin folder (/tmp/peer/llama.cpp/build/bin)
   --threads N        compute threads of both servers (2)
+  --before DIR       a second moeserve build tree (say, of the commit before a
+                     change), served each round beside this one: its tables
+                     show as before-TABLE (--before-tables, default avx512,avx2)
   --tables LIST      kernel tables, comma-separated (default: every one this CPU
                      runs but scalar, which is the reference and slow)
   --rounds N         rounds, each ours then peer (2)
@@ -63,12 +66,14 @@ EOF
 [[ $# -ge 2 ]] || { usage >&2; exit 2; }
 MODEL_DIR=$1 GGUF=$2
 shift 2
-BUILD=build PEER=/tmp/peer/llama.cpp/build/bin THREADS=2 TABLES="" ROUNDS=2
+BEFORE="" BEFORE_TABLES=avx512,avx2 BUILD=build PEER=/tmp/peer/llama.cpp/build/bin THREADS=2 TABLES="" ROUNDS=2
 LOADS=c16,c64,ttft,tpot IN=128 OUT=64 OURS_ARGS="" PEER_ARGS="" OUT_DIR="" PORT=28631 CONTROL=1
 while [[ $# -gt 0 ]]; do
     case $1 in
     --build) BUILD=$2; shift 2 ;;
     --peer) PEER=$2; shift 2 ;;
+    --before) BEFORE=$2; shift 2 ;;
+    --before-tables) BEFORE_TABLES=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
     --tables) TABLES=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
@@ -105,6 +110,17 @@ if [[ -z $TABLES ]]; then
     [[ -n $TABLES ]] || TABLES=scalar
 fi
 IFS=, read -r -a TABLE_LIST <<<"$TABLES"
+# What each entry serves: its moeserve and its table (before-X: --before's).
+declare -A ENTRY_MS ENTRY_TABLE
+for t in "${TABLE_LIST[@]}"; do ENTRY_MS[$t]=$MS ENTRY_TABLE[$t]=$t; done
+if [[ -n $BEFORE ]]; then
+    [[ -x $BEFORE/server/moeserve ]] || { echo "compare_llama_cpp.sh: $BEFORE/server/moeserve is missing" >&2; exit 2; }
+    IFS=, read -r -a bt <<<"$BEFORE_TABLES"
+    for t in "${bt[@]}"; do
+        TABLE_LIST+=("before-$t")
+        ENTRY_MS[before-$t]=$BEFORE/server/moeserve ENTRY_TABLE[before-$t]=$t
+    done
+fi
 IFS=, read -r -a LOAD_LIST <<<"$LOADS"
 
 [[ -n $OUT_DIR ]] || OUT_DIR=$(mktemp -d /tmp/compare-llama-cpp.XXXXXX)
@@ -176,7 +192,7 @@ start_ours() {
     local table=$1 log=$OUT_DIR/ours-$table-r$2.log
     check_port_free "$P_OURS"
     # shellcheck disable=SC2086
-    MOESERVE_CPU_KERNELS=$table "$MS" serve "$MODEL_DIR" --host 127.0.0.1 --port "$P_OURS" \
+    MOESERVE_CPU_KERNELS=${ENTRY_TABLE[$table]} "${ENTRY_MS[$table]}" serve "$MODEL_DIR" --host 127.0.0.1 --port "$P_OURS" \
         --threads "$THREADS" --max-num-seqs 64 --max-model-len 2048 --cache-dir none \
         --disable-uvicorn-access-log $OURS_ARGS >"$log" 2>&1 &
     SERVER_PID=$!
@@ -229,13 +245,13 @@ run_loads() {
     done
 }
 
-echo "moeserve $MODEL_DIR vs llama-server $GGUF, $THREADS threads, tables $TABLES, $ROUNDS rounds"
+echo "moeserve $MODEL_DIR vs llama-server $GGUF, $THREADS threads, ${TABLE_LIST[*]}, $ROUNDS rounds"
 echo "results: $OUT_DIR"
 for ((round = 1; round <= ROUNDS; round++)); do
     echo "round $round (load average $(loadavg))"
     for table in "${TABLE_LIST[@]}"; do
         # The machine's read bandwidth and the bytes of a decode step, measured now.
-        MOESERVE_CPU_KERNELS=$table "$MS" generate "$MODEL_DIR" --bench --json --threads "$THREADS" \
+        MOESERVE_CPU_KERNELS=${ENTRY_TABLE[$table]} "${ENTRY_MS[$table]}" generate "$MODEL_DIR" --bench --json --threads "$THREADS" \
             2>"$OUT_DIR/genbench-$table-r$round.log" >"$OUT_DIR/genbench-$table-r$round.json"
         gb=$OUT_DIR/genbench-$table-r$round.json
         printf '%s\tours\t%s\tbw_gbs\t%s\n' "$round" "$table" "$(jq -r .read_bandwidth_gbs "$gb")" >>"$RESULTS"
@@ -288,6 +304,49 @@ if ((CONTROL)); then
     echo
     echo "conservative: ours against $THREADS x the peer on one thread:"
     summary peer1 "$THREADS"
+fi
+# Per entry, the median over the rounds of each ratio (the rounds'
+# disturbances differ: a median of several is the figure to quote).
+medians() {
+    local who=$1 scale=$2
+    printf '%-12s %8s %8s %10s %9s %13s\n' "median of $ROUNDS" "c16 x" "c64 x" "ttft512 x" "tpot1 x" "decode/bound"
+    for table in "${TABLE_LIST[@]}"; do
+        awk -F'\t' -v t="$table" -v w="$who" -v k="$scale" -v R="$ROUNDS" '
+            $2 == "ours" && $3 == t { o[$1, $4] = $5 }
+            $2 == w { p[$1, $4] = $5 }
+            function med(a, n,   i, j, x) {
+                for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x }
+                return n == 0 ? "-" : sprintf("%.2f", n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2)
+            }
+            function col(load, inv,   r, n, v) {
+                n = 0; delete v
+                for (r = 1; r <= R; r++)
+                    if (((r, load) in o) && ((r, load) in p) && o[r, load] > 0 && p[r, load] > 0)
+                        v[++n] = inv ? p[r, load] / k / o[r, load] : o[r, load] / (p[r, load] * k)
+                return med(v, n)
+            }
+            function frac(   r, n, v, b) {
+                n = 0; delete v
+                for (r = 1; r <= R; r++)
+                    if (o[r, "bw_gbs"] > 0 && o[r, "tpot"] > 0) {
+                        b = o[r, "step_bytes"] / (o[r, "bw_gbs"] * 1e9) * 1e3
+                        v[++n] = b / o[r, "tpot"]
+                    }
+                return med(v, n)
+            }
+            END { printf "%-12s %8s %8s %10s %9s %13s\n", t, col("c16", 0), col("c64", 0), col("ttft", 1), col("tpot", 1), frac() }
+        ' "$RESULTS"
+    done
+}
+if ((ROUNDS > 1)); then
+    echo
+    echo "medians, against the peer on $THREADS threads:"
+    medians peer 1
+    if ((CONTROL)); then
+        echo
+        echo "medians, conservative (against $THREADS x the peer on one thread):"
+        medians peer1 "$THREADS"
+    fi
 fi
 echo
 echo "raw figures (tok/s for c16/c64, ms for ttft/tpot; load average when the server's loads began):"
