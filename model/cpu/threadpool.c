@@ -39,6 +39,11 @@ struct threadpool {
     _Atomic uint32_t pending;     // workers still running the current generation
     _Atomic uint32_t sleepers;    // workers in futex_wait on generation
     _Atomic uint32_t master_sleeping;
+    // Rung by a worker leaving a shared run; the caller sleeps on it. Its
+    // own word, not pending: a worker rings after leaving the gate, so the
+    // ring can land after the caller has returned and set pending for the
+    // next full run, which a stray +1 there would never let finish.
+    _Atomic uint32_t bell;
     _Atomic int stop;
     // The run in progress: its generation (high 32 bits), whether it is
     // shared, whether it is closed to late workers, and how many workers are
@@ -93,9 +98,10 @@ static void *worker_main(void *arg)
             if (!gate_join(p, g)) continue;
             p->fn(p->ctx, w->tid, p->n_threads);
             atomic_fetch_sub(&p->gate, 1);
-            // The caller sleeps on pending: ring it.
-            atomic_fetch_add(&p->pending, 1);
-            if (atomic_load(&p->master_sleeping)) ms_futex_wake(&p->pending, 1);
+            // The caller may sleep on the bell: ring it. A late ring only
+            // bumps a counter nobody waits on.
+            atomic_fetch_add(&p->bell, 1);
+            if (atomic_load(&p->master_sleeping)) ms_futex_wake(&p->bell, 1);
             continue;
         }
         p->fn(p->ctx, w->tid, p->n_threads);
@@ -211,9 +217,12 @@ void threadpool_run_shared(struct threadpool *p, threadpool_fn fn, void *ctx)
         if (++spins < SPIN_ITERS) {
             ms_cpu_relax();
         } else {
-            const uint32_t bell = atomic_load(&p->pending);
+            // Read the bell before the count: a worker leaving after the
+            // count check has rung a bell that no longer matches, so the
+            // wait returns at once.
+            const uint32_t bell = atomic_load(&p->bell);
             atomic_store(&p->master_sleeping, 1);
-            if (atomic_load(&p->gate) & GATE_COUNT) ms_futex_wait(&p->pending, bell);
+            if (atomic_load(&p->gate) & GATE_COUNT) ms_futex_wait(&p->bell, bell);
             atomic_store(&p->master_sleeping, 0);
             spins = 0;
         }
