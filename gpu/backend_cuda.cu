@@ -17,6 +17,11 @@
 
 // Device scratch that grows (freeing the old one first: cudaFree waits for
 // the work that may still read it).
+// Split-KV attention partials, per buffer (prefill and decode): at most this,
+// else the step runs unsplit. Reported as scratch_bytes, which the planner
+// keeps free of the KV pool.
+#define ATTN_PARTS_MAX ((size_t)256 << 20)
+
 struct dbuf {
     void *p;
     size_t cap;
@@ -227,6 +232,10 @@ static int cu_memory(struct backend *b, struct backend_memory *out)
     out->total_bytes = tot;
     out->free_bytes = fr;
     out->host_shared = false;
+    // Decode and prefill each keep a buffer of attention partials, each at
+    // most ATTN_PARTS_MAX: both are allocated at the first steps that split,
+    // after the KV pool has taken its share.
+    out->scratch_bytes = 2 * ATTN_PARTS_MAX;
     return 0;
 }
 
@@ -769,8 +778,6 @@ static void attn_args(struct cuda_attn *a, const struct model_config *cfg, int l
     a->out = out;
 }
 
-// Partial sets of decode attention: at most 256 MiB, else decode steps run unsplit.
-#define DECODE_PARTS_MAX ((size_t)256 << 20)
 
 // A decode step (one new token per sequence): the items come from each
 // token's position on the device (plan_decode_item), the grid from the
@@ -793,7 +800,7 @@ static int attention_decode(struct cuda_backend *c, const struct backend_weights
     const size_t rows = (size_t)most * (size_t)max_chunks * (size_t)H;
     const size_t bytes = rows * ((size_t)D + 2) * sizeof(float);
     int split = plan_decode_split(s->n_seqs, KVH, o->target_ctas, o->max_split);
-    if (bytes > DECODE_PARTS_MAX || (size_t)s->n_seqs * max_chunks * H > rows) split = 1;
+    if (bytes > ATTN_PARTS_MAX || (size_t)s->n_seqs * max_chunks * H > rows) split = 1;
     if (split > 1) {
         int rc = dbuf_need(c, &c->dparts, bytes + 16, "decode attention partials");
         if (rc) return rc;
@@ -835,8 +842,8 @@ static int cu_attention(struct backend *b, const struct backend_weights *w, int 
     o.chunk = ATTN_CHUNK;
     o.max_split = 64;
     o.n_heads = cfg->n_heads;
-    // Partial sets of at most 256 MiB; a step that would need more runs unsplit.
-    o.max_part_rows = ((long long)256 << 20) / (long long)(((size_t)cfg->head_dim + 2) * sizeof(float));
+    // Partial sets of at most ATTN_PARTS_MAX; a step that would need more runs unsplit.
+    o.max_part_rows = (long long)(ATTN_PARTS_MAX / (((size_t)cfg->head_dim + 2) * sizeof(float)));
     if (s->n_tokens == s->n_seqs) return attention_decode(c, w, layer, s, kv, q, out, &o);
     struct plan_attn pa;
     if (plan_attention(s->h_seq_start, s->h_tok_pos, s->n_seqs, &o, NULL, 0, NULL, 0, &pa))

@@ -238,6 +238,10 @@ struct backend_memory {
     uint64_t total_bytes;        // the device's memory (the host's RAM on the CPU)
     uint64_t free_bytes;         // available now
     bool host_shared;            // the host and the backend share this memory
+    // The most the backend allocates for itself, beyond what callers alloc,
+    // once steps run (a GPU's split-KV attention partials): the planner
+    // counts it in the runtime reserve, so that the KV pool leaves it room.
+    uint64_t scratch_bytes;
 };
 
 struct backend_limits {

@@ -430,7 +430,10 @@ void plan_opts_default(struct plan_opts *o)
     o->max_num_batched_tokens = 8192;
     o->max_num_seqs = 1024;
     o->activation_bytes = 2;
-    o->runtime_reserve = (uint64_t)512 << 20;
+    // 512 MiB of runtime (cuBLAS and NCCL buffers, allocator slack) and the
+    // CUDA backend's two 256 MiB buffers of attention partials (its
+    // backend_memory.scratch_bytes, which the engine adds the same way).
+    o->runtime_reserve = (uint64_t)1 << 30;
     o->memory_bandwidth = 4.8e12;
 }
 

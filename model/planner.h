@@ -87,7 +87,7 @@ struct plan_opts {
     int max_num_batched_tokens;       // new tokens in one step on one rank (8192)
     int max_num_seqs;                 // sequences in one step on one rank (1024)
     int activation_bytes;             // bytes of one activation element: 2 (bf16 on GPU), 4 (CPU fp32)
-    uint64_t runtime_reserve;         // per device: runtime context, GEMM and communicator buffers (512 MiB)
+    uint64_t runtime_reserve;         // per device: runtime, GEMM and communicator buffers, a backend's scratch (1 GiB)
     double memory_bandwidth;          // bytes/s of one device (4.8e12)
     uint64_t weight_bytes;            // > 0: the busiest device's weights as the loader holds
                                       // them (the engine's, from its model: a checkpoint's own

@@ -777,7 +777,8 @@ static void fit_opts(const struct model *m, const struct engine_opts *o,
     po->max_num_batched_tokens = o->max_num_batched_tokens;
     po->max_num_seqs = o->max_num_seqs;
     po->activation_bytes = 4;
-    po->runtime_reserve = mem->host_shared ? (uint64_t)64 << 20 : (uint64_t)512 << 20;
+    po->runtime_reserve = (mem->host_shared ? (uint64_t)64 << 20 : (uint64_t)512 << 20) +
+                          mem->scratch_bytes;
 }
 
 // A GPU's default KV pool: what --gpu-memory-utilization leaves after the
