@@ -52,6 +52,15 @@ for _ in $(seq 600); do
 done
 served_a_before=$(grep -c 'POST /v1/completions 200' "$dir/a.log")
 [ "$served_a_before" -gt 0 ] || fail "nginx sent nothing to server a in 30 s of traffic"
+# The clients' streams start together and end together, so the moment a's
+# first streams end is the worst one to signal: wait until a says it is
+# running one (its stream then has ~2 s to go, the time to signal it).
+running_on_a() {
+  curl -sf -m 2 "http://127.0.0.1:$pa/metrics" |
+    awk '/^moeserve:num_requests_running[{ ]/ { found = ($NF > 0) } END { exit !found }'
+}
+for _ in $(seq 300); do running_on_a && break; sleep 0.05; done
+running_on_a || fail "server a ran no stream in 15 s of traffic"
 kill -TERM "$pid_a"
 wait "$pid_a"; rc_a=$?
 [ "$rc_a" -eq 0 ] || fail "server a exited $rc_a after SIGTERM, not 0"
