@@ -94,7 +94,8 @@ int grammar_states(const struct grammar *g);     // automaton states
 // Compiled grammars keyed by (kind, text, prefix, suffix), least recently
 // used dropped first beyond max_entries or max_bytes (max_bytes 0: no byte
 // bound; a single grammar larger than max_bytes is still kept, alone).
-// Failures are not cached. Thread-safe; compilation runs outside the lock (two threads asking
+// Refusals of the text (its code and sentence) are cached as grammars are;
+// running out of memory is not. Thread-safe; compilation runs outside the lock (two threads asking
 // for the same new text at once may both compile it; one result is kept).
 int grammar_cache_create(const struct grammar_vocab *v, size_t max_entries, size_t max_bytes,
                          struct grammar_cache **out, char *err, size_t errlen);

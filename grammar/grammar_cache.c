@@ -1,7 +1,12 @@
 // grammar_cache: compiled grammars by (kind, text, prefix, suffix), least
 // recently used first out, bounded by count and bytes, behind one mutex.
-// Compilation runs outside the lock.
+// Compilation runs outside the lock. Refusals are kept too (their code and
+// sentence): compiling is a pure function of the key, and a client that
+// repeats a grammar at the compile budgets would otherwise cost up to a
+// second of CPU each time.
 #include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,7 +18,9 @@ struct cache_entry {
     uint64_t hash;
     uint8_t *key;
     size_t key_len;
-    struct grammar *g;
+    struct grammar *g;               // NULL for a refusal
+    int rc;                          // the refusal's code (g NULL)
+    char *msg;                       // the refusal's sentence (g NULL)
     size_t bytes;
 };
 
@@ -46,6 +53,7 @@ int grammar_cache_create(const struct grammar_vocab *v, size_t max_entries, size
 static void entry_free(struct cache_entry *e)
 {
     grammar_unref(e->g);
+    free(e->msg);
     free(e->key);
     free(e);
 }
@@ -131,44 +139,55 @@ int grammar_cache_get(struct grammar_cache *c, const struct grammar_source *src,
     if (e) {
         unlink_entry(c, e);
         push_front(c, e);
-        *out = grammar_ref(e->g);
         c->hits++;
+        int rc = 0;
+        if (e->g) *out = grammar_ref(e->g);
+        else rc = ms_err(err, errlen, e->rc, "%s", e->msg);
         pthread_mutex_unlock(&c->mu);
         free(key);
-        return 0;
+        return rc;
     }
     c->misses++;
     pthread_mutex_unlock(&c->mu);
 
-    struct grammar *g;
+    struct grammar *g = NULL;
     int rc = grammar_compile(c->v, src, &g, err, errlen);
-    if (rc) {
-        free(key);
-        return rc;
+    // Refusals that depend on the text alone are kept; running out of
+    // memory or an internal error may not happen again.
+    const bool keep = rc == 0 || rc == MS_EINVAL || rc == MS_ENOFIT || rc == MS_EUNSUPPORTED ||
+                      rc == MS_EFORMAT;
+    e = keep ? calloc(1, sizeof *e) : NULL;
+    char *msg = NULL;
+    if (e && rc) {
+        msg = strdup(err && errlen ? err : "the grammar was refused");
+        if (!msg) {
+            free(e);
+            e = NULL;
+        }
     }
-    e = calloc(1, sizeof *e);
     if (!e) {
-        // still usable, just not cached
+        // still usable (or refused), just not cached
         free(key);
         *out = g;
-        return 0;
+        return rc;
     }
-    *e = (struct cache_entry){.hash = h, .key = key, .key_len = len, .g = g, .bytes = grammar_bytes(g) + len};
+    *e = (struct cache_entry){.hash = h, .key = key, .key_len = len, .g = g, .rc = rc, .msg = msg,
+                              .bytes = (g ? grammar_bytes(g) : strlen(msg)) + len};
     pthread_mutex_lock(&c->mu);
     struct cache_entry *other = find(c, h, key, len);
-    if (other) {
-        // another thread compiled it meanwhile: keep theirs
+    if (other && (other->g != NULL) == (g != NULL)) {
+        // another thread compiled it meanwhile: keep theirs (the same result)
         unlink_entry(c, other);
         push_front(c, other);
-        *out = grammar_ref(other->g);
+        if (other->g) *out = grammar_ref(other->g);
         pthread_mutex_unlock(&c->mu);
-        entry_free(e);
-        return 0;
+        entry_free(e); // ours goes (with its grammar), theirs is handed out
+        return rc;
     }
     push_front(c, e);
     c->n++;
     c->bytes += e->bytes;
-    *out = grammar_ref(g);
+    if (g) *out = grammar_ref(g);
     while (c->n > 1 && (c->n > c->max_entries || (c->max_bytes && c->bytes > c->max_bytes))) {
         struct cache_entry *old = c->tail;
         unlink_entry(c, old);
@@ -177,7 +196,7 @@ int grammar_cache_get(struct grammar_cache *c, const struct grammar_source *src,
         entry_free(old); // grammars handed out keep their own reference
     }
     pthread_mutex_unlock(&c->mu);
-    return 0;
+    return rc;
 }
 
 void grammar_cache_stats(struct grammar_cache *c, size_t *entries, size_t *bytes, uint64_t *hits, uint64_t *misses)

@@ -538,7 +538,7 @@ static void *cache_hammer(void *arg)
     return NULL;
 }
 
-static void cache_hits_evicts_least_recent_and_shares_across_threads(void **state)
+static void cache_hits_keeps_refusals_evicts_least_recent_and_shares_across_threads(void **state)
 {
     (void)state;
     struct grammar_cache *c;
@@ -575,8 +575,24 @@ static void cache_hits_evicts_least_recent_and_shares_across_threads(void **stat
     assert_int_equal(grammar_cache_get(c, &a_choice, &g1, err, sizeof err), 0); // kind is part of the key
     ACCEPTS(g1, "a+");
     grammar_unref(g1);
+    // A refusal is kept with its sentence: the second ask is a hit that
+    // says the same, without compiling again.
     struct grammar_source bad = {.kind = GRAMMAR_REGEX, .text = "(", .len = 1};
+    grammar_cache_stats(c, NULL, NULL, &hits, &misses);
+    const uint64_t hits0 = hits, misses0 = misses;
     assert_int_equal(grammar_cache_get(c, &bad, &g1, err, sizeof err), MS_EINVAL);
+    assert_null(g1);
+    char first[sizeof err];
+    snprintf(first, sizeof first, "%s", err);
+    assert_true(first[0] != 0);
+    snprintf(err, sizeof err, "stale");
+    assert_int_equal(grammar_cache_get(c, &bad, &g1, err, sizeof err), MS_EINVAL);
+    assert_null(g1);
+    assert_string_equal(err, first);
+    grammar_cache_stats(c, &entries, NULL, &hits, &misses);
+    assert_int_equal(misses, misses0 + 1);
+    assert_int_equal(hits, hits0 + 1);
+    assert_int_equal(entries, 2); // it took the place of the least recent grammar
     grammar_cache_destroy(c);
 
     assert_int_equal(grammar_cache_create(vocab, 3, 0, &c, err, sizeof err), 0);
@@ -745,7 +761,7 @@ int main(void)
         cmocka_unit_test(tool_call_tokens_are_allowed_where_their_text_is),
         cmocka_unit_test(special_tokens_need_a_literal_and_padding_is_never_allowed),
         cmocka_unit_test(vocab_refuses_bad_arguments),
-        cmocka_unit_test(cache_hits_evicts_least_recent_and_shares_across_threads),
+        cmocka_unit_test(cache_hits_keeps_refusals_evicts_least_recent_and_shares_across_threads),
         cmocka_unit_test(hostile_grammars_are_refused_or_bounded),
         cmocka_unit_test(a_long_chain_keeps_its_language_past_the_minimization_budget),
         cmocka_unit_test(malformed_input_never_crashes_a_compiler),
