@@ -251,6 +251,15 @@ part_peer() {
     [ -s "$q4b" ] || "$peer_bin/llama-quantize" --output-tensor-type bf16 "$peer_gguf" "$q4b" Q4_0 "$threads" \
       >"$work/quantize-bf16-output.log" 2>&1 || die "llama-quantize failed"
   fi
+  # Two free ports next to each other (another comparison may hold the default ones).
+  local port
+  port=$("$py" -c 'import socket
+for p in range(38631, 39631, 2):
+    try:
+        for q in (p, p + 1):
+            s = socket.socket(); s.bind(("127.0.0.1", q)); s.close()
+        print(p); break
+    except OSError: pass')
   for g in "$q4" "$q4b"; do
     echo
     echo "## The demo model over HTTP: moeserve int4 against llama.cpp $(basename "$g") ($rounds rounds)"
@@ -258,18 +267,20 @@ part_peer() {
     echo '```'
     "$here/bench/compare_llama_cpp.sh" "$demo" "$g" --build "$build" --peer "$peer_bin" --threads "$threads" \
       --tables avx512 --rounds "$rounds" --loads c16,tpot --ours-args "--quantization int4" \
-      --out-dir "$work/peer-$(basename "$g" .gguf)" | sed -n '/^ours against/,$p'
+      --port "$port" --out-dir "$work/peer-$(basename "$g" .gguf)" | sed -n '/^ours against/,$p'
     echo '```'
   done
 }
 
-# llama-bench's figure of TEST (pp512, tg64) in its jsonl output FILE, "mean ± sd".
+# llama-bench's figure of TEST (pp: pp512, tg: tg64) in its jsonl output
+# FILE, "mean ± sd", times SCALE (1).
 peer_ts() {
   "$py" -c 'import json,sys
+k = float(sys.argv[3])
 for l in open(sys.argv[1]):
     d = json.loads(l)
     if (d["n_prompt"] > 0) == (sys.argv[2] == "pp"):
-        print("%.1f ± %.1f" % (d["avg_ts"], d["stddev_ts"]))' "$1" "$2"
+        print("%.1f ± %.1f" % (k * d["avg_ts"], k * d["stddev_ts"]))' "$1" "$2" "${3:-1}"
 }
 
 # The same comparison without HTTP: generate --bench against llama-bench.
@@ -286,8 +297,8 @@ part_peer_kernels() {
   echo "|---|---|---|---|---|"
   local r who la j order
   for r in $(seq "$rounds"); do
-    order="ours q4_0 q4_0-bf16-output"
-    [ $((r % 2)) -eq 0 ] && order="q4_0-bf16-output q4_0 ours"
+    order="ours q4_0 q4_0-t1 q4_0-bf16-output"
+    [ $((r % 2)) -eq 0 ] && order="q4_0-bf16-output q4_0-t1 q4_0 ours"
     for who in $order; do
       la=$(load)
       j=$work/kern-$who-$r.json
@@ -296,6 +307,13 @@ part_peer_kernels() {
                 die "generate --bench failed"
               echo "| $r | moeserve int4 | ${la%% *} | $(fmt "$(field "$j" decode_tokens_per_second)" 1)" \
                 "| $(fmt "$(field "$j" prefill_tokens_per_second)" 1) |" ;;
+        q4_0-t1) # The control: one thread, shown as its figure times $threads (at most what
+                 # $threads threads could do), since llama.cpp's threads spin at every barrier
+                 # and a shared machine drags them below their one-thread speed.
+           "$peer_bin/llama-bench" -m "$q4" -t 1 -p 512 -n 64 -r 3 -o jsonl >"$j" 2>/dev/null ||
+             die "llama-bench failed"
+           echo "| $r | llama.cpp q4_0, 1 thread (x $threads) | ${la%% *} | $(peer_ts "$j" tg $threads)" \
+             "| $(peer_ts "$j" pp $threads) |" ;;
         *) local g=$q4
            [ "$who" = q4_0 ] || g=$q4b
            "$peer_bin/llama-bench" -m "$g" -t "$threads" -p 512 -n 64 -r 3 -o jsonl >"$j" 2>/dev/null ||
