@@ -132,7 +132,11 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const struct cud
                 const int r = idx / D, d = idx % D;
                 const float *sr = S + (size_t)r * KV_BLOCK_TOKENS;
                 float a = ACC[idx] * C[r];
-                for (int j = 0; j < KV_BLOCK_TOKENS; j++) a = fmaf(sr[j], Vs[j * D + d], a);
+                // Only the slots the row may see: the rest of the block holds
+                // what its previous owner wrote, and a weight of 0 times an
+                // Inf or NaN there is NaN (the CPU twin never reads them).
+                const int jn = max(0, min(KV_BLOCK_TOKENS, min(c1, first_pos + r / G + 1) - p0));
+                for (int j = 0; j < jn; j++) a = fmaf(sr[j], Vs[j * D + d], a);
                 ACC[idx] = a;
             }
             __syncthreads();

@@ -17,14 +17,22 @@
 
 // Device scratch that grows (freeing the old one first: cudaFree waits for
 // the work that may still read it).
-// Split-KV attention partials, per buffer (prefill and decode): at most this,
-// else the step runs unsplit. Reported as scratch_bytes, which the planner
-// keeps free of the KV pool.
+// Split-KV attention partials, per buffer (prefill and decode): at most this
+// (plus 16 bytes of alignment), else the step runs unsplit. Reported as
+// scratch_bytes, which the planner keeps free of the KV pool.
 #define ATTN_PARTS_MAX ((size_t)256 << 20)
+#define ATTN_PARTS_BUF (ATTN_PARTS_MAX + 16)
+
+// Rows sampled per kernel launch: the work rows (2 x vocab floats each) are
+// held for at most this many rows, 78 MB for Qwen3's vocabulary, not for
+// every row of a step (a 1024-sequence step with prompt logprobs would ask
+// for 2 GB after the KV pool has taken its share).
+#define SAMPLE_CHUNK_ROWS 64
 
 struct dbuf {
     void *p;
     size_t cap;
+    size_t max;                     // if nonzero, growth never allocates more than this
     bool no_graph;                  // never used by an op a graph records (sampling)
 };
 
@@ -113,15 +121,20 @@ static int dbuf_need(struct cuda_backend *c, struct dbuf *d, size_t bytes, const
     if (rc) return rc;
     if (!d->no_graph) c->gen++; // graphs may hold the old buffer
     size_t want = bytes + bytes / 2;
+    if (d->max && want > d->max) want = bytes > d->max ? bytes : d->max;
     if (d->p) {
         cudaError_t e = cudaFree(d->p);
         d->p = NULL;
         d->cap = 0;
-        if (e != cudaSuccess) return fail_cuda(&c->b, e, what);
+        if (e != cudaSuccess) {
+            cudaGetLastError(); // handled here: the next op must not report it again
+            return fail_cuda(&c->b, e, what);
+        }
     }
     cudaError_t e = cudaMalloc(&d->p, want);
     if (e != cudaSuccess) {
         d->p = NULL;
+        cudaGetLastError(); // an allocation failure is not sticky: clear it
         return backend_fail(&c->b, MS_ENOMEM, "%s: cannot allocate %.1f MiB on GPU %d (%s)", what,
                             (double)want / (1 << 20), c->dev, cudaGetErrorString(e));
     }
@@ -235,7 +248,7 @@ static int cu_memory(struct backend *b, struct backend_memory *out)
     // Decode and prefill each keep a buffer of attention partials, each at
     // most ATTN_PARTS_MAX: both are allocated at the first steps that split,
     // after the KV pool has taken its share.
-    out->scratch_bytes = 2 * ATTN_PARTS_MAX;
+    out->scratch_bytes = 2 * ATTN_PARTS_BUF;
     return 0;
 }
 
@@ -656,7 +669,10 @@ static int cu_grouped_matmul(struct backend *b, const struct backend_gmm *jobs, 
             if (wtab && (const void *const *)j->w[g].priv != wtab + g) wtab = NULL;
         }
         if (!wtab) {
-            int rc = dbuf_need(c, &c->ptrs, (size_t)j->n_groups * sizeof(void *), "matrix table");
+            // The table is copied from a host buffer freed below.
+            int rc = not_while_recording(c, "uploading a matrix table");
+            if (rc) return rc;
+            rc = dbuf_need(c, &c->ptrs, (size_t)j->n_groups * sizeof(void *), "matrix table");
             if (rc) return rc;
             const void **h = (const void **)malloc((size_t)j->n_groups * sizeof *h);
             if (!h) return backend_fail(b, MS_ENOMEM, "out of host memory for a matrix table");
@@ -858,12 +874,15 @@ static int cu_attention(struct backend *b, const struct backend_weights *w, int 
                    pa.n_combine, &pa);
     // Every layer of a step has the same plan: upload it once.
     if (bytes != c->h_plan_bytes || memcmp(c->h_new, c->h_plan, bytes) != 0) {
+        // A replay would read the host plan as it is then, not as it is now.
+        if ((rc = not_while_recording(c, "uploading the attention plan"))) return rc;
         if ((rc = dbuf_need(c, &c->plan, bytes, "the attention plan"))) return rc;
         if ((rc = host_need(b, &c->h_plan, &c->h_plan_cap, bytes, "the attention plan"))) return rc;
         memcpy(c->h_plan, c->h_new, bytes);
-        c->h_plan_bytes = bytes;
+        c->h_plan_bytes = 0; // until the upload is queued: a failed one is retried by the next layer
         CK(b, cudaMemcpyAsync(c->plan.p, c->h_plan, bytes, cudaMemcpyHostToDevice, c->stream),
            "uploading the attention plan");
+        c->h_plan_bytes = bytes;
     }
     const size_t D = (size_t)cfg->head_dim;
     if ((rc = dbuf_need(c, &c->parts, (size_t)pa.n_part_rows * (D + 2) * sizeof(float) + 16,
@@ -1022,14 +1041,12 @@ static bool row_ok(const struct backend_sample_row *row, int vocab)
 static size_t round8(size_t n) { return (n + 7) / 8 * 8; }
 
 // Long because it packs every row's tables into one upload: the rows, the
-// biases, the distinct penalty ids (the CPU applies each once) and the masks.
-static int cu_sample(struct backend *b, const struct backend_sample_row *rows, int n, int vocab,
-                     struct sample_token *out)
+// biases, the masks and the distinct penalty ids (the CPU applies each
+// once), the last at the end so that only the ids found are uploaded.
+static int sample_chunk(struct cuda_backend *c, const struct backend_sample_row *rows, int n,
+                        int vocab, struct sample_token *out)
 {
-    struct cuda_backend *c = cuda_of(b);
-    if (vocab < 1) return backend_fail(b, MS_EINVAL, "sampling over a vocabulary of %d", vocab);
-    if (n <= 0) return 0;
-    ON_DEVICE(c);
+    struct backend *b = &c->b;
     if (vocab > c->h_vocab) {
         free(c->h_seen);
         free(c->h_count);
@@ -1051,9 +1068,9 @@ static int cu_sample(struct backend *b, const struct backend_sample_row *rows, i
         if (rows[i].allowed) n_words += words;
     }
     const size_t o_rows = 0, o_bias = round8((size_t)n * sizeof(struct cuda_sample_row));
-    const size_t o_pen = o_bias + round8(n_bias * sizeof(struct sampling_logit_bias));
-    const size_t o_words = o_pen + round8(n_pen * sizeof(struct cuda_penalty));
-    const size_t total = o_words + n_words * sizeof(uint32_t);
+    const size_t o_words = o_bias + round8(n_bias * sizeof(struct sampling_logit_bias));
+    const size_t o_pen = o_words + round8(n_words * sizeof(uint32_t));
+    const size_t total = o_pen + n_pen * sizeof(struct cuda_penalty); // n_pen: at most
     int rc = host_need(b, &c->h_stab, &c->h_stab_cap, total, "the sampling tables");
     if (rc) return rc;
     char *h = (char *)c->h_stab;
@@ -1120,11 +1137,12 @@ static int cu_sample(struct backend *b, const struct backend_sample_row *rows, i
         }
         hr[i] = d;
     }
+    const size_t used = o_pen + np * sizeof(struct cuda_penalty);
     if ((rc = dbuf_need(c, &c->stab, total, "the sampling tables")) ||
         (rc = dbuf_need(c, &c->swork, (size_t)n * vocab * 2 * sizeof(float), "sampling rows")) ||
         (rc = dbuf_need(c, &c->sout, (size_t)n * sizeof(struct sample_token), "sampled tokens")))
         return rc;
-    CK(b, cudaMemcpyAsync(c->stab.p, h, total, cudaMemcpyHostToDevice, c->stream),
+    CK(b, cudaMemcpyAsync(c->stab.p, h, used, cudaMemcpyHostToDevice, c->stream),
        "uploading the sampling tables");
     struct cuda_sample sp;
     memset(&sp, 0, sizeof sp);
@@ -1141,6 +1159,23 @@ static int cu_sample(struct backend *b, const struct backend_sample_row *rows, i
     CK(b, cudaMemcpyAsync(out, c->sout.p, (size_t)n * sizeof *out, cudaMemcpyDeviceToHost, c->stream),
        "downloading the sampled tokens");
     CK(b, cudaStreamSynchronize(c->stream), "sampling");
+    return 0;
+}
+
+// Rows are independent (each draw is keyed by its own seed, stream and
+// position), so chunks of SAMPLE_CHUNK_ROWS give the same tokens as one pass.
+static int cu_sample(struct backend *b, const struct backend_sample_row *rows, int n, int vocab,
+                     struct sample_token *out)
+{
+    struct cuda_backend *c = cuda_of(b);
+    if (vocab < 1) return backend_fail(b, MS_EINVAL, "sampling over a vocabulary of %d", vocab);
+    if (n <= 0) return 0;
+    ON_DEVICE(c);
+    for (int i = 0; i < n; i += SAMPLE_CHUNK_ROWS) {
+        const int m = n - i < SAMPLE_CHUNK_ROWS ? n - i : SAMPLE_CHUNK_ROWS;
+        int rc = sample_chunk(c, rows + i, m, vocab, out + i);
+        if (rc) return rc;
+    }
     return 0;
 }
 
@@ -1321,6 +1356,7 @@ int backend_cuda_create(int device_index, int rank, struct backend **out, char *
     c->b.impl = c;
     c->dev = device_index;
     c->stab.no_graph = c->swork.no_graph = c->sout.no_graph = true;
+    c->parts.max = c->dparts.max = ATTN_PARTS_BUF; // as scratch_bytes reports them
     cudaError_t e;
     if ((e = cudaSetDevice(device_index)) != cudaSuccess ||
         (e = cudaGetDeviceProperties(&c->prop, device_index)) != cudaSuccess ||

@@ -36,6 +36,8 @@ struct nccl_ep {
     int32_t *flag;                  // device: the barrier's word
 };
 
+static void group_free(struct nccl_group *g);
+
 static struct nccl_ep *ep_of(struct comm *c) { return (struct nccl_ep *)c->impl; }
 
 static bool aborted(const struct nccl_group *g) { return __atomic_load_n(&g->aborted, __ATOMIC_ACQUIRE); }
@@ -49,10 +51,17 @@ static int ep_a2a(struct comm *c, const void *send, const size_t *sb, const size
     if (aborted(e->g)) return MS_ECANCELLED;
     if (cudaSetDevice(e->dev) != cudaSuccess) return MS_EIO;
     const int me = c->rank;
-    if (sb[me] != rb[me]) return MS_EINVAL;
-    if (sb[me] && cudaMemcpyAsync((char *)recv + ro[me], (const char *)send + so[me], sb[me],
-                                  cudaMemcpyDeviceToDevice, e->stream) != cudaSuccess)
-        return MS_EIO;
+    // A failure of this rank's own part still joins the group below: its
+    // peers wait for its sends and receives otherwise (forward.c keeps every
+    // rank in every exchange for the same reason).
+    int own = 0;
+    if (sb[me] != rb[me]) {
+        own = MS_EINVAL;
+    } else if (sb[me] && cudaMemcpyAsync((char *)recv + ro[me], (const char *)send + so[me], sb[me],
+                                         cudaMemcpyDeviceToDevice, e->stream) != cudaSuccess) {
+        cudaGetLastError();
+        own = MS_EIO;
+    }
     ncclResult_t r = ncclGroupStart();
     for (int p = 0; r == ncclSuccess && p < c->n_ranks; p++) {
         if (p == me) continue;
@@ -62,6 +71,7 @@ static int ep_a2a(struct comm *c, const void *send, const size_t *sb, const size
     }
     const ncclResult_t r2 = ncclGroupEnd();
     if (aborted(e->g)) return MS_ECANCELLED;
+    if (own) return own;
     return nccl_status(r != ncclSuccess ? r : r2);
 }
 
@@ -122,11 +132,7 @@ static void ep_destroy(struct comm *c)
     pthread_mutex_unlock(&g->mu);
     if (e->flag) cudaFree(e->flag);
     free(e);
-    if (last) {
-        pthread_mutex_destroy(&g->mu);
-        free(g->comms);
-        free(g);
-    }
+    if (last) group_free(g);
 }
 
 static const struct comm_ops nccl_ops = {ep_a2a, ep_all_gather, ep_barrier, ep_abort, ep_destroy};
@@ -145,6 +151,13 @@ static struct nccl_group *group_new(int n_ranks)
     return g;
 }
 
+static void group_free(struct nccl_group *g)
+{
+    pthread_mutex_destroy(&g->mu);
+    free(g->comms);
+    free(g);
+}
+
 static int ep_new(struct nccl_group *g, int rank, ncclComm_t nc, struct backend *b,
                   struct comm **out, char *err, size_t errlen)
 {
@@ -161,6 +174,8 @@ static int ep_new(struct nccl_group *g, int rank, ncclComm_t nc, struct backend 
     cudaError_t ce;
     if ((ce = cudaSetDevice(e->dev)) != cudaSuccess || (ce = cudaMalloc(&e->flag, 64)) != cudaSuccess ||
         (ce = cudaMemset(e->flag, 0, 64)) != cudaSuccess) {
+        if (e->flag) cudaFree(e->flag);
+        cudaGetLastError();
         free(e);
         return ms_err(err, errlen, MS_EIO, "rank %d's NCCL endpoint on GPU %d: %s", rank,
                       backend_cuda_device(b), cudaGetErrorString(ce));
@@ -219,11 +234,7 @@ int comm_nccl_create(int n_ranks, struct backend *const *ranks, struct comm **ou
     }
     g = NULL; // owned by the endpoints
 out:
-    if (g) {
-        pthread_mutex_destroy(&g->mu);
-        free(g->comms);
-        free(g);
-    }
+    if (g) group_free(g);
     free(devs);
     free(nc);
     return rc;
@@ -251,7 +262,12 @@ int comm_nccl_join(const unsigned char id[NCCL_ID_BYTES], int n_ranks, int rank,
     struct nccl_group *g = group_new(n_ranks);
     if (!g) return ms_err(err, errlen, MS_ENOMEM, "out of memory for a NCCL group");
     ncclComm_t nc;
-    cudaSetDevice(backend_cuda_device(b));
+    const cudaError_t ce = cudaSetDevice(backend_cuda_device(b));
+    if (ce != cudaSuccess) {
+        group_free(g);
+        return ms_err(err, errlen, MS_EIO, "rank %d: selecting GPU %d failed: %s", rank,
+                      backend_cuda_device(b), cudaGetErrorString(ce));
+    }
     const ncclResult_t r = ncclCommInitRank(&nc, n_ranks, u, rank);
     int rc = 0;
     if (r != ncclSuccess)
@@ -259,10 +275,6 @@ int comm_nccl_join(const unsigned char id[NCCL_ID_BYTES], int n_ranks, int rank,
                     ncclGetErrorString(r));
     else if ((rc = ep_new(g, rank, nc, b, out, err, errlen)))
         ncclCommDestroy(nc);
-    if (rc) {
-        pthread_mutex_destroy(&g->mu);
-        free(g->comms);
-        free(g);
-    }
+    if (rc) group_free(g);
     return rc;
 }

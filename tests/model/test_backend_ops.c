@@ -543,10 +543,25 @@ static void attention_over_paged_kv_matches(struct pair *p)
     }
 }
 
+// Fills a bf16 pool's K and V with NaN, as slots hold whatever their
+// previous owner wrote: a backend must never read past a row's context.
+static void kv_poison(struct side *s, const struct kv_pool *kv)
+{
+    assert_int_equal(kv->dtype, DTYPE_BF16);
+    const size_t n = kv->layer_elems * (size_t)kv->n_layers;
+    uint16_t *nan16 = malloc(n * sizeof *nan16);
+    assert_non_null(nan16);
+    for (size_t i = 0; i < n; i++) nan16[i] = 0x7fc0;
+    assert_int_equal(s->b->ops->upload(s->b, kv->k, nan16, n * sizeof *nan16), 0);
+    assert_int_equal(s->b->ops->upload(s->b, kv->v, nan16, n * sizeof *nan16), 0);
+    free(nan16);
+}
+
 // Decode steps (one new token per sequence: a device plans them item by
 // item, and splits a long context over CTAs) after a prefill that wrote
 // their contexts: three short sequences, and one of 700 positions (three
-// 256-position chunks, split on a GPU).
+// 256-position chunks, split on a GPU). The pool starts as NaN, so a read
+// of a slot past a row's context shows.
 static void decode_attention_matches(struct pair *p)
 {
     const struct model_config *c = &p->m->cfg;
@@ -563,6 +578,7 @@ static void decode_attention_matches(struct pair *p)
             char err[256];
             struct kv_pool *kv;
             assert_int_equal(kv_pool_create(s[k]->b, c, DTYPE_BF16, 48, &kv, err, sizeof err), 0);
+            kv_poison(s[k], kv);
             rng_state = 777; // the same inputs on both sides
             for (int stepi = 0; stepi < 2; stepi++) {
                 struct step_dev st;
@@ -587,6 +603,9 @@ static void decode_attention_matches(struct pair *p)
             }
             kv_pool_destroy(s[k]->b, kv);
         }
+        for (size_t i = 0; i < (size_t)T * H * D; i++)
+            if (!isfinite(ao[0][i]) || !isfinite(ao[1][i]))
+                fail_msg("decode attention on %s: output %zu read a slot past its context", p->who, i);
         assert_close("decode attention", p->who, ao[1], ao[0], (size_t)T * H * D);
         free(ao[0]);
         free(ao[1]);
