@@ -122,8 +122,13 @@ static int dbuf_need(struct cuda_backend *c, struct dbuf *d, size_t bytes, const
     if (!d->no_graph) c->gen++; // graphs may hold the old buffer
     size_t want = bytes + bytes / 2;
     if (d->max && want > d->max) want = bytes > d->max ? bytes : d->max;
+    // Stream-ordered where the device has memory pools: cudaFree waits for
+    // the whole device, and a rank's NCCL kernel in flight may be waiting
+    // for a peer thread that is itself blocked in the driver (the peer's
+    // pageable copy or allocation) — the multi-GPU, one-process deadlock.
+    const bool pooled = c->prop.memoryPoolsSupported;
     if (d->p) {
-        cudaError_t e = cudaFree(d->p);
+        cudaError_t e = pooled ? cudaFreeAsync(d->p, c->stream) : cudaFree(d->p);
         d->p = NULL;
         d->cap = 0;
         if (e != cudaSuccess) {
@@ -131,7 +136,7 @@ static int dbuf_need(struct cuda_backend *c, struct dbuf *d, size_t bytes, const
             return fail_cuda(&c->b, e, what);
         }
     }
-    cudaError_t e = cudaMalloc(&d->p, want);
+    cudaError_t e = pooled ? cudaMallocAsync(&d->p, want, c->stream) : cudaMalloc(&d->p, want);
     if (e != cudaSuccess) {
         d->p = NULL;
         cudaGetLastError(); // an allocation failure is not sticky: clear it
@@ -209,6 +214,11 @@ static int cu_download(struct backend *b, void *dst, const void *src, size_t byt
     int rc = not_while_recording(c, "a download");
     if (rc) return rc;
     ON_DEVICE(c);
+    // Wait for the stream first, then copy: a copy into pageable memory
+    // queued behind a NCCL kernel would wait for it inside the driver, where
+    // it blocks another rank's thread from allocating, and that rank may be
+    // the peer the kernel waits for (XLA and XGBoost met this hang).
+    CK(b, cudaStreamSynchronize(c->stream), "a download (or an op before it)");
     if (bytes) CK(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream), "a download");
     CK(b, cudaStreamSynchronize(c->stream), "a download (or an op before it)");
     return 0;
