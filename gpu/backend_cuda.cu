@@ -15,8 +15,8 @@
 
 #include "gpu/kernels.cuh"
 
-// Device scratch that grows (freeing the old one first: cudaFree waits for
-// the work that may still read it).
+// Device scratch that grows (freeing the old one first, in stream order:
+// the work queued before may still read it).
 // Split-KV attention partials, per buffer (prefill and decode): at most this
 // (plus 16 bytes of alignment), else the step runs unsplit. Reported as
 // scratch_bytes, which the planner keeps free of the KV pool.
