@@ -124,6 +124,17 @@ static struct cache_entry *find(struct grammar_cache *c, uint64_t h, const uint8
     return NULL;
 }
 
+// Moves a found entry to the front and hands out what it holds: a reference
+// to its grammar, or its refusal. Called with the lock held.
+static int entry_take(struct grammar_cache *c, struct cache_entry *e, struct grammar **out, char *err,
+                      size_t errlen)
+{
+    unlink_entry(c, e);
+    push_front(c, e);
+    if (e->g) *out = grammar_ref(e->g);
+    return e->g ? 0 : ms_err(err, errlen, e->rc, "%s", e->msg);
+}
+
 int grammar_cache_get(struct grammar_cache *c, const struct grammar_source *src, struct grammar **out,
                       char *err, size_t errlen)
 {
@@ -137,12 +148,8 @@ int grammar_cache_get(struct grammar_cache *c, const struct grammar_source *src,
     pthread_mutex_lock(&c->mu);
     struct cache_entry *e = find(c, h, key, len);
     if (e) {
-        unlink_entry(c, e);
-        push_front(c, e);
         c->hits++;
-        int rc = 0;
-        if (e->g) *out = grammar_ref(e->g);
-        else rc = ms_err(err, errlen, e->rc, "%s", e->msg);
+        const int rc = entry_take(c, e, out, err, errlen);
         pthread_mutex_unlock(&c->mu);
         free(key);
         return rc;
@@ -175,13 +182,13 @@ int grammar_cache_get(struct grammar_cache *c, const struct grammar_source *src,
                               .bytes = (g ? grammar_bytes(g) : strlen(msg)) + len};
     pthread_mutex_lock(&c->mu);
     struct cache_entry *other = find(c, h, key, len);
-    if (other && (other->g != NULL) == (g != NULL)) {
-        // another thread compiled it meanwhile: keep theirs (the same result)
-        unlink_entry(c, other);
-        push_front(c, other);
-        if (other->g) *out = grammar_ref(other->g);
+    if (other) {
+        // Another thread compiled it meanwhile (the same result: compiling
+        // is a pure function of the key): keep theirs, so a key is never
+        // listed twice.
+        rc = entry_take(c, other, out, err, errlen);
         pthread_mutex_unlock(&c->mu);
-        entry_free(e); // ours goes (with its grammar), theirs is handed out
+        entry_free(e); // ours goes, with its grammar
         return rc;
     }
     push_front(c, e);
