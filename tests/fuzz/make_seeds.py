@@ -101,6 +101,30 @@ for s in ['data: {"a":1}\n\ndata: [DONE]\n\n', ": keep-alive\n\ndata: x\r\ndata:
     for seed in (0, 7):
         put("fuzz_sse", bytes([seed]) + s.encode())
 
+# ---- HTTP request heads: byte 0 seeds the cuts, byte 1 the limit (255: 4096, 0: 64) ----
+heads = [
+    "GET / HTTP/1.1\r\nHost: localhost:8000\r\nUser-Agent: curl/8.5.0\r\nAccept: */*\r\n\r\n",
+    "POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+    "Content-Length: 2\r\n\r\n{}",
+    "\r\n\nPUT /x HTTP/1.1\nHost: a\nTransfer-Encoding: chunked\nX-Fold: a\n\tb\n\n2\r\n{}\r\n0\r\n\r\n",
+    "GET / HTTP/1.0\r\n\r\n",
+    "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\ncontent-length: 5\r\n\r\nhello",
+    "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    "GET / HTTP/1.1\r\n\r\n",
+    "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+    "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999\r\n\r\n",
+    "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5, 5\r\nContent-Length: +5\r\n\r\n",
+    "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+    "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+    "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+    "GET /a b HTTP/1.1\r\nHost : a\r\n\r\n",
+    "GET / HTTP/1.1\r\n folded\r\nHost: a\rX: \x00\xff\r\n\r\n",
+    "\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03",
+]
+for i, h in enumerate(heads):
+    put("fuzz_http_head", bytes([i, 255]) + h.encode("latin-1"))
+put("fuzz_http_head", bytes([3, 0]) + b"GET / HTTP/1.1\r\nHost: a\r\nX-Pad: " + b"p" * 80 + b"\r\n\r\n")
+
 # ---- config.json (byte 0 odd) and generation_config.json (even) ----------------
 for d in ["qwen3-0.6b", "qwen3-30b-a3b", "qwen3moe-v2048"]:
     with open(os.path.join(root, "tests", "data", d, "config.json"), "rb") as f:
