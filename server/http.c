@@ -1,14 +1,18 @@
-// http: libmicrohttpd glue. Routing, auth and bodies in the access handler;
-// deferred and streamed responses suspend their connection and are resumed
-// by http_async_wake; a watcher thread notices clients that hang up while
-// suspended (MHD does not), keeps idle streams alive with SSE comments, and
-// closes connections whose request does not arrive in time. What one client
-// may hold (connections, buffered body bytes) is counted per address here,
-// since MHD only counts connections.
+// http: libmicrohttpd glue. A front gate accepts connections itself and
+// checks each one's first request head (server/http_head) before handing it
+// to MHD, so that a head MHD would refuse with its own HTML page, and a
+// connection over a limit, get the OpenAI error envelope instead. Routing,
+// auth and bodies in the access handler; deferred and streamed responses
+// suspend their connection and are resumed by http_async_wake; a watcher
+// thread notices clients that hang up while suspended (MHD does not), keeps
+// idle streams alive with SSE comments, and closes connections whose request
+// does not arrive in time. What one client may hold (connections, buffered
+// body bytes) is counted per address here, since MHD only counts connections.
 #include "server/http.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <microhttpd.h>
 #include <netdb.h>
@@ -25,16 +29,34 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <linux/sockios.h>
 
 #include "base/base.h"
+#include "server/http_head.h"
 
 #define MAX_EXTRA_HEADERS 4
 #define STREAM_BLOCK 16384
 #define PEER_BUCKETS 1024
+// The most bytes a request head may take (431 beyond). It must fit MHD's
+// per-connection memory (MHD_OPTION_CONNECTION_MEMORY_LIMIT, 128 KiB) with
+// room to spare, so that what the gate passes MHD takes too.
+#define HEAD_MAX (64 * 1024)
+// A refused connection is read and discarded for this long (or this many
+// bytes) after its answer, before it is closed: closing with unread bytes
+// would reset the connection and could destroy the answer in flight.
+#define LINGER_S 2.0
+#define LINGER_BYTES (256 * 1024)
+#define LINGER_MAX 256
+// A head arriving in pieces is looked at again at most this often, so that a
+// client sending a byte at a time cannot make the gate copy its whole head
+// per byte.
+#define PEEK_EVERY_S 0.01
 
 // One client address: what its connections hold together (under s->cmu).
+#define PEER_KEY_MAX (INET6_ADDRSTRLEN + 4) // an address, or an IPv6 /64 ("2001:db8::/64")
+
 struct http_peer {
-    char addr[INET6_ADDRSTRLEN];
+    char addr[PEER_KEY_MAX];
     int conns;
     size_t buffered;             // body bytes reserved by its requests
     struct http_peer *next;      // hash chain
@@ -55,8 +77,24 @@ struct http_conn {
     enum conn_phase phase;
     double since;                // when the phase began
     bool timed_out;              // the watcher closed it for a deadline
-    bool refused;                // over its address's connection limit
-    struct http_conn *prev, *next;
+    struct http_conn *prev, *next; // in s->conns, or (singly) in s->handoff
+};
+
+// A connection the gate accepted and has not handed to MHD yet: its first
+// request head is arriving, or it was refused and is lingering before close.
+// The gate thread's alone.
+struct gate_conn {
+    int fd;
+    struct sockaddr_storage sa;
+    socklen_t salen;
+    struct http_conn *k;         // its accounting (counted in s->n_conns and its peer)
+    double since;                // accepted at; once closing, answered at
+    double last_peek;
+    bool dirty;                  // bytes arrived that have not been looked at yet
+    bool eof;                    // the client shut its side (or the socket failed)
+    bool closing;                // answered and shut for writing: reading what is left
+    size_t drained;
+    struct gate_conn *prev, *next;
 };
 
 struct http_server {
@@ -67,8 +105,10 @@ struct http_server {
     int n_hosts;
     int port;
     int listen_fd;
-    pthread_mutex_t cmu;         // guards conns, peers, buffered, last_refusal_log
+    pthread_mutex_t cmu;         // guards conns, handoff, n_conns, peers, buffered, last_refusal_log
     struct http_conn *conns;
+    struct http_conn *handoff;   // handed to MHD, which has not announced them yet
+    unsigned n_conns;            // open connections, the gate's and MHD's (max_connections)
     struct http_peer *peers[PEER_BUCKETS];
     size_t buffered;             // body bytes reserved, all connections
     double last_refusal_log;
@@ -82,6 +122,19 @@ struct http_server {
     pthread_cond_t wcv;
     struct http_request *q_head, *q_tail;
     bool wquit;
+    // The front gate: its thread accepts on listen_fd and holds each new
+    // connection until its first request head is known good.
+    int gate_ep, gate_ev;
+    pthread_t gate;
+    bool gate_started;
+    struct gate_conn *gate_list;
+    int gate_n;
+    int gate_closing;            // of gate_n: refused, lingering
+    bool gate_any_dirty;
+    atomic_bool gate_quit;
+    double gate_paused_until;    // accept paused (out of descriptors) until then
+    double gate_handed_at;       // the last hand-off to MHD
+    char *peek;                  // HEAD_MAX bytes
     int epfd, evfd;
     pthread_t watcher;
     bool watcher_started;
@@ -107,6 +160,8 @@ struct http_request {
     bool raw_nul;                // the undecoded path had %00
     bool http11;                 // HTTP/1.1 or later: 1xx responses are understood
     bool too_large, responded, dispatched;
+    bool busy, busy_per_client;  // the body went over a budget while arriving (503)
+    size_t declared;             // Content-Length, when one was sent
     // On a worker: the connection is suspended and responses are built into
     // pending, queued by the connection's thread once the worker resumes it.
     bool offloaded, handled;
@@ -202,9 +257,10 @@ static void peer_put(struct http_server *s, struct http_peer *p)
     }
 }
 
-// Takes n bytes of the body budgets (all connections', and the address's)
-// for r; false, with nothing taken, when either would go over.
-static bool budget_take(struct http_request *r, size_t n, bool *per_client)
+// Whether n more bytes of r's body fit the body budgets (all connections',
+// and its address's); with take, they are taken when they do. False, with
+// nothing taken, when either would go over (*per_client says which).
+static bool budget_check(struct http_request *r, size_t n, bool take, bool *per_client)
 {
     struct http_server *s = r->s;
     struct http_peer *p = r->conn ? r->conn->peer : NULL;
@@ -215,7 +271,7 @@ static bool budget_take(struct http_request *r, size_t n, bool *per_client)
     *per_client = ok && p &&
                   (ms_add_overflow(p->buffered, n, &mine) ||
                    (s->o.max_buffered_bytes_per_client && mine > s->o.max_buffered_bytes_per_client));
-    if (ok && !*per_client) {
+    if (take && ok && !*per_client) {
         s->buffered = all;
         if (p) p->buffered = mine;
         r->reserved += n;
@@ -263,10 +319,12 @@ static void log_refusal(struct http_server *s, const char *peer, const char *why
                more ? " (and more refusals in the last second)" : "");
 }
 
-// A connection MHD has not read from yet is refused before any request: the
-// error envelope is written straight to the socket, then both directions are
-// shut, so MHD sees the end and closes it.
-static void conn_refuse(int fd, int http, const char *reason, const char *code, const char *msg)
+// The error envelope as a whole HTTP/1.1 response that closes the
+// connection, written straight to the socket: the gate's (MHD does not hold
+// it), or one whose request MHD has written nothing for yet. Its buffer
+// takes these few hundred bytes at once; what it would not take is dropped
+// rather than waited for (the caller shuts the socket after it).
+static void raw_answer(int fd, int http, const char *reason, const char *code, const char *msg)
 {
     struct oa_error e;
     memset(&e, 0, sizeof e);
@@ -276,16 +334,19 @@ static void conn_refuse(int fd, int http, const char *reason, const char *code, 
     json_decref(j);
     char head[256];
     int n = snprintf(head, sizeof head,
-                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n%s"
                      "Connection: close\r\nContent-Length: %zu\r\n\r\n",
-                     http, reason, body ? strlen(body) : 0);
+                     http, reason, http == 503 ? "Retry-After: 1\r\n" : "",
+                     body ? strlen(body) : 0);
     if (n > 0 && (size_t)n < sizeof head && send(fd, head, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL) == n &&
         body)
         send(fd, body, strlen(body), MSG_DONTWAIT | MSG_NOSIGNAL);
     free(body);
-    shutdown(fd, SHUT_RDWR);
 }
 
+// MHD announces a connection the gate handed it (STARTED, on the thread
+// that will serve it) and its end (CLOSED): the connection's accounting
+// moves from the hand-off list to s->conns, and is released at the end.
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode code)
 {
@@ -299,48 +360,33 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         else s->conns = k->next;
         if (k->next) k->next->prev = k->prev;
         k->peer->conns--;
+        s->n_conns--;
         peer_put(s, k->peer);
         pthread_mutex_unlock(&s->cmu);
         free(k);
         return;
     }
     const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    const union MHD_ConnectionInfo *ai = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     if (!fi) return;
-    char addr[INET6_ADDRSTRLEN];
-    addr_text(ai ? ai->client_addr : NULL, addr, sizeof addr);
-    struct http_conn *k = calloc(1, sizeof *k);
     pthread_mutex_lock(&s->cmu);
-    struct http_peer *p = k ? peer_get(s, addr) : NULL;
-    if (p) {
-        k->fd = fi->connect_fd;
-        k->peer = p;
-        k->phase = PHASE_HEAD;
-        k->since = ms_now();
-        k->refused = s->o.max_connections_per_client &&
-                     (unsigned)p->conns >= s->o.max_connections_per_client;
-        p->conns++;
+    struct http_conn **pp = &s->handoff;
+    while (*pp && (*pp)->fd != fi->connect_fd) pp = &(*pp)->next;
+    struct http_conn *k = *pp;
+    if (k) {
+        *pp = k->next;
+        k->prev = NULL;
         k->next = s->conns;
         if (s->conns) s->conns->prev = k;
         s->conns = k;
     }
     pthread_mutex_unlock(&s->cmu);
-    if (!p) {
-        // Untracked, it would escape the deadlines: better not served at all.
-        free(k);
+    if (!k) {
+        // Every connection comes through the gate, which lists it first; one
+        // that is not listed would escape the limits and the deadlines.
         shutdown(fi->connect_fd, SHUT_RDWR);
         return;
     }
     *socket_context = k;
-    if (k->refused) {
-        char msg[200];
-        snprintf(msg, sizeof msg,
-                 "this address already has %u connections open, the most one client may hold "
-                 "(--max-connections-per-client)",
-                 s->o.max_connections_per_client);
-        conn_refuse(k->fd, 503, "Service Unavailable", "too_many_connections", msg);
-        log_refusal(s, addr, "connection refused: over --max-connections-per-client");
-    }
 }
 
 static struct http_conn *conn_of(struct MHD_Connection *c)
@@ -379,7 +425,7 @@ static void conns_scan(struct http_server *s)
     double now = ms_now();
     pthread_mutex_lock(&s->cmu);
     for (struct http_conn *k = s->conns; k; k = k->next) {
-        if (k->timed_out || k->refused) continue;
+        if (k->timed_out) continue;
         double age = now - k->since;
         const char *what = NULL, *flag = NULL;
         double limit = 0;
@@ -770,7 +816,10 @@ static const struct http_route *find_route(struct http_server *s, const char *me
 static void deferred_probe(struct http_async *a)
 {
     static const char probe[] = "HTTP/1.1 100 Continue\r\n\r\n";
-    if (a->http11 && a->fd >= 0 && !a->closed)
+    // Only into an empty send queue: a fuller one might take part of the
+    // probe, and half an interim response would corrupt the real one.
+    int queued = -1;
+    if (a->http11 && a->fd >= 0 && !a->closed && ioctl(a->fd, SIOCOUTQ, &queued) == 0 && queued == 0)
         send(a->fd, probe, sizeof probe - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
@@ -864,6 +913,24 @@ static bool host_allowed(const struct http_server *s, const char *host)
     return false;
 }
 
+// What a body over the buffered-bytes budgets is told.
+static void busy_message(char *msg, size_t len, bool per_client)
+{
+    snprintf(msg, len, "%s request bodies are being received; retry shortly (%s)",
+             per_client ? "this address has too many bytes of" : "too many bytes of",
+             per_client ? "--max-buffered-bytes-per-client" : "--max-buffered-bytes");
+}
+
+// 503 for a body over the buffered-bytes budgets, through MHD.
+static void respond_busy(struct http_request *r, bool per_client)
+{
+    char msg[200];
+    busy_message(msg, sizeof msg, per_client);
+    http_add_header(r, "Retry-After", "1");
+    respond_simple_error(r, 503, "server_busy", "%s", msg);
+    log_refusal(r->s, r->peer[0] ? r->peer : "-", "body refused: over the buffered-bytes budget");
+}
+
 // The checks that need only the request line and headers, in the order a
 // client fixes them: a broken path, a host we do not serve, the route, the
 // key, the body's type and size. Returns false after answering.
@@ -941,18 +1008,16 @@ static bool head_acceptable(struct http_request *r, const char *url, const char 
                              n, s->o.max_body);
         return false;
     }
-    // A declared length is reserved whole, so that bodies still arriving
-    // count before their bytes do (half-sent bodies hold the budget, not memory).
+    // A declared length is checked against the budgets now, so that a body
+    // that cannot fit is refused before the client sends it; it is reserved
+    // only as it arrives (take_upload), so that declaring a length without
+    // sending the bytes holds nothing.
     bool per_client;
-    if (cl && n && !budget_take(r, (size_t)n, &per_client)) {
-        http_add_header(r, "Retry-After", "1");
-        respond_simple_error(r, 503, "server_busy",
-                             "%s request bodies are being received; retry shortly (%s)",
-                             per_client ? "this address has too many bytes of" : "too many bytes of",
-                             per_client ? "--max-buffered-bytes-per-client" : "--max-buffered-bytes");
-        log_refusal(s, r->peer[0] ? r->peer : "-", "body refused: over the buffered-bytes budget");
+    if (cl && n && !budget_check(r, (size_t)n, false, &per_client)) {
+        respond_busy(r, per_client);
         return false;
     }
+    r->declared = cl ? (size_t)n : 0;
     return true;
 }
 
@@ -976,37 +1041,52 @@ static enum MHD_Result first_call(struct http_server *s, struct MHD_Connection *
     conn_phase(s, r->conn, PHASE_BODY);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     addr_text(ci ? ci->client_addr : NULL, r->peer, sizeof r->peer);
-    head_acceptable(r, url, method);
+    // Refused: answered, or (out of memory) the connection is dropped,
+    // since a request without a route must not reach the handler.
+    if (!head_acceptable(r, url, method) && !r->responded) return MHD_NO;
     return MHD_YES;
 }
 
-// A piece of the body: kept within max_body and the budgets (what was not
-// reserved up front, a chunked body's, is reserved as the buffer grows).
+// A piece of the body: kept within max_body and the budgets, which are
+// reserved as the buffer grows. Over a budget, the body is dropped and the
+// request answered 503 once it is in (MHD takes no response mid-body).
 static enum MHD_Result take_upload(struct http_request *r, const char *data, size_t n)
 {
     struct http_server *s = r->s;
-    if (r->responded || r->too_large) return MHD_YES; // discarded
+    if (r->responded || r->too_large || r->busy) return MHD_YES; // discarded
     size_t need;
     if (ms_add_overflow(r->body.len, n, &need) || need > s->o.max_body) {
         r->too_large = true;
         body_free(r);
         return MHD_YES;
     }
-    // The buffer doubles from 4 KiB up to max_body + 1: reserve what it will hold.
+    // The buffer doubles from 4 KiB up to its max + 1 (the declared length,
+    // else max_body): reserve what it will hold.
+    size_t max = r->declared ? r->declared : s->o.max_body;
     size_t cap = 4096;
-    while (cap < need + 1 && cap <= s->o.max_body) cap *= 2;
-    if (cap > s->o.max_body + 1) cap = s->o.max_body + 1;
+    while (cap < need + 1 && cap <= max) cap *= 2;
+    if (cap > max + 1) cap = max + 1;
     bool per_client;
-    if (cap > r->reserved && !budget_take(r, cap - r->reserved, &per_client)) {
+    if (cap > r->reserved && !budget_check(r, cap - r->reserved, true, &per_client)) {
         body_free(r);
-        http_add_header(r, "Retry-After", "1");
-        respond_simple_error(r, 503, "server_busy",
-                             "too many bytes of request bodies are being received; retry shortly (%s)",
-                             per_client ? "--max-buffered-bytes-per-client" : "--max-buffered-bytes");
-        log_refusal(s, r->peer[0] ? r->peer : "-", "body refused: over the buffered-bytes budget");
+        r->busy = true;
+        // MHD takes no response mid-body, and the client may wait for one
+        // before sending the rest. MHD has written nothing for this request
+        // yet, so the 503 goes straight to the socket, which is then shut
+        // for writing; the rest of the body is read and dropped, and the
+        // connection closes once it is in (or its deadline passes).
+        if (r->conn) {
+            char msg[200];
+            busy_message(msg, sizeof msg, per_client);
+            raw_answer(r->conn->fd, 503, "Service Unavailable", "server_busy", msg);
+            shutdown(r->conn->fd, SHUT_WR);
+            r->status = 503;
+            log_refusal(s, r->peer[0] ? r->peer : "-", "body refused: over the buffered-bytes budget");
+        }
+        r->busy_per_client = per_client;
         return MHD_YES;
     }
-    r->body.max = s->o.max_body;
+    r->body.max = max;
     return ms_buf_append(&r->body, data, n) ? MHD_NO : MHD_YES;
 }
 
@@ -1105,6 +1185,11 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     if (r->too_large) {
         respond_simple_error(r, 413, "request_too_large",
                              "the request body is over %zu bytes (--max-request-body)", s->o.max_body);
+        return MHD_YES;
+    }
+    if (r->busy) {
+        if (r->status) return MHD_NO; // answered on the socket: close
+        respond_busy(r, r->busy_per_client);
         return MHD_YES;
     }
     if (r->async) return wait_deferred(r);
@@ -1305,6 +1390,368 @@ static void *watcher_main(void *arg)
     return NULL;
 }
 
+// ---- the front gate ----------------------------------------------------------------------
+//
+// MHD answers a request head it cannot take with its own HTML page, and at
+// its connection limit it stops accepting, so clients wait in the kernel's
+// queue. The gate accepts every connection itself, counts it against the
+// limits at once (503 in the error envelope beyond them), and peeks at its
+// first request head, answering one that http_head refuses in the envelope
+// too; a good head's connection is handed to MHD, its bytes still unread.
+// Only the first request of a connection is looked at: later ones on a
+// kept-alive connection, and malformed chunked bodies, still get MHD's pages.
+// All of it runs on the gate thread, except the hand-off's other end
+// (on_connection) and the accounting, which are under s->cmu.
+
+static char gate_tag_listen, gate_tag_stop; // epoll tags beside the gate_conns
+
+// The key one client's limits are counted under: its address, and for IPv6
+// its /64 (one host is commonly given a whole /64: counted by single
+// addresses, it could take every slot).
+static void peer_key(const struct sockaddr *sa, char *out, size_t len)
+{
+    if (sa && sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)(const void *)sa;
+        if (IN6_IS_ADDR_V4MAPPED(&a6->sin6_addr)) {
+            inet_ntop(AF_INET, &a6->sin6_addr.s6_addr[12], out, (socklen_t)len);
+            return;
+        }
+        struct in6_addr net = a6->sin6_addr;
+        memset(net.s6_addr + 8, 0, 8);
+        char t[INET6_ADDRSTRLEN];
+        inet_ntop(AF_INET6, &net, t, sizeof t);
+        snprintf(out, len, "%.*s/64", (int)(sizeof t - 1), t);
+        return;
+    }
+    addr_text(sa, out, len);
+}
+
+static void conn_release(struct http_server *s, struct http_conn *k)
+{
+    if (!k) return;
+    pthread_mutex_lock(&s->cmu);
+    k->peer->conns--;
+    s->n_conns--;
+    peer_put(s, k->peer);
+    pthread_mutex_unlock(&s->cmu);
+    free(k);
+}
+
+static void gate_unlist(struct http_server *s, struct gate_conn *g)
+{
+    epoll_ctl(s->gate_ep, EPOLL_CTL_DEL, g->fd, NULL);
+    if (g->prev) g->prev->next = g->next;
+    else s->gate_list = g->next;
+    if (g->next) g->next->prev = g->prev;
+    s->gate_n--;
+}
+
+static void gate_close(struct http_server *s, struct gate_conn *g)
+{
+    gate_unlist(s, g);
+    if (g->closing) s->gate_closing--;
+    close(g->fd);
+    conn_release(s, g->k);
+    free(g);
+}
+
+// A refused connection: reads and drops what its client sends, and closes
+// once the client has shut its side or sent more than it is worth reading.
+// May free g.
+static void gate_drain(struct http_server *s, struct gate_conn *g)
+{
+    for (;;) {
+        ssize_t n = recv(g->fd, s->peek, HEAD_MAX, MSG_DONTWAIT);
+        if (n > 0 && (g->drained += (size_t)n) <= LINGER_BYTES) continue;
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        gate_close(s, g);
+        return;
+    }
+}
+
+// Answers g in the error envelope and closes it: at once when many are
+// lingering already (a flood must not hold a descriptor each), else after
+// reading what its client still sends. May free g.
+static void gate_refuse(struct http_server *s, struct gate_conn *g, int http, const char *reason,
+                        const char *code, const char *msg)
+{
+    raw_answer(g->fd, http, reason, code, msg);
+    shutdown(g->fd, SHUT_WR);
+    g->closing = true;
+    g->since = ms_now();
+    conn_release(s, g->k); // a refused connection holds no slot
+    g->k = NULL;
+    s->gate_closing++;
+    if (s->gate_closing > LINGER_MAX) gate_close(s, g);
+    else gate_drain(s, g);
+}
+
+// The head is good: the connection goes to MHD with its bytes unread. Its
+// accounting waits in s->handoff until MHD announces it (on_connection).
+static void gate_hand_over(struct http_server *s, struct gate_conn *g)
+{
+    gate_unlist(s, g);
+    struct http_conn *k = g->k;
+    pthread_mutex_lock(&s->cmu);
+    k->prev = NULL;
+    k->next = s->handoff;
+    s->handoff = k;
+    k->since = g->since;
+    pthread_mutex_unlock(&s->cmu);
+    s->gate_handed_at = ms_now();
+    if (MHD_add_connection(s->d, g->fd, (const struct sockaddr *)&g->sa, g->salen) != MHD_YES) {
+        // MHD has closed the socket; unless it announced the connection
+        // first (then its CLOSED releases k), k is still ours.
+        pthread_mutex_lock(&s->cmu);
+        struct http_conn **pp = &s->handoff;
+        while (*pp && *pp != k) pp = &(*pp)->next;
+        bool ours = *pp == k;
+        if (ours) *pp = k->next;
+        pthread_mutex_unlock(&s->cmu);
+        if (ours) conn_release(s, k);
+        log_refusal(s, "-", "a connection could not be handed to the HTTP threads (out of memory?)");
+    }
+    free(g);
+}
+
+// Looks at what g's client has sent so far. May free g.
+static void gate_look(struct http_server *s, struct gate_conn *g)
+{
+    g->dirty = false;
+    g->last_peek = ms_now();
+    ssize_t n;
+    do n = recv(g->fd, s->peek, HEAD_MAX, MSG_PEEK | MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n <= 0) { // gone before a request, or reset
+        gate_close(s, g);
+        return;
+    }
+    struct http_head_verdict v;
+    switch (http_head_check(s->peek, (size_t)n, HEAD_MAX, g->eof, &v)) {
+    case HTTP_HEAD_MORE:
+        return;
+    case HTTP_HEAD_OK:
+        gate_hand_over(s, g);
+        return;
+    case HTTP_HEAD_REFUSE: {
+        char addr[INET6_ADDRSTRLEN];
+        addr_text((const struct sockaddr *)&g->sa, addr, sizeof addr);
+        // One line, like an access log line; v.message is printable ASCII.
+        ms_log(MS_LOG_INFO, "%s - - %d refused before the request: %s", addr[0] ? addr : "-",
+               v.status, v.message);
+        gate_refuse(s, g, v.status, v.reason, v.code, v.message);
+        return;
+    }
+    }
+}
+
+// A new connection: counted against the limits, or refused beyond them.
+static void gate_admit(struct http_server *s, int fd, const struct sockaddr_storage *sa,
+                       socklen_t salen)
+{
+    struct gate_conn *g = calloc(1, sizeof *g);
+    struct http_conn *k = calloc(1, sizeof *k);
+    if (!g || !k) {
+        free(g);
+        free(k);
+        close(fd);
+        return;
+    }
+    char key[PEER_KEY_MAX];
+    peer_key((const struct sockaddr *)sa, key, sizeof key);
+    g->fd = fd;
+    g->sa = *sa;
+    g->salen = salen;
+    g->since = ms_now();
+    enum { ADMITTED, NO_MEMORY, OVER_ALL, OVER_CLIENT } why = ADMITTED;
+    pthread_mutex_lock(&s->cmu);
+    struct http_peer *p = peer_get(s, key);
+    if (!p) why = NO_MEMORY;
+    else if (s->o.max_connections && s->n_conns >= s->o.max_connections) why = OVER_ALL;
+    else if (s->o.max_connections_per_client &&
+             (unsigned)p->conns >= s->o.max_connections_per_client)
+        why = OVER_CLIENT;
+    if (why == ADMITTED) {
+        p->conns++;
+        s->n_conns++;
+        k->fd = fd;
+        k->peer = p;
+        k->phase = PHASE_HEAD;
+        g->k = k;
+    } else if (p) {
+        peer_put(s, p);
+    }
+    pthread_mutex_unlock(&s->cmu);
+    if (!g->k) free(k);
+    g->next = s->gate_list;
+    if (s->gate_list) s->gate_list->prev = g;
+    s->gate_list = g;
+    s->gate_n++;
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.ptr = g};
+    if (epoll_ctl(s->gate_ep, EPOLL_CTL_ADD, fd, &ev)) {
+        gate_close(s, g);
+        return;
+    }
+    char msg[240];
+    switch (why) {
+    case ADMITTED:
+        return; // its bytes, already there or not, raise an event
+    case NO_MEMORY:
+        gate_refuse(s, g, 503, "Service Unavailable", "server_busy",
+                    "the server is out of memory; retry shortly");
+        return;
+    case OVER_ALL:
+        snprintf(msg, sizeof msg,
+                 "the server has %u connections open, the most it takes (--max-connections); "
+                 "retry shortly",
+                 s->o.max_connections);
+        gate_refuse(s, g, 503, "Service Unavailable", "too_many_connections", msg);
+        log_refusal(s, key, "connection refused: over --max-connections");
+        return;
+    case OVER_CLIENT:
+        snprintf(msg, sizeof msg,
+                 "this address already has %u connections open, the most one client may hold "
+                 "(--max-connections-per-client)",
+                 s->o.max_connections_per_client);
+        gate_refuse(s, g, 503, "Service Unavailable", "too_many_connections", msg);
+        log_refusal(s, key, "connection refused: over --max-connections-per-client");
+        return;
+    }
+}
+
+static void gate_accept(struct http_server *s)
+{
+    for (;;) {
+        struct sockaddr_storage sa;
+        socklen_t salen = sizeof sa;
+        int fd = accept4(s->listen_fd, (struct sockaddr *)&sa, &salen, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+            gate_admit(s, fd, &sa, salen);
+            continue;
+        }
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            // The listener stays readable, so waiting on it would spin:
+            // accepting pauses a moment, the kernel's queue holds the clients.
+            epoll_ctl(s->gate_ep, EPOLL_CTL_DEL, s->listen_fd, NULL);
+            s->gate_paused_until = ms_now() + 0.1;
+            log_refusal(s, "-",
+                        "cannot accept connections: out of file descriptors (raise the open-file "
+                        "limit, LimitNOFILE=, or lower --max-connections)");
+        }
+        return;
+    }
+}
+
+// Deadlines: a head not in within --request-header-timeout (the idle
+// timeout when that is off) is answered 408 when part of it came, else the
+// connection is closed quietly (browsers open connections ahead of use);
+// refused connections are closed after LINGER_S. Heads that arrived in
+// pieces faster than PEEK_EVERY_S are looked at here.
+static void gate_sweep(struct http_server *s)
+{
+    double now = ms_now();
+    if (s->gate_paused_until > 0 && now >= s->gate_paused_until) {
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &gate_tag_listen};
+        epoll_ctl(s->gate_ep, EPOLL_CTL_ADD, s->listen_fd, &ev);
+        s->gate_paused_until = 0;
+        gate_accept(s);
+    }
+    double limit = s->o.header_timeout_s > 0 ? s->o.header_timeout_s : s->o.idle_timeout_s;
+    s->gate_any_dirty = false;
+    struct gate_conn *next;
+    for (struct gate_conn *g = s->gate_list; g; g = next) {
+        next = g->next;
+        if (g->closing) {
+            if (now - g->since > LINGER_S) gate_close(s, g);
+        } else if (limit > 0 && now - g->since > limit) {
+            int unread = 0;
+            if (ioctl(g->fd, FIONREAD, &unread) == 0 && unread > 0) {
+                char msg[160];
+                snprintf(msg, sizeof msg,
+                         "the request headers did not arrive within %gs "
+                         "(--request-header-timeout)",
+                         limit);
+                gate_refuse(s, g, 408, "Request Timeout", "request_timeout", msg);
+            } else {
+                gate_close(s, g);
+            }
+        } else if (g->dirty && now - g->last_peek >= PEEK_EVERY_S) {
+            gate_look(s, g);
+        } else if (g->dirty) {
+            s->gate_any_dirty = true;
+        }
+    }
+    // A connection MHD took but never announced (its set-up failed after
+    // MHD_add_connection returned) would hold its slot forever.
+    if (s->handoff && now - s->gate_handed_at > 10) {
+        pthread_mutex_lock(&s->cmu);
+        struct http_conn *stale = s->handoff;
+        s->handoff = NULL;
+        pthread_mutex_unlock(&s->cmu);
+        while (stale) {
+            struct http_conn *k = stale;
+            stale = k->next;
+            conn_release(s, k);
+        }
+    }
+}
+
+static void *gate_main(void *arg)
+{
+    struct http_server *s = arg;
+    pthread_setname_np(pthread_self(), "http-gate");
+    struct epoll_event ev[64];
+    int tick_ms = 250;
+    if (s->o.header_timeout_s > 0 && s->o.header_timeout_s * 250 < tick_ms)
+        tick_ms = (int)(s->o.header_timeout_s * 250);
+    if (tick_ms < 10) tick_ms = 10;
+    double last_sweep = ms_now();
+    while (!atomic_load(&s->gate_quit)) {
+        int n = epoll_wait(s->gate_ep, ev, 64, s->gate_any_dirty ? 10 : tick_ms);
+        for (int i = 0; i < n; i++) {
+            void *tag = ev[i].data.ptr;
+            if (tag == &gate_tag_stop) continue;
+            if (tag == &gate_tag_listen) {
+                gate_accept(s);
+                continue;
+            }
+            // Each connection appears once per batch, and only its own
+            // event or the sweep (after the batch) frees it.
+            struct gate_conn *g = tag;
+            if (ev[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) g->eof = true;
+            if (g->closing) {
+                gate_drain(s, g);
+            } else if (ms_now() - g->last_peek >= PEEK_EVERY_S) {
+                gate_look(s, g);
+            } else {
+                g->dirty = true;
+                s->gate_any_dirty = true;
+            }
+        }
+        double now = ms_now();
+        if (s->gate_any_dirty || now - last_sweep >= tick_ms / 1000.0) {
+            last_sweep = now;
+            gate_sweep(s);
+        }
+    }
+    while (s->gate_list) gate_close(s, s->gate_list);
+    return NULL;
+}
+
+static void gate_stop(struct http_server *s)
+{
+    if (!s->gate_started) return;
+    atomic_store(&s->gate_quit, true);
+    uint64_t one = 1;
+    ssize_t w = write(s->gate_ev, &one, sizeof one);
+    (void)w;
+    pthread_join(s->gate, NULL);
+    s->gate_started = false;
+}
+
 // ---- start and stop ------------------------------------------------------------------------------
 
 static void mhd_log(void *cls, const char *fmt, va_list ap)
@@ -1384,6 +1831,10 @@ static int hosts_copy(struct http_server *s, const struct http_opts *o)
 
 static void server_free(struct http_server *s)
 {
+    if (s->listen_fd >= 0) close(s->listen_fd);
+    if (s->gate_ep >= 0) close(s->gate_ep);
+    if (s->gate_ev >= 0) close(s->gate_ev);
+    free(s->peek);
     if (s->epfd >= 0) close(s->epfd);
     if (s->evfd >= 0) close(s->evfd);
     pthread_mutex_destroy(&s->mu);
@@ -1411,7 +1862,7 @@ int http_start(const struct http_opts *o, struct http_server **out, char *err, s
     struct http_server *s = calloc(1, sizeof *s);
     if (!s) return ms_err(err, errlen, MS_ENOMEM, "out of memory starting the HTTP server");
     s->o = *o;
-    s->listen_fd = s->epfd = s->evfd = -1;
+    s->listen_fd = s->epfd = s->evfd = s->gate_ep = s->gate_ev = -1;
     if (s->o.threads < 1) s->o.threads = 1;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->cmu, NULL);
@@ -1433,16 +1884,25 @@ int http_start(const struct http_opts *o, struct http_server **out, char *err, s
 
     bool v6 = false;
     if ((rc = listen_open(o, &s->listen_fd, &v6, err, errlen))) goto fail;
+    struct sockaddr_storage bound;
+    socklen_t blen = sizeof bound;
+    s->port = o->port;
+    if (!getsockname(s->listen_fd, (struct sockaddr *)&bound, &blen))
+        s->port = ntohs(bound.ss_family == AF_INET6
+                            ? ((struct sockaddr_in6 *)(void *)&bound)->sin6_port
+                            : ((struct sockaddr_in *)(void *)&bound)->sin_port);
+    // The gate accepts (MHD has no listening socket) and hands connections
+    // over with MHD_add_connection, which needs MHD's inter-thread channel.
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
-                     MHD_USE_ERROR_LOG;
+                     MHD_USE_ERROR_LOG | MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC;
     if (v6) flags |= MHD_USE_IPv6;
+    // The gate enforces max_connections over all threads; MHD splits its
+    // own limit among them, so it gets room to spare (and each thread one).
     unsigned limit = o->max_connections ? o->max_connections : 4096;
-    // MHD splits the limit among its threads; each gets at least one.
-    if (limit < (unsigned)s->o.threads) limit = (unsigned)s->o.threads;
+    limit += (unsigned)s->o.threads * 16;
     s->d = MHD_start_daemon(
         flags, 0, NULL, NULL, on_access, s,
         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, (void *)NULL,
-        MHD_OPTION_LISTEN_SOCKET, s->listen_fd,
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->o.threads,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
@@ -1455,9 +1915,28 @@ int http_start(const struct http_opts *o, struct http_server **out, char *err, s
         rc = ms_err(err, errlen, MS_EIO, "cannot start the HTTP server on port %d", o->port);
         goto fail;
     }
-    s->listen_fd = -1; // MHD's now: it closes it when stopped
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? di->port : o->port;
+    s->gate_ep = epoll_create1(EPOLL_CLOEXEC);
+    s->gate_ev = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    s->peek = malloc(HEAD_MAX);
+    if (s->gate_ep < 0 || s->gate_ev < 0 || !s->peek) {
+        rc = ms_err(err, errlen, MS_EIO, "cannot start the HTTP front gate: %s",
+                    s->peek ? strerror(errno) : "out of memory");
+        goto fail;
+    }
+    struct epoll_event gev = {.events = EPOLLIN, .data.ptr = &gate_tag_stop};
+    struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &gate_tag_listen};
+    int flags_fd = fcntl(s->listen_fd, F_GETFL);
+    if (flags_fd < 0 || fcntl(s->listen_fd, F_SETFL, flags_fd | O_NONBLOCK) ||
+        epoll_ctl(s->gate_ep, EPOLL_CTL_ADD, s->gate_ev, &gev) ||
+        epoll_ctl(s->gate_ep, EPOLL_CTL_ADD, s->listen_fd, &lev)) {
+        rc = ms_err(err, errlen, MS_EIO, "cannot start the HTTP front gate: %s", strerror(errno));
+        goto fail;
+    }
+    if (pthread_create(&s->gate, NULL, gate_main, s)) {
+        rc = ms_err(err, errlen, MS_EIO, "cannot start the HTTP front gate thread");
+        goto fail;
+    }
+    s->gate_started = true;
     if (pthread_create(&s->watcher, NULL, watcher_main, s)) {
         rc = ms_err(err, errlen, MS_EIO, "cannot start the HTTP watcher thread");
         goto fail;
@@ -1477,6 +1956,7 @@ int http_start(const struct http_opts *o, struct http_server **out, char *err, s
     *out = s;
     return 0;
 fail:
+    gate_stop(s);
     workers_stop(s);
     if (s->d) MHD_stop_daemon(s->d);
     if (s->watcher_started) {
@@ -1486,7 +1966,6 @@ fail:
         (void)w;
         pthread_join(s->watcher, NULL);
     }
-    if (s->listen_fd >= 0) close(s->listen_fd);
     server_free(s);
     return rc;
 }
@@ -1525,6 +2004,7 @@ void http_stop(struct http_server *s, double timeout_s)
 {
     if (!s) return;
     atomic_store(&s->stopping, true);
+    gate_stop(s); // no new connections; those whose head was arriving are closed
     double end = ms_now() + timeout_s;
     // MHD must not be stopped with connections suspended: wake them until they are done.
     do {

@@ -1,6 +1,9 @@
-// http: the HTTP/1.1 front end on libmicrohttpd's epoll thread pool —
-// routing, API-key auth, request bodies, and responses that wait (deferred
-// or streamed) without holding a thread, resumed by whoever produces them.
+// http: the HTTP/1.1 front end — a gate thread that accepts connections,
+// holds each to the connection limits and checks its first request head
+// (server/http_head.h) so that every refusal is JSON, then libmicrohttpd's
+// epoll thread pool: routing, API-key auth, request bodies, and responses
+// that wait (deferred or streamed) without holding a thread, resumed by
+// whoever produces them.
 #ifndef MOESERVE_SERVER_HTTP_H
 #define MOESERVE_SERVER_HTTP_H
 
@@ -59,8 +62,9 @@ struct http_opts {
                                  // connection's start (slowloris); after a response, within
                                  // the longer of this and idle_timeout_s
     double body_timeout_s;       // and its body within this long of its headers
-    unsigned max_connections;    // at once, all clients together (beyond: not accepted until one ends)
-    unsigned max_connections_per_client; // at once from one address (beyond: 503 and closed)
+    unsigned max_connections;    // at once, all clients together (beyond: 503 and closed)
+    unsigned max_connections_per_client; // at once from one address, or one IPv6 /64
+                                         // (beyond: 503 and closed)
     size_t max_buffered_bytes;   // request bodies held in memory, all connections together (503)
     size_t max_buffered_bytes_per_client; // the same for one address (503)
     // Host header names (no port; case-insensitive) requests may carry, to

@@ -1,10 +1,12 @@
 // Pins the HTTP layer on loopback with libcurl and raw sockets: routing,
 // 404/405/401/413, deferred and streamed responses woken from other
 // threads, hang-up detection while suspended, keep-alive comments, bodies
-// sent slowly, malformed HTTP, and many concurrent streams on few threads;
-// then what one hostile client can hold: the port, connections, buffered
-// bodies, slow requests, and what it can slip past (NUL paths, non-JSON
-// bodies, foreign Host names, half-closes).
+// sent slowly, malformed HTTP (answered in the error envelope by the front
+// gate), and many concurrent streams on few threads; then what one hostile
+// client can hold: the port, connections, buffered bodies (declared, or over
+// the budget mid-way), slow requests, and what it can slip past (NUL paths,
+// non-JSON bodies, foreign Host names, half-closes, requests on refused
+// connections).
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -26,7 +28,7 @@
 #include "server/http.h"
 #include "tests/server/client.h"
 
-static atomic_int g_gone, g_released;
+static atomic_int g_gone, g_released, g_echoed;
 static struct http_server *g_srv;
 static int g_port;
 
@@ -114,6 +116,7 @@ static void h_hello(void *app, struct http_request *r)
 static void h_echo(void *app, struct http_request *r)
 {
     (void)app;
+    atomic_fetch_add(&g_echoed, 1);
     size_t n;
     const char *b = http_body(r, &n);
     http_respond(r, 200, "application/octet-stream", b, n);
@@ -583,23 +586,46 @@ static void slow_bodies_and_malformed_http(void **state)
     assert_non_null(strstr(buf, "hello world"));
     close(fd);
 
-    const char *bad[] = {
-        "GARBAGE\r\n\r\n",
-        "GET / HTTP/9.9\r\n\r\n",
-        "GET /hello HTTP/1.1\r\nNo-Colon-Header\r\n\r\n",
-        "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
-        "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-        "\x01\x02\x03\xff\r\n\r\n",
+    // Heads MHD would answer with its own HTML page get the error envelope
+    // from the gate (issue 21 item 9), each with its status.
+    static char big[80 * 1024];
+    memset(big, 0, sizeof big);
+    strcpy(big, "GET /hello HTTP/1.1\r\nHost: x\r\nX-Big: ");
+    memset(big + strlen(big), 'a', 70 * 1024);
+    strcat(big, "\r\n\r\n");
+    const struct {
+        const char *head;
+        const char *status;
+    } bad[] = {
+        {"GARBAGE\r\n\r\n", " 400 "},
+        {"GET / HTTP/9.9\r\n\r\n", " 505 "},
+        {"GET /hello HTTP/2.0\r\nHost: x\r\n\r\n", " 505 "},
+        {"GET /hello HTTP/1.1\r\nNo-Colon-Header\r\n\r\n", " 400 "},
+        {"GET /hello HTTP/1.1\r\nAuthorization: Bearer k\r\n\r\n", " 400 "}, // no Host
+        {"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n", " 400 "},
+        {"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+         " 400 "},
+        {"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", " 501 "},
+        {"\x01\x02\x03\xff\r\n\r\n", " 400 "},
+        {big, " 431 "},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         fd = connect_raw();
-        send(fd, bad[i], strlen(bad[i]), MSG_NOSIGNAL);
+        send_all(fd, bad[i].head);
         shutdown(fd, SHUT_WR);
         size_t n = client_read_until(fd, buf, sizeof buf, NULL);
-        // Either an error status or a closed connection; never a 200.
-        if (n) assert_null(strstr(buf, " 200 "));
         close(fd);
+        if (!n || !strstr(buf, bad[i].status) || !strstr(buf, "application/json") ||
+            !strstr(buf, "\"message\""))
+            fail_msg("head %zu: wanted%sin the error envelope, got: %.300s", i, bad[i].status, buf);
     }
+    // A malformed chunked body is past the head: MHD's page, or a close; never a 200.
+    fd = connect_raw();
+    send_all(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
+                 "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n");
+    shutdown(fd, SHUT_WR);
+    if (client_read_until(fd, buf, sizeof buf, NULL)) assert_null(strstr(buf, " 200 "));
+    close(fd);
     // Half a request, then silence, then gone.
     fd = connect_raw();
     send_all(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc");
@@ -699,11 +725,12 @@ static int close_waits(int port)
     return n;
 }
 
-// At the connection limit, new connections wait in the kernel's queue; some
-// clients give up and hang up there. When room comes, the server accepts
-// them and must notice at once that they are gone (issue 21 item 5: they
-// sat in CLOSE-WAIT until the idle timeout, here 30 s).
-static void clients_that_left_while_queued_are_closed_promptly(void **state)
+// At the connection limit, a new connection is answered 503 in the error
+// envelope at once and closed. (Left to MHD, it waited in the kernel's
+// queue, and one whose client gave up there sat in CLOSE-WAIT until the
+// idle timeout, 30 s here: issue 21 item 5.) A client that connects and
+// leaves before sending anything is closed promptly too.
+static void connections_over_the_limit_are_refused_at_once(void **state)
 {
     (void)state;
     struct http_opts o = test_opts();
@@ -711,33 +738,43 @@ static void clients_that_left_while_queued_are_closed_promptly(void **state)
     o.max_connections_per_client = 16;
     struct http_server *s = start_other(&o);
     char buf[4096];
-    int held[2], queued[5];
+    int held[2];
     for (int i = 0; i < 2; i++) {
         held[i] = connect_from("127.0.0.1");
         send_all(held[i], "GET /open HTTP/1.1\r\nHost: x\r\n\r\n");
         client_read_until(held[i], buf, sizeof buf, "hi");
     }
-    for (int i = 0; i < 5; i++) queued[i] = connect_from("127.0.0.1"); // the kernel completes them
-    for (int i = 0; i < 5; i++) close(queued[i]);                      // and they leave
-    // Proof the scenario happened: the hung-up ones wait on the server's side
-    // (CLOSE_WAIT in the queue) while the limit holds ...
-    int waiting = 0;
-    for (int t = 0; t < 40 && waiting < 5; t++) {
-        waiting = close_waits(g_port);
-        if (waiting < 5) usleep(50 * 1000);
+    for (int i = 0; i < 5; i++) {
+        double t0 = ms_now();
+        int fd = connect_from("127.0.0.1");
+        size_t n = client_read_until(fd, buf, sizeof buf, NULL);
+        close(fd);
+        assert_true(n > 0);
+        assert_non_null(strstr(buf, " 503 "));
+        assert_non_null(strstr(buf, "\"too_many_connections\""));
+        assert_non_null(strstr(buf, "--max-connections"));
+        assert_true(ms_now() - t0 < 5);
     }
-    assert_int_equal(waiting, 5);
-    // ... then room comes, and well before the 30 s idle timeout none is left.
-    for (int i = 0; i < 2; i++) close(held[i]);
+    // Clients that connect and leave while the limit holds leave nothing behind.
+    for (int i = 0; i < 5; i++) close(connect_from("127.0.0.1"));
     int left = -1;
     for (int t = 0; t < 100 && left != 0; t++) {
         left = close_waits(g_port);
         if (left) usleep(50 * 1000);
     }
     assert_int_equal(left, 0);
-    struct resp r = request("GET", "/open", NULL, 0, NULL); // and the server still serves
+    // Room comes back as soon as a held connection ends.
+    close(held[0]);
+    struct resp r;
+    for (int t = 0; t < 50; t++) {
+        r = request("GET", "/open", NULL, 0, NULL);
+        if (r.status == 200) break;
+        free(r.body);
+        usleep(20 * 1000);
+    }
     assert_int_equal(r.status, 200);
     free(r.body);
+    close(held[1]);
     end_other(s);
 }
 
@@ -804,6 +841,107 @@ static void half_sent_bodies_hold_no_more_than_the_budget(void **state)
                   N, during, refused);
     assert_true(refused >= N - 4);
     assert_true(during - before < 12 * 1024);
+}
+
+// A body with no declared length (chunked) that goes over the per-address
+// budget while arriving is answered 503 at once in the error envelope (MHD
+// takes no response mid-body: it was dropped, and the request ran on an
+// emptied body), and the handler never runs.
+static void a_body_over_the_budget_mid_way_gets_503(void **state)
+{
+    (void)state;
+    struct http_opts o = test_opts();
+    o.max_body = 1 << 20;
+    o.max_buffered_bytes = 16 << 20;
+    o.max_buffered_bytes_per_client = 64 << 10;
+    struct http_server *s = start_other(&o);
+    int before = atomic_load(&g_echoed);
+    int fd = connect_raw();
+    send_all(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
+                 "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
+    static char chunk[16384 + 16];
+    snprintf(chunk, sizeof chunk, "4000\r\n");
+    memset(chunk + 6, '1', 16384);
+    memcpy(chunk + 6 + 16384, "\r\n", 3);
+    struct timeval tv = {.tv_sec = 2};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    for (int i = 0; i < 16; i++) // 256 KiB in all
+        if (send(fd, chunk, 6 + 16384 + 2, MSG_NOSIGNAL) <= 0) break;
+    send(fd, "0\r\n\r\n", 5, MSG_NOSIGNAL);
+    char buf[4096];
+    size_t n = client_read_until(fd, buf, sizeof buf, "}}");
+    close(fd);
+    assert_true(n > 0);
+    if (!strstr(buf, " 503 ") || !strstr(buf, "\"server_busy\"") ||
+        !strstr(buf, "--max-buffered-bytes-per-client"))
+        fail_msg("wanted a 503 in the error envelope, got: %.300s", buf);
+    usleep(100 * 1000);
+    assert_int_equal(atomic_load(&g_echoed), before);
+    end_other(s);
+}
+
+// A declared Content-Length is checked against the budgets but reserved
+// only as its bytes arrive: clients that declare large bodies and send
+// nothing hold no budget, and others' bodies are taken meanwhile.
+static void declared_lengths_hold_nothing_until_their_bytes_arrive(void **state)
+{
+    (void)state;
+    struct http_opts o = test_opts();
+    o.max_body = 1 << 20;
+    o.max_buffered_bytes = 2 << 20;
+    o.max_buffered_bytes_per_client = 2 << 20;
+    struct http_server *s = start_other(&o);
+    const char *from[] = {"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"};
+    int idle[4];
+    char head[256];
+    snprintf(head, sizeof head,
+             "POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
+             "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n", 900 << 10);
+    for (int i = 0; i < 4; i++) {
+        idle[i] = connect_from(from[i]);
+        send_all(idle[i], head);
+    }
+    usleep(100 * 1000);
+    size_t len = 600 << 10;
+    char *body = malloc(len);
+    memset(body, '2', len);
+    struct resp r = request("POST", "/echo", body, len, "k");
+    assert_int_equal(r.status, 200);
+    assert_int_equal(r.len, len);
+    free(r.body);
+    free(body);
+    for (int i = 0; i < 4; i++) close(idle[i]);
+    end_other(s);
+}
+
+// A connection over its address's limit is answered 503 and closed before
+// MHD reads from it: a request its client sent at once is never run.
+static void a_refused_connection_runs_no_request(void **state)
+{
+    (void)state;
+    struct http_opts o = test_opts();
+    o.max_connections_per_client = 2;
+    struct http_server *s = start_other(&o);
+    char buf[4096];
+    int held[2];
+    for (int i = 0; i < 2; i++) {
+        held[i] = connect_from("127.0.0.6");
+        send_all(held[i], "GET /open HTTP/1.1\r\nHost: x\r\n\r\n");
+        client_read_until(held[i], buf, sizeof buf, "hi");
+    }
+    int before = atomic_load(&g_echoed);
+    int fd = connect_from("127.0.0.6");
+    send_all(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
+                 "Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}");
+    size_t n = client_read_until(fd, buf, sizeof buf, NULL);
+    close(fd);
+    assert_true(n > 0);
+    assert_non_null(strstr(buf, " 503 "));
+    assert_non_null(strstr(buf, "\"too_many_connections\""));
+    usleep(200 * 1000);
+    assert_int_equal(atomic_load(&g_echoed), before);
+    for (int i = 0; i < 2; i++) close(held[i]);
+    end_other(s);
 }
 
 // A request must arrive whole in time, however slowly its bytes trickle.
@@ -1024,8 +1162,11 @@ int main(void)
         cmocka_unit_test(many_concurrent_streams_on_two_threads),
         cmocka_unit_test(a_busy_port_is_refused_unless_shared_on_purpose),
         cmocka_unit_test(one_address_cannot_take_every_connection),
-        cmocka_unit_test(clients_that_left_while_queued_are_closed_promptly),
+        cmocka_unit_test(connections_over_the_limit_are_refused_at_once),
         cmocka_unit_test(half_sent_bodies_hold_no_more_than_the_budget),
+        cmocka_unit_test(a_body_over_the_budget_mid_way_gets_503),
+        cmocka_unit_test(declared_lengths_hold_nothing_until_their_bytes_arrive),
+        cmocka_unit_test(a_refused_connection_runs_no_request),
         cmocka_unit_test(slow_requests_are_cut_at_their_deadline),
         cmocka_unit_test(a_nul_in_the_path_is_a_400),
         cmocka_unit_test(bodies_must_be_declared_json),
