@@ -51,6 +51,9 @@
 // client sending a byte at a time cannot make the gate copy its whole head
 // per byte.
 #define PEEK_EVERY_S 0.01
+// A body declared over --max-request-body by at most this much is read and
+// dropped before its 413 (see head_acceptable).
+#define BODY_DISCARD_MAX (16u << 20)
 
 // One client address: what its connections hold together (under s->cmu).
 #define PEER_KEY_MAX (INET6_ADDRSTRLEN + 4) // an address, or an IPv6 /64 ("2001:db8::/64")
@@ -931,6 +934,19 @@ static void respond_busy(struct http_request *r, bool per_client)
     log_refusal(r->s, r->peer[0] ? r->peer : "-", "body refused: over the buffered-bytes budget");
 }
 
+static void respond_too_large(struct http_request *r)
+{
+    if (r->declared)
+        respond_simple_error(r, 413, "request_too_large",
+                             "the request body is %zu bytes; this server takes at most %zu "
+                             "(--max-request-body)",
+                             r->declared, r->s->o.max_body);
+    else
+        respond_simple_error(r, 413, "request_too_large",
+                             "the request body is over %zu bytes (--max-request-body)",
+                             r->s->o.max_body);
+}
+
 // The checks that need only the request line and headers, in the order a
 // client fixes them: a broken path, a host we do not serve, the route, the
 // key, the body's type and size. Returns false after answering.
@@ -1002,10 +1018,19 @@ static bool head_acceptable(struct http_request *r, const char *url, const char 
         return false;
     }
     if (cl && n > s->o.max_body) {
-        respond_simple_error(r, 413, "request_too_large",
-                             "the request body is %llu bytes; this server takes at most %zu "
-                             "(--max-request-body)",
-                             n, s->o.max_body);
+        // Answered now, a client that sends its body at once (no Expect:
+        // 100-continue, as most SDKs) is still sending when the connection
+        // closes, and the close resets the connection, which can destroy the
+        // answer before the client reads it. Within BODY_DISCARD_MAX past the
+        // limit, the body is read and dropped first, and the 413 follows it.
+        const char *expect = http_header(r, MHD_HTTP_HEADER_EXPECT);
+        bool waits = expect && !strcasecmp(expect, "100-continue");
+        r->declared = (size_t)n;
+        if (!waits && n - s->o.max_body <= BODY_DISCARD_MAX) {
+            r->too_large = true;
+            return true;
+        }
+        respond_too_large(r);
         return false;
     }
     // A declared length is checked against the budgets now, so that a body
@@ -1183,8 +1208,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     }
     if (r->responded) return MHD_YES;
     if (r->too_large) {
-        respond_simple_error(r, 413, "request_too_large",
-                             "the request body is over %zu bytes (--max-request-body)", s->o.max_body);
+        respond_too_large(r);
         return MHD_YES;
     }
     if (r->busy) {
