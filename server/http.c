@@ -37,20 +37,28 @@
 #define MAX_EXTRA_HEADERS 4
 #define STREAM_BLOCK 16384
 #define PEER_BUCKETS 1024
-// The most bytes a request head may take (431 beyond). It must fit MHD's
-// per-connection memory (MHD_OPTION_CONNECTION_MEMORY_LIMIT, 128 KiB) with
-// room to spare, so that what the gate passes MHD takes too.
-#define HEAD_MAX (64 * 1024)
+// The most bytes a request head may take (431 beyond; nginx's default is
+// 32 KiB too). It must fit MHD's per-connection memory (128 KiB, half of it
+// its first read buffer) with room to spare, so that what the gate passes
+// MHD takes too; and since peeking consumes nothing, the whole of it must fit
+// the socket's receive window (about 64 KiB with Linux's default buffers),
+// or a head at the limit would neither end nor reach it.
+#define HEAD_MAX (32 * 1024)
 // A refused connection is read and discarded for this long (or this many
 // bytes) after its answer, before it is closed: closing with unread bytes
 // would reset the connection and could destroy the answer in flight.
 #define LINGER_S 2.0
 #define LINGER_BYTES (256 * 1024)
 #define LINGER_MAX 256
-// A head arriving in pieces is looked at again at most this often, so that a
-// client sending a byte at a time cannot make the gate copy its whole head
-// per byte.
-#define PEEK_EVERY_S 0.01
+// A head arriving in pieces is looked at again when its bytes have doubled
+// since the last look, or after a wait that starts at PEEK_FIRST_WAIT_S and
+// doubles with each look up to PEEK_MAX_WAIT_S: a client sending a byte at a
+// time cannot make the gate copy and parse its whole head per byte.
+#define PEEK_FIRST_WAIT_S 0.01
+#define PEEK_MAX_WAIT_S 1.0
+// A connection handed to MHD and not announced within this long was dropped
+// by MHD without a word (its set-up failed on the worker thread).
+#define HANDOFF_STALE_S 30.0
 // A body declared over --max-request-body by at most this much is read and
 // dropped before its 413 (see head_acceptable).
 #define BODY_DISCARD_MAX (16u << 20)
@@ -80,6 +88,7 @@ struct http_conn {
     enum conn_phase phase;
     double since;                // when the phase began
     bool timed_out;              // the watcher closed it for a deadline
+    double handed;               // when the gate handed it to MHD
     struct http_conn *prev, *next; // in s->conns, or (singly) in s->handoff
 };
 
@@ -92,7 +101,9 @@ struct gate_conn {
     socklen_t salen;
     struct http_conn *k;         // its accounting (counted in s->n_conns and its peer)
     double since;                // accepted at; once closing, answered at
-    double last_peek;
+    double next_peek;            // when to look again at bytes that did not double
+    double peek_wait;            // the wait after the next look that finds no end
+    size_t peeked;               // bytes seen at the last look
     bool dirty;                  // bytes arrived that have not been looked at yet
     bool eof;                    // the client shut its side (or the socket failed)
     bool closing;                // answered and shut for writing: reading what is left
@@ -136,7 +147,6 @@ struct http_server {
     bool gate_any_dirty;
     atomic_bool gate_quit;
     double gate_paused_until;    // accept paused (out of descriptors) until then
-    double gate_handed_at;       // the last hand-off to MHD
     char *peek;                  // HEAD_MAX bytes
     int epfd, evfd;
     pthread_t watcher;
@@ -1522,8 +1532,8 @@ static void gate_hand_over(struct http_server *s, struct gate_conn *g)
     k->next = s->handoff;
     s->handoff = k;
     k->since = g->since;
+    k->handed = ms_now();
     pthread_mutex_unlock(&s->cmu);
-    s->gate_handed_at = ms_now();
     if (MHD_add_connection(s->d, g->fd, (const struct sockaddr *)&g->sa, g->salen) != MHD_YES) {
         // MHD has closed the socket; unless it announced the connection
         // first (then its CLOSED releases k), k is still ours.
@@ -1543,7 +1553,6 @@ static void gate_hand_over(struct http_server *s, struct gate_conn *g)
 static void gate_look(struct http_server *s, struct gate_conn *g)
 {
     g->dirty = false;
-    g->last_peek = ms_now();
     ssize_t n;
     do n = recv(g->fd, s->peek, HEAD_MAX, MSG_PEEK | MSG_DONTWAIT);
     while (n < 0 && errno == EINTR);
@@ -1555,6 +1564,10 @@ static void gate_look(struct http_server *s, struct gate_conn *g)
     struct http_head_verdict v;
     switch (http_head_check(s->peek, (size_t)n, HEAD_MAX, g->eof, &v)) {
     case HTTP_HEAD_MORE:
+        g->peeked = (size_t)n;
+        g->peek_wait = g->peek_wait > 0 ? g->peek_wait * 2 : PEEK_FIRST_WAIT_S;
+        if (g->peek_wait > PEEK_MAX_WAIT_S) g->peek_wait = PEEK_MAX_WAIT_S;
+        g->next_peek = ms_now() + g->peek_wait;
         return;
     case HTTP_HEAD_OK:
         gate_hand_over(s, g);
@@ -1569,6 +1582,21 @@ static void gate_look(struct http_server *s, struct gate_conn *g)
         return;
     }
     }
+}
+
+// New bytes (or the end) on a connection whose head has not ended: looked
+// at now when they are its first, its last, or twice what was there at the
+// last look; else at its next_peek (gate_sweep). May free g.
+static void gate_bytes_came(struct http_server *s, struct gate_conn *g)
+{
+    int queued = 0;
+    if (g->eof || !g->peeked || ioctl(g->fd, FIONREAD, &queued) || (size_t)queued >= HEAD_MAX ||
+        (size_t)queued >= 2 * g->peeked || ms_now() >= g->next_peek) {
+        gate_look(s, g);
+        return;
+    }
+    g->dirty = true;
+    s->gate_any_dirty = true;
 }
 
 // A new connection: counted against the limits, or refused beyond them.
@@ -1672,8 +1700,8 @@ static void gate_accept(struct http_server *s)
 // Deadlines: a head not in within --request-header-timeout (the idle
 // timeout when that is off) is answered 408 when part of it came, else the
 // connection is closed quietly (browsers open connections ahead of use);
-// refused connections are closed after LINGER_S. Heads that arrived in
-// pieces faster than PEEK_EVERY_S are looked at here.
+// refused connections are closed after LINGER_S. Heads whose bytes came
+// while their look waited (gate_bytes_came) are looked at here.
 static void gate_sweep(struct http_server *s)
 {
     double now = ms_now();
@@ -1702,24 +1730,31 @@ static void gate_sweep(struct http_server *s)
             } else {
                 gate_close(s, g);
             }
-        } else if (g->dirty && now - g->last_peek >= PEEK_EVERY_S) {
+        } else if (g->dirty && now >= g->next_peek) {
             gate_look(s, g);
         } else if (g->dirty) {
             s->gate_any_dirty = true;
         }
     }
-    // A connection MHD took but never announced (its set-up failed after
-    // MHD_add_connection returned) would hold its slot forever.
-    if (s->handoff && now - s->gate_handed_at > 10) {
-        pthread_mutex_lock(&s->cmu);
-        struct http_conn *stale = s->handoff;
-        s->handoff = NULL;
-        pthread_mutex_unlock(&s->cmu);
-        while (stale) {
-            struct http_conn *k = stale;
-            stale = k->next;
-            conn_release(s, k);
+    // A connection MHD took but never announced (its set-up failed on the
+    // worker after MHD_add_connection returned) would hold its slot forever.
+    pthread_mutex_lock(&s->cmu);
+    struct http_conn *stale = NULL;
+    for (struct http_conn **pp = &s->handoff; *pp;) {
+        struct http_conn *k = *pp;
+        if (now - k->handed > HANDOFF_STALE_S) {
+            *pp = k->next;
+            k->next = stale;
+            stale = k;
+        } else {
+            pp = &k->next;
         }
+    }
+    pthread_mutex_unlock(&s->cmu);
+    while (stale) {
+        struct http_conn *k = stale;
+        stale = k->next;
+        conn_release(s, k);
     }
 }
 
@@ -1746,14 +1781,8 @@ static void *gate_main(void *arg)
             // event or the sweep (after the batch) frees it.
             struct gate_conn *g = tag;
             if (ev[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) g->eof = true;
-            if (g->closing) {
-                gate_drain(s, g);
-            } else if (ms_now() - g->last_peek >= PEEK_EVERY_S) {
-                gate_look(s, g);
-            } else {
-                g->dirty = true;
-                s->gate_any_dirty = true;
-            }
+            if (g->closing) gate_drain(s, g);
+            else gate_bytes_came(s, g);
         }
         double now = ms_now();
         if (s->gate_any_dirty || now - last_sweep >= tick_ms / 1000.0) {
@@ -1774,6 +1803,10 @@ static void gate_stop(struct http_server *s)
     (void)w;
     pthread_join(s->gate, NULL);
     s->gate_started = false;
+    // Closed now, not when the server is freed: while running responses
+    // finish, a new client is refused at once rather than left in the queue.
+    if (s->listen_fd >= 0) close(s->listen_fd);
+    s->listen_fd = -1;
 }
 
 // ---- start and stop ------------------------------------------------------------------------------
@@ -1855,6 +1888,12 @@ static int hosts_copy(struct http_server *s, const struct http_opts *o)
 
 static void server_free(struct http_server *s)
 {
+    // Hand-offs MHD never announced (closed with the daemon, or dropped).
+    while (s->handoff) {
+        struct http_conn *k = s->handoff;
+        s->handoff = k->next;
+        free(k);
+    }
     if (s->listen_fd >= 0) close(s->listen_fd);
     if (s->gate_ep >= 0) close(s->gate_ep);
     if (s->gate_ev >= 0) close(s->gate_ev);
@@ -1920,10 +1959,11 @@ int http_start(const struct http_opts *o, struct http_server **out, char *err, s
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                      MHD_USE_ERROR_LOG | MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC;
     if (v6) flags |= MHD_USE_IPv6;
-    // The gate enforces max_connections over all threads; MHD splits its
-    // own limit among them, so it gets room to spare (and each thread one).
+    // The gate enforces max_connections over all threads. MHD splits its
+    // own limit among them and, should a thread be over its share, drops a
+    // handed connection without a word: each thread gets room for all.
     unsigned limit = o->max_connections ? o->max_connections : 4096;
-    limit += (unsigned)s->o.threads * 16;
+    limit = limit > UINT_MAX / (unsigned)s->o.threads ? UINT_MAX : limit * (unsigned)s->o.threads;
     s->d = MHD_start_daemon(
         flags, 0, NULL, NULL, on_access, s,
         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, (void *)NULL,

@@ -231,6 +231,7 @@ struct head {
     unsigned minor;  // its HTTP/1.minor
     struct field cur;
     // The framing headers, counted as each field ends (only complete lines count).
+    size_t fields;   // header lines that began a field
     size_t hosts, lengths, codings;
     bool length_set, length_bad, lengths_differ, coding_other;
     uint64_t length; // the first good Content-Length
@@ -404,6 +405,16 @@ static enum http_head_result header_line(struct head *h, const char *s, size_t l
     size_t b = first_bad_value_byte(val, vn);
     if (b < vn) return bad_value(v, s, c, (unsigned char)val[b]);
     if (!whole) return HTTP_HEAD_MORE;
+    // MHD keeps each field in its per-connection memory: many short ones
+    // fill it long before the byte limit does, and it would answer 431
+    // with its own page.
+    if (++h->fields > HTTP_HEAD_MAX_FIELDS) {
+        struct say m = refuse(v, 431);
+        say_text(&m, "the request has more than ");
+        say_uint(&m, HTTP_HEAD_MAX_FIELDS);
+        say_text(&m, " header fields; send fewer");
+        return HTTP_HEAD_REFUSE;
+    }
     field_end(h);
     h->cur = (struct field){.kind = FIELD_OTHER, .name = s, .name_len = c};
     if (equals_caseless(s, c, "host")) h->cur.kind = FIELD_HOST;

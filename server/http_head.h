@@ -12,6 +12,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+// The most header fields a head may have (431 beyond), whatever its size.
+#define HTTP_HEAD_MAX_FIELDS 100
+
 enum http_head_result {
     HTTP_HEAD_OK = 0,      // the head is complete and acceptable: hand the connection on
     HTTP_HEAD_MORE = 1,    // nothing wrong so far, but the head has not ended: wait for bytes
@@ -42,7 +45,8 @@ struct http_head_verdict {
 // continue), an HTTP/1.1 head without exactly one Host (more than one in
 // any request), a Content-Length that is not 1 to 19 digits or differs
 // between its headers, Transfer-Encoding in HTTP/1.0 or beside
-// Content-Length; 431 no head within limit bytes; 501 a Transfer-Encoding
+// Content-Length; 431 no head within limit bytes, or more than
+// HTTP_HEAD_MAX_FIELDS header fields; 501 a Transfer-Encoding
 // other than one 'chunked'; 505 an HTTP version other than 1.x.
 enum http_head_result http_head_check(const char *buf, size_t n, size_t limit, bool eof,
                                       struct http_head_verdict *v);

@@ -624,6 +624,10 @@ static void slow_bodies_and_malformed_http(void **state)
     strcpy(big, "GET /hello HTTP/1.1\r\nHost: x\r\nX-Big: ");
     memset(big + strlen(big), 'a', 70 * 1024);
     strcat(big, "\r\n\r\n");
+    static char many[4096]; // short, but more fields than MHD's memory holds well
+    int m = snprintf(many, sizeof many, "GET /hello HTTP/1.1\r\nHost: x\r\n");
+    for (int i = 0; i < 150; i++) m += snprintf(many + m, sizeof many - (size_t)m, "a: b\r\n");
+    snprintf(many + m, sizeof many - (size_t)m, "\r\n");
     const struct {
         const char *head;
         const char *status;
@@ -639,6 +643,7 @@ static void slow_bodies_and_malformed_http(void **state)
         {"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", " 501 "},
         {"\x01\x02\x03\xff\r\n\r\n", " 400 "},
         {big, " 431 "},
+        {many, " 431 "},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         fd = connect_raw();

@@ -368,6 +368,22 @@ static void a_head_over_the_limit_is_431_and_not_one_byte_before(void **state)
     assert_int_equal(v.status, 431);
 }
 
+// MHD spends its per-connection memory on every field: past
+// HTTP_HEAD_MAX_FIELDS a head is 431 however short, and at it is taken.
+static void too_many_header_fields_are_431(void **state)
+{
+    (void)state;
+    char head[4096];
+    int n = snprintf(head, sizeof head, "GET / HTTP/1.1\r\nHost: x\r\n");
+    for (int i = 1; i < HTTP_HEAD_MAX_FIELDS; i++) n += snprintf(head + n, sizeof head - (size_t)n, "a: b\r\n");
+    int end = n;
+    n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
+    accepted(head, (size_t)n, (size_t)n);
+    n = end + snprintf(head + end, sizeof head - (size_t)end, "a: b\r\n");
+    // Refused on the field's line, before the head ends.
+    refused_saying(head, (size_t)n, 431, "header fields");
+}
+
 static void hostile_bytes_are_refused_or_passed_safely(void **state)
 {
     (void)state;
@@ -481,6 +497,7 @@ int main(void)
         cmocka_unit_test(transfer_encoding_with_content_length_or_in_http_1_0_is_400),
         cmocka_unit_test(a_bad_line_is_refused_before_the_head_ends),
         cmocka_unit_test(a_head_over_the_limit_is_431_and_not_one_byte_before),
+        cmocka_unit_test(too_many_header_fields_are_431),
         cmocka_unit_test(hostile_bytes_are_refused_or_passed_safely),
         cmocka_unit_test(quoted_client_bytes_are_escaped),
         cmocka_unit_test(a_refusal_of_a_prefix_holds_for_every_longer_input),
