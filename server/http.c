@@ -153,6 +153,7 @@ struct http_server {
     bool watcher_started;
     atomic_bool quit;
     atomic_bool stopping;
+    atomic_int n_requests;       // begun (the access handler ran) and not completed
     pthread_mutex_t mu;          // guards the list of open asyncs
     struct http_async *head;
     int n_open;
@@ -586,6 +587,8 @@ static struct http_async *async_new(struct http_request *r, const struct http_as
 
 static void add_headers(struct http_request *r, struct MHD_Response *resp)
 {
+    // Stopping: a kept-alive client must not send its next request here.
+    if (atomic_load(&r->s->stopping)) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     for (int i = 0; i < r->n_hdr; i++) MHD_add_response_header(resp, r->hdr[i].name, r->hdr[i].value);
     r->n_hdr = 0;
     for (int i = 0; i < r->cors.n; i++)
@@ -1064,6 +1067,7 @@ static enum MHD_Result first_call(struct http_server *s, struct MHD_Connection *
     if (!r) return MHD_NO;
     *con_cls = r;
     r->started = true;
+    atomic_fetch_add(&s->n_requests, 1);
     r->conn = conn_of(c);
     r->http11 = version && strcmp(version, MHD_HTTP_VERSION_1_0) && strcmp(version, "HTTP/0.9");
     snprintf(r->method, sizeof r->method, "%s", method);
@@ -1260,6 +1264,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
         free(r);
         return;
     }
+    atomic_fetch_sub(&s->n_requests, 1);
     struct http_async *a = r->async;
     bool gone_seen = false;
     if (a) {
@@ -2078,6 +2083,9 @@ void http_stop(struct http_server *s, double timeout_s)
     } while (ms_now() < end);
     if (http_open_async(s))
         ms_log(MS_LOG_WARN, "http: %d responses still open at shutdown", http_open_async(s));
+    // Answers queued since (503s to requests that came on kept-alive
+    // connections) go out before MHD stops and cuts the connections.
+    while (atomic_load(&s->n_requests) > 0 && ms_now() < end) usleep(5000);
     workers_stop(s);
     MHD_stop_daemon(s->d);
     atomic_store(&s->quit, true);
