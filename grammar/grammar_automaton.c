@@ -327,6 +327,10 @@ static int automaton_make(struct grammar *g, struct gbuild *b, char *err, size_t
     struct ivec work = {0}, tmp = {0};
     uint32_t *mark = NULL;
     int rc = 0;
+    // NFA edges followed and closure members made: the cost of the subset
+    // construction, which the state limit alone bounds only loosely (a few
+    // thousand states over large NFA sets can take seconds).
+    unsigned long long steps = 0;
 
     in.nfa_start = malloc((size_t)b->n_rules * sizeof *in.nfa_start);
     in.nfa_final = malloc((size_t)b->n_rules * sizeof *in.nfa_final);
@@ -413,13 +417,16 @@ static int automaton_make(struct grammar *g, struct gbuild *b, char *err, size_t
                     int32_t ns = d.members.p[d.off.p[ds] + i];
                     for (int32_t e = a->first[ns]; e >= 0; e = a->e[e].next) {
                         int32_t l = a->e[e].label;
+                        steps++;
                         if (l < 0 || !gx_cls_has(a->sets[l], rep[k]) || mark[a->e[e].to] == stamp) continue;
                         mark[a->e[e].to] = stamp;
                         if (ivec_push(&tmp, a->e[e].to)) goto nomem;
                     }
                 }
+                if (steps > GRAMMAR_MAX_SUBSET_STEPS) goto work_fail;
                 if (!tmp.n) continue;
                 if (eps_close(a, &tmp, mark, ++stamp)) goto nomem;
+                steps += tmp.n;
                 int32_t t = dfa_intern(&d, tmp.p, tmp.n, r, &is_new);
                 if (t < 0) goto dfa_fail;
                 d.trans.p[(size_t)ds * (size_t)ncls + (size_t)k] = t;
@@ -500,6 +507,13 @@ static int automaton_make(struct grammar *g, struct gbuild *b, char *err, size_t
     }
     goto out;
 
+work_fail:
+    rc = ms_err(err, errlen, MS_ENOFIT,
+                "the grammar is too costly to turn into an automaton (more than %llu steps); a "
+                "regular expression with many overlapping repetitions (such as '.*' beside '.{n}') "
+                "or a very large repetition is the usual cause",
+                (unsigned long long)GRAMMAR_MAX_SUBSET_STEPS);
+    goto out;
 dfa_fail:
     rc = ms_err(err, errlen, MS_ENOFIT,
                 "the grammar needs more than %d automaton states; a regular expression or "

@@ -131,6 +131,7 @@ struct gx *gx_json_string_char(struct gbuild *b); // one character of a JSON str
 #define GRAMMAR_MAX_EXPR_NODES (200000 / GRAMMAR_LIMIT_SCALE)   // expression nodes per compile
 #define GRAMMAR_MAX_NFA_STATES (400000 / GRAMMAR_LIMIT_SCALE)   // before determinization, all rules together
 #define GRAMMAR_MAX_DFA_STATES (60000 / GRAMMAR_LIMIT_SCALE)    // after, all rules together
+#define GRAMMAR_MAX_SUBSET_STEPS (40000000ull / GRAMMAR_LIMIT_SCALE) // NFA edges and set members while determinizing
 #define GRAMMAR_MAX_RULES (20000 / GRAMMAR_LIMIT_SCALE)
 #define GRAMMAR_MAX_REPEAT (10000 / GRAMMAR_LIMIT_SCALE)        // {m,n} bounds
 #define GRAMMAR_MAX_MINIMIZE_WORK (50000000ull / GRAMMAR_LIMIT_SCALE) // signature entries over all refinement rounds

@@ -645,6 +645,20 @@ static void hostile_grammars_are_refused_or_bounded(void **state)
     // exponential determinization: refused at the state limit, not run for ever
     refused(GRAMMAR_REGEX, "(a|b)*a(a|b){40}", MS_ENOFIT, "automaton states");
     refused(GRAMMAR_REGEX, "((a{100}){100}){100}", MS_ENOFIT, "automaton states");
+    // ... or, where the states stand for large sets of NFA states (any byte
+    // beside counts), at the step budget, in a fraction of a second: the
+    // second regex took 3.7 s of CPU to reach the state limit alone (on a
+    // 2-core Xeon, -O2, the Qwen3 vocabulary), a hostile client's to spend
+    // on every request worker
+    double t0 = ms_now();
+    refused(GRAMMAR_REGEX, ".*a.{20}", MS_ENOFIT, "too costly");
+    refused(GRAMMAR_REGEX, ".*.{60}.*x.{60}", MS_ENOFIT, "too costly");
+    print_message("two regexes refused at the step budget in %.2f s\n", ms_now() - t0);
+    // while a large automaton of small sets is still built (32768 states)
+    g = must_compile(GRAMMAR_REGEX, "[ab]*a[ab]{14}");
+    ACCEPTS(g, "baaaaaaaaaaaaaaa");  // the 15th byte from the end is an a
+    REFUSES(g, "abbbbbbbbbbbbbbb");  // it is a b
+    grammar_unref(g);
     refused(GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"minItems\":9000,\"maxItems\":9999}",
             MS_ENOFIT, "");
     // a huge enum compiles (or is refused for size), and then matches exactly
