@@ -174,6 +174,7 @@ struct http_request {
     bool raw_nul;                // the undecoded path had %00
     bool http11;                 // HTTP/1.1 or later: 1xx responses are understood
     bool too_large, responded, dispatched;
+    bool settled;                // a deferred answer's first wait returned unsuspended (wait_deferred)
     bool busy, busy_per_client;  // the body went over a budget while arriving (503)
     size_t declared;             // Content-Length, when one was sent
     // On a worker: the connection is suspended and responses are built into
@@ -864,6 +865,18 @@ static enum MHD_Result wait_deferred(struct http_request *r)
         if (a->probe_due) {
             a->probe_due = false;
             deferred_probe(a);
+        }
+        // Not on the first call: MHD keeps a suspended connection's event
+        // state from before the call (still "reading", when the request came
+        // in the same pass) and, on resume, reads first: a client that
+        // half-closed then reads as gone, and MHD closes the connection
+        // before the answer goes out. Returning once with no answer lets MHD
+        // settle the state to "waiting for the application" and call again
+        // at once (it polls with no timeout while a connection waits so).
+        if (!r->settled) {
+            r->settled = true;
+            pthread_mutex_unlock(&a->mu);
+            return MHD_YES;
         }
         a->suspended = true;
         MHD_suspend_connection(r->c);
