@@ -1244,6 +1244,13 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         return MHD_YES;
     }
     if (r->async) return wait_deferred(r);
+    // A POST waits suspended while a worker runs its handler: first let MHD
+    // settle the connection's state, as wait_deferred does, or a client that
+    // half-closed after sending would lose the answer at the resume.
+    if (!r->dispatched && !r->settled && s->n_workers && !strcmp(r->route->method, "POST")) {
+        r->settled = true;
+        return MHD_YES;
+    }
     if (!r->dispatched) {
         r->dispatched = true;
         conn_phase(s, r->conn, PHASE_BUSY);

@@ -1153,6 +1153,17 @@ static void a_half_closed_client_gets_its_whole_answer(void **state)
     client_read_until(fd, buf, sizeof buf, "later");
     close(fd);
     if (!strstr(buf, "\r\n\r\nlater")) fail_msg("deferred answer: %.300s", buf);
+
+    // A POST, whose handler runs on a request worker while the connection waits.
+    for (int i = 0; i < 5; i++) {
+        fd = connect_raw();
+        send_all(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
+                     "Content-Type: application/json\r\nContent-Length: 7\r\n\r\n{\"a\":1}");
+        shutdown(fd, SHUT_WR);
+        client_read_until(fd, buf, sizeof buf, "{\"a\":1}");
+        close(fd);
+        if (!strstr(buf, " 200 ") || !strstr(buf, "{\"a\":1}")) fail_msg("worker's answer: %.300s", buf);
+    }
 }
 
 // A client that closes its socket while its answer is awaited is noticed,
