@@ -142,8 +142,7 @@ struct http_server {
     pthread_t gate;
     bool gate_started;
     struct gate_conn *gate_list;
-    int gate_n;
-    int gate_closing;            // of gate_n: refused, lingering
+    int gate_closing;            // gate_list's refused ones, lingering
     bool gate_any_dirty;
     atomic_bool gate_quit;
     double gate_paused_until;    // accept paused (out of descriptors) until then
@@ -174,7 +173,7 @@ struct http_request {
     bool raw_nul;                // the undecoded path had %00
     bool http11;                 // HTTP/1.1 or later: 1xx responses are understood
     bool too_large, responded, dispatched;
-    bool settled;                // a deferred answer's first wait returned unsuspended (wait_deferred)
+    bool settled;                // the final call returned once before dispatching (on_access)
     bool busy, busy_per_client;  // the body went over a budget while arriving (503)
     size_t declared;             // Content-Length, when one was sent
     // On a worker: the connection is suspended and responses are built into
@@ -359,6 +358,14 @@ static void raw_answer(int fd, int http, const char *reason, const char *code, c
     free(body);
 }
 
+// Under s->cmu: k no longer counts against the connection limits.
+static void conn_uncount(struct http_server *s, struct http_conn *k)
+{
+    k->peer->conns--;
+    s->n_conns--;
+    peer_put(s, k->peer);
+}
+
 // MHD announces a connection the gate handed it (STARTED, on the thread
 // that will serve it) and its end (CLOSED): the connection's accounting
 // moves from the hand-off list to s->conns, and is released at the end.
@@ -374,9 +381,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         if (k->prev) k->prev->next = k->next;
         else s->conns = k->next;
         if (k->next) k->next->prev = k->prev;
-        k->peer->conns--;
-        s->n_conns--;
-        peer_put(s, k->peer);
+        conn_uncount(s, k);
         pthread_mutex_unlock(&s->cmu);
         free(k);
         return;
@@ -866,18 +871,6 @@ static enum MHD_Result wait_deferred(struct http_request *r)
             a->probe_due = false;
             deferred_probe(a);
         }
-        // Not on the first call: MHD keeps a suspended connection's event
-        // state from before the call (still "reading", when the request came
-        // in the same pass) and, on resume, reads first: a client that
-        // half-closed then reads as gone, and MHD closes the connection
-        // before the answer goes out. Returning once with no answer lets MHD
-        // settle the state to "waiting for the application" and call again
-        // at once (it polls with no timeout while a connection waits so).
-        if (!r->settled) {
-            r->settled = true;
-            pthread_mutex_unlock(&a->mu);
-            return MHD_YES;
-        }
         a->suspended = true;
         MHD_suspend_connection(r->c);
         pthread_mutex_unlock(&a->mu);
@@ -1043,6 +1036,7 @@ static bool head_acceptable(struct http_request *r, const char *url, const char 
                              ct ? "')" : "");
         return false;
     }
+    r->declared = cl ? (size_t)n : 0;
     if (cl && n > s->o.max_body) {
         // Answered now, a client that sends its body at once (no Expect:
         // 100-continue, as most SDKs) is still sending when the connection
@@ -1051,7 +1045,6 @@ static bool head_acceptable(struct http_request *r, const char *url, const char 
         // limit, the body is read and dropped first, and the 413 follows it.
         const char *expect = http_header(r, MHD_HTTP_HEADER_EXPECT);
         bool waits = expect && !strcasecmp(expect, "100-continue");
-        r->declared = (size_t)n;
         if (!waits && n - s->o.max_body <= BODY_DISCARD_MAX) {
             r->too_large = true;
             return true;
@@ -1068,7 +1061,6 @@ static bool head_acceptable(struct http_request *r, const char *url, const char 
         respond_busy(r, per_client);
         return false;
     }
-    r->declared = cl ? (size_t)n : 0;
     return true;
 }
 
@@ -1244,10 +1236,15 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         return MHD_YES;
     }
     if (r->async) return wait_deferred(r);
-    // A POST waits suspended while a worker runs its handler: first let MHD
-    // settle the connection's state, as wait_deferred does, or a client that
-    // half-closed after sending would lose the answer at the resume.
-    if (!r->dispatched && !r->settled && s->n_workers && !strcmp(r->route->method, "POST")) {
+    // Not in the pass that read the request: a handler may suspend the
+    // connection (a worker runs it, or the answer is deferred), and MHD
+    // keeps a suspended connection's event state as it was ("reading") and,
+    // on resume, reads first. A client that half-closed then reads as gone,
+    // and MHD closes the connection before the answer goes out. Returning
+    // once with no answer lets MHD settle the state to "waiting for the
+    // application" and call again at once (it polls with no timeout while a
+    // connection waits so).
+    if (!r->dispatched && !r->settled) {
         r->settled = true;
         return MHD_YES;
     }
@@ -1489,9 +1486,7 @@ static void conn_release(struct http_server *s, struct http_conn *k)
 {
     if (!k) return;
     pthread_mutex_lock(&s->cmu);
-    k->peer->conns--;
-    s->n_conns--;
-    peer_put(s, k->peer);
+    conn_uncount(s, k);
     pthread_mutex_unlock(&s->cmu);
     free(k);
 }
@@ -1502,7 +1497,6 @@ static void gate_unlist(struct http_server *s, struct gate_conn *g)
     if (g->prev) g->prev->next = g->next;
     else s->gate_list = g->next;
     if (g->next) g->next->prev = g->prev;
-    s->gate_n--;
 }
 
 static void gate_close(struct http_server *s, struct gate_conn *g)
@@ -1665,7 +1659,6 @@ static void gate_admit(struct http_server *s, int fd, const struct sockaddr_stor
     g->next = s->gate_list;
     if (s->gate_list) s->gate_list->prev = g;
     s->gate_list = g;
-    s->gate_n++;
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.ptr = g};
     if (epoll_ctl(s->gate_ep, EPOLL_CTL_ADD, fd, &ev)) {
         gate_close(s, g);
