@@ -79,6 +79,21 @@ static inline struct cpu_ahead cpu_ahead_plan(const void *packed, size_t bb, int
     return a;
 }
 
+// Where a tile streaming NB packed blocks from memory prefetches when at
+// byte off of its block n: dist bytes further on in the same block, and,
+// past its end, as far into block n + NB, the first block of the tile that
+// follows. The next tile's blocks then start warm instead of each waiting
+// on memory for its first dist bytes (the hardware's streams do not cross
+// into blocks the tile has not touched). Measured with generate --bench on
+// the mid model, avx512, 2 threads, alternating: decode at batch 1 82% of
+// the read bandwidth without, 89% with (means of four runs each).
+// Prefetches past the matrix fault nothing.
+static inline const char *cpu_pf_ahead(const char *wp, size_t bb, int NB, int n, size_t off, size_t dist)
+{
+    const size_t to = off + dist;
+    return to < bb ? wp + (size_t)n * bb + to : wp + (size_t)(n + NB) * bb + (to - bb);
+}
+
 // Rows [0, r->n) of canonical quantized rows (r->n <= 16) as one packed
 // block of model/quant.h's layout (quant_block_bytes) at dst; the rows past
 // r->n are zero.

@@ -173,7 +173,7 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
 #pragma GCC unroll 4
             for (int n = 0; n < NB; n++) {
                 const char *a = wp + (size_t)n * bb + (size_t)p * 64;
-                if (pf) _mm_prefetch(a + PK_PF, _MM_HINT_T0);
+                if (pf) _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)p * 64, PK_PF), _MM_HINT_T0);
                 const __m512i v = _mm512_loadu_si512(a);
                 we[n] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
                 wo[n] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
@@ -209,7 +209,8 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
 #pragma GCC unroll 4
             for (int n = 0; n < NB; n++) {
                 const char *a = wp + (size_t)n * bb + (size_t)k * kb;
-                if (pf && (((size_t)k * kb) & 63) == 0) _mm_prefetch(a + PK_PF, _MM_HINT_T0);
+                if (pf && (((size_t)k * kb) & 63) == 0)
+                    _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)k * kb, PK_PF), _MM_HINT_T0);
                 wv[n] = dt == DTYPE_F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)a))
                                         : _mm512_loadu_ps((const float *)a);
             }

@@ -70,7 +70,7 @@ AI void bf_tile(const int MR, const int NB, const bool XP, const uint32_t *const
 #pragma GCC unroll 4
         for (int n = 0; n < NB; n++) {
             const char *a = wp + (size_t)n * bb + (size_t)p * 64;
-            if (pf) _mm_prefetch(a + BF_PF, _MM_HINT_T0);
+            if (pf) _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)p * 64, BF_PF), _MM_HINT_T0);
             wv[n] = (__m512bh)_mm512_loadu_si512(a);
         }
         for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
