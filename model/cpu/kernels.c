@@ -18,6 +18,7 @@ const struct cpu_kernels *cpu_kernels_avx2_table(void);
 const struct cpu_kernels *cpu_kernels_avx512_table(void);
 const struct cpu_kernels *cpu_kernels_amx_table(void);
 const struct cpu_kernels *cpu_kernels_avx512_bf16_table(void);
+const struct cpu_kernels *cpu_kernels_avx512_bf16_path_table(bool fma);
 #endif
 
 static void scalar_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
@@ -202,6 +203,11 @@ const struct cpu_kernels *cpu_kernels_avx512_bf16(void)
     return cpu_kernels_avx512_bf16_table();
 }
 
+const struct cpu_kernels *cpu_kernels_avx512_bf16_path(bool fma)
+{
+    return cpu_kernels_avx512_bf16() ? cpu_kernels_avx512_bf16_path_table(fma) : NULL;
+}
+
 // CPUID.(7,0).EDX: AMX-BF16 (bit 22), AMX-TILE (bit 24); CPUID.(7,1).EAX:
 // AVX512-BF16 (bit 5); XCR0 bits 17-18: the OS saves tile state. Linux
 // then hands out the 8 KiB of tile data per thread only on request.
@@ -234,6 +240,7 @@ const struct cpu_kernels *cpu_kernels_amx(void)
 const struct cpu_kernels *cpu_kernels_avx2(void) { return NULL; }
 const struct cpu_kernels *cpu_kernels_avx512(void) { return NULL; }
 const struct cpu_kernels *cpu_kernels_avx512_bf16(void) { return NULL; }
+const struct cpu_kernels *cpu_kernels_avx512_bf16_path(bool fma) { (void)fma; return NULL; }
 const struct cpu_kernels *cpu_kernels_amx(void) { return NULL; }
 #endif
 
@@ -420,7 +427,7 @@ size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
     // the avx512 matmul needs: 256 KiB of packed blocks or one f32 block
     // (16 floats per k) for weights not packed at load, or 16 x rows
     // transposed.
-    size_t mm = (65536 > 4 * kp ? 65536 : 4 * kp) + 4 * kp + 16 * kp;
+    size_t mm = cpu_pk_scratch_floats(max_in);
     // The amx matmul: 256 KiB of packed blocks (or one bf16 block, 8 floats
     // per k, when that is more), a group of x rows split in two (32768
     // floats, or one 16-row tile when K is larger), four C tiles.
@@ -430,7 +437,11 @@ size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
     // floats per k) for weights not packed at load, then CPU_BF16_ROWS x rows
     // rounded to bf16 pairs (half a float per k each), so that a matmul of
     // that many rows rounds each row once.
-    const size_t bf = (8 * kp > 65536 ? 8 * kp : 65536) + (size_t)CPU_BF16_ROWS * kp / 2 + kp;
+    size_t bf = (8 * kp > 65536 ? 8 * kp : 65536) + (size_t)CPU_BF16_ROWS * kp / 2 + kp;
+    // Its FMA path (where VDPBF16PS runs at half rate): the avx512 matmul's
+    // scratch, then CPU_BF16_FMA_ROWS x rows rounded to bf16, as fp32.
+    const size_t bf_fma = cpu_pk_scratch_floats(max_in) + (size_t)CPU_BF16_FMA_ROWS * kp;
+    if (bf < bf_fma) bf = bf_fma;
     if (mm < bf) mm = bf;
     // Attention, per row: accumulator, max, sum; a padding row's accumulator;
     // a row group's 16 probabilities each.

@@ -196,8 +196,13 @@ const struct cpu_kernels *cpu_kernels_scalar(void);
 // NULL when this CPU (or this build) lacks the instructions.
 const struct cpu_kernels *cpu_kernels_avx2(void);
 const struct cpu_kernels *cpu_kernels_avx512(void);
-// The avx512 table with bf16 activations in its bf16 matmuls (AVX512_BF16).
+// The avx512 table with bf16 activations in its bf16 matmuls (AVX512_BF16):
+// on VDPBF16PS where it runs faster than FMAs, else FMAs in its order (the
+// same results; picked once by timing both, kernels_avx512bf16.c).
 const struct cpu_kernels *cpu_kernels_avx512_bf16(void);
+// That table with its path forced (fma: FMAs in VDPBF16PS's order; else
+// VDPBF16PS), for the tests and benchmarks that hold the two side by side.
+const struct cpu_kernels *cpu_kernels_avx512_bf16_path(bool fma);
 // Also needs Linux to grant this process the tile state (arch_prctl).
 const struct cpu_kernels *cpu_kernels_amx(void);
 // The matrices the amx table runs on the tile unit (the rest, quantized
@@ -221,7 +226,26 @@ const struct cpu_kernels *cpu_kernels_by_name(const char *name);
 // attention with n_q <= max_q heads of head_dim (tiles of CPU_ATTN_TILE).
 // A matrix of in = K may count on cpu_kernels_scratch_floats(K, 1, 1).
 #define CPU_BF16_ROWS 256 // x rows the avx512_bf16 matmul rounds once per call
+#define CPU_BF16_FMA_ROWS 64 // x rows its FMA path rounds (as fp32) at a time
 size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim);
+// Of that, what the avx512 matmul itself takes for in = K: 256 KiB of
+// packed blocks or 4 rows of weights not packed at load, 4 rows of slack,
+// 16 x rows transposed. The avx512_bf16 table's FMA path puts its rounded x
+// rows after it.
+static inline size_t cpu_pk_scratch_floats(int K)
+{
+    const size_t kp = ((size_t)(K > 0 ? K : 1) + 15) / 16 * 16;
+    return (65536 > 4 * kp ? 65536 : 4 * kp) + 4 * kp + 16 * kp;
+}
+
+// The avx512 matmul of bf16 weights in VDPBF16PS's order: within each pair
+// of k, the product of k = 2p + 1 first, then of 2p, each one FMA (Intel's
+// definition of the instruction: measured here bit for bit against it on
+// normal numbers). With x already rounded to bf16 (the products are then
+// exact in fp32) it gives VDPBF16PS's results at the fp32 FMA rate, which
+// is twice VDPBF16PS's on CPUs that run it at half rate (kernels_avx512bf16.c).
+// Other weights: the avx512 matmul. Scratch: cpu_pk_scratch_floats(K).
+void cpu_kernels_avx512_matmul_dp_order(const struct cpu_mm *m, int o0, int o1, float *scratch);
 
 // Element i of a bf16, f16 or f32 array, as fp32.
 static inline float cpu_load_weight(const void *p, enum dtype t, size_t i)

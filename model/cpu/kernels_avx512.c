@@ -152,7 +152,7 @@ static const float nib_xscale[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 
 // registers, which lets a tile be 16 rows tall.
 #define PK_X(r, k) (XP ? xp[(size_t)(k) * MR + (r)] : xr[r][k])
 
-AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, const float *const *xr,
+AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, const bool DP, const float *const *xr,
                 const float *xp, const char *wp, size_t bb, int K, float *const *yr, int o, int o0, int o1,
                 bool accumulate, bool pf, struct cpu_ahead *ahead)
 {
@@ -179,17 +179,17 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
                 wo[n] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
             }
             for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
+            // DP: VDPBF16PS's order, the odd k's product first.
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const int odd = DP ? h == 0 : h == 1;
 #pragma GCC unroll 16
-            for (int r = 0; r < MR; r++) {
-                const __m512 xb = _mm512_set1_ps(PK_X(r, 2 * p));
+                for (int r = 0; r < MR; r++) {
+                    const __m512 xb = _mm512_set1_ps(PK_X(r, 2 * p + odd));
 #pragma GCC unroll 4
-                for (int n = 0; n < NB; n++) acc[r][n] = _mm512_fmadd_ps(xb, we[n], acc[r][n]);
-            }
-#pragma GCC unroll 16
-            for (int r = 0; r < MR; r++) {
-                const __m512 xb = _mm512_set1_ps(PK_X(r, 2 * p + 1));
-#pragma GCC unroll 4
-                for (int n = 0; n < NB; n++) acc[r][n] = _mm512_fmadd_ps(xb, wo[n], acc[r][n]);
+                    for (int n = 0; n < NB; n++)
+                        acc[r][n] = _mm512_fmadd_ps(xb, odd ? wo[n] : we[n], acc[r][n]);
+                }
             }
         }
         if (K & 1) {
@@ -247,41 +247,44 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
     }
 }
 
-#define PK_CASE(DT, MR)                                                                        \
+#define PK_CASE(DT, DP, MR)                                                                    \
     case MR:                                                                                 \
-        if (nb == PK_NB) pk_tile(MR, PK_NB, false, DT, xr, NULL, wp, bb, K, yr, o, o0, o1, acc, pf, ahead); \
-        else pk_tile(MR, 1, false, DT, xr, NULL, wp, bb, K, yr, o, o0, o1, acc, pf, ahead);                 \
+        if (nb == PK_NB) pk_tile(MR, PK_NB, false, DT, DP, xr, NULL, wp, bb, K, yr, o, o0, o1, acc, pf, ahead); \
+        else pk_tile(MR, 1, false, DT, DP, xr, NULL, wp, bb, K, yr, o, o0, o1, acc, pf, ahead);                 \
         break;
 // nb is PK_NB, or 1 for the blocks left over at the end of a range.
-#define PK_TILES(NAME, DT)                                                                   \
+#define PK_TILES(NAME, DT, DP)                                                               \
     static void NAME(int mr, int nb, const float *const *xr, const char *wp, size_t bb, int K,  \
                      float *const *yr, int o, int o0, int o1, bool acc, bool pf,               \
                      struct cpu_ahead *ahead)                                                 \
     {                                                                                        \
         switch (mr) {                                                                        \
-            PK_CASE(DT, 1) PK_CASE(DT, 2) PK_CASE(DT, 3)                                 \
-            PK_CASE(DT, 4) PK_CASE(DT, 5) PK_CASE(DT, 6)                                 \
+            PK_CASE(DT, DP, 1) PK_CASE(DT, DP, 2) PK_CASE(DT, DP, 3)                     \
+            PK_CASE(DT, DP, 4) PK_CASE(DT, DP, 5) PK_CASE(DT, DP, 6)                     \
         }                                                                                    \
     }
-PK_TILES(pk_tiles_bf16, DTYPE_BF16)
-PK_TILES(pk_tiles_f16, DTYPE_F16)
-PK_TILES(pk_tiles_f32, DTYPE_F32)
+PK_TILES(pk_tiles_bf16, DTYPE_BF16, false)
+PK_TILES(pk_tiles_bf16_dp, DTYPE_BF16, true)
+PK_TILES(pk_tiles_f16, DTYPE_F16, false)
+PK_TILES(pk_tiles_f32, DTYPE_F32, false)
 
 // Transposed-x tiles: MR rows (up to 16) x one block.
-#define PK_XCASE(DT, MR) \
-    case MR: pk_tile(MR, 1, true, DT, NULL, xp, wp, 0, K, yr, o, o0, o1, acc, pf, NULL); break;
-#define PK_XTILES(NAME, DT)                                                                       \
+#define PK_XCASE(DT, DP, MR) \
+    case MR: pk_tile(MR, 1, true, DT, DP, NULL, xp, wp, 0, K, yr, o, o0, o1, acc, pf, NULL); break;
+#define PK_XTILES(NAME, DT, DP)                                                                   \
     static void NAME(int mr, const float *xp, const char *wp, int K, float *const *yr, int o,       \
                      int o0, int o1, bool acc, bool pf)                                            \
     {                                                                                             \
         switch (mr) {                                                                             \
-            PK_XCASE(DT, 7) PK_XCASE(DT, 8) PK_XCASE(DT, 9) PK_XCASE(DT, 10) PK_XCASE(DT, 11)     \
-            PK_XCASE(DT, 12) PK_XCASE(DT, 13) PK_XCASE(DT, 14) PK_XCASE(DT, 15) PK_XCASE(DT, 16)  \
+            PK_XCASE(DT, DP, 7) PK_XCASE(DT, DP, 8) PK_XCASE(DT, DP, 9) PK_XCASE(DT, DP, 10)      \
+            PK_XCASE(DT, DP, 11) PK_XCASE(DT, DP, 12) PK_XCASE(DT, DP, 13) PK_XCASE(DT, DP, 14)   \
+            PK_XCASE(DT, DP, 15) PK_XCASE(DT, DP, 16)                                             \
         }                                                                                         \
     }
-PK_XTILES(pk_xtiles_bf16, DTYPE_BF16)
-PK_XTILES(pk_xtiles_f16, DTYPE_F16)
-PK_XTILES(pk_xtiles_f32, DTYPE_F32)
+PK_XTILES(pk_xtiles_bf16, DTYPE_BF16, false)
+PK_XTILES(pk_xtiles_bf16_dp, DTYPE_BF16, true)
+PK_XTILES(pk_xtiles_f16, DTYPE_F16, false)
+PK_XTILES(pk_xtiles_f32, DTYPE_F32, false)
 
 typedef void (*pk_xtiles_fn)(int mr, const float *xp, const char *wp, int K, float *const *yr, int o,
                              int o0, int o1, bool acc, bool pf);
@@ -290,11 +293,11 @@ typedef void (*pk_xtiles_fn)(int mr, const float *xp, const char *wp, int K, flo
 // all rows in one tile, so that each weight byte is read from memory once
 // and meets every row (a block of 6 rows would be bound by memory, the
 // others by L2), with x transposed once into scratch for the broadcasts.
-static void pk_matmul_xp(const struct cpu_mm *m, int o0, int o1, float *xp)
+static void pk_matmul_xp(const struct cpu_mm *m, int o0, int o1, float *xp, bool dp)
 {
     const int K = m->w.in, mr = m->rows;
     const size_t bb = cpu_pack_block_bytes(m->w.dtype, K);
-    const pk_xtiles_fn tiles = m->w.dtype == DTYPE_BF16  ? pk_xtiles_bf16
+    const pk_xtiles_fn tiles = m->w.dtype == DTYPE_BF16  ? (dp ? pk_xtiles_bf16_dp : pk_xtiles_bf16)
                                : m->w.dtype == DTYPE_F16 ? pk_xtiles_f16
                                                          : pk_xtiles_f32;
     float *yr[PK_XP_MAX_ROWS];
@@ -326,7 +329,7 @@ AI int pk_block_height(int rows)
 // Outputs [o0, o1) of every row. Chunks of packed blocks (read from memory
 // once, by the first row block, then from L2) meet every row block in turn;
 // weights not packed at load are packed chunk by chunk into scratch.
-static void pk_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
+static void pk_matmul_in(const struct cpu_mm *m, int o0, int o1, float *scratch, bool dp)
 {
     if (m->w.quant != QUANT_NONE) {
         simd_qmatmul(m, o0, o1, scratch);
@@ -336,11 +339,11 @@ static void pk_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
     const int K = m->w.in;
     if (m->w.packed && m->rows > PK_MAX_MR && m->rows <= PK_XP_MAX_ROWS &&
         (o1 - o0) / CPU_PACK_OUTS >= PK_XP_MIN_BLOCKS) {
-        pk_matmul_xp(m, o0, o1, scratch);
+        pk_matmul_xp(m, o0, o1, scratch, dp);
         return;
     }
     const size_t bb = cpu_pack_block_bytes(m->w.dtype, K);
-    const pk_tiles_fn tiles = m->w.dtype == DTYPE_BF16  ? pk_tiles_bf16
+    const pk_tiles_fn tiles = m->w.dtype == DTYPE_BF16  ? (dp ? pk_tiles_bf16_dp : pk_tiles_bf16)
                               : m->w.dtype == DTYPE_F16 ? pk_tiles_f16
                                                         : pk_tiles_f32;
     const int bh = pk_block_height(m->rows);
@@ -380,6 +383,16 @@ static void pk_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
                       m->accumulate, pf, pa);
         }
     }
+}
+
+static void pk_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
+{
+    pk_matmul_in(m, o0, o1, scratch, false);
+}
+
+void cpu_kernels_avx512_matmul_dp_order(const struct cpu_mm *m, int o0, int o1, float *scratch)
+{
+    pk_matmul_in(m, o0, o1, scratch, m->w.quant == QUANT_NONE && m->w.dtype == DTYPE_BF16);
 }
 
 static bool pk_wants_packed(const struct cpu_wmat *w) { return w->out > 0 && w->in > 0; }

@@ -33,6 +33,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "model/cpu/kernels.h"
 
 const struct cpu_kernels *cpu_kernels_avx512_table(void);
@@ -254,6 +255,50 @@ static void bf_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
     }
 }
 
+// One row of x rounded to bf16 as bf_round_row rounds it, kept as fp32
+// (the value VDPBF16PS multiplies), into d (K floats).
+static void bf_round_row_f32(const float *x, int K, float *d)
+{
+    for (int k = 0; k < K; k += 16) {
+        const int left = K - k;
+        const __mmask16 mk = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1u);
+        const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, x + k));
+        const __m512i w = _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16);
+        _mm512_mask_storeu_ps(d + k, mk, _mm512_castsi512_ps(w));
+    }
+}
+
+// The same products and sums as bf_matmul, with FMAs (where VDPBF16PS runs
+// at half their rate, as on the Intel cores measured): x rounded as above,
+// CPU_BF16_FMA_ROWS rows at a time, then the avx512 matmul in VDPBF16PS's
+// order (cpu_kernels_avx512_matmul_dp_order). Any row batch gives a row's
+// outputs the same bits, as in bf_matmul.
+static void bf_matmul_fma(const struct cpu_mm *m, int o0, int o1, float *scratch)
+{
+    if (m->w.quant != QUANT_NONE || m->w.dtype != DTYPE_BF16) {
+        cpu_kernels_avx512_table()->matmul(m, o0, o1, scratch);
+        return;
+    }
+    if (m->rows <= 0 || o0 >= o1) return;
+    const int K = m->w.in;
+    float *xs = scratch + cpu_pk_scratch_floats(K);
+    for (int r0 = 0; r0 < m->rows; r0 += CPU_BF16_FMA_ROWS) {
+        const int n = m->rows - r0 < CPU_BF16_FMA_ROWS ? m->rows - r0 : CPU_BF16_FMA_ROWS;
+        for (int r = 0; r < n; r++) {
+            const int xi = m->x_rows ? m->x_rows[r0 + r] : r0 + r;
+            bf_round_row_f32(m->x + (size_t)xi * m->ldx, K, xs + (size_t)r * (size_t)K);
+        }
+        struct cpu_mm b = *m;
+        b.x = xs;
+        b.ldx = (size_t)K;
+        b.x_rows = NULL;
+        b.rows = n;
+        if (m->y_rows) b.y_rows = m->y_rows + r0;
+        else b.y = m->y + (size_t)r0 * m->ldy;
+        cpu_kernels_avx512_matmul_dp_order(&b, o0, o1, scratch);
+    }
+}
+
 // A row's pass costs half the fp32 matmul's FMAs; the weights' read the same.
 static uint64_t bf_row_cost(const struct cpu_mm *m)
 {
@@ -261,20 +306,85 @@ static uint64_t bf_row_cost(const struct cpu_mm *m)
     return (uint64_t)m->rows * 2 + 4;
 }
 
-static struct cpu_kernels bf16_table;
+// fma_burn's work (iters * CPU_FMA_CHAINS * 16 * 2 FLOPs) in VDPBF16PS,
+// which does two of an FMA's products per lane: iters / 2 rounds.
+static float bf_dp_burn(long iters, float seed)
+{
+    __m512 acc[CPU_FMA_CHAINS];
+#pragma GCC unroll 16
+    for (int j = 0; j < CPU_FMA_CHAINS; j++) acc[j] = _mm512_set1_ps(seed + (float)j);
+    const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80), b = (__m512bh)_mm512_set1_epi32(0x33d633d6);
+    for (long i = 0; i < iters / 2; i++) {
+#pragma GCC unroll 16
+        for (int j = 0; j < CPU_FMA_CHAINS; j++) acc[j] = _mm512_dpbf16_ps(acc[j], a, b);
+    }
+    __m512 s = _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int j = 0; j < CPU_FMA_CHAINS; j++) s = _mm512_add_ps(s, acc[j]);
+    return _mm512_reduce_add_ps(s);
+}
+
+// The time of the same FLOPs in VDPBF16PS over FMAs, best of five each,
+// alternating (about 5 ms in all). It only picks where the time goes: both
+// paths give the same results.
+static double bf_dp_rate(void)
+{
+    const struct cpu_kernels *f = cpu_kernels_avx512_table();
+    volatile float sink = 0;
+    double t_dp = 1e30, t_fma = 1e30;
+    for (int i = 0; i < 5; i++) {
+        double t0 = ms_now();
+        sink += bf_dp_burn(40000, (float)i);
+        double t1 = ms_now();
+        sink += f->fma_burn(40000, (float)i);
+        double t2 = ms_now();
+        if (t1 - t0 < t_dp) t_dp = t1 - t0;
+        if (t2 - t1 < t_fma) t_fma = t2 - t1;
+    }
+    (void)sink;
+    return t_dp > 0 ? t_fma / t_dp : 2.0;
+}
+
+static struct cpu_kernels bf16_table, bf16_dp_table, bf16_fma_table;
+
+// VDPBF16PS pays where it multiplies at least 1.25 times as fast as FMAs
+// (about 2x on Zen 4 and 5); where it runs at half rate (0.5x on the Intel
+// Xeon measured here: 85 against 169 GFLOP/s a core), the FMA path.
+#define BF_DP_MIN_RATE 1.25
 
 static void bf16_table_init(void)
 {
-    bf16_table = *cpu_kernels_avx512_table();
-    bf16_table.name = "avx512_bf16";
-    bf16_table.matmul = bf_matmul;
-    bf16_table.row_cost = bf_row_cost;
-    bf16_table.bf16_activations = true;
+    bf16_fma_table = *cpu_kernels_avx512_table();
+    bf16_fma_table.name = "avx512_bf16";
+    bf16_fma_table.bf16_activations = true;
+    bf16_fma_table.matmul = bf_matmul_fma;
+    bf16_dp_table = bf16_fma_table;
+    bf16_dp_table.matmul = bf_matmul;
+    bf16_dp_table.row_cost = bf_row_cost;
+    bf16_dp_table.fma_burn = bf_dp_burn;
+    const double rate = bf_dp_rate();
+    if (rate >= BF_DP_MIN_RATE) {
+        bf16_table = bf16_dp_table;
+    } else {
+        bf16_table = bf16_fma_table;
+        ms_log(MS_LOG_INFO,
+               "avx512_bf16 kernels: VDPBF16PS multiplies at %.2fx the FMA rate on this CPU, so the bf16 "
+               "matmuls use FMAs in its order (the same results)",
+               rate);
+    }
 }
+
+static pthread_once_t bf16_once = PTHREAD_ONCE_INIT;
 
 const struct cpu_kernels *cpu_kernels_avx512_bf16_table(void)
 {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, bf16_table_init);
+    pthread_once(&bf16_once, bf16_table_init);
     return &bf16_table;
+}
+
+const struct cpu_kernels *cpu_kernels_avx512_bf16_path_table(bool fma);
+const struct cpu_kernels *cpu_kernels_avx512_bf16_path_table(bool fma)
+{
+    pthread_once(&bf16_once, bf16_table_init);
+    return fma ? &bf16_fma_table : &bf16_dp_table;
 }

@@ -92,7 +92,11 @@ int main(int argc, char **argv)
         const double flop = 2.0 * welems * sh->rows * sh->mats, bytes = 2.0 * welems * sh->mats;
         printf("%s: %d x %d%s, %d rows\n", sh->what, sh->out, sh->in, sh->mats > 1 ? " x 64" : "", sh->rows);
         for (int t = 0; t < n_names; t++) {
-            const struct cpu_kernels *k = cpu_kernels_by_name(names[t]);
+            // avx512_bf16:dp and avx512_bf16:fma force that table's path.
+            const struct cpu_kernels *k =
+                !strcmp(names[t], "avx512_bf16:dp")    ? cpu_kernels_avx512_bf16_path(false)
+                : !strcmp(names[t], "avx512_bf16:fma") ? cpu_kernels_avx512_bf16_path(true)
+                                                       : cpu_kernels_by_name(names[t]);
             if (!k) {
                 printf("  %-12s not on this CPU\n", names[t]);
                 continue;
@@ -117,8 +121,8 @@ int main(int argc, char **argv)
                 if (dt < best) best = dt;
                 if (dc < best_cpu) best_cpu = dc;
             }
-            printf("  %-12s %8.2f ms  %7.1f GFLOP/s  %6.2f GB/s of weights | CPU time: %8.2f ms %7.1f GFLOP/s\n",
-                   k->name, best * 1e3, flop / best / 1e9, bytes / best / 1e9, best_cpu * 1e3,
+            printf("  %-15s %8.2f ms  %7.1f GFLOP/s  %6.2f GB/s of weights | CPU time: %8.2f ms %7.1f GFLOP/s\n",
+                   names[t], best * 1e3, flop / best / 1e9, bytes / best / 1e9, best_cpu * 1e3,
                    flop / best_cpu / 1e9);
             free(ex.scratch);
         }

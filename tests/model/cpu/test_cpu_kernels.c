@@ -992,9 +992,173 @@ static void bf16_matmul_is_fp32_over_bf16_activations(void **state)
 {
     (void)state;
     if (!bf16_table) skip();
-    assert_true(bf16_table->bf16_activations);
-    assert_false(cpu_kernels_avx512()->bf16_activations);
-    int rounded_apart = 0;
+    // Both paths: VDPBF16PS and FMAs in its order.
+    for (int path = 0; path < 2; path++) {
+        const struct cpu_kernels *bf16_table = cpu_kernels_avx512_bf16_path(path == 1);
+        assert_true(bf16_table->bf16_activations);
+        assert_false(cpu_kernels_avx512()->bf16_activations);
+        int rounded_apart = 0;
+        for (size_t si = 0; si < sizeof bf16_shapes / sizeof bf16_shapes[0]; si++)
+            for (int packed = 0; packed < 2; packed++) {
+                const int rows = bf16_shapes[si][0], in = bf16_shapes[si][1], out = bf16_shapes[si][2];
+                struct cpu_wmat w = {.data = random_weights(DTYPE_BF16, (size_t)out * in), .dtype = DTYPE_BF16,
+                                     .out = out, .in = in};
+                void *pk = NULL;
+                if (packed) {
+                    pk = xmalloc(cpu_pack_bytes(&w));
+                    cpu_pack_blocks(&w, 0, (out + 15) / 16, pk);
+                    w.packed = pk;
+                }
+                float *x = random_floats((size_t)rows * in), *xr = bf16_rounded(x, (size_t)rows * in);
+                float *ref = xmalloc((size_t)rows * out * 4), *refr = xmalloc((size_t)rows * out * 4);
+                float *got = xmalloc((size_t)rows * out * 4);
+                run_matmul(cpu_kernels_scalar(), &w, x, rows, ref, false);
+                run_matmul(cpu_kernels_scalar(), &w, xr, rows, refr, false);
+                run_matmul(bf16_table, &w, x, rows, got, false);
+                for (int r = 0; r < rows; r++)
+                    for (int o = 0; o < out; o++) {
+                        const size_t i = (size_t)r * out + o;
+                        double mag = 0;
+                        for (int k = 0; k < in; k++)
+                            mag += fabs((double)x[(size_t)r * in + k] *
+                                        cpu_load_weight(w.data, DTYPE_BF16, (size_t)o * in + k));
+                        const double fp32_tol = 1e-6 * in + 1e-6 * fabs(refr[i]);
+                        if (fabs(got[i] - refr[i]) > fp32_tol)
+                            fail_msg("rows %d in %d out %d %s: [%d][%d] %.9g, fp32 over bf16 x gives %.9g", rows,
+                                     in, out, packed ? "packed" : "as stored", r, o, got[i], refr[i]);
+                        if (fabs(got[i] - ref[i]) > 0x1p-8 * mag + 1e-7)
+                            fail_msg("rows %d in %d out %d: [%d][%d] %.9g is further than 2^-8 * %.6g from the "
+                                     "fp32 reference %.9g", rows, in, out, r, o, got[i], mag, ref[i]);
+                        if (fabs(got[i] - ref[i]) > 1e-6 * in + 1e-6 * fabs(ref[i])) rounded_apart++;
+                    }
+                free(pk);
+                free((void *)w.data);
+                free(x);
+                free(xr);
+                free(ref);
+                free(refr);
+                free(got);
+            }
+        assert_true(rounded_apart > 0);
+    }
+}
+
+// Each output is the same bits whatever computes it: the row alone as
+// stored is the reference for the whole batch, packed or not, each row alone
+// packed, rows gathered in reverse with outputs cut on and off the block
+// edges and accumulated onto y, and slices of the outputs as matrices.
+static void bf16_matmul_outputs_do_not_depend_on_batch_or_split(void **state)
+{
+    (void)state;
+    if (!bf16_table) skip();
+    // Both paths: VDPBF16PS and FMAs in its order.
+    for (int path = 0; path < 2; path++) {
+        const struct cpu_kernels *bf16_table = cpu_kernels_avx512_bf16_path(path == 1);
+        const struct cpu_kernels *k = bf16_table;
+        for (size_t si = 0; si < sizeof bf16_shapes / sizeof bf16_shapes[0]; si++) {
+            const int rows = bf16_shapes[si][0], in = bf16_shapes[si][1], out = bf16_shapes[si][2];
+            struct cpu_wmat w = {.data = random_weights(DTYPE_BF16, (size_t)out * in), .dtype = DTYPE_BF16,
+                                 .out = out, .in = in};
+            void *pk = xmalloc(cpu_pack_bytes(&w));
+            cpu_pack_blocks(&w, 0, (out + 15) / 16, pk);
+            struct cpu_wmat wp = w;
+            wp.packed = pk;
+            float *x = random_floats((size_t)rows * in);
+            float *want = xmalloc((size_t)rows * out * 4), *got = xmalloc((size_t)rows * out * 4);
+            float *scratch = xmalloc(cpu_kernels_scratch_floats(in, 1, 1) * 4);
+            for (int r = 0; r < rows; r++) run_matmul(k, &w, x + (size_t)r * in, 1, want + (size_t)r * out, false);
+            const struct cpu_wmat *ws[2] = {&w, &wp};
+            for (int v = 0; v < 2; v++) {
+                const char *how = v ? "packed" : "as stored";
+                run_matmul(k, ws[v], x, rows, got, false);
+                for (int i = 0; i < rows * out; i++)
+                    if (got[i] != want[i])
+                        fail_msg("%s rows %d in %d out %d: [%d] %.9g in the batch, %.9g alone", how, rows, in, out,
+                                 i, got[i], want[i]);
+                for (int r = 0; r < rows; r += 3) {
+                    run_matmul(k, ws[v], x + (size_t)r * in, 1, got, false);
+                    assert_memory_equal(got, want + (size_t)r * out, (size_t)out * 4);
+                }
+                int32_t idx[70];
+                for (int r = 0; r < rows; r++) idx[r] = rows - 1 - r;
+                for (int i = 0; i < rows * out; i++) got[i] = (float)(i % 5) - 1.5f;
+                struct cpu_mm m = {.w = *ws[v], .x = x, .ldx = in, .x_rows = idx, .y = got, .ldy = out,
+                                   .y_rows = idx, .rows = rows, .accumulate = true};
+                const int cuts[] = {0, out / 3, out / 3 + 1 < out ? out / 3 + 1 : out, out};
+                for (int c = 0; c + 1 < 4; c++)
+                    if (cuts[c] < cuts[c + 1]) k->matmul(&m, cuts[c], cuts[c + 1], scratch);
+                for (int i = 0; i < rows * out; i++)
+                    if (got[i] != ((float)(i % 5) - 1.5f) + want[i])
+                        fail_msg("%s rows %d in %d out %d, gathered, split, accumulated: [%d] %.9g", how, rows, in,
+                                 out, i, got[i]);
+                const int s0[2] = {out > 16 ? 16 : 0, out > 1 ? 1 : 0};
+                for (int c = 0; c < 2; c++) {
+                    struct cpu_wmat sl = cpu_wmat_slice(ws[v], s0[c], out - s0[c]);
+                    float *ys = xmalloc((size_t)rows * sl.out * 4);
+                    run_matmul(k, &sl, x, rows, ys, false);
+                    for (int r = 0; r < rows; r++)
+                        assert_memory_equal(ys + (size_t)r * sl.out, want + (size_t)r * out + s0[c],
+                                            (size_t)sl.out * 4);
+                    free(ys);
+                }
+            }
+            free(pk);
+            free((void *)w.data);
+            free(x);
+            free(want);
+            free(got);
+            free(scratch);
+        }
+    }
+}
+
+// Only bf16 weights take bf16 activations: f16, f32 and quantized matrices
+// give exactly the avx512 table's outputs.
+static void bf16_table_leaves_other_weights_to_avx512(void **state)
+{
+    (void)state;
+    if (!bf16_table) skip();
+    // Both paths: VDPBF16PS and FMAs in its order.
+    for (int path = 0; path < 2; path++) {
+        const struct cpu_kernels *bf16_table = cpu_kernels_avx512_bf16_path(path == 1);
+        const struct cpu_kernels *ref = cpu_kernels_avx512();
+        const enum dtype dts[] = {DTYPE_F16, DTYPE_F32};
+        for (int d = 0; d < 3; d++) {
+            const int rows = 9, in = 96, out = 70;
+            struct qmat q;
+            struct cpu_wmat w;
+            if (d < 2) {
+                w = (struct cpu_wmat){.data = random_weights(dts[d], (size_t)out * in), .dtype = dts[d], .out = out,
+                                      .in = in};
+            } else {
+                qmat_make(&q, QUANT_INT8, out, in, 32);
+                w = q.w;
+            }
+            float *x = random_floats((size_t)rows * in);
+            float *a = xmalloc((size_t)rows * out * 4), *b = xmalloc((size_t)rows * out * 4);
+            run_matmul(ref, &w, x, rows, a, false);
+            run_matmul(bf16_table, &w, x, rows, b, false);
+            assert_memory_equal(a, b, (size_t)rows * out * 4);
+            if (d < 2) free((void *)w.data);
+            else qmat_free(&q);
+            free(x);
+            free(a);
+            free(b);
+        }
+    }
+}
+
+// The table's two paths (VDPBF16PS, and FMAs in its order where it runs at
+// half rate) give every output the same value, so the path a CPU's timing
+// picks changes where the time goes, never a result; and the table by name
+// is one of them.
+static void bf16_paths_give_the_same_results(void **state)
+{
+    (void)state;
+    if (!bf16_table) skip();
+    const struct cpu_kernels *dp = cpu_kernels_avx512_bf16_path(false), *fma = cpu_kernels_avx512_bf16_path(true);
+    assert_true(bf16_table->matmul == dp->matmul || bf16_table->matmul == fma->matmul);
+    assert_true(dp->matmul != fma->matmul);
     for (size_t si = 0; si < sizeof bf16_shapes / sizeof bf16_shapes[0]; si++)
         for (int packed = 0; packed < 2; packed++) {
             const int rows = bf16_shapes[si][0], in = bf16_shapes[si][1], out = bf16_shapes[si][2];
@@ -1006,134 +1170,20 @@ static void bf16_matmul_is_fp32_over_bf16_activations(void **state)
                 cpu_pack_blocks(&w, 0, (out + 15) / 16, pk);
                 w.packed = pk;
             }
-            float *x = random_floats((size_t)rows * in), *xr = bf16_rounded(x, (size_t)rows * in);
-            float *ref = xmalloc((size_t)rows * out * 4), *refr = xmalloc((size_t)rows * out * 4);
-            float *got = xmalloc((size_t)rows * out * 4);
-            run_matmul(cpu_kernels_scalar(), &w, x, rows, ref, false);
-            run_matmul(cpu_kernels_scalar(), &w, xr, rows, refr, false);
-            run_matmul(bf16_table, &w, x, rows, got, false);
-            for (int r = 0; r < rows; r++)
-                for (int o = 0; o < out; o++) {
-                    const size_t i = (size_t)r * out + o;
-                    double mag = 0;
-                    for (int k = 0; k < in; k++)
-                        mag += fabs((double)x[(size_t)r * in + k] *
-                                    cpu_load_weight(w.data, DTYPE_BF16, (size_t)o * in + k));
-                    const double fp32_tol = 1e-6 * in + 1e-6 * fabs(refr[i]);
-                    if (fabs(got[i] - refr[i]) > fp32_tol)
-                        fail_msg("rows %d in %d out %d %s: [%d][%d] %.9g, fp32 over bf16 x gives %.9g", rows,
-                                 in, out, packed ? "packed" : "as stored", r, o, got[i], refr[i]);
-                    if (fabs(got[i] - ref[i]) > 0x1p-8 * mag + 1e-7)
-                        fail_msg("rows %d in %d out %d: [%d][%d] %.9g is further than 2^-8 * %.6g from the "
-                                 "fp32 reference %.9g", rows, in, out, r, o, got[i], mag, ref[i]);
-                    if (fabs(got[i] - ref[i]) > 1e-6 * in + 1e-6 * fabs(ref[i])) rounded_apart++;
-                }
+            float *x = random_floats((size_t)rows * in);
+            float *a = xmalloc((size_t)rows * out * 4), *b = xmalloc((size_t)rows * out * 4);
+            run_matmul(dp, &w, x, rows, a, false);
+            run_matmul(fma, &w, x, rows, b, false);
+            for (int i = 0; i < rows * out; i++)
+                if (a[i] != b[i])
+                    fail_msg("rows %d in %d out %d %s: [%d] VDPBF16PS %.9g, FMAs in its order %.9g", rows, in, out,
+                             packed ? "packed" : "as stored", i, a[i], b[i]);
             free(pk);
             free((void *)w.data);
             free(x);
-            free(xr);
-            free(ref);
-            free(refr);
-            free(got);
+            free(a);
+            free(b);
         }
-    assert_true(rounded_apart > 0);
-}
-
-// Each output is the same bits whatever computes it: the row alone as
-// stored is the reference for the whole batch, packed or not, each row alone
-// packed, rows gathered in reverse with outputs cut on and off the block
-// edges and accumulated onto y, and slices of the outputs as matrices.
-static void bf16_matmul_outputs_do_not_depend_on_batch_or_split(void **state)
-{
-    (void)state;
-    if (!bf16_table) skip();
-    const struct cpu_kernels *k = bf16_table;
-    for (size_t si = 0; si < sizeof bf16_shapes / sizeof bf16_shapes[0]; si++) {
-        const int rows = bf16_shapes[si][0], in = bf16_shapes[si][1], out = bf16_shapes[si][2];
-        struct cpu_wmat w = {.data = random_weights(DTYPE_BF16, (size_t)out * in), .dtype = DTYPE_BF16,
-                             .out = out, .in = in};
-        void *pk = xmalloc(cpu_pack_bytes(&w));
-        cpu_pack_blocks(&w, 0, (out + 15) / 16, pk);
-        struct cpu_wmat wp = w;
-        wp.packed = pk;
-        float *x = random_floats((size_t)rows * in);
-        float *want = xmalloc((size_t)rows * out * 4), *got = xmalloc((size_t)rows * out * 4);
-        float *scratch = xmalloc(cpu_kernels_scratch_floats(in, 1, 1) * 4);
-        for (int r = 0; r < rows; r++) run_matmul(k, &w, x + (size_t)r * in, 1, want + (size_t)r * out, false);
-        const struct cpu_wmat *ws[2] = {&w, &wp};
-        for (int v = 0; v < 2; v++) {
-            const char *how = v ? "packed" : "as stored";
-            run_matmul(k, ws[v], x, rows, got, false);
-            for (int i = 0; i < rows * out; i++)
-                if (got[i] != want[i])
-                    fail_msg("%s rows %d in %d out %d: [%d] %.9g in the batch, %.9g alone", how, rows, in, out,
-                             i, got[i], want[i]);
-            for (int r = 0; r < rows; r += 3) {
-                run_matmul(k, ws[v], x + (size_t)r * in, 1, got, false);
-                assert_memory_equal(got, want + (size_t)r * out, (size_t)out * 4);
-            }
-            int32_t idx[70];
-            for (int r = 0; r < rows; r++) idx[r] = rows - 1 - r;
-            for (int i = 0; i < rows * out; i++) got[i] = (float)(i % 5) - 1.5f;
-            struct cpu_mm m = {.w = *ws[v], .x = x, .ldx = in, .x_rows = idx, .y = got, .ldy = out,
-                               .y_rows = idx, .rows = rows, .accumulate = true};
-            const int cuts[] = {0, out / 3, out / 3 + 1 < out ? out / 3 + 1 : out, out};
-            for (int c = 0; c + 1 < 4; c++)
-                if (cuts[c] < cuts[c + 1]) k->matmul(&m, cuts[c], cuts[c + 1], scratch);
-            for (int i = 0; i < rows * out; i++)
-                if (got[i] != ((float)(i % 5) - 1.5f) + want[i])
-                    fail_msg("%s rows %d in %d out %d, gathered, split, accumulated: [%d] %.9g", how, rows, in,
-                             out, i, got[i]);
-            const int s0[2] = {out > 16 ? 16 : 0, out > 1 ? 1 : 0};
-            for (int c = 0; c < 2; c++) {
-                struct cpu_wmat sl = cpu_wmat_slice(ws[v], s0[c], out - s0[c]);
-                float *ys = xmalloc((size_t)rows * sl.out * 4);
-                run_matmul(k, &sl, x, rows, ys, false);
-                for (int r = 0; r < rows; r++)
-                    assert_memory_equal(ys + (size_t)r * sl.out, want + (size_t)r * out + s0[c],
-                                        (size_t)sl.out * 4);
-                free(ys);
-            }
-        }
-        free(pk);
-        free((void *)w.data);
-        free(x);
-        free(want);
-        free(got);
-        free(scratch);
-    }
-}
-
-// Only bf16 weights take bf16 activations: f16, f32 and quantized matrices
-// give exactly the avx512 table's outputs.
-static void bf16_table_leaves_other_weights_to_avx512(void **state)
-{
-    (void)state;
-    if (!bf16_table) skip();
-    const struct cpu_kernels *ref = cpu_kernels_avx512();
-    const enum dtype dts[] = {DTYPE_F16, DTYPE_F32};
-    for (int d = 0; d < 3; d++) {
-        const int rows = 9, in = 96, out = 70;
-        struct qmat q;
-        struct cpu_wmat w;
-        if (d < 2) {
-            w = (struct cpu_wmat){.data = random_weights(dts[d], (size_t)out * in), .dtype = dts[d], .out = out,
-                                  .in = in};
-        } else {
-            qmat_make(&q, QUANT_INT8, out, in, 32);
-            w = q.w;
-        }
-        float *x = random_floats((size_t)rows * in);
-        float *a = xmalloc((size_t)rows * out * 4), *b = xmalloc((size_t)rows * out * 4);
-        run_matmul(ref, &w, x, rows, a, false);
-        run_matmul(bf16_table, &w, x, rows, b, false);
-        assert_memory_equal(a, b, (size_t)rows * out * 4);
-        if (d < 2) free((void *)w.data);
-        else qmat_free(&q);
-        free(x);
-        free(a);
-        free(b);
-    }
 }
 
 int main(void)
@@ -1160,6 +1210,7 @@ int main(void)
         cmocka_unit_test(bf16_matmul_is_fp32_over_bf16_activations),
         cmocka_unit_test(bf16_matmul_outputs_do_not_depend_on_batch_or_split),
         cmocka_unit_test(bf16_table_leaves_other_weights_to_avx512),
+        cmocka_unit_test(bf16_paths_give_the_same_results),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
