@@ -218,7 +218,8 @@ static int on_event(void *ctx, const char *data, size_t len)
     }
     double now = ms_now();
     json_error_t je;
-    json_t *j = json_loadb(data, len, 0, &je);
+    // A model may emit a NUL byte ("\u0000"), which is valid JSON.
+    json_t *j = json_loadb(data, len, JSON_ALLOW_NUL, &je);
     if (!j || !json_is_object(j)) {
         json_decref(j);
         set_stream_err(l, "a stream chunk is not a JSON object: %.200s", data);
@@ -234,16 +235,17 @@ static int on_event(void *ctx, const char *data, size_t len)
     json_t *choices = json_object_get(j, "choices");
     if (json_is_array(choices) && json_array_size(choices) > 0) {
         json_t *c = json_array_get(choices, 0);
-        const char *text = json_string_value(json_object_get(c, "text"));
+        // Lengths, not C strings: a text of one NUL byte is a token too.
+        json_t *text = json_object_get(c, "text");
         json_t *delta = json_object_get(c, "delta");
-        if (!text && delta) {
-            text = json_string_value(json_object_get(delta, "content"));
-            if (!text || !*text) text = json_string_value(json_object_get(delta, "reasoning_content"));
+        if (!json_is_string(text) && delta) {
+            text = json_object_get(delta, "content");
+            if (json_string_length(text) == 0) text = json_object_get(delta, "reasoning_content");
         }
         // Only chunks that carry generated text count as tokens: a chat
         // stream's opening role chunk and the closing finish_reason chunk
         // may come before the first token or after the last one.
-        if (text && *text) {
+        if (json_string_length(text) > 0) {
             if (!l->first_seen) {
                 l->first_seen = true;
                 l->rq->ttft = now - l->sent;

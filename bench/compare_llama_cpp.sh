@@ -51,7 +51,8 @@ usage: bench/compare_llama_cpp.sh MODEL_DIR MODEL.gguf [options]
                      change), served each round beside this one: its tables
                      show as before-TABLE (--before-tables, default avx512,avx2)
   --tables LIST      kernel tables, comma-separated (default: every one this CPU
-                     runs but scalar, which is the reference and slow)
+                     runs, avx512_bf16 included, but scalar, which is the
+                     reference and slow)
   --rounds N         rounds, each ours then peer (2)
   --loads LIST       c16,c64,ttft,tpot (all)
   --in N --out N     prompt and output tokens of the c16/c64 loads (128, 64)
@@ -105,6 +106,7 @@ if [[ -z $TABLES ]]; then
     TABLES=""
     [[ $flags == *" amx_tile"* && $flags == *" amx_bf16"* ]] && TABLES+="amx,"
     [[ $flags == *" avx512f"* && $flags == *" avx512bw"* && $flags == *" avx512vl"* ]] && TABLES+="avx512,"
+    [[ $flags == *" avx512_bf16"* ]] && TABLES+="avx512_bf16,"
     [[ $flags == *" avx2"* && $flags == *" fma"* ]] && TABLES+="avx2,"
     TABLES=${TABLES%,}
     [[ -n $TABLES ]] || TABLES=scalar

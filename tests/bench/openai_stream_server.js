@@ -3,7 +3,9 @@
 // max_tokens chunks per request and can misbehave on purpose.
 //   node openai_stream_server.js [--ttft-ms N] [--itl-ms N] [--fail-every N]
 //        [--break-every N] [--error-event-every N] [--crlf] [--split]
-//        [--no-usage] [--api-key KEY]
+//        [--no-usage] [--nul-text] [--api-key KEY]
+// --nul-text: every token's text is one NUL byte ("\u0000" in the JSON), which
+// a model may emit.
 // Prints the port it listens on as the first line of stdout.
 // GET /stats returns what it saw: requests, max_in_flight, bodies.
 'use strict';
@@ -11,7 +13,7 @@ const http = require('http');
 
 const args = process.argv.slice(2);
 const opt = { ttft: 0, itl: 0, failEvery: 0, breakEvery: 0, errorEvery: 0, crlf: false, split: false,
-              usage: true, apiKey: null };
+              usage: true, nul: false, apiKey: null };
 for (let i = 0; i < args.length; i++) {
   const a = args[i];
   if (a === '--ttft-ms') opt.ttft = Number(args[++i]);
@@ -22,6 +24,7 @@ for (let i = 0; i < args.length; i++) {
   else if (a === '--crlf') opt.crlf = true;
   else if (a === '--split') opt.split = true;
   else if (a === '--no-usage') opt.usage = false;
+  else if (a === '--nul-text') opt.nul = true;
   else if (a === '--api-key') opt.apiKey = args[++i];
   else { console.error('unknown argument ' + a); process.exit(2); }
 }
@@ -76,7 +79,7 @@ async function stream(req, res, body, chat, nth) {
       res.end();
       return;
     }
-    const text = 'tok' + t + ' ';
+    const text = opt.nul ? '\0' : 'tok' + t + ' ';
     await event(res, chunk(chat ? { index: 0, delta: { content: text }, finish_reason: null }
                                 : { index: 0, text, logprobs: null, finish_reason: null }));
   }

@@ -405,6 +405,30 @@ static void split_crlf_streams_without_usage_count_chunks(void **state)
     fixture_stop();
 }
 
+// A token whose text is a NUL byte ("\u0000", valid JSON: a random model
+// emits one now and then) is a token like any other, in both APIs, not a
+// stream that fails to parse.
+static void nul_byte_tokens_count_as_tokens(void **state)
+{
+    (void)state;
+    const char *args[] = {"--nul-text", "--no-usage", NULL};
+    fixture_start(args);
+    for (int chat = 0; chat < 2; chat++) {
+        struct bench_opts o;
+        opts_for_fixture(&o, 4, 8, 6);
+        if (chat) o.endpoint = "/v1/chat/completions";
+        struct bench_result r;
+        char err[512];
+        int rc = bench_run(&o, &r, NULL, err, sizeof err);
+        if (rc) fail_msg("%s", err);
+        assert_int_equal(r.completed, 4);
+        assert_int_equal(r.failed, 0);
+        assert_int_equal(r.total_output, 4 * 6);
+        bench_result_free(&r);
+    }
+    fixture_stop();
+}
+
 static void poisson_requests_never_start_before_their_arrival(void **state)
 {
     (void)state;
@@ -581,6 +605,7 @@ int main(void)
         cmocka_unit_test_teardown(chat_ttft_counts_content_not_the_role_chunk, teardown_fixture),
         cmocka_unit_test_teardown(failures_are_counted_with_their_reasons, teardown_fixture),
         cmocka_unit_test_teardown(split_crlf_streams_without_usage_count_chunks, teardown_fixture),
+        cmocka_unit_test_teardown(nul_byte_tokens_count_as_tokens, teardown_fixture),
         cmocka_unit_test_teardown(poisson_requests_never_start_before_their_arrival, teardown_fixture),
         cmocka_unit_test_teardown(a_failing_initial_test_stops_the_run_with_its_error, teardown_fixture),
         cmocka_unit_test_teardown(extra_body_members_join_every_request, teardown_fixture),
