@@ -1167,6 +1167,13 @@ int oa_load_object(const char *body, size_t len, json_t **out, struct oa_error *
         return oa_errorf(e, MS_EFORMAT, "invalid_json", NULL,
                          "the request body is empty; send a JSON object");
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    // Strings reach the engine as C strings, which a NUL would cut short
+    // without a word: refused, and said so (not in the parser's terms).
+    if (!root && json_error_code(&jerr) == json_error_null_character)
+        return oa_errorf(e, MS_EFORMAT, "invalid_json", NULL,
+                         "the request body holds a NUL character (\\u0000) in a string (line %d, column "
+                         "%d); requests may not contain NUL characters: remove them",
+                         jerr.line, jerr.column);
     if (!root)
         return oa_errorf(e, MS_EFORMAT, "invalid_json", NULL,
                          "the request body is not valid JSON (line %d, column %d): %s", jerr.line,

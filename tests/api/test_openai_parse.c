@@ -71,6 +71,17 @@ static void malformed_json_is_400_without_param(void **state)
         "{\"temperature\": 1e999}",
     };
     for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) expect_chat_error(bodies[i], 400, "");
+    // A NUL character in a string: refused in the user's terms, with where.
+    struct arena *a = arena_create(4096);
+    struct oa_chat_request r;
+    struct oa_error e;
+    const char *nul = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}";
+    assert_int_not_equal(chat(nul, &r, &e, a, NULL), 0);
+    assert_int_equal(e.http, 400);
+    assert_non_null(strstr(e.message, "NUL character"));
+    assert_non_null(strstr(e.message, "column"));
+    assert_null(strstr(e.message, "JSON_ALLOW_NUL"));
+    arena_destroy(a);
 }
 
 static void invalid_utf8_is_refused(void **state)
