@@ -241,9 +241,10 @@ static inline size_t cpu_pk_scratch_floats(int K)
 // The avx512 matmul of bf16 weights in VDPBF16PS's order: within each pair
 // of k, the product of k = 2p + 1 first, then of 2p, each one FMA (Intel's
 // definition of the instruction: measured here bit for bit against it on
-// normal numbers). With x already rounded to bf16 (the products are then
-// exact in fp32) it gives VDPBF16PS's results at the fp32 FMA rate, which
-// is twice VDPBF16PS's on CPUs that run it at half rate (kernels_avx512bf16.c).
+// normal numbers; it flushes subnormals, FMAs keep them). With x already
+// rounded to bf16 (the products are then exact in fp32) it gives
+// VDPBF16PS's results at the fp32 FMA rate, twice VDPBF16PS's on CPUs that
+// run it at half rate (kernels_avx512bf16.c).
 // Other weights: the avx512 matmul. Scratch: cpu_pk_scratch_floats(K).
 void cpu_kernels_avx512_matmul_dp_order(const struct cpu_mm *m, int o0, int o1, float *scratch);
 
