@@ -392,7 +392,7 @@ static void pk_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
 
 void cpu_kernels_avx512_matmul_dp_order(const struct cpu_mm *m, int o0, int o1, float *scratch)
 {
-    pk_matmul_in(m, o0, o1, scratch, m->w.quant == QUANT_NONE && m->w.dtype == DTYPE_BF16);
+    pk_matmul_in(m, o0, o1, scratch, true); // the order only bf16 tiles have
 }
 
 static bool pk_wants_packed(const struct cpu_wmat *w) { return w->out > 0 && w->in > 0; }

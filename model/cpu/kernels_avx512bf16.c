@@ -56,6 +56,10 @@ const struct cpu_kernels *cpu_kernels_avx512_bf16_table(void);
 #define BF_CHUNK_BYTES (192u << 10) // packed weights each row block meets while they sit in L2
 #define BF_PF 2048                  // how far ahead in its block the first row block prefetches
 
+// The matrices this table multiplies with bf16 activations: bf16 weights,
+// not quantized; the rest go to the avx512 table as they are.
+static bool bf_takes(const struct cpu_mm *m) { return m->w.quant == QUANT_NONE && m->w.dtype == DTYPE_BF16; }
+
 // One tile: MR rows x NB blocks of 16 outputs. The rows' bf16 pairs come
 // from row pointers (xr[r][p]: up to BF_MR rows), or, when XP, from one
 // buffer holding them interleaved (xq[p * MR + r]), so that one pointer
@@ -195,7 +199,7 @@ AI int bf_block_height(int rows)
 // block in turn. Weights not packed at load are packed chunk by chunk.
 static void bf_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
 {
-    if (m->w.quant != QUANT_NONE || m->w.dtype != DTYPE_BF16) {
+    if (!bf_takes(m)) {
         cpu_kernels_avx512_table()->matmul(m, o0, o1, scratch);
         return;
     }
@@ -283,7 +287,7 @@ static void bf_round_row_f32(const float *x, int K, float *d)
 // outputs the same bits, as in bf_matmul.
 static void bf_matmul_fma(const struct cpu_mm *m, int o0, int o1, float *scratch)
 {
-    if (m->w.quant != QUANT_NONE || m->w.dtype != DTYPE_BF16) {
+    if (!bf_takes(m)) {
         cpu_kernels_avx512_table()->matmul(m, o0, o1, scratch);
         return;
     }
@@ -310,7 +314,7 @@ static void bf_matmul_fma(const struct cpu_mm *m, int o0, int o1, float *scratch
 // A row's pass costs half the fp32 matmul's FMAs; the weights' read the same.
 static uint64_t bf_row_cost(const struct cpu_mm *m)
 {
-    if (m->w.quant == QUANT_NONE && m->w.dtype == DTYPE_BF16) return (uint64_t)m->rows + 4;
+    if (bf_takes(m)) return (uint64_t)m->rows + 4;
     return (uint64_t)m->rows * 2 + 4;
 }
 
