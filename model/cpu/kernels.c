@@ -427,7 +427,7 @@ size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
     // the avx512 matmul needs: 256 KiB of packed blocks or one f32 block
     // (16 floats per k) for weights not packed at load, or 16 x rows
     // transposed.
-    size_t mm = cpu_pk_scratch_floats(max_in);
+    size_t mm = cpu_p2_scratch_floats(max_in);
     // The amx matmul: 256 KiB of packed blocks (or one bf16 block, 8 floats
     // per k, when that is more), a group of x rows split in two (32768
     // floats, or one 16-row tile when K is larger), four C tiles.

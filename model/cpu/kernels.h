@@ -120,6 +120,17 @@ struct cpu_mm {
     bool accumulate;       // y += x . w^T (a residual add) instead of y = x . w^T
 };
 
+// Rows [rb, rb + mr) of m: where each one's x is read and its y written.
+static inline void cpu_mm_rows(const struct cpu_mm *m, int rb, int mr, const float **xr, float **yr)
+{
+    for (int r = 0; r < mr; r++) {
+        const int xi = m->x_rows ? m->x_rows[rb + r] : rb + r;
+        const int yi = m->y_rows ? m->y_rows[rb + r] : rb + r;
+        xr[r] = m->x + (size_t)xi * m->ldx;
+        yr[r] = m->y + (size_t)yi * m->ldy;
+    }
+}
+
 // Attention for a tile of consecutive new tokens of one sequence and the
 // query heads that share one KV head, over a paged KV cache. Token i of the
 // tile sits at position first_pos + i and attends positions 0..first_pos + i
@@ -236,6 +247,14 @@ static inline size_t cpu_pk_scratch_floats(int K)
 {
     const size_t kp = ((size_t)(K > 0 ? K : 1) + 15) / 16 * 16;
     return (65536 > 4 * kp ? 65536 : 4 * kp) + 4 * kp + 16 * kp;
+}
+
+// The avx2 matmul: the avx512 one's, then a chunk of weights widened to fp32
+// (256 KiB, or one block of 16 floats per k).
+static inline size_t cpu_p2_scratch_floats(int K)
+{
+    const size_t kp = ((size_t)(K > 0 ? K : 1) + 15) / 16 * 16;
+    return cpu_pk_scratch_floats(K) + (65536 > 16 * kp ? 65536 : 16 * kp);
 }
 
 // The avx512 matmul of bf16 weights in VDPBF16PS's order: within each pair

@@ -25,34 +25,19 @@
     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define VLOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 
-// Packed tiles: MM_MR rows x MM_NR outputs of accumulators, the x rows in L1
-// across a whole packed chunk of MM_PACK_FLOATS weights (in L2).
-#define MM_MR 6
-#define MM_NR 2
-#define MM_PACK_FLOATS 65536
-#define MM_UNIT 12
-#define GV_MR 2
-#define GV_NR 4
+// The matmul reads the packed layout (below), as the avx512 table does.
+#define MM_UNIT 16
 // Attention rows per group: their score accumulators fill the registers.
 #define ATT_RB 6
-#define GEMM_MIN_ROWS 4
-#define GV_STREAM_MAX_ROWS (GEMM_MIN_ROWS - 1)
-#define GV_STREAM_MIN_BYTES 1u
 
 // The canonical lane-sum tree: adjacent pairs, then pairs of pairs, then the
-// two 128-bit halves. reduce4 computes exactly this tree for four vectors.
+// two 128-bit halves.
 static inline float reduce1(__m256 v)
 {
     __m256 h = _mm256_hadd_ps(v, v);
     h = _mm256_hadd_ps(h, h);
     __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
     return _mm_cvtss_f32(r);
-}
-
-static inline void reduce4(__m256 a, __m256 b, __m256 c, __m256 d, float out[4])
-{
-    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
 }
 
 static inline float hmax1(__m256 v)
@@ -123,11 +108,264 @@ static const float nib_xscale[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 
 
 #include "model/cpu/kernels_simd.inc"
 
+// ---- the matmul over packed weights ------------------------------------------
+//
+// The avx512 table's layout (blocks of 16 outputs stored k by k, bf16 in
+// pairs of k) and its arithmetic: every output is one FMA chain over k in
+// order, from 0, then y_old + that when accumulating; so this table's
+// results are the avx512 table's, bit for bit, at half the vector width. A
+// block's 16 outputs are two vectors of 8; a tile holds MR rows x NB blocks
+// of such chains and feeds each k's weight vectors to MR broadcast x values.
+// Sixteen registers: 6 x 1 blocks (12 chains) for many rows, 1 x 4 for one
+// row (8 chains, enough to cover the FMA latency while streaming).
+
+#define P2_MAX_MR 6        // rows of an fp32 tile: 12 chains, 2 weight vectors, 1 broadcast
+#define P2_MAX_MR_DIRECT 4 // rows of a bf16 or f16 tile: 8 chains, 4 weight vectors, 2 broadcasts
+#define P2_MAX_NB 4
+#define P2_CHUNK_BYTES (128u << 10) // packed weights each row block meets while they sit in L2
+#define P2_PF 2048                  // how far ahead in its block the first row block prefetches
+
+// Lanes [lo, hi) of 8 set, as a maskload/maskstore mask.
+static inline __m256i p2_mask8(int lo, int hi)
+{
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_and_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(hi), idx),
+                            _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(lo - 1)));
+}
+
+AI void p2_tile(const int MR, const int NB, const enum dtype dt, const float *const *xr, const char *wp, size_t bb,
+                int K, float *const *yr, int o, int o0, int o1, bool accumulate, bool pf, struct cpu_ahead *ahead)
+{
+    const char *pa = ahead ? ahead->at : NULL, *pe = ahead ? ahead->end : NULL;
+    const int per = ahead ? ahead->per : 0;
+    __m256 acc[P2_MAX_MR][2 * P2_MAX_NB];
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < 2 * NB; v++) acc[r][v] = _mm256_setzero_ps();
+    // Sixteen registers: each broadcast x serves the FMAs of all its
+    // weight vectors right away, and no more weight vectors are live than
+    // fit beside the chains (P2_MAX_MR says how many rows each dtype takes).
+    if (dt == DTYPE_BF16) {
+        // A pair's dword holds k = 2p in its low half and 2p + 1 in its
+        // high half: a shift and a mask make the two fp32 vectors.
+        const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+        const int np = K / 2;
+        for (int p = 0; p < np; p++) {
+#pragma GCC unroll 4
+            for (int n = 0; n < NB; n++) {
+                const char *a = wp + (size_t)n * bb + (size_t)p * 64;
+                if (pf) _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)p * 64, P2_PF), _MM_HINT_T0);
+                const __m256i v0 = _mm256_loadu_si256((const __m256i *)a);
+                const __m256i v1 = _mm256_loadu_si256((const __m256i *)(a + 32));
+                const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
+                const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
+                const __m256 d0 = _mm256_castsi256_ps(_mm256_and_si256(v0, high));
+                const __m256 d1 = _mm256_castsi256_ps(_mm256_and_si256(v1, high));
+#pragma GCC unroll 6
+                for (int r = 0; r < MR; r++) {
+                    const __m256 xe = _mm256_broadcast_ss(xr[r] + 2 * p);
+                    acc[r][2 * n] = _mm256_fmadd_ps(xe, e0, acc[r][2 * n]);
+                    acc[r][2 * n + 1] = _mm256_fmadd_ps(xe, e1, acc[r][2 * n + 1]);
+                    const __m256 xo = _mm256_broadcast_ss(xr[r] + 2 * p + 1);
+                    acc[r][2 * n] = _mm256_fmadd_ps(xo, d0, acc[r][2 * n]);
+                    acc[r][2 * n + 1] = _mm256_fmadd_ps(xo, d1, acc[r][2 * n + 1]);
+                }
+            }
+            for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
+        }
+        if (K & 1) {
+#pragma GCC unroll 4
+            for (int n = 0; n < NB; n++) {
+                const char *a = wp + (size_t)n * bb + (size_t)np * 64;
+                const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)a), 16));
+                const __m256 e1 =
+                    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(a + 32)), 16));
+#pragma GCC unroll 6
+                for (int r = 0; r < MR; r++) {
+                    const __m256 xe = _mm256_broadcast_ss(xr[r] + K - 1);
+                    acc[r][2 * n] = _mm256_fmadd_ps(xe, e0, acc[r][2 * n]);
+                    acc[r][2 * n + 1] = _mm256_fmadd_ps(xe, e1, acc[r][2 * n + 1]);
+                }
+            }
+        }
+    } else {
+        const size_t kb = dt == DTYPE_F16 ? 32 : 64; // bytes of one k's 16 weights
+        for (int k = 0; k < K; k++) {
+#pragma GCC unroll 4
+            for (int n = 0; n < NB; n++) {
+                const char *a = wp + (size_t)n * bb + (size_t)k * kb;
+                if (pf && (((size_t)k * kb) & 63) == 0)
+                    _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)k * kb, P2_PF), _MM_HINT_T0);
+                const __m256 w0 = dt == DTYPE_F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)a))
+                                                  : _mm256_loadu_ps((const float *)a);
+                const __m256 w1 = dt == DTYPE_F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + 16)))
+                                                  : _mm256_loadu_ps((const float *)a + 8);
+#pragma GCC unroll 6
+                for (int r = 0; r < MR; r++) {
+                    const __m256 xb = _mm256_broadcast_ss(xr[r] + k);
+                    acc[r][2 * n] = _mm256_fmadd_ps(xb, w0, acc[r][2 * n]);
+                    acc[r][2 * n + 1] = _mm256_fmadd_ps(xb, w1, acc[r][2 * n + 1]);
+                }
+            }
+            if ((k & 1) || k + 1 == K)
+                for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
+        }
+    }
+    if (ahead) ahead->at = pa;
+#pragma GCC unroll 8
+    for (int v = 0; v < 2 * NB; v++) {
+        const int on = o + 8 * v;
+        if (on >= o0 && on + 8 <= o1) {
+#pragma GCC unroll 6
+            for (int r = 0; r < MR; r++) {
+                float *y = yr[r] + on;
+                __m256 t = acc[r][v];
+                if (accumulate) t = _mm256_add_ps(_mm256_loadu_ps(y), t);
+                _mm256_storeu_ps(y, t);
+            }
+        } else if (on + 8 > o0 && on < o1) {
+            // Lanes outside [o0, o1) are neither read nor written.
+            const __m256i mk = p2_mask8(o0 - on, o1 - on);
+            // Unrolled like every loop over the accumulators: one that is
+            // not makes GCC keep them in memory, stored after every FMA.
+#pragma GCC unroll 6
+            for (int r = 0; r < MR; r++) {
+                float *y = yr[r] + on;
+                __m256 t = acc[r][v];
+                if (accumulate) t = _mm256_add_ps(_mm256_maskload_ps(y, mk), t);
+                _mm256_maskstore_ps(y, mk, t);
+            }
+        }
+    }
+}
+
+// The tile shapes: one row over 4 blocks, two over 2 (8 chains each), more
+// rows over one block; nb is that shape's NB, or 1 for the blocks left over
+// at the end of a range.
+AI int p2_nb(int mr) { return mr == 1 ? 4 : mr == 2 ? 2 : 1; }
+
+#define P2_CASE(DT, MR)                                                                                    \
+    case MR:                                                                                               \
+        if (nb > 1) p2_tile(MR, p2_nb(MR), DT, xr, wp, bb, K, yr, o, o0, o1, acc, pf, ahead);                 \
+        else p2_tile(MR, 1, DT, xr, wp, bb, K, yr, o, o0, o1, acc, pf, ahead);                                \
+        break;
+#define P2_TILES(NAME, DT)                                                                          \
+    static void NAME(int mr, int nb, const float *const *xr, const char *wp, size_t bb, int K,       \
+                     float *const *yr, int o, int o0, int o1, bool acc, bool pf, struct cpu_ahead *ahead) \
+    {                                                                                               \
+        switch (mr) {                                                                               \
+            P2_CASE(DT, 1) P2_CASE(DT, 2) P2_CASE(DT, 3) P2_CASE(DT, 4) P2_CASE(DT, 5) P2_CASE(DT, 6) \
+        }                                                                                           \
+    }
+P2_TILES(p2_tiles_bf16, DTYPE_BF16)
+P2_TILES(p2_tiles_f16, DTYPE_F16)
+P2_TILES(p2_tiles_f32, DTYPE_F32)
+
+typedef void (*p2_tiles_fn)(int mr, int nb, const float *const *xr, const char *wp, size_t bb, int K,
+                            float *const *yr, int o, int o0, int o1, bool acc, bool pf, struct cpu_ahead *ahead);
+
+// nblk packed bf16 or f16 blocks of K inputs as packed fp32 blocks (16
+// floats per k): the same values, so the fp32 tile over them gives the same
+// bits as the bf16 or f16 tile over the originals.
+static void p2_widen_blocks(enum dtype dt, const char *src, size_t bb, int nblk, int K, float *dst)
+{
+    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+    for (int b = 0; b < nblk; b++) {
+        const char *s = src + (size_t)b * bb;
+        float *d = dst + (size_t)b * K * 16;
+        if (dt == DTYPE_BF16) {
+            for (int p = 0; 2 * p < K; p++)
+                for (int h = 0; h < 2; h++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(s + (size_t)p * 64 + 32 * h));
+                    _mm256_store_ps(d + (size_t)(2 * p) * 16 + 8 * h, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+                    if (2 * p + 1 < K)
+                        _mm256_store_ps(d + (size_t)(2 * p + 1) * 16 + 8 * h,
+                                        _mm256_castsi256_ps(_mm256_and_si256(v, high)));
+                }
+        } else {
+            for (int k = 0; k < K; k++)
+                for (int h = 0; h < 2; h++)
+                    _mm256_store_ps(d + (size_t)k * 16 + 8 * h,
+                                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + (size_t)k * 32 + 16 * h))));
+        }
+    }
+}
+
+// Outputs [o0, o1) of every row. Chunks of packed blocks (read from memory
+// once, by the first row block, then from L2) meet every row block in turn;
+// weights not packed at load are packed chunk by chunk into scratch.
+static void p2_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
+{
+    if (m->w.quant != QUANT_NONE) {
+        simd_qmatmul(m, o0, o1, scratch);
+        return;
+    }
+    if (m->rows <= 0 || o0 >= o1) return;
+    const int K = m->w.in;
+    const size_t bb = cpu_pack_block_bytes(m->w.dtype, K);
+    const p2_tiles_fn tiles = m->w.dtype == DTYPE_BF16 ? p2_tiles_bf16
+                              : m->w.dtype == DTYPE_F16 ? p2_tiles_f16
+                                                        : p2_tiles_f32;
+    // More rows than a bf16 or f16 tile takes: each chunk widened to fp32
+    // once, every row block then on the fp32 tile (a shift or a conversion
+    // per weight vector is a third of the work of a tile's FMAs with 8
+    // lanes). The widened chunk takes 256 KiB of scratch, or one block.
+    const bool wide = m->w.dtype != DTYPE_F32 && m->rows > 2 * P2_MAX_MR_DIRECT;
+    const int bh = block_height(m->rows, wide || m->w.dtype == DTYPE_F32 ? P2_MAX_MR : P2_MAX_MR_DIRECT);
+    const int tnb = p2_nb(bh);
+    int chunk = (int)(P2_CHUNK_BYTES / (bb ? bb : 1)) / P2_MAX_NB * P2_MAX_NB;
+    if (chunk < P2_MAX_NB) chunk = P2_MAX_NB;
+    // Packing here needs the chunk in scratch: 256 KiB, or one block of any
+    // size (cpu_kernels_scratch_floats).
+    const int fits = (int)((256u << 10) / (bb ? bb : 1));
+    if (!m->w.packed && chunk > fits) chunk = fits > 1 ? fits : 1;
+    const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
+    const float *xr[P2_MAX_MR];
+    float *yr[P2_MAX_MR];
+    const int n_rb = (m->rows + bh - 1) / bh, kstep = m->w.dtype == DTYPE_BF16 ? K / 2 : (K + 1) / 2;
+    float *wbuf = scratch + cpu_pk_scratch_floats(K);
+    const size_t wbb = (size_t)K * 16 * sizeof(float);
+    if (wide) {
+        chunk = (int)((256u << 10) / wbb);
+        if (chunk < 1) chunk = 1;
+    }
+    const int n_l2 = wide ? n_rb : n_rb - 1;
+    for (int cb = b0; cb < b1; cb += chunk) {
+        const int ce = b1 - cb < chunk ? b1 : cb + chunk;
+        const char *wc = cpu_packed_blocks(&m->w, cb, ce, scratch);
+        if (wide) p2_widen_blocks(m->w.dtype, wc, bb, ce - cb, K, wbuf);
+        // The row blocks that read the chunk from L2 bring the next one there.
+        struct cpu_ahead ahead = cpu_ahead_plan(m->w.packed, bb, ce, b1, chunk,
+                                                (size_t)n_l2 * (size_t)((ce - cb) / tnb + (ce - cb) % tnb) *
+                                                    (size_t)kstep);
+        for (int rb = 0; rb < m->rows; rb += bh) {
+            const int mr = m->rows - rb < bh ? m->rows - rb : bh, nb = p2_nb(mr);
+            cpu_mm_rows(m, rb, mr, xr, yr);
+            const bool pf = rb == 0 && m->w.packed && !wide;
+            struct cpu_ahead *pa = (rb > 0 || wide) && ahead.at ? &ahead : NULL;
+            const p2_tiles_fn t = wide ? p2_tiles_f32 : tiles;
+            const char *w = wide ? (const char *)wbuf : wc;
+            const size_t tb = wide ? wbb : bb;
+            int b = cb;
+            for (; b + nb <= ce; b += nb)
+                t(mr, nb, xr, w + (size_t)(b - cb) * tb, tb, K, yr, b * CPU_PACK_OUTS, o0, o1, m->accumulate,
+                  pf, pa);
+            for (; b < ce; b++)
+                t(mr, 1, xr, w + (size_t)(b - cb) * tb, tb, K, yr, b * CPU_PACK_OUTS, o0, o1, m->accumulate, pf,
+                  pa);
+        }
+    }
+}
+
+static bool p2_wants_packed(const struct cpu_wmat *w) { return w->out > 0 && w->in > 0; }
+
 static const struct cpu_kernels avx2_table = {
     .name = "avx2",
     .lanes = W,
     .unit = MM_UNIT,
-    .matmul = simd_matmul,
+    .matmul = p2_matmul,
+    .wants_packed = p2_wants_packed,
     .attend = simd_attend,
     .silu_mul = simd_silu_mul,
     .rmsnorm = simd_rmsnorm,

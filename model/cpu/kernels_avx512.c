@@ -28,7 +28,6 @@
 
 // The matmul is below, over the packed layout (kernels.h); the rest of the
 // table comes from kernels_simd.inc.
-#define SIMD_OWN_MATMUL 1
 #define MM_UNIT 16
 // Attention rows per group: their score accumulators fill the registers.
 #define ATT_RB 8
@@ -47,36 +46,6 @@ static inline float reduce1(__m512 v)
     h = _mm256_hadd_ps(h, h);
     __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
     return _mm_cvtss_f32(r);
-}
-
-static inline void reduce4(__m512 a, __m512 b, __m512 c, __m512 d, float out[4])
-{
-    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(fold512(a), fold512(b)),
-                              _mm256_hadd_ps(fold512(c), fold512(d)));
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
-}
-
-// reduce1 of sixteen vectors at once: out[k] is reduce1(v[k]) exactly — the
-// same pairs added in the same order (lane i + lane i+8, then adjacent
-// pairs, then pairs of pairs, then the two halves), by shuffling two
-// vectors' lanes side by side at each level instead of folding one vector.
-#define HAVE_REDUCE16 1
-static inline void reduce16(const __m512 *v, float *out)
-{
-    __m512 c[8], e[4], g[2];
-    for (int p = 0; p < 8; p++) // lanes 0-7: v[2p]'s i + (i+8); lanes 8-15: v[2p+1]'s
-        c[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0x44),
-                             _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0xEE));
-    for (int q = 0; q < 4; q++) // adjacent pairs, per 128-bit block: [c, c, c', c']
-        e[q] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * q], c[2 * q + 1], 0x88),
-                             _mm512_shuffle_ps(c[2 * q], c[2 * q + 1], 0xDD));
-    for (int t = 0; t < 2; t++) // pairs of pairs: block k lane i is c[4t + i]'s block k
-        g[t] = _mm512_add_ps(_mm512_shuffle_ps(e[2 * t], e[2 * t + 1], 0x88),
-                             _mm512_shuffle_ps(e[2 * t], e[2 * t + 1], 0xDD));
-    // The halves: blocks 0+1 and 2+3 of each g; then lanes back in order.
-    __m512 h = _mm512_add_ps(_mm512_shuffle_f32x4(g[0], g[1], 0x88), _mm512_shuffle_f32x4(g[0], g[1], 0xDD));
-    const __m512i idx = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
-    _mm512_storeu_ps(out, _mm512_permutexvar_ps(idx, h));
 }
 
 static inline float hmax1(__m512 v) { return _mm512_reduce_max_ps(v); }
@@ -237,6 +206,9 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
                 _mm512_storeu_ps(y, v);
             }
         } else if (mk) {
+            // Unrolled like every loop over the accumulators: one that is
+            // not makes GCC keep them in memory, stored after every FMA.
+#pragma GCC unroll 16
             for (int r = 0; r < MR; r++) {
                 float *y = yr[r] + on;
                 __m512 v = acc[r][n];
@@ -315,16 +287,6 @@ static void pk_matmul_xp(const struct cpu_mm *m, int o0, int o1, float *xp, bool
 typedef void (*pk_tiles_fn)(int mr, int nb, const float *const *xr, const char *wp, size_t bb, int K,
                             float *const *yr, int o, int o0, int o1, bool acc, bool pf, struct cpu_ahead *ahead);
 
-// The height of equal row blocks of at most PK_MAX_MR rows (16 rows as
-// 6 + 5 + 5, not 6 + 6 + 4: a short block has too few chains to hide the FMA
-// latency). Six rows, not more: their six x pointers, the weights' and the
-// loop's stay in general registers, where twelve spill (measured: 6 x 4
-// tiles 122 GFLOP/s on one core against 83 for 12 x 2).
-AI int pk_block_height(int rows)
-{
-    const int n_blocks = (rows + PK_MAX_MR - 1) / PK_MAX_MR;
-    return (rows + n_blocks - 1) / n_blocks;
-}
 
 // Outputs [o0, o1) of every row. Chunks of packed blocks (read from memory
 // once, by the first row block, then from L2) meet every row block in turn;
@@ -346,7 +308,11 @@ static void pk_matmul_in(const struct cpu_mm *m, int o0, int o1, float *scratch,
     const pk_tiles_fn tiles = m->w.dtype == DTYPE_BF16  ? (dp ? pk_tiles_bf16_dp : pk_tiles_bf16)
                               : m->w.dtype == DTYPE_F16 ? pk_tiles_f16
                                                         : pk_tiles_f32;
-    const int bh = pk_block_height(m->rows);
+    // Row blocks of at most PK_MAX_MR rows (block_height). Six rows, not
+    // more: their six x pointers, the weights' and the loop's stay in general
+    // registers, where twelve spill (measured: 6 x 4 tiles 122 GFLOP/s on
+    // one core against 83 for 12 x 2).
+    const int bh = block_height(m->rows, PK_MAX_MR);
     int chunk = (int)(PK_CHUNK_BYTES / (bb ? bb : 1)) / PK_NB * PK_NB;
     if (chunk < PK_NB) chunk = PK_NB;
     // Packing here needs the chunk in scratch: 256 KiB, or one block of any
@@ -366,12 +332,7 @@ static void pk_matmul_in(const struct cpu_mm *m, int o0, int o1, float *scratch,
                                                     (size_t)kstep);
         for (int rb = 0; rb < m->rows; rb += bh) {
             const int mr = m->rows - rb < bh ? m->rows - rb : bh;
-            for (int r = 0; r < mr; r++) {
-                const int xi = m->x_rows ? m->x_rows[rb + r] : rb + r;
-                const int yi = m->y_rows ? m->y_rows[rb + r] : rb + r;
-                xr[r] = m->x + (size_t)xi * m->ldx;
-                yr[r] = m->y + (size_t)yi * m->ldy;
-            }
+            cpu_mm_rows(m, rb, mr, xr, yr);
             const bool pf = rb == 0 && m->w.packed;
             struct cpu_ahead *pa = rb > 0 && ahead.at ? &ahead : NULL;
             int b = cb;

@@ -108,6 +108,9 @@ AI void bf_tile(const int MR, const int NB, const bool XP, const uint32_t *const
                 _mm512_storeu_ps(y, v);
             }
         } else if (mk) {
+            // Unrolled like every loop over the accumulators: one that is
+            // not makes GCC keep them in memory, stored after every FMA.
+#pragma GCC unroll 16
             for (int r = 0; r < MR; r++) {
                 float *y = yr[r] + on;
                 __m512 v = acc[r][n];
