@@ -121,6 +121,10 @@ static const float nib_xscale[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 
 
 #define P2_MAX_MR 6        // rows of an fp32 tile: 12 chains, 2 weight vectors, 1 broadcast
 #define P2_MAX_MR_DIRECT 4 // rows of a bf16 or f16 tile: 8 chains, 4 weight vectors, 2 broadcasts
+// Rows above which bf16 and f16 chunks are widened to fp32 (below). Measured
+// with bench_cpu_matmul 1 avx2 on an Intel Xeon: the lm_head at 16 rows
+// 51-53 GFLOP/s widened, 56-59 not; at 64 rows 66-73 widened, 53-60 not.
+#define P2_WIDE_ROWS 16
 #define P2_MAX_NB 4
 #define P2_CHUNK_BYTES (128u << 10) // packed weights each row block meets while they sit in L2
 #define P2_PF 2048                  // how far ahead in its block the first row block prefetches
@@ -307,11 +311,11 @@ static void p2_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
     const p2_tiles_fn tiles = m->w.dtype == DTYPE_BF16 ? p2_tiles_bf16
                               : m->w.dtype == DTYPE_F16 ? p2_tiles_f16
                                                         : p2_tiles_f32;
-    // More rows than a bf16 or f16 tile takes: each chunk widened to fp32
-    // once, every row block then on the fp32 tile (a shift or a conversion
-    // per weight vector is a third of the work of a tile's FMAs with 8
-    // lanes). The widened chunk takes 256 KiB of scratch, or one block.
-    const bool wide = m->w.dtype != DTYPE_F32 && m->rows > 2 * P2_MAX_MR_DIRECT;
+    // Many rows: each chunk widened to fp32 once, every row block then on
+    // the fp32 tile (a shift or a conversion per weight vector is a third
+    // of the work of a tile's FMAs with 8 lanes). The widened chunk takes
+    // 256 KiB of scratch, or one block.
+    const bool wide = m->w.dtype != DTYPE_F32 && m->rows > P2_WIDE_ROWS;
     const int bh = block_height(m->rows, wide || m->w.dtype == DTYPE_F32 ? P2_MAX_MR : P2_MAX_MR_DIRECT);
     const int tnb = p2_nb(bh);
     int chunk = (int)(P2_CHUNK_BYTES / (bb ? bb : 1)) / P2_MAX_NB * P2_MAX_NB;
