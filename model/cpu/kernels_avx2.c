@@ -116,8 +116,10 @@ static const float nib_xscale[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 
 // results are the avx512 table's, bit for bit, at half the vector width. A
 // block's 16 outputs are two vectors of 8; a tile holds MR rows x NB blocks
 // of such chains and feeds each k's weight vectors to MR broadcast x values.
-// Sixteen registers: 6 x 1 blocks (12 chains) for many rows, 1 x 4 for one
-// row (8 chains, enough to cover the FMA latency while streaming).
+// Sixteen registers: 6 x 1 blocks (12 chains) over fp32 weights (or bf16
+// ones widened to fp32), 4 x 1 over bf16 or f16 read as packed, 2 x 2, and
+// 1 x 4 for one row (8 chains, enough to cover the FMA latency while
+// streaming).
 
 #define P2_MAX_MR 6        // rows of an fp32 tile: 12 chains, 2 weight vectors, 1 broadcast
 #define P2_MAX_MR_DIRECT 4 // rows of a bf16 or f16 tile: 8 chains, 4 weight vectors, 2 broadcasts
@@ -149,7 +151,8 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const float *co
         for (int v = 0; v < 2 * NB; v++) acc[r][v] = _mm256_setzero_ps();
     // Sixteen registers: each broadcast x serves the FMAs of all its
     // weight vectors right away, and no more weight vectors are live than
-    // fit beside the chains (P2_MAX_MR says how many rows each dtype takes).
+    // fit beside the chains (P2_MAX_MR and P2_MAX_MR_DIRECT: how many rows
+    // each dtype takes).
     if (dt == DTYPE_BF16) {
         // A pair's dword holds k = 2p in its low half and 2p + 1 in its
         // high half: a shift and a mask make the two fp32 vectors.
