@@ -422,11 +422,10 @@ struct cpu_wmat cpu_wmat_slice(const struct cpu_wmat *w, int o0, int n)
 size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
 {
     size_t kp = ((size_t)(max_in > 0 ? max_in : 1) + 15) / 16 * 16;
-    // A packed chunk of weight rows (65536 floats or 4 rows), 4 rows of
-    // slack, and a packed block of up to 16 x rows. This also holds what
-    // the avx512 matmul needs: 256 KiB of packed blocks or one f32 block
-    // (16 floats per k) for weights not packed at load, or 16 x rows
-    // transposed.
+    // The avx512 matmul: 256 KiB of packed blocks or one f32 block (16
+    // floats per k) for weights not packed at load, 4 rows of slack, 16 x
+    // rows transposed; the avx2 matmul: that, then a chunk widened to fp32
+    // (cpu_pk_scratch_floats, cpu_p2_scratch_floats).
     size_t mm = cpu_p2_scratch_floats(max_in);
     // The amx matmul: 256 KiB of packed blocks (or one bf16 block, 8 floats
     // per k, when that is more), a group of x rows split in two (32768

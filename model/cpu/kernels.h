@@ -120,6 +120,30 @@ struct cpu_mm {
     bool accumulate;       // y += x . w^T (a residual add) instead of y = x . w^T
 };
 
+// The height of equal row blocks, at most max rows each (16 rows in blocks
+// of 6: 6 + 5 + 5, not 6 + 6 + 4): a short last block has too few
+// accumulators to hide the FMA latency.
+static inline int cpu_block_height(int rows, int max)
+{
+    const int n_blocks = (rows + max - 1) / max;
+    return (rows + n_blocks - 1) / n_blocks;
+}
+
+// Packed blocks of bb bytes per chunk of a matmul that meets every row
+// block while the chunk sits in L2: about chunk_bytes, a multiple of nb (at
+// least nb). Weights not packed at load are packed into scratch chunk by
+// chunk, which holds 256 KiB of them or one block
+// (cpu_kernels_scratch_floats).
+static inline int cpu_pack_chunk_blocks(size_t chunk_bytes, size_t bb, int nb, bool packed_at_load)
+{
+    if (bb == 0) bb = 1;
+    int chunk = (int)(chunk_bytes / bb) / nb * nb;
+    if (chunk < nb) chunk = nb;
+    const int fits = (int)((256u << 10) / bb);
+    if (!packed_at_load && chunk > fits) chunk = fits > 1 ? fits : 1;
+    return chunk;
+}
+
 // Rows [rb, rb + mr) of m: where each one's x is read and its y written.
 static inline void cpu_mm_rows(const struct cpu_mm *m, int rb, int mr, const float **xr, float **yr)
 {

@@ -319,14 +319,9 @@ static void p2_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
     // of the work of a tile's FMAs with 8 lanes). The widened chunk takes
     // 256 KiB of scratch, or one block.
     const bool wide = m->w.dtype != DTYPE_F32 && m->rows > P2_WIDE_ROWS;
-    const int bh = block_height(m->rows, wide || m->w.dtype == DTYPE_F32 ? P2_MAX_MR : P2_MAX_MR_DIRECT);
+    const int bh = cpu_block_height(m->rows, wide || m->w.dtype == DTYPE_F32 ? P2_MAX_MR : P2_MAX_MR_DIRECT);
     const int tnb = p2_nb(bh);
-    int chunk = (int)(P2_CHUNK_BYTES / (bb ? bb : 1)) / P2_MAX_NB * P2_MAX_NB;
-    if (chunk < P2_MAX_NB) chunk = P2_MAX_NB;
-    // Packing here needs the chunk in scratch: 256 KiB, or one block of any
-    // size (cpu_kernels_scratch_floats).
-    const int fits = (int)((256u << 10) / (bb ? bb : 1));
-    if (!m->w.packed && chunk > fits) chunk = fits > 1 ? fits : 1;
+    int chunk = cpu_pack_chunk_blocks(P2_CHUNK_BYTES, bb, P2_MAX_NB, m->w.packed);
     const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
     const float *xr[P2_MAX_MR];
     float *yr[P2_MAX_MR];

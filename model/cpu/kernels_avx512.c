@@ -308,17 +308,12 @@ static void pk_matmul_in(const struct cpu_mm *m, int o0, int o1, float *scratch,
     const pk_tiles_fn tiles = m->w.dtype == DTYPE_BF16  ? (dp ? pk_tiles_bf16_dp : pk_tiles_bf16)
                               : m->w.dtype == DTYPE_F16 ? pk_tiles_f16
                                                         : pk_tiles_f32;
-    // Row blocks of at most PK_MAX_MR rows (block_height). Six rows, not
+    // Row blocks of at most PK_MAX_MR rows (cpu_block_height). Six rows, not
     // more: their six x pointers, the weights' and the loop's stay in general
     // registers, where twelve spill (measured: 6 x 4 tiles 122 GFLOP/s on
     // one core against 83 for 12 x 2).
-    const int bh = block_height(m->rows, PK_MAX_MR);
-    int chunk = (int)(PK_CHUNK_BYTES / (bb ? bb : 1)) / PK_NB * PK_NB;
-    if (chunk < PK_NB) chunk = PK_NB;
-    // Packing here needs the chunk in scratch: 256 KiB, or one block of any
-    // size (cpu_kernels_scratch_floats).
-    const int fits = (int)((256u << 10) / (bb ? bb : 1));
-    if (!m->w.packed && chunk > fits) chunk = fits > 1 ? fits : 1;
+    const int bh = cpu_block_height(m->rows, PK_MAX_MR);
+    const int chunk = cpu_pack_chunk_blocks(PK_CHUNK_BYTES, bb, PK_NB, m->w.packed);
     const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
     const float *xr[PK_MAX_MR];
     float *yr[PK_MAX_MR];

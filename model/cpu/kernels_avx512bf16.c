@@ -189,12 +189,6 @@ static void bf_pack_interleaved(const struct cpu_mm *m, uint32_t *xq, uint32_t *
     }
 }
 
-AI int bf_block_height(int rows)
-{
-    const int n_blocks = (rows + BF_MR - 1) / BF_MR;
-    return (rows + n_blocks - 1) / n_blocks;
-}
-
 // Outputs [o0, o1) of every row. 7 to 16 rows against a big packed matrix
 // (the lm_head of a decode step) go through one tall tile, so that each
 // weight byte is read from memory once; otherwise chunks of packed blocks
@@ -227,11 +221,8 @@ static void bf_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
                       o0, o1, m->accumulate, true);
         return;
     }
-    const int bh = bf_block_height(m->rows);
-    int chunk = (int)(BF_CHUNK_BYTES / bb) / BF_NB * BF_NB;
-    if (chunk < BF_NB) chunk = BF_NB;
-    const int fits = (int)((256u << 10) / bb);
-    if (!m->w.packed && chunk > fits) chunk = fits > 1 ? fits : 1;
+    const int bh = cpu_block_height(m->rows, BF_MR);
+    const int chunk = cpu_pack_chunk_blocks(BF_CHUNK_BYTES, bb, BF_NB, m->w.packed);
     const bool once = (size_t)m->rows <= fit;
     if (once)
         for (int r = 0; r < m->rows; r++)
