@@ -134,30 +134,62 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
         for (int n = 0; n < NB; n++) acc[r][n] = _mm512_setzero_ps();
     if (dt == DTYPE_BF16) {
         // A pair's dword holds k = 2p in its low half and 2p + 1 in its high
-        // half: a shift and a mask make the two fp32 vectors.
+        // half. Tiles of 4 and more rows x PK_NB blocks take the halves one at
+        // a time, each reloading its 4 words: with both halves of 4 blocks
+        // live beside 24 accumulators (34 vectors) GCC kept accumulators on
+        // the stack. There the odd half is a zero-masked load of the high
+        // words (no ALU op) and the even one a shift. Measured in place, in
+        // real prefill of the mid model (one process alternating the two
+        // codes call by call, 4 runs): the experts' gate/up matmuls took
+        // 0.5-1.8% fewer cycles, down 0.3-2.1% fewer. Short tiles (decode)
+        // keep loading each pair once, a shift and a mask making the halves.
         const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
         const int np = K / 2;
+        const bool split = MR >= 4 && NB == PK_NB;
         for (int p = 0; p < np; p++) {
             __m512 we[PK_NB], wo[PK_NB];
+            if (split) {
+                if (pf) {
 #pragma GCC unroll 4
-            for (int n = 0; n < NB; n++) {
-                const char *a = wp + (size_t)n * bb + (size_t)p * 64;
-                if (pf) _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)p * 64, PK_PF), _MM_HINT_T0);
-                const __m512i v = _mm512_loadu_si512(a);
-                we[n] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-                wo[n] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+                    for (int n = 0; n < NB; n++)
+                        _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)p * 64, PK_PF), _MM_HINT_T0);
+                }
+            } else {
+#pragma GCC unroll 4
+                for (int n = 0; n < NB; n++) {
+                    const char *a = wp + (size_t)n * bb + (size_t)p * 64;
+                    if (pf) _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)p * 64, PK_PF), _MM_HINT_T0);
+                    const __m512i v = _mm512_loadu_si512(a);
+                    we[n] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+                    wo[n] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+                }
             }
             for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
+            const char *pw = wp + (size_t)p * 64;
             // DP: VDPBF16PS's order, the odd k's product first.
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
                 const int odd = DP ? h == 0 : h == 1;
+                __m512 w[PK_NB];
+                if (split) {
+                    // Empty, but the compiler must assume pw changed: the
+                    // second half reloads the words, not the first's kept.
+                    __asm__("" : "+r"(pw));
+#pragma GCC unroll 4
+                    for (int n = 0; n < NB; n++) {
+                        const char *a = pw + (size_t)n * bb;
+                        w[n] = _mm512_castsi512_ps(odd ? _mm512_maskz_loadu_epi16(0xAAAAAAAAu, a)
+                                                       : _mm512_slli_epi32(_mm512_loadu_si512(a), 16));
+                    }
+                } else {
+#pragma GCC unroll 4
+                    for (int n = 0; n < NB; n++) w[n] = odd ? wo[n] : we[n];
+                }
 #pragma GCC unroll 16
                 for (int r = 0; r < MR; r++) {
                     const __m512 xb = _mm512_set1_ps(PK_X(r, 2 * p + odd));
 #pragma GCC unroll 4
-                    for (int n = 0; n < NB; n++)
-                        acc[r][n] = _mm512_fmadd_ps(xb, odd ? wo[n] : we[n], acc[r][n]);
+                    for (int n = 0; n < NB; n++) acc[r][n] = _mm512_fmadd_ps(xb, w[n], acc[r][n]);
                 }
             }
         }

@@ -22,17 +22,23 @@
 struct shape {
     const char *what;
     int out, in, rows, mats; // mats: matrices of this shape in one call (experts)
+    int sets;                // copies of them, a call each in turn: 12 of the experts
+                             // (590 MB) are past any L3, as a model's layers are
+    bool routed;             // rows as a router spreads 512 tokens x top-8 (rows the
+                             // mean): uneven per matrix, x rows gathered from the batch
 };
 
 static const struct shape shapes[] = {
-    {"lm_head, 1 row", 151936, 1024, 1, 1},
-    {"lm_head, 16 rows", 151936, 1024, 16, 1},
-    {"lm_head, 64 rows", 151936, 1024, 64, 1},
-    {"experts gate/up, 64 x 2 rows", 384, 1024, 2, 64},
-    {"experts gate/up, 64 x 8 rows", 384, 1024, 8, 64},
-    {"experts down, 64 x 8 rows", 1024, 384, 8, 64},
-    {"experts gate/up, 64 x 64 rows (prefill 512)", 384, 1024, 64, 64},
-    {"q projection, 512 rows (prefill)", 1024, 1024, 512, 1},
+    {"lm_head, 1 row", 151936, 1024, 1, 1, 1, false},
+    {"lm_head, 16 rows", 151936, 1024, 16, 1, 1, false},
+    {"lm_head, 64 rows", 151936, 1024, 64, 1, 1, false},
+    {"experts gate/up, 64 x 2 rows", 384, 1024, 2, 64, 1, false},
+    {"experts gate/up, 64 x 8 rows", 384, 1024, 8, 64, 1, false},
+    {"experts down, 64 x 8 rows", 1024, 384, 8, 64, 1, false},
+    {"experts gate/up, 64 x 64 rows (prefill 512)", 384, 1024, 64, 64, 1, false},
+    {"experts gate/up, 64 x 64 rows, 12 layers (from memory)", 384, 1024, 64, 64, 12, false},
+    {"experts gate/up, 512 tokens routed (uneven rows, gathered x)", 384, 1024, 64, 64, 1, true},
+    {"q projection, 512 rows (prefill)", 1024, 1024, 512, 1, 1, false},
 };
 
 static double cpu_now(void)
@@ -71,20 +77,49 @@ int main(int argc, char **argv)
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const struct shape *sh = &shapes[s];
         const size_t welems = (size_t)sh->out * sh->in;
-        uint16_t *w = xalloc(welems * 2 * (size_t)sh->mats);
-        for (size_t i = 0; i < welems * (size_t)sh->mats; i++) {
+        const int sets = sh->sets > 0 ? sh->sets : 1, mats = sh->mats * sets;
+        uint16_t *w = xalloc(welems * 2 * (size_t)mats);
+        for (size_t i = 0; i < welems * (size_t)mats; i++) {
             seed = seed * 6364136223846793005ull + 1442695040888963407ull;
             w[i] = ms_f32_to_bf16((float)((int)(seed >> 41) % 2001 - 1000) * 1e-3f);
         }
         float *x = xalloc((size_t)sh->rows * sh->mats * sh->in * 4);
         for (size_t i = 0; i < (size_t)sh->rows * sh->mats * sh->in; i++) x[i] = (float)(i % 17) * 0.1f - 0.8f;
         float *y = xalloc((size_t)sh->rows * sh->mats * sh->out * 4);
-        struct cpu_mm *jobs = calloc((size_t)sh->mats, sizeof *jobs);
+        struct cpu_mm *jobs = calloc((size_t)mats, sizeof *jobs);
+        // routed: each of rows * mats / 8 tokens picks 8 distinct matrices
+        // at random; matrix e's rows are its tokens, at y_off[e] in y.
+        const int n_tok = sh->rows * sh->mats / 8;
+        int32_t *tok = malloc((size_t)sh->rows * sh->mats * sizeof *tok), *cnt = calloc((size_t)sh->mats + 1, sizeof *cnt);
+        if (!tok || !cnt) return 1;
+        if (sh->routed) {
+            int32_t *pick = malloc((size_t)n_tok * 8 * sizeof *pick);
+            if (!pick) return 1;
+            for (int t = 0; t < n_tok; t++)
+                for (int j = 0; j < 8; j++) {
+                    int e, dup;
+                    do {
+                        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                        e = (int)((seed >> 33) % (uint64_t)sh->mats);
+                        dup = 0;
+                        for (int i = 0; i < j; i++) dup |= pick[t * 8 + i] == e;
+                    } while (dup);
+                    pick[t * 8 + j] = e;
+                    cnt[e + 1]++;
+                }
+            for (int e = 0; e < sh->mats; e++) cnt[e + 1] += cnt[e];
+            int32_t *fill = malloc((size_t)sh->mats * sizeof *fill);
+            if (!fill) return 1;
+            memcpy(fill, cnt, (size_t)sh->mats * sizeof *fill);
+            for (int i = 0; i < n_tok * 8; i++) tok[fill[pick[i]]++] = i / 8;
+            free(fill);
+            free(pick);
+        }
         void *packed = NULL;
         const struct cpu_wmat w0 = {.data = w, .dtype = DTYPE_BF16, .out = sh->out, .in = sh->in};
         const size_t pb = cpu_pack_bytes(&w0);
-        packed = xalloc(pb * (size_t)sh->mats);
-        for (int e = 0; e < sh->mats; e++) {
+        packed = xalloc(pb * (size_t)mats);
+        for (int e = 0; e < mats; e++) {
             struct cpu_wmat we = w0;
             we.data = w + welems * (size_t)e;
             cpu_pack_blocks(&we, 0, (sh->out + 15) / 16, (char *)packed + pb * (size_t)e);
@@ -101,13 +136,20 @@ int main(int argc, char **argv)
                 printf("  %-12s not on this CPU\n", names[t]);
                 continue;
             }
-            for (int e = 0; e < sh->mats; e++) {
+            for (int e = 0; e < mats; e++) {
                 struct cpu_wmat we = w0;
                 we.data = w + welems * (size_t)e;
                 if (k->wants_packed && k->wants_packed(&we)) we.packed = (char *)packed + pb * (size_t)e;
-                jobs[e] = (struct cpu_mm){.w = we, .x = x + (size_t)e * sh->rows * sh->in, .ldx = (size_t)sh->in,
-                                          .y = y + (size_t)e * sh->rows * sh->out, .ldy = (size_t)sh->out,
+                const size_t i = (size_t)(e % sh->mats); // every set reads the same x, writes the same y
+                jobs[e] = (struct cpu_mm){.w = we, .x = x + i * sh->rows * sh->in, .ldx = (size_t)sh->in,
+                                          .y = y + i * sh->rows * sh->out, .ldy = (size_t)sh->out,
                                           .rows = sh->rows};
+                if (sh->routed) {
+                    jobs[e].x = x;
+                    jobs[e].x_rows = tok + cnt[i];
+                    jobs[e].y = y + (size_t)cnt[i] * sh->out;
+                    jobs[e].rows = cnt[i + 1] - cnt[i];
+                }
             }
             const size_t stride = cpu_kernels_scratch_floats(sh->in, 1, 1);
             struct cpu_exec ex = {.pool = pool, .k = k, .scratch = xalloc((size_t)threads * stride * 4),
@@ -115,8 +157,9 @@ int main(int argc, char **argv)
             double best = 1e30, best_cpu = 1e30;
             cpu_matmul(&ex, jobs, sh->mats); // warm
             for (int rep = 0; rep < 7; rep++) {
+                const struct cpu_mm *set = jobs + (size_t)((rep + 1) % sets) * sh->mats;
                 const double t0 = ms_now(), c0 = cpu_now();
-                cpu_matmul(&ex, jobs, sh->mats);
+                cpu_matmul(&ex, set, sh->mats);
                 const double dt = ms_now() - t0, dc = (cpu_now() - c0) / threads;
                 if (dt < best) best = dt;
                 if (dc < best_cpu) best_cpu = dc;
@@ -127,6 +170,8 @@ int main(int argc, char **argv)
             free(ex.scratch);
         }
         free(jobs);
+        free(tok);
+        free(cnt);
         free(packed);
         free(w);
         free(x);
