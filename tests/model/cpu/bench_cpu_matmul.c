@@ -77,7 +77,7 @@ int main(int argc, char **argv)
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const struct shape *sh = &shapes[s];
         const size_t welems = (size_t)sh->out * sh->in;
-        const int sets = sh->sets > 0 ? sh->sets : 1, mats = sh->mats * sets;
+        const int sets = sh->sets, mats = sh->mats * sets;
         uint16_t *w = xalloc(welems * 2 * (size_t)mats);
         for (size_t i = 0; i < welems * (size_t)mats; i++) {
             seed = seed * 6364136223846793005ull + 1442695040888963407ull;
@@ -88,13 +88,15 @@ int main(int argc, char **argv)
         float *y = xalloc((size_t)sh->rows * sh->mats * sh->out * 4);
         struct cpu_mm *jobs = calloc((size_t)mats, sizeof *jobs);
         // routed: each of rows * mats / 8 tokens picks 8 distinct matrices
-        // at random; matrix e's rows are its tokens, at y_off[e] in y.
-        const int n_tok = sh->rows * sh->mats / 8;
-        int32_t *tok = malloc((size_t)sh->rows * sh->mats * sizeof *tok), *cnt = calloc((size_t)sh->mats + 1, sizeof *cnt);
-        if (!tok || !cnt) return 1;
+        // at random; matrix e's rows are tokens tok[cnt[e] .. cnt[e + 1]),
+        // its outputs y's rows from cnt[e] on.
+        int32_t *tok = NULL, *cnt = NULL;
         if (sh->routed) {
-            int32_t *pick = malloc((size_t)n_tok * 8 * sizeof *pick);
-            if (!pick) return 1;
+            const int n_tok = sh->rows * sh->mats / 8;
+            tok = xalloc((size_t)n_tok * 8 * sizeof *tok);
+            cnt = xalloc(((size_t)sh->mats + 1) * sizeof *cnt);
+            memset(cnt, 0, ((size_t)sh->mats + 1) * sizeof *cnt);
+            int32_t *pick = xalloc((size_t)n_tok * 8 * sizeof *pick), *fill = xalloc((size_t)sh->mats * sizeof *fill);
             for (int t = 0; t < n_tok; t++)
                 for (int j = 0; j < 8; j++) {
                     int e, dup;
@@ -108,8 +110,6 @@ int main(int argc, char **argv)
                     cnt[e + 1]++;
                 }
             for (int e = 0; e < sh->mats; e++) cnt[e + 1] += cnt[e];
-            int32_t *fill = malloc((size_t)sh->mats * sizeof *fill);
-            if (!fill) return 1;
             memcpy(fill, cnt, (size_t)sh->mats * sizeof *fill);
             for (int i = 0; i < n_tok * 8; i++) tok[fill[pick[i]]++] = i / 8;
             free(fill);
