@@ -24,8 +24,8 @@ struct shape {
     int out, in, rows, mats; // mats: matrices of this shape in one call (experts)
     int sets;                // copies of them, a call each in turn: 12 of the experts
                              // (590 MB) are past any L3, as a model's layers are
-    bool routed;             // rows as a router spreads 512 tokens x top-8 (rows the
-                             // mean): uneven per matrix, x rows gathered from the batch
+    bool routed;             // rows as a router spreads rows x mats / 8 tokens x top-8
+                             // (rows the mean): uneven per matrix, x rows gathered
 };
 
 static const struct shape shapes[] = {
@@ -35,6 +35,10 @@ static const struct shape shapes[] = {
     {"experts gate/up, 64 x 2 rows", 384, 1024, 2, 64, 1, false},
     {"experts gate/up, 64 x 8 rows", 384, 1024, 8, 64, 1, false},
     {"experts down, 64 x 8 rows", 1024, 384, 8, 64, 1, false},
+    {"experts gate/up, 64 x 8 rows, 12 layers (from memory)", 384, 1024, 8, 64, 12, false},
+    {"experts gate/up, 64 x 2 rows, 12 layers (from memory)", 384, 1024, 2, 64, 12, false},
+    {"experts gate/up, 64 tokens routed, 12 layers (from memory)", 384, 1024, 8, 64, 12, true},
+    {"experts down, 64 tokens routed, 12 layers (from memory)", 1024, 384, 8, 64, 12, true},
     {"experts gate/up, 64 x 64 rows (prefill 512)", 384, 1024, 64, 64, 1, false},
     {"experts gate/up, 64 x 64 rows, 12 layers (from memory)", 384, 1024, 64, 64, 12, false},
     {"experts gate/up, 512 tokens routed (uneven rows, gathered x)", 384, 1024, 64, 64, 1, true},

@@ -393,8 +393,10 @@ static void packed_matmul_is_one_fma_chain_per_output(void **state)
     const enum dtype dts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
     const int shapes_p[][3] = {{1, 1, 1}, {2, 7, 5}, {6, 33, 16}, {7, 77, 17}, {13, 96, 45},
                                {16, 512, 300}, {33, 130, 70}, {5, 2, 64}, {1, 512, 1000},
-                               // 7 to 16 rows and 64 blocks or more: the transposed-x tiles
+                               // 7 to 16 rows and two blocks a row or more: the transposed-x
+                               // tiles, two blocks wide up to 12 rows (an odd block left over)
                                {16, 77, 1030}, {9, 64, 1024}, {7, 2, 1040}, {12, 512, 2100},
+                               {8, 96, 275}, {11, 64, 384}, {13, 40, 420},
                                // amx: rows on both sides of its 16-row tiles and of a
                                // 64-row group of x (in 512), blocks past its chunks
                                {17, 32, 40}, {31, 64, 100}, {70, 512, 70}, {40, 1024, 4200},
