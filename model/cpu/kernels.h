@@ -94,6 +94,40 @@ static inline const char *cpu_pf_ahead(const char *wp, size_t bb, int NB, int n,
     return to < bb ? wp + (size_t)n * bb + to : wp + (size_t)(n + NB) * bb + (to - bb);
 }
 
+// What a tile prefetches of its own blocks: nothing (a row block after the
+// first, which finds them in L2), lines `near` bytes ahead (cpu_pf_ahead)
+// into L1, or those and lines CPU_PF_FAR ahead into L2: the first row block
+// of a matmul of at most CPU_PF_FAR_ROWS rows (cpu_pf_mode). Why the far
+// ones: a line a T0 prefetch brings holds one of a core's few L1 fill
+// buffers until it arrives, which caps the lines one core has in flight; T1
+// ones wait in L2's longer queue. A tile of a few rows does enough FMAs per
+// line that the near ones alone leave memory idle part of the time; one of
+// many rows is bound by its FMAs either way. Measured in place on the Intel
+// Xeon of README's CPU section (avx512, 2 threads, one process choosing old
+// or new code at random call by call): with the avx512 table's two-block
+// transposed-x tiles, the mid model's experts at batch 64 (8 rows each on
+// average) 22-23% faster, a one-row lm_head 2-3%; with the avx2 table's
+// tiles (bound by their FMAs there) the experts at batch 64 1.5-2.4%, the
+// lm_head 1-3%. Prefill (64 rows an expert) ran no faster with far
+// prefetches, so it takes none.
+enum cpu_pf { CPU_PF_NONE, CPU_PF_NEAR, CPU_PF_NEAR_FAR };
+#define CPU_PF_FAR 6144
+#define CPU_PF_FAR_ROWS 12
+
+static inline enum cpu_pf cpu_pf_mode(bool streams, int rows)
+{
+    return !streams ? CPU_PF_NONE : rows <= CPU_PF_FAR_ROWS ? CPU_PF_NEAR_FAR : CPU_PF_NEAR;
+}
+
+// The prefetches of mode pf for a tile at byte off of its block n.
+static inline void cpu_pf_tile(enum cpu_pf pf, const char *wp, size_t bb, int NB, int n, size_t off,
+                               size_t near)
+{
+    if (pf == CPU_PF_NONE) return;
+    __builtin_prefetch(cpu_pf_ahead(wp, bb, NB, n, off, near), 0, 3);
+    if (pf == CPU_PF_NEAR_FAR) __builtin_prefetch(cpu_pf_ahead(wp, bb, NB, n, off, CPU_PF_FAR), 0, 2);
+}
+
 // Rows [0, r->n) of canonical quantized rows (r->n <= 16) as one packed
 // block of model/quant.h's layout (quant_block_bytes) at dst; the rows past
 // r->n are zero.

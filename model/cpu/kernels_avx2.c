@@ -140,7 +140,7 @@ static inline __m256i p2_mask8(int lo, int hi)
 }
 
 AI void p2_tile(const int MR, const int NB, const enum dtype dt, const float *const *xr, const char *wp, size_t bb,
-                int K, float *const *yr, int o, int o0, int o1, bool accumulate, bool pf, struct cpu_ahead *ahead)
+                int K, float *const *yr, int o, int o0, int o1, bool accumulate, enum cpu_pf pf, struct cpu_ahead *ahead)
 {
     const char *pa = ahead ? ahead->at : NULL, *pe = ahead ? ahead->end : NULL;
     const int per = ahead ? ahead->per : 0;
@@ -162,7 +162,7 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const float *co
 #pragma GCC unroll 4
             for (int n = 0; n < NB; n++) {
                 const char *a = wp + (size_t)n * bb + (size_t)p * 64;
-                if (pf) _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)p * 64, P2_PF), _MM_HINT_T0);
+                cpu_pf_tile(pf, wp, bb, NB, n, (size_t)p * 64, P2_PF);
                 const __m256i v0 = _mm256_loadu_si256((const __m256i *)a);
                 const __m256i v1 = _mm256_loadu_si256((const __m256i *)(a + 32));
                 const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
@@ -202,8 +202,7 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const float *co
 #pragma GCC unroll 4
             for (int n = 0; n < NB; n++) {
                 const char *a = wp + (size_t)n * bb + (size_t)k * kb;
-                if (pf && (((size_t)k * kb) & 63) == 0)
-                    _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)k * kb, P2_PF), _MM_HINT_T0);
+                if ((((size_t)k * kb) & 63) == 0) cpu_pf_tile(pf, wp, bb, NB, n, (size_t)k * kb, P2_PF);
                 const __m256 w0 = dt == DTYPE_F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)a))
                                                   : _mm256_loadu_ps((const float *)a);
                 const __m256 w1 = dt == DTYPE_F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + 16)))
@@ -259,7 +258,7 @@ AI int p2_nb(int mr) { return mr == 1 ? 4 : mr == 2 ? 2 : 1; }
         break;
 #define P2_TILES(NAME, DT)                                                                          \
     static void NAME(int mr, int nb, const float *const *xr, const char *wp, size_t bb, int K,       \
-                     float *const *yr, int o, int o0, int o1, bool acc, bool pf, struct cpu_ahead *ahead) \
+                     float *const *yr, int o, int o0, int o1, bool acc, enum cpu_pf pf, struct cpu_ahead *ahead) \
     {                                                                                               \
         switch (mr) {                                                                               \
             P2_CASE(DT, 1) P2_CASE(DT, 2) P2_CASE(DT, 3) P2_CASE(DT, 4) P2_CASE(DT, 5) P2_CASE(DT, 6) \
@@ -270,7 +269,7 @@ P2_TILES(p2_tiles_f16, DTYPE_F16)
 P2_TILES(p2_tiles_f32, DTYPE_F32)
 
 typedef void (*p2_tiles_fn)(int mr, int nb, const float *const *xr, const char *wp, size_t bb, int K,
-                            float *const *yr, int o, int o0, int o1, bool acc, bool pf, struct cpu_ahead *ahead);
+                            float *const *yr, int o, int o0, int o1, bool acc, enum cpu_pf pf, struct cpu_ahead *ahead);
 
 // nblk packed bf16 or f16 blocks of K inputs as packed fp32 blocks (16
 // floats per k): the same values, so the fp32 tile over them gives the same
@@ -344,7 +343,7 @@ static void p2_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
         for (int rb = 0; rb < m->rows; rb += bh) {
             const int mr = m->rows - rb < bh ? m->rows - rb : bh, nb = p2_nb(mr);
             cpu_mm_rows(m, rb, mr, xr, yr);
-            const bool pf = rb == 0 && m->w.packed && !wide;
+            const enum cpu_pf pf = cpu_pf_mode(rb == 0 && m->w.packed && !wide, m->rows);
             struct cpu_ahead *pa = (rb > 0 || wide) && ahead.at ? &ahead : NULL;
             const p2_tiles_fn t = wide ? p2_tiles_f32 : tiles;
             const char *w = wide ? (const char *)wbuf : wc;

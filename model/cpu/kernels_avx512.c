@@ -116,21 +116,6 @@ static const float nib_xscale[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 
 #define PK_NB 4                     // blocks of 16 outputs per tile: 6 x 4 = 24 accumulators
 #define PK_CHUNK_BYTES (192u << 10) // packed weights each row block meets while they sit in L2
 #define PK_PF 2048                  // how far ahead in its block the first row block prefetches
-#define PK_PF_FAR 6144              // and into L2, for matmuls of at most PK_FAR_ROWS rows
-#define PK_FAR_ROWS 12
-
-// What a tile prefetches of its own blocks: nothing (they are in L2), lines
-// PK_PF bytes ahead into L1, or those and lines PK_PF_FAR ahead into L2.
-// Why the far ones, for few rows: each line a T0 prefetch brings holds one
-// of a core's few L1 fill buffers until it arrives, which caps how many
-// lines it has in flight; T1 ones wait in L2's longer queue. A tile of 7-12
-// rows does enough FMAs per line that the near ones alone leave memory idle
-// part of the time. Measured in place, the mid model's experts at batch 64
-// (one process choosing old or new code at random call by call, avx512,
-// 2 threads): gate/up and down 22-23% faster together with the two-block
-// transposed-x tiles below, 12-14% with one-block ones; the lm_head of one
-// row 2-3% faster.
-enum { PK_PF_NONE, PK_PF_NEAR, PK_PF_NEAR_FAR };
 
 // x from row pointers (xr[r][k]), or, when XP, from one buffer holding the
 // rows transposed (xp[k * MR + r]): the broadcasts then need no pointer
@@ -139,7 +124,7 @@ enum { PK_PF_NONE, PK_PF_NEAR, PK_PF_NEAR_FAR };
 
 AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, const bool DP, const float *const *xr,
                 const float *xp, const char *wp, size_t bb, int K, float *const *yr, int o, int o0, int o1,
-                bool accumulate, int pf, struct cpu_ahead *ahead)
+                bool accumulate, enum cpu_pf pf, struct cpu_ahead *ahead)
 {
     const char *pa = ahead ? ahead->at : NULL, *pe = ahead ? ahead->end : NULL;
     const int per = ahead ? ahead->per : 0;
@@ -165,23 +150,13 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
         for (int p = 0; p < np; p++) {
             __m512 we[PK_NB], wo[PK_NB];
             if (split) {
-                if (pf) {
 #pragma GCC unroll 4
-                    for (int n = 0; n < NB; n++)
-                        _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)p * 64, PK_PF), _MM_HINT_T0);
-                }
-                if (pf == PK_PF_NEAR_FAR) {
-#pragma GCC unroll 4
-                    for (int n = 0; n < NB; n++)
-                        _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)p * 64, PK_PF_FAR), _MM_HINT_T1);
-                }
+                for (int n = 0; n < NB; n++) cpu_pf_tile(pf, wp, bb, NB, n, (size_t)p * 64, PK_PF);
             } else {
 #pragma GCC unroll 4
                 for (int n = 0; n < NB; n++) {
                     const char *a = wp + (size_t)n * bb + (size_t)p * 64;
-                    if (pf) _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)p * 64, PK_PF), _MM_HINT_T0);
-                    if (pf == PK_PF_NEAR_FAR)
-                        _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)p * 64, PK_PF_FAR), _MM_HINT_T1);
+                    cpu_pf_tile(pf, wp, bb, NB, n, (size_t)p * 64, PK_PF);
                     const __m512i v = _mm512_loadu_si512(a);
                     we[n] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
                     wo[n] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
@@ -233,11 +208,7 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
 #pragma GCC unroll 4
             for (int n = 0; n < NB; n++) {
                 const char *a = wp + (size_t)n * bb + (size_t)k * kb;
-                if (pf && (((size_t)k * kb) & 63) == 0) {
-                    _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)k * kb, PK_PF), _MM_HINT_T0);
-                    if (pf == PK_PF_NEAR_FAR)
-                        _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)k * kb, PK_PF_FAR), _MM_HINT_T1);
-                }
+                if ((((size_t)k * kb) & 63) == 0) cpu_pf_tile(pf, wp, bb, NB, n, (size_t)k * kb, PK_PF);
                 wv[n] = dt == DTYPE_F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)a))
                                         : _mm512_loadu_ps((const float *)a);
             }
@@ -285,7 +256,7 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
 // nb is PK_NB, or 1 for the blocks left over at the end of a range.
 #define PK_TILES(NAME, DT, DP)                                                               \
     static void NAME(int mr, int nb, const float *const *xr, const char *wp, size_t bb, int K,  \
-                     float *const *yr, int o, int o0, int o1, bool acc, int pf,                \
+                     float *const *yr, int o, int o0, int o1, bool acc, enum cpu_pf pf,                \
                      struct cpu_ahead *ahead)                                                 \
     {                                                                                        \
         switch (mr) {                                                                        \
@@ -309,7 +280,7 @@ PK_TILES(pk_tiles_f32, DTYPE_F32, false)
         break;
 #define PK_XTILES(NAME, DT, DP)                                                                   \
     static void NAME(int mr, int nb, const float *xp, const char *wp, size_t bb, int K,            \
-                     float *const *yr, int o, int o0, int o1, bool acc, int pf)                    \
+                     float *const *yr, int o, int o0, int o1, bool acc, enum cpu_pf pf)                    \
     {                                                                                             \
         switch (mr) {                                                                             \
             PK_XCASE(DT, DP, 7) PK_XCASE(DT, DP, 8) PK_XCASE(DT, DP, 9) PK_XCASE(DT, DP, 10)      \
@@ -323,7 +294,7 @@ PK_XTILES(pk_xtiles_f16, DTYPE_F16, false)
 PK_XTILES(pk_xtiles_f32, DTYPE_F32, false)
 
 typedef void (*pk_xtiles_fn)(int mr, int nb, const float *xp, const char *wp, size_t bb, int K,
-                             float *const *yr, int o, int o0, int o1, bool acc, int pf);
+                             float *const *yr, int o, int o0, int o1, bool acc, enum cpu_pf pf);
 
 // 7 to 16 rows against a matrix of at least PK_XP_BLOCKS_PER_ROW blocks a
 // row (the lm_head of a decode step; the experts of a batch of 32 to 96
@@ -346,7 +317,7 @@ static void pk_matmul_xp(const struct cpu_mm *m, int o0, int o1, float *xp, bool
     }
     const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
     const int nb = mr <= PK_XP_WIDE_ROWS ? 2 : 1;
-    const int pf = mr <= PK_FAR_ROWS ? PK_PF_NEAR_FAR : PK_PF_NEAR;
+    const enum cpu_pf pf = cpu_pf_mode(true, mr);
     const char *w = m->w.packed;
     int b = b0;
     for (; b + nb <= b1; b += nb)
@@ -356,7 +327,7 @@ static void pk_matmul_xp(const struct cpu_mm *m, int o0, int o1, float *xp, bool
 }
 
 typedef void (*pk_tiles_fn)(int mr, int nb, const float *const *xr, const char *wp, size_t bb, int K,
-                            float *const *yr, int o, int o0, int o1, bool acc, int pf, struct cpu_ahead *ahead);
+                            float *const *yr, int o, int o0, int o1, bool acc, enum cpu_pf pf, struct cpu_ahead *ahead);
 
 
 // Outputs [o0, o1) of every row. Chunks of packed blocks (read from memory
@@ -399,9 +370,7 @@ static void pk_matmul_in(const struct cpu_mm *m, int o0, int o1, float *scratch,
         for (int rb = 0; rb < m->rows; rb += bh) {
             const int mr = m->rows - rb < bh ? m->rows - rb : bh;
             cpu_mm_rows(m, rb, mr, xr, yr);
-            const int pf = rb > 0 || !m->w.packed   ? PK_PF_NONE
-                           : m->rows <= PK_FAR_ROWS ? PK_PF_NEAR_FAR
-                                                    : PK_PF_NEAR;
+            const enum cpu_pf pf = cpu_pf_mode(rb == 0 && m->w.packed, m->rows);
             struct cpu_ahead *pa = rb > 0 && ahead.at ? &ahead : NULL;
             int b = cb;
             for (; b + PK_NB <= ce; b += PK_NB)
