@@ -442,9 +442,12 @@ size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
     const size_t bf_fma = cpu_pk_scratch_floats(max_in) + (size_t)CPU_BF16_FMA_ROWS * kp;
     if (bf < bf_fma) bf = bf_fma;
     if (mm < bf) mm = bf;
-    // Attention, per row: accumulator, max, sum; a padding row's accumulator;
-    // a row group's 16 probabilities each.
+    // Attention, per row: accumulator, max, sum in up to 16 lanes, its query
+    // transposed; a padding row's accumulator; a row group's 16
+    // probabilities each; a key block's keys and values widened to fp32;
+    // the queries of 16 padding rows.
     size_t rows = (size_t)max_q * CPU_ATTN_TILE;
-    size_t at = rows * ((size_t)head_dim + 2) + (size_t)head_dim + 16 * 16 + 64;
+    size_t at = rows * (2 * (size_t)head_dim + 17) + (size_t)head_dim + 16 * 16 + 2 * 16 * (size_t)head_dim +
+                16 * (size_t)head_dim + 64;
     return (mm > at ? mm : at) + 16;
 }
