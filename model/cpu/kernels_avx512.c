@@ -297,8 +297,8 @@ typedef void (*pk_xtiles_fn)(int mr, int nb, const float *xp, const char *wp, si
                              float *const *yr, int o, int o0, int o1, bool acc, enum cpu_pf pf);
 
 // 7 to 16 rows against a matrix of at least PK_XP_BLOCKS_PER_ROW blocks a
-// row (the lm_head of a decode step; the experts of a batch of 32 to 96
-// rows): all rows in one tile, so that each weight byte is read from memory
+// row (the lm_head of a decode step; experts of 384 outputs at up to 12
+// rows, as a batch of about 64 gives them): all rows in one tile, so that each weight byte is read from memory
 // once and meets every row (a block of 6 rows would be bound by memory, the
 // others by L2), with x transposed once into scratch for the broadcasts (on
 // narrower matrices the transposing costs more than it saves).
