@@ -256,7 +256,7 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
 // nb is PK_NB, or 1 for the blocks left over at the end of a range.
 #define PK_TILES(NAME, DT, DP)                                                               \
     static void NAME(int mr, int nb, const float *const *xr, const char *wp, size_t bb, int K,  \
-                     float *const *yr, int o, int o0, int o1, bool acc, enum cpu_pf pf,                \
+                     float *const *yr, int o, int o0, int o1, bool acc, enum cpu_pf pf,       \
                      struct cpu_ahead *ahead)                                                 \
     {                                                                                        \
         switch (mr) {                                                                        \
@@ -280,7 +280,7 @@ PK_TILES(pk_tiles_f32, DTYPE_F32, false)
         break;
 #define PK_XTILES(NAME, DT, DP)                                                                   \
     static void NAME(int mr, int nb, const float *xp, const char *wp, size_t bb, int K,            \
-                     float *const *yr, int o, int o0, int o1, bool acc, enum cpu_pf pf)                    \
+                     float *const *yr, int o, int o0, int o1, bool acc, enum cpu_pf pf)           \
     {                                                                                             \
         switch (mr) {                                                                             \
             PK_XCASE(DT, DP, 7) PK_XCASE(DT, DP, 8) PK_XCASE(DT, DP, 9) PK_XCASE(DT, DP, 10)      \
@@ -298,10 +298,11 @@ typedef void (*pk_xtiles_fn)(int mr, int nb, const float *xp, const char *wp, si
 
 // 7 to 16 rows against a matrix of at least PK_XP_BLOCKS_PER_ROW blocks a
 // row (the lm_head of a decode step; experts of 384 outputs at up to 12
-// rows, as a batch of about 64 gives them): all rows in one tile, so that each weight byte is read from memory
-// once and meets every row (a block of 6 rows would be bound by memory, the
-// others by L2), with x transposed once into scratch for the broadcasts (on
-// narrower matrices the transposing costs more than it saves).
+// rows, as a batch of about 64 gives them): all rows in one tile, so that
+// each weight byte is read from memory once and meets every row (a block of
+// 6 rows would be bound by memory, the others by L2), with x transposed
+// once into scratch for the broadcasts (on narrower matrices the
+// transposing costs more than it saves).
 static void pk_matmul_xp(const struct cpu_mm *m, int o0, int o1, float *xp, bool dp)
 {
     const int K = m->w.in, mr = m->rows;

@@ -90,7 +90,7 @@ int main(int argc, char **argv)
         float *x = xalloc((size_t)sh->rows * sh->mats * sh->in * 4);
         for (size_t i = 0; i < (size_t)sh->rows * sh->mats * sh->in; i++) x[i] = (float)(i % 17) * 0.1f - 0.8f;
         float *y = xalloc((size_t)sh->rows * sh->mats * sh->out * 4);
-        struct cpu_mm *jobs = calloc((size_t)mats, sizeof *jobs);
+        struct cpu_mm *jobs = xalloc((size_t)mats * sizeof *jobs);
         // routed: each of rows * mats / 8 tokens picks 8 distinct matrices
         // at random; matrix e's rows are tokens tok[cnt[e] .. cnt[e + 1]),
         // its outputs y's rows from cnt[e] on.
