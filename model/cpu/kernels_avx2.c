@@ -116,13 +116,15 @@ static const float nib_xscale[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 
 // results are the avx512 table's, bit for bit, at half the vector width. A
 // block's 16 outputs are two vectors of 8; a tile holds MR rows x NB blocks
 // of such chains and feeds each k's weight vectors to MR broadcast x values.
-// Sixteen registers: 6 x 1 blocks (12 chains) over fp32 weights (or bf16
-// ones widened to fp32), 4 x 1 over bf16 or f16 read as packed, 2 x 2, and
-// 1 x 4 for one row (8 chains, enough to cover the FMA latency while
-// streaming).
+// Sixteen registers: 6 x 1 blocks (12 chains) over fp32 weights, bf16 ones
+// widened to fp32, or bf16 ones read as packed a half of each pair at a
+// time; 4 x 1 over f16 (and bf16 tiles of 3 or 4 rows, both halves at
+// once), 2 x 2, and 1 x 4 for one row (8 chains, enough to cover the FMA
+// latency while streaming).
 
-#define P2_MAX_MR 6        // rows of an fp32 tile: 12 chains, 2 weight vectors, 1 broadcast
-#define P2_MAX_MR_DIRECT 4 // rows of a bf16 or f16 tile: 8 chains, 4 weight vectors, 2 broadcasts
+#define P2_MAX_MR 6     // rows of an fp32 or bf16 tile: 12 chains, 2 weight vectors, 1 broadcast
+#define P2_MAX_MR_F16 4 // rows of an f16 tile (6 not measured), and the most a bf16 tile
+                        // takes both halves of its pairs at once for: 8 chains, 4 weight vectors
 // Rows above which bf16 and f16 chunks are widened to fp32 (below). Measured
 // with bench_cpu_matmul 1 avx2 on an Intel Xeon: the lm_head at 16 rows
 // 51-53 GFLOP/s widened, 56-59 not; at 64 rows 66-73 widened, 53-60 not.
@@ -151,14 +153,45 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const float *co
         for (int v = 0; v < 2 * NB; v++) acc[r][v] = _mm256_setzero_ps();
     // Sixteen registers: each broadcast x serves the FMAs of all its
     // weight vectors right away, and no more weight vectors are live than
-    // fit beside the chains (P2_MAX_MR and P2_MAX_MR_DIRECT: how many rows
+    // fit beside the chains (P2_MAX_MR and P2_MAX_MR_F16: how many rows
     // each dtype takes).
     if (dt == DTYPE_BF16) {
         // A pair's dword holds k = 2p in its low half and 2p + 1 in its
-        // high half: a shift and a mask make the two fp32 vectors.
+        // high half: a shift and a mask make the two fp32 vectors. Tiles of
+        // 5 and 6 rows take the halves one after the other, each reloading
+        // the pair's words (both halves' four vectors do not fit beside 12
+        // chains): every weight vector then serves 6 rows' FMAs, not 4, for
+        // the same shift or mask. Measured with bench-offline on the mid
+        // model, avx2, builds alternating: 16 streams 91-95 output tokens/s
+        // before, 95-99 after (the lm_head over 16 rows 39-41 ms a step, 36-37
+        // after); 64 streams 202-208, 219-222 (the experts, 5 to 14 rows each,
+        // 144-146 ms a step, 126).
         const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
         const int np = K / 2;
+        const bool split = MR > P2_MAX_MR_F16 && NB == 1;
         for (int p = 0; p < np; p++) {
+            if (split) {
+                const char *a = wp + (size_t)p * 64;
+                cpu_pf_tile(pf, wp, bb, 1, 0, (size_t)p * 64, P2_PF);
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    // Empty, but the compiler must assume a changed: the
+                    // second half reloads the words, not the first's kept.
+                    __asm__("" : "+r"(a));
+                    const __m256i v0 = _mm256_loadu_si256((const __m256i *)a);
+                    const __m256i v1 = _mm256_loadu_si256((const __m256i *)(a + 32));
+                    const __m256 w0 = _mm256_castsi256_ps(h ? _mm256_and_si256(v0, high) : _mm256_slli_epi32(v0, 16));
+                    const __m256 w1 = _mm256_castsi256_ps(h ? _mm256_and_si256(v1, high) : _mm256_slli_epi32(v1, 16));
+#pragma GCC unroll 6
+                    for (int r = 0; r < MR; r++) {
+                        const __m256 xb = _mm256_broadcast_ss(xr[r] + 2 * p + h);
+                        acc[r][0] = _mm256_fmadd_ps(xb, w0, acc[r][0]);
+                        acc[r][1] = _mm256_fmadd_ps(xb, w1, acc[r][1]);
+                    }
+                }
+                for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
+                continue;
+            }
 #pragma GCC unroll 4
             for (int n = 0; n < NB; n++) {
                 const char *a = wp + (size_t)n * bb + (size_t)p * 64;
@@ -318,7 +351,7 @@ static void p2_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
     // of the work of a tile's FMAs with 8 lanes). The widened chunk takes
     // 256 KiB of scratch, or one block.
     const bool wide = m->w.dtype != DTYPE_F32 && m->rows > P2_WIDE_ROWS;
-    const int bh = cpu_block_height(m->rows, wide || m->w.dtype == DTYPE_F32 ? P2_MAX_MR : P2_MAX_MR_DIRECT);
+    const int bh = cpu_block_height(m->rows, wide || m->w.dtype != DTYPE_F16 ? P2_MAX_MR : P2_MAX_MR_F16);
     const int tnb = p2_nb(bh);
     int chunk = cpu_pack_chunk_blocks(P2_CHUNK_BYTES, bb, P2_MAX_NB, m->w.packed);
     const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
