@@ -2,10 +2,12 @@
 // table on the shapes a Qwen3-MoE step multiplies (the mid model of
 // `make-model --shape mid`: hidden 1024, experts of 384, a 151936-row
 // lm_head), weights packed as at load, split over the threads as the
-// backend splits them. Prints ms per call, GFLOP/s and the weight bytes read
-// per second (best of the repetitions: other processes only slow a run),
-// by the wall clock and by the process's CPU time (what a core does while
-// it runs: on a shared machine the steadier figure of the two).
+// backend splits them. Prints each table's FMA peak first (its fma_burn on
+// one core: what every GFLOP/s below is a fraction of), then ms per call,
+// GFLOP/s and the weight bytes read per second (best of the repetitions:
+// other processes only slow a run), by the wall clock and by the process's
+// CPU time (what a core does while it runs: on a shared machine the
+// steadier figure of the two).
 //
 //   meson compile -C build bench_cpu_matmul
 //   build/tests/model/cpu/bench_cpu_matmul [THREADS [TABLE...]]
@@ -43,6 +45,11 @@ static const struct shape shapes[] = {
     {"experts gate/up, 64 x 64 rows, 12 layers (from memory)", 384, 1024, 64, 64, 12, false},
     {"experts gate/up, 512 tokens routed (uneven rows, gathered x)", 384, 1024, 64, 64, 1, true},
     {"q projection, 512 rows (prefill)", 1024, 1024, 512, 1, 1, false},
+    // Each of the 8 pieces of work 16 KiB of weights, in L1, against 1200
+    // rows from L2: how close the tiles come to the FMA peak printed first
+    // when nothing waits on memory (the bf16 ones spend a vector op of their
+    // own on each weight vector's widening, on the ports the FMAs use).
+    {"weights in L1 (the tiles' own ceiling)", 512, 128, 1200, 1, 1, false},
 };
 
 static double cpu_now(void)
@@ -76,6 +83,23 @@ int main(int argc, char **argv)
     if (threadpool_create(threads, &pool, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
         return 1;
+    }
+    // Each table's FMA peak on one core: its fma_burn, best of 5.
+    for (int t = 0; t < n_names; t++) {
+        const struct cpu_kernels *k = cpu_kernels_by_name(names[t]);
+        if (!k || !k->fma_burn) continue;
+        const long iters = 20000000;
+        double best = 1e30;
+        volatile float sink = 0;
+        for (int rep = 0; rep < 5; rep++) {
+            const double c0 = cpu_now();
+            sink += k->fma_burn(iters, (float)rep);
+            const double dc = cpu_now() - c0;
+            if (dc < best) best = dc;
+        }
+        printf("%s FMA peak: %.1f GFLOP/s a core (x %d threads: %.1f)\n", names[t],
+               2.0 * iters * CPU_FMA_CHAINS * k->lanes / best / 1e9, threads,
+               2.0 * iters * CPU_FMA_CHAINS * k->lanes / best / 1e9 * threads);
     }
     uint64_t seed = 1;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
