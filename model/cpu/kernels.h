@@ -154,8 +154,9 @@ struct cpu_mm {
     bool accumulate;       // y += x . w^T (a residual add) instead of y = x . w^T
 };
 
-// The height of equal row blocks, at most max rows each (16 rows in blocks
-// of 6: 6 + 5 + 5, not 6 + 6 + 4): a short last block has too few
+// The height of the row blocks of a matmul: the fewest blocks of at most
+// max rows, as tall as that needs (7 rows at most 6: 4 and 3, not 6 and 1;
+// 16 rows: 6, 6 and 4): a last block of a row or two has too few
 // accumulators to hide the FMA latency.
 static inline int cpu_block_height(int rows, int max)
 {

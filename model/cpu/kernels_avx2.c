@@ -122,12 +122,16 @@ static const float nib_xscale[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 
 // once), 2 x 2, and 1 x 4 for one row (8 chains, enough to cover the FMA
 // latency while streaming).
 
-#define P2_MAX_MR 6     // rows of an fp32 or bf16 tile: 12 chains, 2 weight vectors, 1 broadcast
-#define P2_MAX_MR_F16 4 // rows of an f16 tile (6 not measured), and the most a bf16 tile
-                        // takes both halves of its pairs at once for: 8 chains, 4 weight vectors
+#define P2_MAX_MR 6       // rows of an fp32 or bf16 tile: 12 chains, 2 weight vectors, 1 broadcast
+#define P2_MAX_MR_F16 4   // rows of an f16 tile (6 not measured)
+#define P2_MAX_MR_PAIRS 4 // the most rows a bf16 tile takes both halves of a pair at once
+                          // for: 8 chains, 4 weight vectors
 // Rows above which bf16 and f16 chunks are widened to fp32 (below). Measured
-// with bench_cpu_matmul 1 avx2 on an Intel Xeon: the lm_head at 16 rows
-// 51-53 GFLOP/s widened, 56-59 not; at 64 rows 66-73 widened, 53-60 not.
+// with bench_cpu_matmul 1 avx2 on an Intel Xeon, when bf16 tiles were 4 rows
+// tall: the lm_head at 16 rows 51-53 GFLOP/s widened, 56-59 not; at 64 rows
+// 66-73 widened, 53-60 not. With the 6-row bf16 tiles widening still wins
+// at 64 rows (bench_cpu_matmul 2 avx2, three runs each): the lm_head
+// 146-152 GFLOP/s widened, 129-135 not; the experts 145-154, 130-139.
 #define P2_WIDE_ROWS 16
 #define P2_MAX_NB 4
 #define P2_CHUNK_BYTES (128u << 10) // packed weights each row block meets while they sit in L2
@@ -153,22 +157,22 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const float *co
         for (int v = 0; v < 2 * NB; v++) acc[r][v] = _mm256_setzero_ps();
     // Sixteen registers: each broadcast x serves the FMAs of all its
     // weight vectors right away, and no more weight vectors are live than
-    // fit beside the chains (P2_MAX_MR and P2_MAX_MR_F16: how many rows
-    // each dtype takes).
+    // fit beside the chains (P2_MAX_MR, P2_MAX_MR_F16 and P2_MAX_MR_PAIRS:
+    // how many rows each dtype and shape takes).
     if (dt == DTYPE_BF16) {
         // A pair's dword holds k = 2p in its low half and 2p + 1 in its
         // high half: a shift and a mask make the two fp32 vectors. Tiles of
         // 5 and 6 rows take the halves one after the other, each reloading
         // the pair's words (both halves' four vectors do not fit beside 12
-        // chains): every weight vector then serves 6 rows' FMAs, not 4, for
-        // the same shift or mask. Measured with bench-offline on the mid
+        // chains): every weight vector then serves 5 or 6 rows' FMAs, not 4,
+        // for the same shift or mask. Measured with bench-offline on the mid
         // model, avx2, builds alternating: 16 streams 91-95 output tokens/s
         // before, 95-99 after (the lm_head over 16 rows 39-41 ms a step, 36-37
         // after); 64 streams 202-208, 219-222 (the experts, 5 to 14 rows each,
         // 144-146 ms a step, 126).
         const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
         const int np = K / 2;
-        const bool split = MR > P2_MAX_MR_F16 && NB == 1;
+        const bool split = MR > P2_MAX_MR_PAIRS && NB == 1;
         for (int p = 0; p < np; p++) {
             if (split) {
                 const char *a = wp + (size_t)p * 64;

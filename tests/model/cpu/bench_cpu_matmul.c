@@ -3,7 +3,7 @@
 // `make-model --shape mid`: hidden 1024, experts of 384, a 151936-row
 // lm_head), weights packed as at load, split over the threads as the
 // backend splits them. Prints each table's FMA peak first (its fma_burn on
-// one core: what every GFLOP/s below is a fraction of), then ms per call,
+// every thread: what every GFLOP/s below is a fraction of), then ms per call,
 // GFLOP/s and the weight bytes read per second (best of the repetitions:
 // other processes only slow a run), by the wall clock and by the process's
 // CPU time (what a core does while it runs: on a shared machine the
@@ -19,6 +19,7 @@
 #include "base/base.h"
 #include "model/cpu/kernels.h"
 #include "model/cpu/ops.h"
+#include "model/cpu/probe.h"
 #include "model/cpu/threadpool.h"
 
 struct shape {
@@ -45,10 +46,12 @@ static const struct shape shapes[] = {
     {"experts gate/up, 64 x 64 rows, 12 layers (from memory)", 384, 1024, 64, 64, 12, false},
     {"experts gate/up, 512 tokens routed (uneven rows, gathered x)", 384, 1024, 64, 64, 1, true},
     {"q projection, 512 rows (prefill)", 1024, 1024, 512, 1, 1, false},
-    // Each of the 8 pieces of work 16 KiB of weights, in L1, against 1200
-    // rows from L2: how close the tiles come to the FMA peak printed first
-    // when nothing waits on memory (the bf16 ones spend a vector op of their
-    // own on each weight vector's widening, on the ports the FMAs use).
+    // 16 KiB of bf16 weights for each of the 8 pieces of work of 2 threads,
+    // in L1, against 1200 rows from L2: how close the tiles come to the FMA
+    // peak printed first when nothing waits on memory (the avx512 ones spend
+    // a vector op of their own on each weight vector's widening, on the
+    // ports the FMAs use; the avx2 table widens a piece's weights to fp32
+    // first, 32 KiB, and runs its fp32 tiles over them).
     {"weights in L1 (the tiles' own ceiling)", 512, 128, 1200, 1, 1, false},
 };
 
@@ -57,6 +60,14 @@ static double cpu_now(void)
     struct timespec t;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+// A table by name; avx512_bf16:dp and avx512_bf16:fma force that table's path.
+static const struct cpu_kernels *kernels_named(const char *name)
+{
+    if (!strcmp(name, "avx512_bf16:dp")) return cpu_kernels_avx512_bf16_path(false);
+    if (!strcmp(name, "avx512_bf16:fma")) return cpu_kernels_avx512_bf16_path(true);
+    return cpu_kernels_by_name(name);
 }
 
 static void *xalloc(size_t n)
@@ -84,22 +95,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s\n", err);
         return 1;
     }
-    // Each table's FMA peak on one core: its fma_burn, best of 5.
+    // Each table's FMA peak on these threads (fma_burn on each, best of 5).
     for (int t = 0; t < n_names; t++) {
-        const struct cpu_kernels *k = cpu_kernels_by_name(names[t]);
+        const struct cpu_kernels *k = kernels_named(names[t]);
         if (!k || !k->fma_burn) continue;
-        const long iters = 20000000;
-        double best = 1e30;
-        volatile float sink = 0;
-        for (int rep = 0; rep < 5; rep++) {
-            const double c0 = cpu_now();
-            sink += k->fma_burn(iters, (float)rep);
-            const double dc = cpu_now() - c0;
-            if (dc < best) best = dc;
-        }
-        printf("%s FMA peak: %.1f GFLOP/s a core (x %d threads: %.1f)\n", names[t],
-               2.0 * iters * CPU_FMA_CHAINS * k->lanes / best / 1e9, threads,
-               2.0 * iters * CPU_FMA_CHAINS * k->lanes / best / 1e9 * threads);
+        printf("%s FMA peak: %.1f GFLOP/s on %d threads\n", names[t], cpu_fma_peak(pool, k, 20000000, 5) / 1e9,
+               threads);
     }
     uint64_t seed = 1;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -155,11 +156,7 @@ int main(int argc, char **argv)
         const double flop = 2.0 * welems * sh->rows * sh->mats, bytes = 2.0 * welems * sh->mats;
         printf("%s: %d x %d%s, %d rows\n", sh->what, sh->out, sh->in, sh->mats > 1 ? " x 64" : "", sh->rows);
         for (int t = 0; t < n_names; t++) {
-            // avx512_bf16:dp and avx512_bf16:fma force that table's path.
-            const struct cpu_kernels *k =
-                !strcmp(names[t], "avx512_bf16:dp")    ? cpu_kernels_avx512_bf16_path(false)
-                : !strcmp(names[t], "avx512_bf16:fma") ? cpu_kernels_avx512_bf16_path(true)
-                                                       : cpu_kernels_by_name(names[t]);
+            const struct cpu_kernels *k = kernels_named(names[t]);
             if (!k) {
                 printf("  %-12s not on this CPU\n", names[t]);
                 continue;

@@ -77,6 +77,8 @@ static const int shapes[][3] = { // rows, in, out
     {6, 16, 16}, {7, 130, 33}, {13, 100, 37}, {1, 512, 300}, {64, 256, 96}, {19, 1000, 7},
     // in a multiple of 32 (the amx table's tiles), rows on both sides of 16 and 32
     {16, 32, 64}, {17, 64, 70}, {32, 128, 129}, {33, 96, 15}, {45, 64, 200}, {3, 2048, 65},
+    // odd in with the avx2 table's 5- and 6-row bf16 tiles (half a pair at a time)
+    {6, 33, 20}, {11, 77, 40},
 };
 
 static void run_matmul(const struct cpu_kernels *k, const struct cpu_wmat *w, const float *x,
