@@ -146,7 +146,8 @@ static inline __m256i p2_mask8(int lo, int hi)
 }
 
 AI void p2_tile(const int MR, const int NB, const enum dtype dt, const float *const *xr, const char *wp, size_t bb,
-                int K, float *const *yr, int o, int o0, int o1, bool accumulate, enum cpu_pf pf, struct cpu_ahead *ahead)
+                int K, float *const *yr, int o, int o0, int o1, bool accumulate, enum cpu_pf pf,
+                struct cpu_ahead *ahead)
 {
     const char *pa = ahead ? ahead->at : NULL, *pe = ahead ? ahead->end : NULL;
     const int per = ahead ? ahead->per : 0;
@@ -176,7 +177,7 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const float *co
         for (int p = 0; p < np; p++) {
             if (split) {
                 const char *a = wp + (size_t)p * 64;
-                cpu_pf_tile(pf, wp, bb, 1, 0, (size_t)p * 64, P2_PF);
+                cpu_pf_tile(pf, wp, bb, NB, 0, (size_t)p * 64, P2_PF);
 #pragma GCC unroll 2
                 for (int h = 0; h < 2; h++) {
                     // Empty, but the compiler must assume a changed: the
@@ -193,27 +194,26 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const float *co
                         acc[r][1] = _mm256_fmadd_ps(xb, w1, acc[r][1]);
                     }
                 }
-                for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
-                continue;
-            }
+            } else {
 #pragma GCC unroll 4
-            for (int n = 0; n < NB; n++) {
-                const char *a = wp + (size_t)n * bb + (size_t)p * 64;
-                cpu_pf_tile(pf, wp, bb, NB, n, (size_t)p * 64, P2_PF);
-                const __m256i v0 = _mm256_loadu_si256((const __m256i *)a);
-                const __m256i v1 = _mm256_loadu_si256((const __m256i *)(a + 32));
-                const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
-                const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
-                const __m256 d0 = _mm256_castsi256_ps(_mm256_and_si256(v0, high));
-                const __m256 d1 = _mm256_castsi256_ps(_mm256_and_si256(v1, high));
+                for (int n = 0; n < NB; n++) {
+                    const char *a = wp + (size_t)n * bb + (size_t)p * 64;
+                    cpu_pf_tile(pf, wp, bb, NB, n, (size_t)p * 64, P2_PF);
+                    const __m256i v0 = _mm256_loadu_si256((const __m256i *)a);
+                    const __m256i v1 = _mm256_loadu_si256((const __m256i *)(a + 32));
+                    const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
+                    const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
+                    const __m256 d0 = _mm256_castsi256_ps(_mm256_and_si256(v0, high));
+                    const __m256 d1 = _mm256_castsi256_ps(_mm256_and_si256(v1, high));
 #pragma GCC unroll 6
-                for (int r = 0; r < MR; r++) {
-                    const __m256 xe = _mm256_broadcast_ss(xr[r] + 2 * p);
-                    acc[r][2 * n] = _mm256_fmadd_ps(xe, e0, acc[r][2 * n]);
-                    acc[r][2 * n + 1] = _mm256_fmadd_ps(xe, e1, acc[r][2 * n + 1]);
-                    const __m256 xo = _mm256_broadcast_ss(xr[r] + 2 * p + 1);
-                    acc[r][2 * n] = _mm256_fmadd_ps(xo, d0, acc[r][2 * n]);
-                    acc[r][2 * n + 1] = _mm256_fmadd_ps(xo, d1, acc[r][2 * n + 1]);
+                    for (int r = 0; r < MR; r++) {
+                        const __m256 xe = _mm256_broadcast_ss(xr[r] + 2 * p);
+                        acc[r][2 * n] = _mm256_fmadd_ps(xe, e0, acc[r][2 * n]);
+                        acc[r][2 * n + 1] = _mm256_fmadd_ps(xe, e1, acc[r][2 * n + 1]);
+                        const __m256 xo = _mm256_broadcast_ss(xr[r] + 2 * p + 1);
+                        acc[r][2 * n] = _mm256_fmadd_ps(xo, d0, acc[r][2 * n]);
+                        acc[r][2 * n + 1] = _mm256_fmadd_ps(xo, d1, acc[r][2 * n + 1]);
+                    }
                 }
             }
             for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
