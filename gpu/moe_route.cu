@@ -23,8 +23,9 @@ __global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(const struct c
     for (int e = threadIdx.x; e < n; e += blockDim.x) fill[e] = 0;
     __syncthreads();
     for (int p = threadIdx.x; p < P; p += blockDim.x) {
-        const int e = r.ids[p] - r.e0;
-        if (e >= 0 && e < n && (!r.live || r.live[p / r.k])) atomicAdd(&cnt[e + 1], 1);
+        // Compared before subtracting: an id is any int32, and id - e0 could overflow.
+        const int id = r.ids[p];
+        if (id >= r.e0 && id < r.e1 && (!r.live || r.live[p / r.k])) atomicAdd(&cnt[id - r.e0 + 1], 1);
     }
     __syncthreads();
     if (threadIdx.x == 0)
@@ -47,8 +48,8 @@ __global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(const struct c
         for (int i = threadIdx.x; i < ROUTE_WARPS * n; i += blockDim.x) wc[i] = 0;
         __syncthreads();
         const int p = base + threadIdx.x;
-        int e = p < P ? r.ids[p] - r.e0 : -1;
-        if (e >= n || (p < P && r.live && !r.live[p / r.k])) e = -1;
+        int e = p < P && r.ids[p] >= r.e0 && r.ids[p] < r.e1 ? r.ids[p] - r.e0 : -1;
+        if (p < P && r.live && !r.live[p / r.k]) e = -1;
         const bool placed = e >= 0;
         const unsigned same = __match_any_sync(0xffffffffu, e);
         const int rank = __popc(same & ((1u << lane) - 1));

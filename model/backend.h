@@ -313,8 +313,8 @@ struct backend_ops {
                      const struct backend_step *s, const struct kv_pool *kv, const float *q,
                      float *out);
     // logits (n, n_experts) -> ids (n, k), weights (n, k): the k largest
-    // (ties: lowest id), softmax over all n_experts in fp32, renormalised over
-    // the k when norm_topk.
+    // (ties: lowest id; a NaN logit ranks as -inf), their softmax weights
+    // (over all n_experts, in double), renormalised over the k when norm_topk.
     int (*router_topk)(struct backend *b, const float *logits, int n, int n_experts, int k,
                        bool norm_topk, int32_t *ids, float *weights);
     // Routes a MoE layer's pairs (struct backend_route), on the backend:
