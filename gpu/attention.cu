@@ -78,6 +78,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const struct cud
         FM[r] = -INFINITY;
         FD[r] = 0.0f;
     }
+    // The chunk loop's barriers would order these writes before the output
+    // loop reads them, but only when the item has positions; this one does
+    // whatever the plan hands out.
+    __syncthreads();
     const int first_pos = p.tok_pos[it.t0];
     const int32_t *blocks = p.bt + p.bt_start[it.seq];
     const size_t blk_elems = (size_t)KV_BLOCK_TOKENS * D;

@@ -880,8 +880,9 @@ static int cu_attention(struct backend *b, const struct backend_weights *w, int 
     if (rc) return rc;
     struct plan_attn_item *items = (struct plan_attn_item *)c->h_new;
     struct plan_attn_combine *comb = (struct plan_attn_combine *)((char *)c->h_new + ib);
-    plan_attention(s->h_seq_start, s->h_tok_pos, s->n_seqs, &o, items, pa.n_items, comb,
-                   pa.n_combine, &pa);
+    if (plan_attention(s->h_seq_start, s->h_tok_pos, s->n_seqs, &o, items, pa.n_items, comb,
+                       pa.n_combine, &pa))
+        return backend_fail(b, MS_EINVAL, "attention: the step's layout is inconsistent");
     // Every layer of a step has the same plan: upload it once.
     if (bytes != c->h_plan_bytes || memcmp(c->h_new, c->h_plan, bytes) != 0) {
         // A replay would read the host plan as it is then, not as it is now.
