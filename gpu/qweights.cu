@@ -187,10 +187,16 @@ static bool qm_device(const struct tensor *t)
 }
 
 // Device scratch for a checkpoint's tensor on its way (grown, never shrunk).
-static cudaError_t stage_need(struct cuda_qstage *st, size_t bytes)
+// The last tensor's qmake_kernel on s may still read the old buffer: s is
+// drained before it is freed.
+static cudaError_t stage_need(cudaStream_t s, struct cuda_qstage *st, size_t bytes)
 {
     if (bytes <= st->cap) return cudaSuccess;
-    if (st->p) cudaFree(st->p);
+    if (st->p) {
+        cudaError_t e = cudaStreamSynchronize(s);
+        if (e == cudaSuccess) e = cudaFree(st->p);
+        if (e != cudaSuccess) return e;
+    }
     st->p = nullptr;
     st->cap = 0;
     cudaError_t e = cudaMalloc(&st->p, bytes);
@@ -277,7 +283,7 @@ cudaError_t cuda_qweight_fill(cudaStream_t s, const struct tensor *t, void *dst,
     p.dst = (uint8_t *)dst;
     size_t db, sb, zb;
     stored_sizes(t, &db, &sb, &zb);
-    cudaError_t e = stage_need(st, round256(db) + round256(sb) + round256(zb));
+    cudaError_t e = stage_need(s, st, round256(db) + round256(sb) + round256(zb));
     if (e != cudaSuccess) return e;
     char *d = (char *)st->p;
     const void *parts[3] = {t->data, t->quant.scale, t->quant.zeros};
