@@ -78,9 +78,9 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const struct cud
         FM[r] = -INFINITY;
         FD[r] = 0.0f;
     }
-    // The chunk loop's barriers would order these writes before the output
-    // loop reads them, but only when the item has positions; this one does
-    // whatever the plan hands out.
+    // The output loop reads FM and FD from other threads. The chunk loop's
+    // barriers order those reads after these writes only when the item has
+    // positions; this one orders them for any item.
     __syncthreads();
     const int first_pos = p.tok_pos[it.t0];
     const int32_t *blocks = p.bt + p.bt_start[it.seq];
