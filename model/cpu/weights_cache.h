@@ -64,10 +64,17 @@ bool weights_cache_create(struct weights_cache *c);
 bool weights_cache_commit(struct weights_cache *c);
 
 // Locks the mapped file in memory (reading what is not in the page cache),
-// so that it stays resident like anonymous memory; when the locked-memory
-// limit refuses, says so and only starts reading it ahead. Called by
-// weights_cache_map and weights_cache_commit.
-void weights_cache_pin(struct weights_cache *c);
+// so that it stays resident like anonymous memory, and returns true; when
+// the locked-memory limit refuses, says so, only starts reading it ahead
+// and returns false. Called by weights_cache_map and weights_cache_commit,
+// which then read the file again into 2 MiB pages where it needs that
+// (weights_cache_pmd_bytes).
+bool weights_cache_pin(struct weights_cache *c);
+
+// Bytes mapped by 2 MiB page table entries in the mappings lying within
+// [p, p + n) (/proc/self/smaps' FilePmdMapped); -1 when that cannot be
+// read.
+long long weights_cache_pmd_bytes(const void *p, size_t n);
 
 // Frees the key; removes a temporary file not committed. Leaves the
 // mapping: the caller unmaps it (munmap(map, map_bytes)) when it keeps the

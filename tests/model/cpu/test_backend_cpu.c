@@ -5,7 +5,8 @@
 // table, released with the last; a dummy load (--load-format dummy) gets its
 // values made here, element by element tensor_dummy_value, packed or not;
 // projections quantized at load are packed blocks for every table; the
-// weights cache file is written, mapped, and rebuilt when stale or corrupt.
+// weights cache file is written, mapped, and rebuilt when stale or corrupt,
+// and read again into 2 MiB pages when the page cache holds it in small ones.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -21,6 +24,7 @@
 #include "model/backend.h"
 #include "model/cpu/backend_cpu.h"
 #include "model/cpu/kernels.h"
+#include "model/cpu/weights_cache.h"
 #include "model/model.h"
 
 static char dir[1024];
@@ -370,6 +374,98 @@ static void the_weights_cache_is_written_mapped_and_rebuilt_when_stale_or_corrup
     free(ref);
 }
 
+// Leaves the file's pages in the page cache as 4 KiB folios: dropped, then
+// read back one page at a time in an order that defeats readahead, through
+// a mapping that asks for no huge pages.
+static void cache_in_small_pages(const char *path)
+{
+    const int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    struct stat sb;
+    assert_int_equal(fstat(fd, &sb), 0);
+    assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    const size_t n = (size_t)sb.st_size, pages = n / 4096;
+    const volatile char *p = mmap(NULL, n, PROT_READ, MAP_SHARED, fd, 0);
+    assert_true(p != MAP_FAILED);
+    madvise((void *)p, n, MADV_RANDOM);
+    for (size_t i = 0; i < pages; i++) (void)p[(i * 7919) % pages * 4096];
+    munmap((void *)p, n);
+    close(fd);
+}
+
+// Whether this kernel keeps a file of dir's file system in 2 MiB folios
+// read through a 2 MiB-aligned mapping that asks for huge pages.
+static bool large_folios_in(const char *dir)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/probe", dir);
+    const size_t huge = (size_t)2 << 20;
+    const int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    char *buf = calloc(1, huge);
+    assert_non_null(buf);
+    assert_int_equal(pwrite(fd, buf, huge, 0), (ssize_t)huge);
+    free(buf);
+    assert_int_equal(fsync(fd), 0);
+    assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    char *r = mmap(NULL, 2 * huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(r != MAP_FAILED);
+    char *a = (char *)(((uintptr_t)r + huge - 1) & ~(uintptr_t)(huge - 1));
+    char *p = mmap(a, huge, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
+    assert_true(p == a);
+    madvise(p, huge, MADV_HUGEPAGE);
+    for (size_t i = 0; i < huge; i += 4096) (void)((volatile char *)p)[i];
+    const bool large = weights_cache_pmd_bytes(p, huge) == (long long)huge;
+    munmap(r, 2 * huge);
+    close(fd);
+    unlink(path);
+    return large;
+}
+
+// A cache file whose pages the page cache holds in 4 KiB folios (read by
+// something else, or kept from an older start) is read again into 2 MiB
+// pages when mapped, where the kernel can, with the same bytes.
+static void the_weights_cache_is_read_again_into_huge_pages(void **state)
+{
+    (void)state;
+    char cdir[512], err[512];
+    snprintf(cdir, sizeof cdir, "%s/huge", cache_root);
+    assert_int_equal(mkdir(cdir, 0755), 0);
+    struct model *m;
+    const struct model_load_opts o = {.cache_dir = cdir};
+    assert_int_equal(model_load_opts(dir, &o, &m, err, sizeof err), 0);
+    // 12 MiB of packed bytes, each a function of its offset.
+    const uint64_t packed = (uint64_t)12 << 20;
+    struct weights_cache c;
+    assert_int_equal(weights_cache_open(&c, m, "test", packed, 0), 1);
+    assert_false(weights_cache_map(&c));
+    assert_true(weights_cache_create(&c));
+    uint32_t *d = (uint32_t *)((char *)c.map + c.data_off);
+    for (size_t i = 0; i < packed / 4; i++) d[i] = (uint32_t)(i * 2654435761u);
+    assert_true(weights_cache_commit(&c));
+    char path[sizeof c.path];
+    memcpy(path, c.path, sizeof path);
+    munmap(c.map, c.map_bytes);
+    weights_cache_close(&c);
+
+    cache_in_small_pages(path);
+    assert_int_equal(weights_cache_open(&c, m, "test", packed, 0), 1);
+    assert_true(weights_cache_map(&c));
+    d = (uint32_t *)((char *)c.map + c.data_off);
+    for (size_t i = 0; i < packed / 4; i++)
+        if (d[i] != (uint32_t)(i * 2654435761u)) fail_msg("word %zu changed after mapping", i);
+    const long long pmd = weights_cache_pmd_bytes(c.map, c.map_bytes);
+    if (large_folios_in(cdir)) {
+        if ((double)pmd < 0.9 * (double)c.map_bytes)
+            fail_msg("%lld of %zu bytes of the cache in 2 MiB pages", pmd, c.map_bytes);
+    } else {
+        fprintf(stderr, "(this kernel keeps %s's files in 4 KiB pages: only the bytes checked)\n", cdir);
+    }
+    munmap(c.map, c.map_bytes);
+    weights_cache_close(&c);
+    model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -378,6 +474,7 @@ int main(void)
         cmocka_unit_test(dummy_weights_are_made_by_the_backend),
         cmocka_unit_test(quantized_projections_are_packed_for_every_table),
         cmocka_unit_test(the_weights_cache_is_written_mapped_and_rebuilt_when_stale_or_corrupt),
+        cmocka_unit_test(the_weights_cache_is_read_again_into_huge_pages),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
