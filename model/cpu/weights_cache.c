@@ -202,7 +202,7 @@ static void *map_file_aligned(int fd, size_t n, int prot)
     return p;
 }
 
-static void repage(struct weights_cache *c);
+static void repage(struct weights_cache *c, int fd);
 
 bool weights_cache_map(struct weights_cache *c)
 {
@@ -215,15 +215,17 @@ bool weights_cache_map(struct weights_cache *c)
         return false;
     }
     void *p = map_file_aligned(fd, (size_t)c->file_bytes, PROT_READ);
-    close(fd);
     if (p == MAP_FAILED) {
+        const int e = errno;
+        close(fd);
         ms_log(MS_LOG_WARN, "cannot map the weights cache %s (%s): preparing the weights again",
-               c->path, strerror(errno));
+               c->path, strerror(e));
         return false;
     }
     c->map = p;
     c->map_bytes = (size_t)c->file_bytes;
-    if (weights_cache_pin(c)) repage(c);
+    if (weights_cache_pin(c)) repage(c, fd);
+    close(fd);
     return true;
 }
 
@@ -234,15 +236,22 @@ long long weights_cache_pmd_bytes(const void *p, size_t n)
     FILE *f = fopen("/proc/self/smaps", "re");
     if (!f) return -1;
     const uintptr_t lo = (uintptr_t)p, hi = lo + n;
-    char line[512];
+    char *line = NULL;
+    size_t cap = 0;
     bool in = false;
     long long total = -1, kb;
-    while (fgets(line, sizeof line, f)) {
+    // Whole lines (a mapping's path can be long): a mapping's first line
+    // starts "begin-end "; no field's name does.
+    while (getline(&line, &cap, f) > 0) {
         unsigned long a, b;
-        // A mapping's first line starts "begin-end "; no field's name does.
-        if (sscanf(line, "%lx-%lx ", &a, &b) == 2) in = a >= lo && b <= hi;
-        else if (in && sscanf(line, "FilePmdMapped: %lld kB", &kb) == 1) total = (total < 0 ? 0 : total) + kb * 1024;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2) {
+            in = a >= lo && b <= hi;
+        } else if (in && (sscanf(line, "FilePmdMapped: %lld kB", &kb) == 1 ||
+                          sscanf(line, "ShmemPmdMapped: %lld kB", &kb) == 1)) {
+            total = (total < 0 ? 0 : total) + kb * 1024; // tmpfs files count as shmem
+        }
     }
+    free(line);
     fclose(f);
     return total;
 }
@@ -267,14 +276,12 @@ static void unpage(const struct weights_cache *c, int fd, size_t off, size_t len
 // first 2 MiB dropped and read again through a mapping of its own comes
 // back as one (the kernel keeps this file system's pages in large folios),
 // the whole file is dropped from the page cache and read again.
-static void repage(struct weights_cache *c)
+static void repage(struct weights_cache *c, int fd)
 {
-    const size_t huge = (size_t)2 << 20;
-    if (c->map_bytes < 2 * huge) return;
+    const size_t huge = (size_t)2 << 20, whole = c->map_bytes & ~(huge - 1); // the tail gets none
+    if (whole < 2 * huge) return;
     const long long before = weights_cache_pmd_bytes(c->map, c->map_bytes);
-    if (before < 0 || (double)before >= 0.9 * (double)c->map_bytes) return;
-    const int fd = open(c->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
+    if (before < 0 || (double)before >= 0.9 * (double)whole) return;
     const double t0 = ms_now();
     unpage(c, fd, 0, huge);
     void *p = map_file_aligned(fd, huge, PROT_READ);
@@ -285,17 +292,23 @@ static void repage(struct weights_cache *c)
         munmap(p, huge);
     }
     if (large) unpage(c, fd, huge, c->map_bytes - huge);
-    close(fd);
-    if (mlock(c->map, c->map_bytes) != 0) madvise(c->map, c->map_bytes, MADV_WILLNEED);
+    if (mlock(c->map, c->map_bytes) != 0) {
+        ms_log(MS_LOG_WARN, "cannot lock the weights cache in memory again (%s): the kernel may "
+               "evict it under memory pressure and read it back from disk, slowly",
+               strerror(errno));
+        madvise(c->map, c->map_bytes, MADV_WILLNEED);
+    }
+    const double pct = 100.0 * (double)before / (double)c->map_bytes;
     if (!large) {
-        ms_log(MS_LOG_INFO, "weights cache: %.0f%% of it is in 2 MiB pages, and this kernel does not "
-               "keep its file system's pages in larger ones; --cache-dir none keeps the weights in "
-               "anonymous memory, in 2 MiB pages", 100.0 * (double)before / (double)c->map_bytes);
+        ms_log(MS_LOG_INFO, "weights cache: %.0f%% of it is in 2 MiB pages, and its first 2 MiB "
+               "read again did not come back as one (a kernel that keeps this file system's pages "
+               "in 4 KiB folios, or memory too fragmented); --cache-dir none keeps the weights in "
+               "anonymous memory, in 2 MiB pages", pct);
         return;
     }
     const long long after = weights_cache_pmd_bytes(c->map, c->map_bytes);
     ms_log(MS_LOG_INFO, "weights cache: read again into 2 MiB pages in %.2f s (%.0f%% of it was in "
-           "them, now %.0f%%)", ms_now() - t0, 100.0 * (double)before / (double)c->map_bytes,
+           "them, now %.0f%%)", ms_now() - t0, pct,
            100.0 * (double)(after > 0 ? after : 0) / (double)c->map_bytes);
 }
 
@@ -379,10 +392,10 @@ bool weights_cache_commit(struct weights_cache *c)
               rename(c->tmp, c->path) == 0;
     const int e = errno;
     mprotect(c->map, c->map_bytes, PROT_READ);
+    // Read again only once committed: the disk then holds what comes back.
+    if (weights_cache_pin(c) && ok) repage(c, c->fd);
     close(c->fd);
     c->fd = -1;
-    // Read again only once the file is c->path.
-    if (weights_cache_pin(c) && ok) repage(c);
     if (!ok) {
         unlink(c->tmp);
         ms_log(MS_LOG_WARN, "cannot write the weights cache %s (%s); the next start prepares them "
