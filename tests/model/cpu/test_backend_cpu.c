@@ -393,7 +393,7 @@ static void cache_in_small_pages(const char *path)
     close(fd);
 }
 
-// Bytes of path's first n on 2 MiB page table entries, mapped as the
+// Bytes of fd's first n on 2 MiB page table entries, mapped as the
 // cache maps it (2 MiB-aligned, asking for huge pages) and touched.
 static long long pmd_bytes_of(int fd, size_t n)
 {
