@@ -106,32 +106,35 @@ void cpu_rope_apply(float *x, int half, const float *c, const float *s)
     }
 }
 
-// Candidates ordered by (value descending, index ascending); each pick is the
-// best candidate strictly after the previous pick in that order, so no
-// "already taken" bookkeeping is needed.
+// Candidates ordered by (value descending, index ascending): the first k
+// of that order.
 static bool ranks_before(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
+
+static float router_value(const float *logits, int i) { return isnan(logits[i]) ? -INFINITY : logits[i]; }
 
 static double softmax_num(float v, double mx) { return isnan(v) ? 0.0 : exp((double)v - mx); }
 
 void cpu_router_topk(const float *logits, int n, int k, bool norm_topk, int32_t *ids, float *w)
 {
-    // A NaN logit never wins: it compares as -inf.
-    float prev_v = INFINITY;
-    int prev_i = -1;
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        float bv = -INFINITY;
-        for (int i = 0; i < n; i++) {
-            float v = isnan(logits[i]) ? -INFINITY : logits[i];
-            if (j > 0 && !ranks_before(prev_v, prev_i, v, i)) continue;
-            if (best < 0 || ranks_before(v, i, bv, best)) {
-                best = i;
-                bv = v;
-            }
+    if (k < 1 || n < k) {
+        for (int j = 0; j < k; j++) {
+            ids[j] = -1;
+            w[j] = 0.0f;
         }
-        ids[j] = best;
-        prev_v = bv;
-        prev_i = best;
+        return;
+    }
+    // One pass keeping the best k so far in order in ids (a NaN logit
+    // compares as -inf, so it never wins): most candidates lose to the k-th
+    // at once, where k passes over all n took k times the comparisons (1%
+    // of a prefill step of the mid model at top-8).
+    int have = 0;
+    for (int i = 0; i < n; i++) {
+        const float v = router_value(logits, i);
+        if (have == k && !ranks_before(v, i, router_value(logits, ids[k - 1]), ids[k - 1])) continue;
+        int at = have < k ? have++ : k - 1;
+        for (; at > 0 && ranks_before(v, i, router_value(logits, ids[at - 1]), ids[at - 1]); at--)
+            ids[at] = ids[at - 1];
+        ids[at] = i;
     }
     double mx = logits[ids[0]];
     if (!isfinite(mx)) mx = 0;

@@ -42,8 +42,9 @@ void cpu_rope_angles(int pos, const double *inv_freq, int half, float *cos_out, 
 // NeoX (rotate-half) layout: pairs (x[i], x[i + half]).
 void cpu_rope_apply(float *x, int half, const float *c, const float *s);
 
-// Router: the k largest of n logits (ties: lowest index first), their softmax
-// weights over all n, renormalised over the k when norm_topk.
+// Router: the k largest of n logits (ties: lowest index first; a NaN ranks
+// as -inf), their softmax weights over all n, renormalised over the k when
+// norm_topk. 1 <= k <= n; otherwise every id is -1 and every weight 0.
 void cpu_router_topk(const float *logits, int n, int k, bool norm_topk, int32_t *ids, float *w);
 
 #endif

@@ -994,6 +994,39 @@ static void router_picks_top_k_lowest_index_on_ties(void **state)
     double all = exp(-2.0) + 2 * e3 + 2 * e2;
     assert_float_equal(w[0], e3 / all, 1e-6);
     assert_float_equal(w[1], e3 / all, 1e-6);
+    // Against a sort of all n by (value descending, index ascending), on
+    // logits with many ties, NaNs and infinities, k from 1 to n.
+    uint64_t seed = 12345;
+    for (int trial = 0; trial < 2000; trial++) {
+        const int n = 1 + trial % 70, k = 1 + trial / 7 % n;
+        float l[70];
+        int32_t order[70], got[70];
+        float wg[70];
+        for (int i = 0; i < n; i++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            const int r = (int)(seed >> 58); // 0..63: a few values, so ties
+            l[i] = r == 0 ? NAN : r == 1 ? -INFINITY : r == 2 ? INFINITY : (float)(r % 9) * 0.5f - 2.0f;
+            order[i] = i;
+        }
+        for (int a = 1; a < n; a++) // insertion sort, stable: ties keep the lower index first
+            for (int b = a; b > 0; b--) {
+                const float vb = isnan(l[order[b]]) ? -INFINITY : l[order[b]];
+                const float va = isnan(l[order[b - 1]]) ? -INFINITY : l[order[b - 1]];
+                if (!(vb > va)) break;
+                const int32_t t = order[b];
+                order[b] = order[b - 1];
+                order[b - 1] = t;
+            }
+        cpu_router_topk(l, n, k, trial % 2, got, wg);
+        for (int j = 0; j < k; j++)
+            if (got[j] != order[j]) fail_msg("n %d k %d: pick %d is %d, the sort's %d", n, k, j, got[j], order[j]);
+    }
+    // k past n: nothing picked.
+    cpu_router_topk(logits, 2, 3, true, ids, w);
+    for (int j = 0; j < 3; j++) {
+        assert_int_equal(ids[j], -1);
+        assert_float_equal(w[j], 0.0f, 0.0);
+    }
 }
 
 // ---- the bf16-activation table (avx512_bf16) --------------------------------------------
