@@ -229,8 +229,9 @@ bool weights_cache_map(struct weights_cache *c)
     return true;
 }
 
-// Bytes mapped by 2 MiB page table entries (FilePmdMapped) in the mappings
-// lying within [p, p + n), from /proc/self/smaps; -1 when it cannot be read.
+// Bytes mapped by 2 MiB page table entries (FilePmdMapped, or ShmemPmdMapped
+// for tmpfs) in the mappings lying within [p, p + n), from /proc/self/smaps;
+// -1 when it cannot be read.
 long long weights_cache_pmd_bytes(const void *p, size_t n)
 {
     FILE *f = fopen("/proc/self/smaps", "re");
@@ -292,12 +293,7 @@ static void repage(struct weights_cache *c, int fd)
         munmap(p, huge);
     }
     if (large) unpage(c, fd, huge, c->map_bytes - huge);
-    if (mlock(c->map, c->map_bytes) != 0) {
-        ms_log(MS_LOG_WARN, "cannot lock the weights cache in memory again (%s): the kernel may "
-               "evict it under memory pressure and read it back from disk, slowly",
-               strerror(errno));
-        madvise(c->map, c->map_bytes, MADV_WILLNEED);
-    }
+    weights_cache_pin(c); // reads back what was dropped
     const double pct = 100.0 * (double)before / (double)c->map_bytes;
     if (!large) {
         ms_log(MS_LOG_INFO, "weights cache: %.0f%% of it is in 2 MiB pages, and its first 2 MiB "

@@ -72,8 +72,8 @@ bool weights_cache_commit(struct weights_cache *c);
 bool weights_cache_pin(struct weights_cache *c);
 
 // Bytes mapped by 2 MiB page table entries in the mappings lying within
-// [p, p + n) (/proc/self/smaps' FilePmdMapped); -1 when that cannot be
-// read.
+// [p, p + n) (/proc/self/smaps' FilePmdMapped, and ShmemPmdMapped for
+// tmpfs); -1 when that cannot be read.
 long long weights_cache_pmd_bytes(const void *p, size_t n);
 
 // Frees the key; removes a temporary file not committed. Leaves the

@@ -471,14 +471,14 @@ static void the_weights_cache_is_read_again_into_huge_pages(void **state)
         if (d[i] != (uint32_t)(i * 2654435761u)) fail_msg("word %zu changed after mapping", i);
     const long long pmd = weights_cache_pmd_bytes(c.map, c.map_bytes);
     // It reads again only what it could lock (the locked-memory limit).
-    const bool locked = mlock(c.map, c.map_bytes) == 0;
-    if (small && locked && large_folios_in(cdir)) {
+    const bool locked = mlock(c.map, c.map_bytes) == 0, large = large_folios_in(cdir);
+    if (small && locked && large) {
         if ((double)pmd < 0.9 * (double)whole)
             fail_msg("%lld of %zu bytes of the cache in 2 MiB pages", pmd, c.map_bytes);
     } else {
         fprintf(stderr, "(the 2 MiB pages not checked: the file %s in 4 KiB folios, the mapping %s "
                 "locked, this file system's pages %s kept in 2 MiB folios)\n", small ? "was" : "was not",
-                locked ? "could be" : "could not be", large_folios_in(cdir) ? "are" : "are not");
+                locked ? "could be" : "could not be", large ? "are" : "are not");
     }
     munmap(c.map, c.map_bytes);
     weights_cache_close(&c);
