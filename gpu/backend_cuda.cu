@@ -149,7 +149,7 @@ static int dbuf_need(struct cuda_backend *c, struct dbuf *d, size_t bytes, const
 
 static void dbuf_free(struct dbuf *d)
 {
-    if (d->p) cudaFree(d->p);
+    cuda_release_check(cudaFree(d->p), "a work buffer");
     d->p = NULL;
     d->cap = 0;
 }
@@ -193,7 +193,7 @@ static void cu_free(struct backend *b, void *p)
     struct cuda_backend *c = cuda_of(b);
     if (!p) return;
     cudaSetDevice(c->dev);
-    cudaFree(p); // waits for the work that may still use it
+    cuda_release_check(cudaFree(p), "an allocation"); // waits for the work that may still use it
 }
 
 static int cu_upload(struct backend *b, void *dst, const void *src, size_t bytes)
@@ -307,10 +307,10 @@ static int cu_measure_limits(struct backend *b, struct backend_limits *out)
     }
     out->flops = ms > 0 ? flops / (ms * 1e-3) : 0;
 out:
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
-    cudaFree(a);
-    cudaFree(d);
+    if (e0) cuda_release_check(cudaEventDestroy(e0), "the probe's event");
+    if (e1) cuda_release_check(cudaEventDestroy(e1), "the probe's event");
+    cuda_release_check(cudaFree(a), "the probe's buffer");
+    cuda_release_check(cudaFree(d), "the probe's buffer");
     return rc;
 }
 
@@ -447,9 +447,9 @@ static void cu_release_weights(struct backend *b, struct backend_weights *w)
     cudaSetDevice(c->dev);
     struct cuda_weights *cw = (struct cuda_weights *)w->priv;
     if (cw) {
-        cudaFree(cw->block);
-        cudaFree((void *)cw->ptr_table);
-        cudaFree(cw->inv_freq);
+        cuda_release_check(cudaFree(cw->block), "the weights");
+        cuda_release_check(cudaFree((void *)cw->ptr_table), "the weights' pointer table");
+        cuda_release_check(cudaFree(cw->inv_freq), "the rope frequencies");
         free(cw);
     }
     if (w->layers) {
@@ -1260,8 +1260,9 @@ static void cu_graph_free(struct backend *b, struct backend_graph *g)
 {
     if (!g) return;
     cudaSetDevice(cuda_of(b)->dev);
-    cudaGraphExecDestroy(g->exec); // after the launches queued before it
-    cudaGraphDestroy(g->graph);
+    // After the launches queued before it.
+    cuda_release_check(cudaGraphExecDestroy(g->exec), "a graph");
+    cuda_release_check(cudaGraphDestroy(g->graph), "a graph");
     free(g);
 }
 
@@ -1273,7 +1274,7 @@ static void cu_destroy(struct backend *b)
     struct dbuf *bufs[] = {&c->tiles, &c->ptrs, &c->plan, &c->parts, &c->dparts, &c->stab,
                            &c->swork, &c->sout};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dbuf_free(bufs[i]);
-    if (c->stream) cudaStreamDestroy(c->stream);
+    if (c->stream) cuda_release_check(cudaStreamDestroy(c->stream), "the stream");
     free(c->h_plan);
     free(c->h_new);
     free(c->h_stab);

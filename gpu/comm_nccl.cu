@@ -130,7 +130,7 @@ static void ep_destroy(struct comm *c)
     g->comms[c->rank] = NULL;
     const bool last = --g->refs == 0;
     pthread_mutex_unlock(&g->mu);
-    if (e->flag) cudaFree(e->flag);
+    cuda_release_check(cudaFree(e->flag), "an NCCL endpoint's flag");
     free(e);
     if (last) group_free(g);
 }

@@ -2,7 +2,8 @@
 // of the rest of moeserve (wrapped for C++), element loads and stores in
 // the dtypes the backend holds (rounding exactly as base/base.h does on the
 // host, so that bytes written here equal the CPU backend's), warp
-// reductions, and the launch check every launcher ends with.
+// reductions, the launch check every launcher ends with and the check of
+// releases that have no caller to report to.
 #ifndef MOESERVE_GPU_COMMON_CUH
 #define MOESERVE_GPU_COMMON_CUH
 
@@ -98,6 +99,21 @@ __device__ __forceinline__ double block_sum_d(double v, double *sh)
 // The status of the last launch (a launch error, or an earlier kernel's
 // fault), as every launcher returns it.
 static inline cudaError_t launch_status(void) { return cudaGetLastError(); }
+
+// The status of a release on a path that cannot return one (teardown, a
+// backend's free): cudaFree, cudaStreamDestroy and the like. A failure —
+// most often an earlier kernel's fault, which every later call reports — is
+// logged with what was being released, then cleared so that the next
+// operation does not take it for its own.
+static inline void cuda_release_check(cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess) return;
+    int dev = -1;
+    if (cudaGetDevice(&dev) != cudaSuccess) dev = -1;
+    ms_log(MS_LOG_WARN, "releasing %s on GPU %d failed: %s (%s)", what, dev, cudaGetErrorString(e),
+           cudaGetErrorName(e));
+    cudaGetLastError();
+}
 
 static inline unsigned ceil_div_u(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
 

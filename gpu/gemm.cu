@@ -159,10 +159,21 @@ cudaError_t cuda_matmul(cudaStream_t s, const struct cuda_mm *m)
     }
     if (m->quant != QUANT_NONE ? !ql_tensor_cores(m->K, m->group, m->o0) : m->wtype != DTYPE_BF16) {
         const int n_groups = m->off ? m->n_groups : 1;
-        dim3 grid((unsigned)m->max_rows, ceil_div_u((size_t)m->n_out, 128));
-        mm_plain_kernel<<<grid, 128, 0, s>>>(p, (const void *const *)m->wtab, m->w, m->wtype,
-                                              n_groups, m->max_rows);
-        return launch_status();
+        // grid.y is at most 65535 blocks of 128 outputs: wider matrices go
+        // in slices of outputs (each its own o0 and first column of y).
+        const int slice = 65535 * 128;
+        for (int o = 0; o < m->n_out; o += slice) {
+            mm_params q = p;
+            q.o0 = p.o0 + o;
+            q.n_out = m->n_out - o < slice ? m->n_out - o : slice;
+            q.y = p.y + o;
+            dim3 grid((unsigned)m->max_rows, ceil_div_u((size_t)q.n_out, 128));
+            mm_plain_kernel<<<grid, 128, 0, s>>>(q, (const void *const *)m->wtab, m->w, m->wtype,
+                                                  n_groups, m->max_rows);
+            cudaError_t e = launch_status();
+            if (e != cudaSuccess) return e;
+        }
+        return cudaSuccess;
     }
     p.w = (const uint16_t *)m->w;
     p.wtab = (const uint16_t *const *)m->wtab;

@@ -5,9 +5,9 @@
 
 __global__ void moe_return_kernel(const struct cuda_return p)
 {
-    const int i = (int)(blockIdx.x * blockDim.x + threadIdx.x);
-    if (i >= p.n_tokens * p.k) return;
-    const int t = i / p.k, j = i % p.k;
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)p.n_tokens * (size_t)p.k) return;
+    const int t = (int)(i / (size_t)p.k), j = (int)(i % (size_t)p.k);
     p.slot[i] = p.live && !p.live[t] ? -1
                                      : fwd_plan_return_slot(p.ids[i], t, j, p.k, p.first, p.n_ranks,
                                                              p.stride);
@@ -15,8 +15,10 @@ __global__ void moe_return_kernel(const struct cuda_return p)
 
 cudaError_t cuda_moe_return(cudaStream_t s, const struct cuda_return *p)
 {
-    const int n = p->n_tokens * p->k;
-    if (n <= 0) return cudaSuccess;
-    moe_return_kernel<<<ceil_div_u((size_t)n, 256), 256, 0, s>>>(*p);
+    if (p->n_tokens <= 0 || p->k <= 0) return cudaSuccess;
+    // The slots are indexed by int (fwd_plan_return_slot's result included).
+    const size_t n = (size_t)p->n_tokens * (size_t)p->k;
+    if (n > INT_MAX) return cudaErrorInvalidValue;
+    moe_return_kernel<<<ceil_div_u(n, 256), 256, 0, s>>>(*p);
     return launch_status();
 }

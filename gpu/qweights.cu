@@ -210,7 +210,7 @@ static cudaError_t stage_need(cudaStream_t s, struct cuda_qstage *st, size_t byt
 
 void cuda_qstage_free(struct cuda_qstage *st)
 {
-    if (st->p) cudaFree(st->p);
+    cuda_release_check(cudaFree(st->p), "the quantized staging buffer");
     st->p = nullptr;
     st->cap = 0;
 }

@@ -31,8 +31,10 @@ __global__ void rope_store_kernel(const struct cuda_rope p)
         const double a = (double)pos * p.inv_freq[i];
         const float c = (float)cos(a), s = (float)sin(a);
         const float x0 = tmp[i], x1 = tmp[i + half];
-        x[i] = x0 * c - x1 * s;
-        x[i + half] = x1 * c + x0 * s;
+        // Each product rounded on its own, as cpu_rope_apply's C11 (no FMA
+        // contraction) computes them: nvcc would otherwise fuse one of them.
+        x[i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        x[i + half] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
     }
     if (is_q) return;
     __syncwarp();

@@ -17,8 +17,10 @@ __device__ __forceinline__ double softmax_num(float v, double mx)
 __global__ void router_topk_kernel(const float *logits, int n, int n_experts, int k, bool norm,
                                    int32_t *ids, float *w)
 {
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n) return;
+    // In size_t: blockIdx.x x blockDim.x passes INT_MAX in the last blocks of
+    // a grid for n near it.
+    const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (size_t)n) return;
     const float *l = logits + (size_t)t * n_experts;
     int32_t *id = ids + (size_t)t * k;
     float *wt = w + (size_t)t * k;
