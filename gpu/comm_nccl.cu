@@ -4,10 +4,14 @@
 // that read its receive buffer without a host synchronisation.
 // all_to_all_v is a group of ncclSend/ncclRecv (the rank's own part a
 // device copy), all_gather is ncclAllGather, barrier an all-reduce of one
-// int waited for on the host. Abort sets the group's flag and aborts every
-// endpoint's NCCL communicator (ncclCommAbort), so peers waiting in a
-// barrier (which polls) or a later call return MS_ECANCELLED instead of
-// hanging. NCCL cannot check that the sizes agree: a mismatch is the
+// int waited for on the host. Abort sets the group's flag and stops every
+// endpoint's NCCL communicator, so peers waiting in a barrier (which polls)
+// or a later call return MS_ECANCELLED instead of hanging. Stopping is
+// ncclCommRevoke where NCCL has it (2.28 on): it ends the operations in
+// flight but frees nothing, so a peer thread still inside an NCCL call on
+// its communicator reads no freed memory, and each endpoint's destroy then
+// frees its own (ncclCommAbort). With an older NCCL the abort itself calls
+// ncclCommAbort on every endpoint, as the only way to release them. NCCL cannot check that the sizes agree: a mismatch is the
 // caller's bug (comm.h).
 #include "gpu/backend_cuda.h"
 
@@ -43,6 +47,20 @@ static struct nccl_ep *ep_of(struct comm *c) { return (struct nccl_ep *)c->impl;
 static bool aborted(const struct nccl_group *g) { return __atomic_load_n(&g->aborted, __ATOMIC_ACQUIRE); }
 
 static int nccl_status(ncclResult_t r) { return r == ncclSuccess ? 0 : MS_EIO; }
+
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+#define NCCL_HAS_REVOKE 1
+#else
+#define NCCL_HAS_REVOKE 0
+#endif
+
+// Teardown's NCCL calls have no caller to report to: a failure is logged.
+static void nccl_release_check(ncclResult_t r, const char *what, int rank)
+{
+    if (r != ncclSuccess)
+        ms_log(MS_LOG_WARN, "%s rank %d's NCCL communicator failed: %s", what, rank,
+               ncclGetErrorString(r));
+}
 
 static int ep_a2a(struct comm *c, const void *send, const size_t *sb, const size_t *so, void *recv,
                   const size_t *rb, const size_t *ro)
@@ -96,8 +114,10 @@ static int ep_barrier(struct comm *c)
     if (r != ncclSuccess) return aborted(e->g) ? MS_ECANCELLED : MS_EIO;
     for (;;) {
         const cudaError_t q = cudaStreamQuery(e->stream);
-        if (q == cudaSuccess) return 0;
+        // An abort ends the all-reduce too: the stream drains without the
+        // peer having arrived, so the flag decides first.
         if (aborted(e->g)) return MS_ECANCELLED;
+        if (q == cudaSuccess) return 0;
         if (q != cudaErrorNotReady) return MS_EIO;
         ncclResult_t ar;
         if (ncclCommGetAsyncError(e->nc, &ar) == ncclSuccess && ar != ncclSuccess &&
@@ -114,7 +134,12 @@ static void ep_abort(struct comm *c)
     if (!g->aborted) {
         __atomic_store_n(&g->aborted, 1, __ATOMIC_RELEASE);
         for (int r = 0; r < g->n_ranks; r++)
-            if (g->comms[r]) ncclCommAbort(g->comms[r]);
+            if (g->comms[r])
+#if NCCL_HAS_REVOKE
+                nccl_release_check(ncclCommRevoke(g->comms[r], NCCL_REVOKE_DEFAULT), "revoking", r);
+#else
+                nccl_release_check(ncclCommAbort(g->comms[r]), "aborting", r);
+#endif
     }
     pthread_mutex_unlock(&g->mu);
 }
@@ -126,7 +151,10 @@ static void ep_destroy(struct comm *c)
     struct nccl_group *g = e->g;
     cudaSetDevice(e->dev);
     pthread_mutex_lock(&g->mu);
-    if (!g->aborted && e->nc) ncclCommDestroy(e->nc);
+    if (e->nc && !g->aborted) nccl_release_check(ncclCommDestroy(e->nc), "destroying", c->rank);
+#if NCCL_HAS_REVOKE
+    else if (e->nc) nccl_release_check(ncclCommAbort(e->nc), "aborting", c->rank); // revoked by the abort
+#endif
     g->comms[c->rank] = NULL;
     const bool last = --g->refs == 0;
     pthread_mutex_unlock(&g->mu);
@@ -228,7 +256,10 @@ int comm_nccl_create(int n_ranks, struct backend *const *ranks, struct comm **ou
             for (int q = r; q < n_ranks; q++) ncclCommDestroy(nc[q]);
             // The endpoints made so far hold the group: the last one frees it.
             if (r > 0) g = NULL;
-            for (int q = 0; q < r; q++) ep_destroy(out[q]);
+            for (int q = 0; q < r; q++) {
+                ep_destroy(out[q]);
+                out[q] = NULL; // as comm_inproc leaves out: the caller destroys what it finds there
+            }
             goto out;
         }
     }

@@ -7,8 +7,12 @@
 // the uniform is sampling_uniform(seed, stream, position) from
 // model/sampling.h, the same counter-based Philox draw as the CPU's, walked
 // over the weights in id order. Sums are in double in a fixed order, so the
-// same row draws the same token every time; against the CPU only a boundary
-// that the exp rounding moves can change a draw.
+// same row draws the same token every time. Against the CPU a draw can move
+// only where a boundary falls within rounding of it: CUDA's expf and logf
+// (min_p's threshold) are within 2 ulp of glibc's, and the total is summed
+// per thread then in a tree where the CPU sums blocks of CPU_EXP_BLOCK. The
+// mask, bias, penalties (each product rounded as the CPU rounds it), greedy
+// and the top_k and top_p cuts on equal inputs keep the same tokens.
 //
 // The host side (backend_cuda.cu) checks the parameters, deduplicates the
 // penalty ids and packs every row's tables into one upload.
@@ -228,7 +232,8 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(const struct cud
         float v = W[e.id];
         if (row.rep != 1.0f && e.seen) v = v > 0 ? v / row.rep : v * row.rep;
         if ((row.freq != 0.0f || row.pres != 0.0f) && e.count > 0)
-            v -= row.freq * (float)e.count + row.pres;
+            // Rounded as the C11 CPU code does (nvcc would fuse an FMA here).
+            v -= __fadd_rn(__fmul_rn(row.freq, (float)e.count), row.pres);
         W[e.id] = v;
     }
     __syncthreads();
