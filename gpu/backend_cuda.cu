@@ -33,7 +33,7 @@ struct dbuf {
     void *p;
     size_t cap;
     size_t max;                     // if nonzero, growth never allocates more than this
-    bool no_graph;                  // never used by an op a graph records (sampling)
+    bool no_graph;                  // never used by an op a graph records (see cu_create)
 };
 
 struct cuda_backend {
@@ -88,13 +88,26 @@ static int status_of(cudaError_t e)
     }
 }
 
+// Every failure of an op goes through here (cu_fail, fail_cuda): while a
+// graph is being recorded the recording fails with it, so that graph_end
+// reports it (backend.h) instead of returning a graph without the op.
+static struct backend *mark_failed(struct backend *b)
+{
+    struct cuda_backend *c = (struct cuda_backend *)b->impl;
+    if (c && c->recording) c->rec_failed = true;
+    return b;
+}
+#define cu_fail(b, ...) backend_fail(mark_failed(b), __VA_ARGS__)
+
+// A failed CUDA call, reported; its error is cleared, so that the next
+// launch's cudaGetLastError (launch_status) does not report it as its own
+// (a sticky error, from a fault, comes back from every later call anyway).
 static int fail_cuda(struct backend *b, cudaError_t e, const char *what)
 {
-    if (b->impl && ((struct cuda_backend *)b->impl)->recording)
-        ((struct cuda_backend *)b->impl)->rec_failed = true;
-    return backend_fail(b, status_of(e), "%s on GPU %d failed: %s (%s)", what,
-                        b->impl ? ((struct cuda_backend *)b->impl)->dev : -1, cudaGetErrorString(e),
-                        cudaGetErrorName(e));
+    cudaGetLastError();
+    return cu_fail(b, status_of(e), "%s on GPU %d failed: %s (%s)", what,
+                   b->impl ? ((struct cuda_backend *)b->impl)->dev : -1, cudaGetErrorString(e),
+                   cudaGetErrorName(e));
 }
 
 #define CK(b, call, what)                                         \
@@ -111,7 +124,7 @@ static int not_while_recording(struct cuda_backend *c, const char *what)
 {
     if (!c->recording) return 0;
     c->rec_failed = true;
-    return backend_fail(&c->b, MS_EINVAL, "%s cannot be recorded in a graph (GPU %d)", what, c->dev);
+    return cu_fail(&c->b, MS_EINVAL, "%s cannot be recorded in a graph (GPU %d)", what, c->dev);
 }
 
 static int dbuf_need(struct cuda_backend *c, struct dbuf *d, size_t bytes, const char *what)
@@ -140,7 +153,7 @@ static int dbuf_need(struct cuda_backend *c, struct dbuf *d, size_t bytes, const
     if (e != cudaSuccess) {
         d->p = NULL;
         cudaGetLastError(); // an allocation failure is not sticky: clear it
-        return backend_fail(&c->b, MS_ENOMEM, "%s: cannot allocate %.1f MiB on GPU %d (%s)", what,
+        return cu_fail(&c->b, MS_ENOMEM, "%s: cannot allocate %.1f MiB on GPU %d (%s)", what,
                             (double)want / (1 << 20), c->dev, cudaGetErrorString(e));
     }
     d->cap = want;
@@ -159,7 +172,7 @@ static int host_need(struct backend *b, void **p, size_t *cap, size_t bytes, con
     if (bytes <= *cap) return 0;
     size_t want = bytes + bytes / 2;
     void *q = realloc(*p, want);
-    if (!q) return backend_fail(b, MS_ENOMEM, "out of host memory for %s (%zu bytes)", what, want);
+    if (!q) return cu_fail(b, MS_ENOMEM, "out of host memory for %s (%zu bytes)", what, want);
     *p = q;
     *cap = want;
     return 0;
@@ -180,11 +193,15 @@ static int cu_alloc(struct backend *b, size_t bytes, void **out)
         size_t fr = 0, tot = 0;
         cudaMemGetInfo(&fr, &tot);
         cudaGetLastError(); // an allocation failure is not sticky: clear it
-        return backend_fail(b, MS_ENOMEM, "cannot allocate %.1f MiB on GPU %d (%.1f MiB free of "
+        return cu_fail(b, MS_ENOMEM, "cannot allocate %.1f MiB on GPU %d (%.1f MiB free of "
                             "%.1f MiB)", (double)bytes / (1 << 20), c->dev,
                             (double)fr / (1 << 20), (double)tot / (1 << 20));
     }
-    CK(b, cudaMemsetAsync(*out, 0, bytes, c->stream), "zeroing an allocation");
+    if ((e = cudaMemsetAsync(*out, 0, bytes, c->stream)) != cudaSuccess) {
+        cuda_release_check(cudaFree(*out), "an allocation that could not be zeroed");
+        *out = NULL;
+        return fail_cuda(b, e, "zeroing an allocation");
+    }
     return 0;
 }
 
@@ -469,7 +486,7 @@ static int cu_prepare_weights(struct backend *b, const struct model *m, int expe
     *out = NULL;
     const struct model_config *cfg = &m->cfg;
     if (expert_begin < 0 || expert_end < expert_begin || expert_end > cfg->n_experts)
-        return backend_fail(b, MS_EINVAL, "expert range [%d, %d) is outside the model's %d experts",
+        return cu_fail(b, MS_EINVAL, "expert range [%d, %d) is outside the model's %d experts",
                             expert_begin, expert_end, cfg->n_experts);
     ON_DEVICE(c);
     const double t0 = ms_now();
@@ -502,7 +519,7 @@ static int cu_prepare_weights(struct backend *b, const struct model *m, int expe
         free(h_ptrs);
         if (!w) free(cw); // else cu_release_weights frees it
         cu_release_weights(b, w);
-        return backend_fail(b, MS_ENOMEM, "out of host memory for the weight tables");
+        return cu_fail(b, MS_ENOMEM, "out of host memory for the weight tables");
     }
     for (int i = 0; i < cfg->head_dim / 2; i++)
         w->rope_inv_freq[i] = pow(cfg->rope_theta, -2.0 * i / cfg->head_dim);
@@ -521,7 +538,7 @@ static int cu_prepare_weights(struct backend *b, const struct model *m, int expe
         size_t fr = 0, tot = 0;
         cudaGetLastError();
         cudaMemGetInfo(&fr, &tot);
-        rc = backend_fail(b, MS_ENOFIT, "rank %d's weights (%.2f GiB: the replicated ones and "
+        rc = cu_fail(b, MS_ENOFIT, "rank %d's weights (%.2f GiB: the replicated ones and "
                           "experts [%d, %d)) do not fit GPU %d (%.2f GiB free of %.2f GiB)",
                           b->index, (double)p.total / (1 << 30), expert_begin, expert_end, c->dev,
                           (double)fr / (1 << 30), (double)tot / (1 << 30));
@@ -574,7 +591,7 @@ static int cu_kv_alloc(struct backend *b, struct kv_pool *kv)
     if ((rc = cu_alloc(b, bytes, &kv->v))) {
         cu_free(b, kv->k);
         kv->k = NULL;
-        return backend_fail(b, rc, "cannot allocate a KV pool of %d blocks (2 x %.1f MiB) on GPU %d",
+        return cu_fail(b, rc, "cannot allocate a KV pool of %d blocks (2 x %.1f MiB) on GPU %d",
                             kv->n_blocks, (double)bytes / (1 << 20), c->dev);
     }
     return 0;
@@ -611,7 +628,7 @@ static int cu_rmsnorm(struct backend *b, const float *x, size_t ldx, const int32
 static int mm_check(struct backend *b, const struct backend_mat *w, const char *what)
 {
     if (!w->data || w->rows <= 0 || w->cols <= 0)
-        return backend_fail(b, MS_EINVAL, "%s: the matrix is not on this GPU (an expert outside "
+        return cu_fail(b, MS_EINVAL, "%s: the matrix is not on this GPU (an expert outside "
                             "the rank's range, or a tensor the model does not bind)", what);
     return 0;
 }
@@ -625,7 +642,7 @@ static int cu_matmul(struct backend *b, const struct backend_mm *jobs, int n_job
         int rc = mm_check(b, j->w, "a matmul");
         if (rc) return rc;
         if (j->o0 < 0 || j->n_out < 0 || j->o0 + j->n_out > j->w->rows)
-            return backend_fail(b, MS_EINVAL, "matmul outputs [%d, %d) are outside the matrix's %d",
+            return cu_fail(b, MS_EINVAL, "matmul outputs [%d, %d) are outside the matrix's %d",
                                 j->o0, j->o0 + j->n_out, j->w->rows);
         if (j->rows <= 0) continue;
         struct cuda_mm m;
@@ -674,7 +691,7 @@ static int cu_grouped_matmul(struct backend *b, const struct backend_gmm *jobs, 
             if (j->w[g].dtype != j->w[0].dtype || j->w[g].rows != j->w[0].rows ||
                 j->w[g].cols != j->w[0].cols || j->w[g].quant != j->w[0].quant ||
                 j->w[g].group_cols != j->w[0].group_cols)
-                return backend_fail(b, MS_EINVAL, "grouped matmul: group %d's matrix differs in "
+                return cu_fail(b, MS_EINVAL, "grouped matmul: group %d's matrix differs in "
                                     "shape, dtype or quantization from group 0's", g);
             if (wtab && (const void *const *)j->w[g].priv != wtab + g) wtab = NULL;
         }
@@ -685,7 +702,7 @@ static int cu_grouped_matmul(struct backend *b, const struct backend_gmm *jobs, 
             rc = dbuf_need(c, &c->ptrs, (size_t)j->n_groups * sizeof(void *), "matrix table");
             if (rc) return rc;
             const void **h = (const void **)malloc((size_t)j->n_groups * sizeof *h);
-            if (!h) return backend_fail(b, MS_ENOMEM, "out of host memory for a matrix table");
+            if (!h) return cu_fail(b, MS_ENOMEM, "out of host memory for a matrix table");
             for (int g = 0; g < j->n_groups; g++) h[g] = j->w[g].data;
             cudaError_t e = cudaMemcpyAsync(c->ptrs.p, h, (size_t)j->n_groups * sizeof *h,
                                             cudaMemcpyHostToDevice, c->stream);
@@ -860,7 +877,7 @@ static int cu_attention(struct backend *b, const struct backend_weights *w, int 
     memset(&o, 0, sizeof o);
     o.tile_tokens = attn_tile(c, G, cfg->head_dim);
     if (cuda_attention_smem(o.tile_tokens * G, cfg->head_dim) > c->prop.sharedMemPerBlockOptin)
-        return backend_fail(b, MS_EUNSUPPORTED, "attention: %d query heads per KV head of "
+        return cu_fail(b, MS_EUNSUPPORTED, "attention: %d query heads per KV head of "
                             "dimension %d need more shared memory than GPU %d has", G,
                             cfg->head_dim, c->dev);
     o.kv_heads = cfg->n_kv_heads;
@@ -871,26 +888,31 @@ static int cu_attention(struct backend *b, const struct backend_weights *w, int 
     // Partial sets of at most ATTN_PARTS_MAX; a step that would need more runs unsplit.
     o.max_part_rows = (long long)(ATTN_PARTS_MAX / (((size_t)cfg->head_dim + 2) * sizeof(float)));
     if (s->n_tokens == s->n_seqs) return attention_decode(c, w, layer, s, kv, q, out, &o);
+    // A prefill's plan and partials live in buffers the next eager step
+    // rewrites in place (plan, parts: no_graph), so a graph cannot hold them.
+    int rc = not_while_recording(c, "a prefill step's attention");
+    if (rc) return rc;
     struct plan_attn pa;
     if (plan_attention(s->h_seq_start, s->h_tok_pos, s->n_seqs, &o, NULL, 0, NULL, 0, &pa))
-        return backend_fail(b, MS_EINVAL, "attention: the step's layout is inconsistent");
+        return cu_fail(b, MS_EINVAL, "attention: the step's layout is inconsistent");
     const size_t ib = (size_t)pa.n_items * sizeof(struct plan_attn_item);
     const size_t bytes = ib + (size_t)pa.n_combine * sizeof(struct plan_attn_combine);
-    int rc = host_need(b, &c->h_new, &c->h_new_cap, bytes, "the attention plan");
+    rc = host_need(b, &c->h_new, &c->h_new_cap, bytes, "the attention plan");
     if (rc) return rc;
     struct plan_attn_item *items = (struct plan_attn_item *)c->h_new;
     struct plan_attn_combine *comb = (struct plan_attn_combine *)((char *)c->h_new + ib);
     if (plan_attention(s->h_seq_start, s->h_tok_pos, s->n_seqs, &o, items, pa.n_items, comb,
                        pa.n_combine, &pa))
-        return backend_fail(b, MS_EINVAL, "attention: the step's layout is inconsistent");
+        return cu_fail(b, MS_EINVAL, "attention: the step's layout is inconsistent");
     // Every layer of a step has the same plan: upload it once.
     if (bytes != c->h_plan_bytes || memcmp(c->h_new, c->h_plan, bytes) != 0) {
         // A replay would read the host plan as it is then, not as it is now.
-        if ((rc = not_while_recording(c, "uploading the attention plan"))) return rc;
+        // No cached plan until the upload is queued: a failed growth (which
+        // frees the old buffer) or upload is retried by the next layer.
+        c->h_plan_bytes = 0;
         if ((rc = dbuf_need(c, &c->plan, bytes, "the attention plan"))) return rc;
         if ((rc = host_need(b, &c->h_plan, &c->h_plan_cap, bytes, "the attention plan"))) return rc;
         memcpy(c->h_plan, c->h_new, bytes);
-        c->h_plan_bytes = 0; // until the upload is queued: a failed one is retried by the next layer
         CK(b, cudaMemcpyAsync(c->plan.p, c->h_plan, bytes, cudaMemcpyHostToDevice, c->stream),
            "uploading the attention plan");
         c->h_plan_bytes = bytes;
@@ -917,7 +939,7 @@ static int cu_router_topk(struct backend *b, const float *logits, int n, int n_e
                           bool norm_topk, int32_t *ids, float *weights)
 {
     struct cuda_backend *c = cuda_of(b);
-    if (k < 1 || k > n_experts) return backend_fail(b, MS_EINVAL, "top-%d of %d experts", k, n_experts);
+    if (k < 1 || k > n_experts) return cu_fail(b, MS_EINVAL, "top-%d of %d experts", k, n_experts);
     ON_DEVICE(c);
     CK(b, cuda_router_topk(c->stream, logits, n, n_experts, k, norm_topk, ids, weights),
        "the router's top-k");
@@ -930,10 +952,10 @@ static int cu_moe_route(struct backend *b, const struct backend_route *r)
     ON_DEVICE(c);
     const int n = r->e1 - r->e0;
     if (n < 0 || r->n_tokens < 0 || r->k < 1 || r->pad < 1)
-        return backend_fail(b, MS_EINVAL, "routing %d tokens x top-%d to experts [%d, %d) padded "
+        return cu_fail(b, MS_EINVAL, "routing %d tokens x top-%d to experts [%d, %d) padded "
                             "to %d rows", r->n_tokens, r->k, r->e0, r->e1, r->pad);
     if (cuda_moe_route_smem(n) > c->prop.sharedMemPerBlockOptin)
-        return backend_fail(b, MS_EUNSUPPORTED, "routing over %d experts needs more shared memory "
+        return cu_fail(b, MS_EUNSUPPORTED, "routing over %d experts needs more shared memory "
                             "than GPU %d has", n, c->dev);
     struct cuda_route d;
     memset(&d, 0, sizeof d);
@@ -967,7 +989,7 @@ static int cu_moe_return_slots(struct backend *b, const int32_t *ids, const int3
 {
     struct cuda_backend *c = cuda_of(b);
     if (n_ranks < 1 || n_ranks > CUDA_MAX_RANKS || k < 1 || n_tokens < 0)
-        return backend_fail(b, MS_EINVAL, "return slots of %d tokens x top-%d over %d ranks (at "
+        return cu_fail(b, MS_EINVAL, "return slots of %d tokens x top-%d over %d ranks (at "
                             "most %d)", n_tokens, k, n_ranks, CUDA_MAX_RANKS);
     ON_DEVICE(c);
     struct cuda_return d;
@@ -1064,13 +1086,13 @@ static int sample_chunk(struct cuda_backend *c, const struct backend_sample_row 
         c->h_seen = (uint8_t *)calloc((size_t)vocab, 1);
         c->h_count = (int32_t *)calloc((size_t)vocab, sizeof(int32_t));
         c->h_vocab = c->h_seen && c->h_count ? vocab : 0;
-        if (!c->h_vocab) return backend_fail(b, MS_ENOMEM, "out of host memory for sampling");
+        if (!c->h_vocab) return cu_fail(b, MS_ENOMEM, "out of host memory for sampling");
     }
     size_t n_bias = 0, n_pen = 0, n_words = 0;
     const size_t words = ((size_t)vocab + 31) / 32;
     for (int i = 0; i < n; i++) {
         if (!row_ok(&rows[i], vocab))
-            return backend_fail(b, MS_EINVAL, "a row's sampling parameters are out of range");
+            return cu_fail(b, MS_EINVAL, "a row's sampling parameters are out of range");
         if (rows[i].score >= 0) continue;
         const struct sampling_params *p = rows[i].p;
         n_bias += (size_t)p->n_logit_bias;
@@ -1153,6 +1175,10 @@ static int sample_chunk(struct cuda_backend *c, const struct backend_sample_row 
         (rc = dbuf_need(c, &c->swork, (size_t)n * vocab * 2 * sizeof(float), "sampling rows")) ||
         (rc = dbuf_need(c, &c->sout, (size_t)n * sizeof(struct sample_token), "sampled tokens")))
         return rc;
+    // The copies below are from and to pageable memory: drain the stream
+    // first, as cu_download does (its comment: an NCCL exchange queued
+    // ahead of them and a peer rank's thread held in the driver).
+    CK(b, cudaStreamSynchronize(c->stream), "sampling");
     CK(b, cudaMemcpyAsync(c->stab.p, h, used, cudaMemcpyHostToDevice, c->stream),
        "uploading the sampling tables");
     struct cuda_sample sp;
@@ -1179,7 +1205,7 @@ static int cu_sample(struct backend *b, const struct backend_sample_row *rows, i
                      struct sample_token *out)
 {
     struct cuda_backend *c = cuda_of(b);
-    if (vocab < 1) return backend_fail(b, MS_EINVAL, "sampling over a vocabulary of %d", vocab);
+    if (vocab < 1) return cu_fail(b, MS_EINVAL, "sampling over a vocabulary of %d", vocab);
     if (n <= 0) return 0;
     ON_DEVICE(c);
     for (int i = 0; i < n; i += SAMPLE_CHUNK_ROWS) {
@@ -1197,7 +1223,7 @@ static int cu_sample(struct backend *b, const struct backend_sample_row *rows, i
 static int cu_graph_begin(struct backend *b)
 {
     struct cuda_backend *c = cuda_of(b);
-    if (c->recording) return backend_fail(b, MS_EINVAL, "a graph is already being recorded");
+    if (c->recording) return cu_fail(b, MS_EINVAL, "a graph is already being recorded");
     ON_DEVICE(c);
     CK(b, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal),
        "starting to record a graph");
@@ -1211,7 +1237,7 @@ static int cu_graph_end(struct backend *b, struct backend_graph **out)
 {
     struct cuda_backend *c = cuda_of(b);
     *out = NULL;
-    if (!c->recording) return backend_fail(b, MS_EINVAL, "no graph is being recorded");
+    if (!c->recording) return cu_fail(b, MS_EINVAL, "no graph is being recorded");
     c->recording = false;
     ON_DEVICE(c);
     cudaGraph_t g = NULL;
@@ -1223,13 +1249,13 @@ static int cu_graph_end(struct backend *b, struct backend_graph **out)
     }
     if (c->rec_failed || c->gen != c->rec_gen) {
         cudaGraphDestroy(g);
-        return backend_fail(b, MS_EINVAL, "an op failed or moved scratch memory while the graph "
+        return cu_fail(b, MS_EINVAL, "an op failed or moved scratch memory while the graph "
                             "was recorded on GPU %d", c->dev);
     }
     struct backend_graph *bg = (struct backend_graph *)calloc(1, sizeof *bg);
     if (!bg) {
         cudaGraphDestroy(g);
-        return backend_fail(b, MS_ENOMEM, "out of host memory for a graph");
+        return cu_fail(b, MS_ENOMEM, "out of host memory for a graph");
     }
     if ((e = cudaGraphInstantiate(&bg->exec, g, 0)) != cudaSuccess) {
         cudaGraphDestroy(g);
@@ -1247,7 +1273,7 @@ static int cu_graph_launch(struct backend *b, struct backend_graph *g)
 {
     struct cuda_backend *c = cuda_of(b);
     if (g->gen != c->gen)
-        return backend_fail(b, MS_EINVAL, "the graph was recorded before GPU %d's scratch memory "
+        return cu_fail(b, MS_EINVAL, "the graph was recorded before GPU %d's scratch memory "
                             "moved", c->dev);
     int rc = not_while_recording(c, "launching a graph");
     if (rc) return rc;
@@ -1367,7 +1393,10 @@ int backend_cuda_create(int device_index, int rank, struct backend **out, char *
     c->b.index = rank;
     c->b.impl = c;
     c->dev = device_index;
+    // Buffers no recorded op reads (sampling; a prefill's attention plan and
+    // partials; an uploaded matrix table): growing them keeps the graphs.
     c->stab.no_graph = c->swork.no_graph = c->sout.no_graph = true;
+    c->plan.no_graph = c->parts.no_graph = c->ptrs.no_graph = true;
     c->parts.max = c->dparts.max = ATTN_PARTS_BUF; // as scratch_bytes reports them
     cudaError_t e;
     if ((e = cudaSetDevice(device_index)) != cudaSuccess ||
