@@ -7,6 +7,7 @@
 // when it returns, its results are in memory.
 #include "model/cpu/backend_cpu.h"
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -39,6 +40,13 @@ struct cpu_backend {
     int tiles_cap;
     int32_t *fill;                 // moe_route: each expert's pairs, then its next free row
     int fill_cap;
+    // RoPE's cos and sin for the tokens of a step, (rope_n, 2, half): every
+    // layer of a step rotates by the same angles, so they are computed when
+    // the positions (or the frequencies) differ from the last call's.
+    float *rope_cs;
+    int32_t *rope_pos;             // (rope_n) the positions they are for
+    double *rope_inv;              // (rope_half) the frequencies they are for
+    int rope_n, rope_half, rope_cap, rope_pos_cap, rope_inv_cap; // rope_n -1: none
 };
 
 static struct cpu_backend *cpu_of(struct backend *b) { return (struct cpu_backend *)b; }
@@ -841,34 +849,84 @@ static void rope_rows(void *arg, int b, int e, int tid)
     const struct model_config *cfg = r->w->cfg;
     const struct cpu_kernels *kt = r->c->k;
     const int D = cfg->head_dim, half = D / 2, H = cfg->n_heads, KVH = cfg->n_kv_heads;
-    float *cs = cpu_exec_scratch(&r->c->ex, tid), *sn = cs + half, *tmp = sn + half;
+    float *tmp = cpu_exec_scratch(&r->c->ex, tid);
     const size_t esz = dtype_size(r->kv->dtype);
     char *kl = (char *)r->kv->k + (size_t)r->layer * r->kv->layer_elems * esz;
     char *vl = (char *)r->kv->v + (size_t)r->layer * r->kv->layer_elems * esz;
     const float eps = cfg->rms_norm_eps;
     for (int t = b; t < e; t++) {
         const int pos = r->s->tok_pos[t];
-        cpu_rope_angles(pos, r->w->rope_inv_freq, half, cs, sn);
+        const float *cs = r->c->rope_cs + (size_t)t * 2 * half, *sn = cs + half;
         float *q = r->q + (size_t)t * H * D, *k = r->k + (size_t)t * KVH * D;
         const float *v = r->v + (size_t)t * KVH * D;
         for (int h = 0; h < H; h++) {
             float *qh = q + (size_t)h * D;
             kt->rmsnorm(qh, r->L->q_norm.data, r->L->q_norm.dtype, D, eps, tmp);
-            memcpy(qh, tmp, (size_t)D * sizeof(float));
-            cpu_rope_apply(qh, half, cs, sn);
+            kt->rope(qh, tmp, half, cs, sn);
         }
         const int32_t *blocks = r->s->bt + r->s->bt_start[r->s->tok_seq[t]];
         const size_t blk = (size_t)blocks[pos / KV_BLOCK_TOKENS], slot = (size_t)(pos % KV_BLOCK_TOKENS);
         for (int h = 0; h < KVH; h++) {
             float *kh = k + (size_t)h * D;
             kt->rmsnorm(kh, r->L->k_norm.data, r->L->k_norm.dtype, D, eps, tmp);
-            memcpy(kh, tmp, (size_t)D * sizeof(float));
-            cpu_rope_apply(kh, half, cs, sn);
+            kt->rope(kh, tmp, half, cs, sn);
             const size_t at = (blk * KVH + (size_t)h) * KV_BLOCK_TOKENS * D * esz;
             store_kv(kl + at + slot * esz, r->kv->dtype, kh, D, KV_BLOCK_TOKENS);
             store_kv(vl + at + slot * D * esz, r->kv->dtype, v + (size_t)h * D, D, 1);
         }
     }
+}
+
+static void rope_angle_rows(void *arg, int b, int e, int tid)
+{
+    (void)tid;
+    const struct cpu_backend *c = arg;
+    const int half = c->rope_half;
+    for (int t = b; t < e; t++) {
+        float *cs = c->rope_cs + (size_t)t * 2 * half;
+        cpu_rope_angles(c->rope_pos[t], c->rope_inv, half, cs, cs + half);
+    }
+}
+
+// The step's angles in c->rope_cs: those of the last call when the step's
+// positions and the frequencies are the same (the other layers of a step).
+static int rope_angles_for(struct cpu_backend *c, const struct backend_weights *w,
+                           const struct backend_step *s)
+{
+    const int n = s->n_tokens, half = w->cfg->head_dim / 2;
+    if (n == c->rope_n && half == c->rope_half &&
+        memcmp(c->rope_pos, s->tok_pos, (size_t)n * sizeof *s->tok_pos) == 0 &&
+        memcmp(c->rope_inv, w->rope_inv_freq, (size_t)half * sizeof *c->rope_inv) == 0)
+        return 0;
+    c->rope_n = -1; // until they are all computed
+    if ((size_t)n * 2 * (size_t)half > (size_t)c->rope_cap) {
+        const size_t want = (size_t)n * 2 * (size_t)half;
+        if (want > INT_MAX)
+            return backend_fail(&c->b, MS_EINVAL, "RoPE angles for %d tokens of head_dim %d", n,
+                                2 * half);
+        float *cs = realloc(c->rope_cs, want * sizeof *cs);
+        if (!cs) return backend_fail(&c->b, MS_ENOMEM, "out of memory for RoPE angles");
+        c->rope_cs = cs;
+        c->rope_cap = (int)want;
+    }
+    if (n > c->rope_pos_cap) {
+        int32_t *pos = realloc(c->rope_pos, (size_t)n * sizeof *pos);
+        if (!pos) return backend_fail(&c->b, MS_ENOMEM, "out of memory for RoPE angles");
+        c->rope_pos = pos;
+        c->rope_pos_cap = n;
+    }
+    if (half > c->rope_inv_cap) {
+        double *inv = realloc(c->rope_inv, (size_t)half * sizeof *inv);
+        if (!inv) return backend_fail(&c->b, MS_ENOMEM, "out of memory for RoPE angles");
+        c->rope_inv = inv;
+        c->rope_inv_cap = half;
+    }
+    memcpy(c->rope_pos, s->tok_pos, (size_t)n * sizeof *s->tok_pos);
+    memcpy(c->rope_inv, w->rope_inv_freq, (size_t)half * sizeof *c->rope_inv);
+    c->rope_half = half;
+    par_for(c, n, rope_angle_rows, c);
+    c->rope_n = n;
+    return 0;
 }
 
 static int cpu_qk_norm_rope_store(struct backend *b, const struct backend_weights *w, int layer,
@@ -877,6 +935,8 @@ static int cpu_qk_norm_rope_store(struct backend *b, const struct backend_weight
 {
     struct rope_ctx r = {.c = cpu_of(b), .w = w, .L = &w->layers[layer], .s = s, .kv = kv,
                          .layer = layer, .q = q, .k = k, .v = v};
+    int rc = rope_angles_for(r.c, w, s);
+    if (rc) return rc;
     par_for(r.c, s->n_tokens, rope_rows, &r);
     return 0;
 }
@@ -1179,6 +1239,9 @@ static void cpu_destroy(struct backend *b)
     free(c->jobs);
     free(c->tiles);
     free(c->fill);
+    free(c->rope_cs);
+    free(c->rope_pos);
+    free(c->rope_inv);
     free(c);
 }
 
@@ -1224,6 +1287,7 @@ int backend_cpu_create(int n_threads, const struct cpu_kernels *k, struct backen
     c->b.ops = &cpu_ops;
     c->b.device = BACKEND_DEVICE_CPU;
     c->b.impl = c;
+    c->rope_n = -1;
     c->k = k ? k : cpu_kernels_best();
     int rc = threadpool_create(n_threads, &c->pool, err, errlen);
     if (rc) {

@@ -112,6 +112,15 @@ static void scalar_axpy(float *y, float a, const float *x, int n)
     for (int i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 
+static void scalar_rope(float *out, const float *x, int half, const float *c, const float *s)
+{
+    for (int i = 0; i < half; i++) {
+        const float a = x[i], b = x[i + half];
+        out[i] = a * c[i] - b * s[i];
+        out[i + half] = b * c[i] + a * s[i];
+    }
+}
+
 static double scalar_exp_sum(const float *x, float shift, float *out, int n, double *block_sums)
 {
     double sum = 0;
@@ -169,6 +178,7 @@ static const struct cpu_kernels scalar_table = {
     .silu_mul = scalar_silu_mul,
     .rmsnorm = scalar_rmsnorm,
     .axpy = scalar_axpy,
+    .rope = scalar_rope,
     .exp_sum = scalar_exp_sum,
     .scale_max = scalar_scale_max,
     .stream_sum = scalar_stream_sum,

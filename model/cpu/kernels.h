@@ -241,6 +241,10 @@ struct cpu_kernels {
     void (*rmsnorm)(const float *x, const void *w, enum dtype wt, int n, float eps, float *out);
     // y[i] = a * x[i] + y[i], one rounding (FMA)
     void (*axpy)(float *y, float a, const float *x, int n);
+    // NeoX RoPE (rotate-half) of one head: out[i] = x[i] c[i] - x[i + half]
+    // s[i], out[i + half] = x[i + half] c[i] + x[i] s[i], each product rounded
+    // on its own (no FMA), so every table gives the scalar's bits. out may be x.
+    void (*rope)(float *out, const float *x, int half, const float *c, const float *s);
     // out[i] = exp(x[i] - shift), exactly 0 where x[i] is -inf; returns the
     // sum of out. A softmax's numerators and denominator in one pass: the
     // sampler's hot loop over the whole vocabulary. block_sums (NULL, or

@@ -406,6 +406,7 @@ static const struct cpu_kernels avx512_table = {
     .silu_mul = simd_silu_mul,
     .rmsnorm = simd_rmsnorm,
     .axpy = simd_axpy,
+    .rope = simd_rope,
     .exp_sum = simd_exp_sum,
     .scale_max = simd_scale_max,
     .stream_sum = simd_stream_sum,

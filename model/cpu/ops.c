@@ -99,11 +99,7 @@ void cpu_rope_angles(int pos, const double *inv_freq, int half, float *c, float 
 
 void cpu_rope_apply(float *x, int half, const float *c, const float *s)
 {
-    for (int i = 0; i < half; i++) {
-        float a = x[i], b = x[i + half];
-        x[i] = a * c[i] - b * s[i];
-        x[i + half] = b * c[i] + a * s[i];
-    }
+    cpu_kernels_scalar()->rope(x, x, half, c, s);
 }
 
 // Candidates ordered by (value descending, index ascending): the first k

@@ -6,7 +6,8 @@
 // values made here, element by element tensor_dummy_value, packed or not;
 // projections quantized at load are packed blocks for every table; the
 // weights cache file is written, mapped, and rebuilt when stale or corrupt,
-// and read again into 2 MiB pages when the page cache holds it in small ones.
+// and read again into 2 MiB pages when the page cache holds it in small ones;
+// a step's RoPE angles, kept for its other layers, follow its positions.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -163,6 +164,70 @@ static void ranks_share_one_packed_copy(void **state)
     assert_non_null(strstr(b0->err, "expert range"));
     b0->ops->destroy(b0);
     b1->ops->destroy(b1);
+    model_destroy(m);
+}
+
+// q/k norm + RoPE of one step, layer `layer`, on b: q and k out (fresh
+// inputs of the same seed every call).
+static void rope_step(struct backend *b, const struct backend_weights *w, struct kv_pool *kv,
+                      int layer, const int32_t *pos, int n, float *q, float *k)
+{
+    const struct model_config *c = w->cfg;
+    const size_t nq = (size_t)n * c->n_heads * c->head_dim, nk = (size_t)n * c->n_kv_heads * c->head_dim;
+    float *v = calloc(nk, sizeof *v);
+    assert_non_null(v);
+    for (size_t i = 0; i < nq; i++) q[i] = (float)((i * 7919) % 97) / 97.0f - 0.5f;
+    for (size_t i = 0; i < nk; i++) k[i] = (float)((i * 104729) % 89) / 89.0f - 0.5f;
+    const int32_t seq[4] = {0, 0, 0, 0}, seq_start[2] = {0, n}, bt_start[2] = {0, 1}, bt[1] = {0};
+    const struct backend_step st = {.n_tokens = n, .n_seqs = 1, .max_ctx = pos[n - 1] + 1,
+                                    .tok_pos = pos, .tok_seq = seq, .seq_start = seq_start,
+                                    .bt_start = bt_start, .bt = bt, .h_tok_pos = pos, .h_tok_seq = seq,
+                                    .h_seq_start = seq_start, .h_bt_start = bt_start, .h_bt = bt};
+    assert_int_equal(b->ops->qk_norm_rope_store(b, w, layer, &st, kv, q, k, v), 0);
+    free(v);
+}
+
+// The backend keeps a step's RoPE angles for its other layers: a step with
+// the same number of tokens at other positions must rotate by its own
+// angles, the same bits as a backend that never saw the step before it.
+static void rope_angles_follow_the_step_positions(void **state)
+{
+    (void)state;
+    char err[512];
+    struct model *m;
+    assert_int_equal(model_load(dir, &m, err, sizeof err), 0);
+    const struct model_config *c = &m->cfg;
+    const size_t nq = 4 * (size_t)c->n_heads * c->head_dim, nk = 4 * (size_t)c->n_kv_heads * c->head_dim;
+    float *q[2], *k[2];
+    const int32_t first[4] = {0, 1, 2, 3}, later[4] = {9, 10, 11, 12}, again[4] = {9, 10, 11, 13};
+    for (int run = 0; run < 2; run++) {
+        struct backend *b;
+        struct backend_weights *w;
+        struct kv_pool *kv;
+        assert_int_equal(backend_cpu_create(1, NULL, &b, err, sizeof err), 0);
+        assert_int_equal(b->ops->prepare_weights(b, m, 0, c->n_experts, &w), 0);
+        assert_int_equal(kv_pool_create(b, c, DTYPE_F32, 4, &kv, err, sizeof err), 0);
+        q[run] = malloc(nq * sizeof(float));
+        k[run] = malloc(nk * sizeof(float));
+        assert_true(q[run] && k[run]);
+        if (run == 0) { // the positions move under the same token count
+            rope_step(b, w, kv, 0, first, 4, q[run], k[run]);
+            rope_step(b, w, kv, 1, first, 4, q[run], k[run]);
+            rope_step(b, w, kv, 1, later, 4, q[run], k[run]);
+            rope_step(b, w, kv, 0, again, 4, q[run], k[run]);
+        } else {
+            rope_step(b, w, kv, 0, again, 4, q[run], k[run]);
+        }
+        kv_pool_destroy(b, kv);
+        b->ops->release_weights(b, w);
+        b->ops->destroy(b);
+    }
+    assert_memory_equal(q[0], q[1], nq * sizeof(float));
+    assert_memory_equal(k[0], k[1], nk * sizeof(float));
+    for (int run = 0; run < 2; run++) {
+        free(q[run]);
+        free(k[run]);
+    }
     model_destroy(m);
 }
 
@@ -494,6 +559,7 @@ int main(void)
         cmocka_unit_test(quantized_projections_are_packed_for_every_table),
         cmocka_unit_test(the_weights_cache_is_written_mapped_and_rebuilt_when_stale_or_corrupt),
         cmocka_unit_test(the_weights_cache_is_read_again_into_huge_pages),
+        cmocka_unit_test(rope_angles_follow_the_step_positions),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

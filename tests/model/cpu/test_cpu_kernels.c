@@ -815,6 +815,34 @@ static void simd_rmsnorm_and_axpy_match_scalar(void **state)
             }
 }
 
+// Every table rotates a head as the scalar one does, bit for bit (each
+// product rounded on its own), out of place and in place, tails included.
+static void simd_rope_matches_scalar_bit_for_bit(void **state)
+{
+    (void)state;
+    const int halves[] = {1, 4, 7, 8, 16, 24, 32, 64, 65};
+    for (int t = 0; t < n_simd; t++)
+        for (int i = 0; i < 9; i++) {
+            const int half = halves[i];
+            float *x = random_floats((size_t)2 * half), *c = random_floats((size_t)half);
+            float *s = random_floats((size_t)half), *ref = xmalloc((size_t)8 * half);
+            float *got = xmalloc((size_t)8 * half), *inplace = xmalloc((size_t)8 * half);
+            cpu_kernels_scalar()->rope(ref, x, half, c, s);
+            simd_tables[t]->rope(got, x, half, c, s);
+            if (memcmp(ref, got, (size_t)8 * half) != 0)
+                fail_msg("%s rope half %d differs from the scalar table", simd_tables[t]->name, half);
+            memcpy(inplace, x, (size_t)8 * half);
+            simd_tables[t]->rope(inplace, inplace, half, c, s);
+            assert_memory_equal(ref, inplace, (size_t)8 * half);
+            free(x);
+            free(c);
+            free(s);
+            free(ref);
+            free(got);
+            free(inplace);
+        }
+}
+
 struct pool_ctx {
     _Atomic long sum;
     int n;
@@ -1192,6 +1220,7 @@ int main(void)
         cmocka_unit_test(quantized_outputs_do_not_depend_on_batch_or_split),
         cmocka_unit_test(simd_attention_matches_scalar),
         cmocka_unit_test(simd_silu_mul_matches_scalar_and_ignores_where_n_ends),
+        cmocka_unit_test(simd_rope_matches_scalar_bit_for_bit),
         cmocka_unit_test(simd_exp_sum_matches_scalar_and_zeroes_masked_entries),
         cmocka_unit_test(simd_scale_max_matches_scalar_and_clears_nan),
         cmocka_unit_test(simd_rmsnorm_and_axpy_match_scalar),
