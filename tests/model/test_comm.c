@@ -5,7 +5,8 @@
 // overwrites what a slow one still reads), with buffers in each rank's
 // backend memory; inconsistent sizes are reported rather than copied (by the
 // communicators that can check); abort releases peers blocked in a call and
-// fails every later one; impossible rank counts are refused; on backends
+// fails every later one; impossible rank counts are refused; a NCCL group
+// made by id (the multi-process bootstrap) delivers as well; on backends
 // that record graphs (CUDA), exchanges recorded once deliver each replay's
 // bytes (a padded decode step replays its exchanges so).
 #include <pthread.h>
@@ -21,6 +22,10 @@
 
 #include "base/base.h"
 #include "model/backend_registry.h"
+#include "moeserve_build.h"
+#if MOESERVE_HAVE_CUDA
+#include "gpu/backend_cuda.h"
+#endif
 
 #define MAX_R 5
 #define ROUNDS 3000
@@ -151,12 +156,11 @@ static void close_group(int R, struct comm **comms, struct backend **bs)
     }
 }
 
-// fn on a thread per rank of a fresh group of R ranks; pe (R) says what each saw.
-static void run_peers(const struct factory *f, int R, void *(*fn)(void *), struct peer *pe)
+// fn on a thread per rank of the group comms over bs, then closes it; pe
+// (R) says what each saw.
+static void run_peers_on(const struct factory *f, int R, struct comm **comms, struct backend **bs,
+                         void *(*fn)(void *), struct peer *pe)
 {
-    struct comm *comms[MAX_R];
-    struct backend *bs[MAX_R];
-    open_group(f, R, comms, bs);
     pthread_t th[MAX_R];
     for (int r = 0; r < R; r++) {
         pe[r] = (struct peer){.f = f, .c = comms[r], .b = bs[r]};
@@ -166,6 +170,15 @@ static void run_peers(const struct factory *f, int R, void *(*fn)(void *), struc
     close_group(R, comms, bs);
     for (int r = 0; r < R; r++)
         if (pe[r].errors) fail_msg("%s, %d ranks: rank %d saw %d errors", f->name, R, r, pe[r].errors);
+}
+
+// fn on a thread per rank of a fresh group of R ranks.
+static void run_peers(const struct factory *f, int R, void *(*fn)(void *), struct peer *pe)
+{
+    struct comm *comms[MAX_R];
+    struct backend *bs[MAX_R];
+    open_group(f, R, comms, bs);
+    run_peers_on(f, R, comms, bs, fn, pe);
 }
 
 static void exchanges_deliver_every_peer_bytes(void **state)
@@ -319,6 +332,71 @@ static void abort_releases_blocked_peers_and_fails_later_calls(void **state)
     }
 }
 
+#if MOESERVE_HAVE_CUDA
+struct joiner {
+    const unsigned char *id;
+    int n_ranks, rank;
+    struct backend *b;
+    struct comm *c;
+    int rc;
+    char err[256];
+};
+
+static void *join_main(void *arg)
+{
+    struct joiner *j = arg;
+    j->rc = comm_nccl_join(j->id, j->n_ranks, j->rank, j->b, &j->c, j->err, sizeof j->err);
+    return NULL;
+}
+#endif
+
+// The multi-process bootstrap (comm_nccl_make_id, then comm_nccl_join by
+// each rank, which blocks until all have joined), here with the ranks as
+// threads: the group delivers like the one ncclCommInitAll makes. A rank
+// that does not exist is refused before NCCL is asked.
+static void a_group_joined_by_id_delivers(void **state)
+{
+    (void)state;
+#if MOESERVE_HAVE_CUDA
+    for (size_t fi = 0; fi < n_factories; fi++) {
+        const struct factory *f = &factories[fi];
+        if (f->device != BACKEND_DEVICE_CUDA) continue;
+        for (int R = 1; R <= f->max_ranks; R++) {
+            unsigned char id[NCCL_ID_BYTES];
+            char err[256];
+            if (comm_nccl_make_id(id, err, sizeof err)) fail_msg("%s", err);
+            struct backend *bs[MAX_R];
+            struct comm *comms[MAX_R];
+            struct joiner js[MAX_R];
+            pthread_t th[MAX_R];
+            for (int r = 0; r < R; r++) {
+                struct backend_opts bo = {.n_threads = 1, .device_index = r, .rank = r};
+                if (backend_create(f->device, &bo, &bs[r], err, sizeof err)) fail_msg("%s", err);
+                js[r] = (struct joiner){.id = id, .n_ranks = R, .rank = r, .b = bs[r]};
+                assert_int_equal(pthread_create(&th[r], NULL, join_main, &js[r]), 0);
+            }
+            for (int r = 0; r < R; r++) pthread_join(th[r], NULL);
+            for (int r = 0; r < R; r++) {
+                if (js[r].rc) fail_msg("rank %d of %d joining: %s", r, R, js[r].err);
+                comms[r] = js[r].c;
+                assert_int_equal(comms[r]->rank, r);
+                assert_int_equal(comms[r]->n_ranks, R);
+            }
+            struct peer pe[MAX_R];
+            run_peers_on(f, R, comms, bs, peer_main, pe);
+        }
+        struct comm *c = NULL;
+        unsigned char id[NCCL_ID_BYTES] = {0};
+        char err[256];
+        assert_int_equal(comm_nccl_join(id, 2, 2, NULL, &c, err, sizeof err), MS_EINVAL);
+        assert_non_null(strstr(err, "rank 2 of 2 ranks does not exist"));
+        assert_null(c);
+    }
+#else
+    print_message("note: this build has no NCCL communicator to join\n");
+#endif
+}
+
 static void refuses_impossible_rank_counts(void **state)
 {
     (void)state;
@@ -344,6 +422,7 @@ int main(void)
         cmocka_unit_test(exchanges_deliver_every_peer_bytes),
         cmocka_unit_test(recorded_exchanges_deliver_on_every_replay),
         cmocka_unit_test(abort_releases_blocked_peers_and_fails_later_calls),
+        cmocka_unit_test(a_group_joined_by_id_delivers),
         cmocka_unit_test(refuses_impossible_rank_counts),
     };
     return cmocka_run_group_tests(tests, list_factories, NULL);
