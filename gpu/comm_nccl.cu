@@ -7,11 +7,14 @@
 // int waited for on the host. Abort sets the group's flag and stops every
 // endpoint's NCCL communicator, so peers waiting in a barrier (which polls)
 // or a later call return MS_ECANCELLED instead of hanging. Stopping is
-// ncclCommRevoke where NCCL has it (2.28 on): it ends the operations in
-// flight but frees nothing, so a peer thread still inside an NCCL call on
-// its communicator reads no freed memory, and each endpoint's destroy then
-// frees its own (ncclCommAbort). With an older NCCL the abort itself calls
-// ncclCommAbort on every endpoint, as the only way to release them. NCCL cannot check that the sizes agree: a mismatch is the
+// ncclCommRevoke where the NCCL loaded has it (2.28.7 on): it ends the
+// operations in flight but frees nothing, so a peer thread still inside an
+// NCCL call on its communicator reads no freed memory. Each endpoint's own
+// thread then aborts its communicator (ncclCommAbort) the next time it
+// sees the flag, or its destroy does: an operation it launched after the
+// revoke had finished runs with no abort flag, waiting for peers that never
+// come. With an older NCCL the abort itself calls ncclCommAbort on every
+// endpoint, as the only way to release them. NCCL cannot check that the sizes agree: a mismatch is the
 // caller's bug (comm.h).
 #include "gpu/backend_cuda.h"
 
@@ -27,6 +30,7 @@ struct nccl_group {
     int n_ranks;
     int refs;                       // endpoints not yet destroyed
     int aborted;                    // atomic: set once by abort
+    bool revoked;                   // the abort revoked (each endpoint aborts its own), under mu
     pthread_mutex_t mu;
     ncclComm_t *comms;              // (n_ranks), this process's endpoints (NULL: another process's)
 };
@@ -48,11 +52,25 @@ static bool aborted(const struct nccl_group *g) { return __atomic_load_n(&g->abo
 
 static int nccl_status(ncclResult_t r) { return r == ncclSuccess ? 0 : MS_EIO; }
 
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+// ncclCommRevoke came with NCCL 2.28.7: declared weak, so that a library
+// older than the header leaves it NULL (the abort then frees) instead of
+// failing to link or load.
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 7)
 #define NCCL_HAS_REVOKE 1
+#pragma weak ncclCommRevoke
 #else
 #define NCCL_HAS_REVOKE 0
 #endif
+
+static bool can_revoke(void)
+{
+#if NCCL_HAS_REVOKE
+    int v = 0;
+    return ncclCommRevoke != NULL && ncclGetVersion(&v) == ncclSuccess && v >= NCCL_VERSION(2, 28, 7);
+#else
+    return false;
+#endif
+}
 
 // Teardown's NCCL calls have no caller to report to: a failure is logged.
 static void nccl_release_check(ncclResult_t r, const char *what, int rank)
@@ -62,11 +80,27 @@ static void nccl_release_check(ncclResult_t r, const char *what, int rank)
                ncclGetErrorString(r));
 }
 
+// After a revoking abort, the endpoint's own thread (the one thread with no
+// call of its in flight then) frees its communicator: what it launched after
+// the revoke would otherwise spin on its stream. Returns MS_ECANCELLED.
+static int ep_cancelled(struct nccl_ep *e)
+{
+    struct nccl_group *g = e->g;
+    pthread_mutex_lock(&g->mu);
+    if (g->revoked && e->nc) {
+        nccl_release_check(ncclCommAbort(e->nc), "aborting", e->c.rank);
+        e->nc = NULL;
+        g->comms[e->c.rank] = NULL;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return MS_ECANCELLED;
+}
+
 static int ep_a2a(struct comm *c, const void *send, const size_t *sb, const size_t *so, void *recv,
                   const size_t *rb, const size_t *ro)
 {
     struct nccl_ep *e = ep_of(c);
-    if (aborted(e->g)) return MS_ECANCELLED;
+    if (aborted(e->g)) return ep_cancelled(e);
     if (cudaSetDevice(e->dev) != cudaSuccess) return MS_EIO;
     const int me = c->rank;
     // A failure of this rank's own part still joins the group below: its
@@ -88,7 +122,7 @@ static int ep_a2a(struct comm *c, const void *send, const size_t *sb, const size
             r = ncclRecv((char *)recv + ro[p], rb[p], ncclUint8, p, e->nc, e->stream);
     }
     const ncclResult_t r2 = ncclGroupEnd();
-    if (aborted(e->g)) return MS_ECANCELLED;
+    if (aborted(e->g)) return ep_cancelled(e);
     if (own) return own;
     return nccl_status(r != ncclSuccess ? r : r2);
 }
@@ -96,11 +130,11 @@ static int ep_a2a(struct comm *c, const void *send, const size_t *sb, const size
 static int ep_all_gather(struct comm *c, const void *send, size_t bytes, void *recv)
 {
     struct nccl_ep *e = ep_of(c);
-    if (aborted(e->g)) return MS_ECANCELLED;
+    if (aborted(e->g)) return ep_cancelled(e);
     if (cudaSetDevice(e->dev) != cudaSuccess) return MS_EIO;
     if (!bytes) return 0;
     const ncclResult_t r = ncclAllGather(send, recv, bytes, ncclUint8, e->nc, e->stream);
-    if (aborted(e->g)) return MS_ECANCELLED;
+    if (aborted(e->g)) return ep_cancelled(e);
     return nccl_status(r);
 }
 
@@ -108,15 +142,15 @@ static int ep_all_gather(struct comm *c, const void *send, size_t bytes, void *r
 static int ep_barrier(struct comm *c)
 {
     struct nccl_ep *e = ep_of(c);
-    if (aborted(e->g)) return MS_ECANCELLED;
+    if (aborted(e->g)) return ep_cancelled(e);
     if (cudaSetDevice(e->dev) != cudaSuccess) return MS_EIO;
     ncclResult_t r = ncclAllReduce(e->flag, e->flag, 1, ncclInt32, ncclSum, e->nc, e->stream);
-    if (r != ncclSuccess) return aborted(e->g) ? MS_ECANCELLED : MS_EIO;
+    if (r != ncclSuccess) return aborted(e->g) ? ep_cancelled(e) : MS_EIO;
     for (;;) {
         const cudaError_t q = cudaStreamQuery(e->stream);
         // An abort ends the all-reduce too: the stream drains without the
         // peer having arrived, so the flag decides first.
-        if (aborted(e->g)) return MS_ECANCELLED;
+        if (aborted(e->g)) return ep_cancelled(e);
         if (q == cudaSuccess) return 0;
         if (q != cudaErrorNotReady) return MS_EIO;
         ncclResult_t ar;
@@ -133,13 +167,17 @@ static void ep_abort(struct comm *c)
     pthread_mutex_lock(&g->mu);
     if (!g->aborted) {
         __atomic_store_n(&g->aborted, 1, __ATOMIC_RELEASE);
-        for (int r = 0; r < g->n_ranks; r++)
-            if (g->comms[r])
+        g->revoked = can_revoke();
+        for (int r = 0; r < g->n_ranks; r++) {
+            if (!g->comms[r]) continue;
 #if NCCL_HAS_REVOKE
+            if (g->revoked) {
                 nccl_release_check(ncclCommRevoke(g->comms[r], NCCL_REVOKE_DEFAULT), "revoking", r);
-#else
-                nccl_release_check(ncclCommAbort(g->comms[r]), "aborting", r);
+                continue;
+            }
 #endif
+            nccl_release_check(ncclCommAbort(g->comms[r]), "aborting", r);
+        }
     }
     pthread_mutex_unlock(&g->mu);
 }
@@ -152,9 +190,7 @@ static void ep_destroy(struct comm *c)
     cudaSetDevice(e->dev);
     pthread_mutex_lock(&g->mu);
     if (e->nc && !g->aborted) nccl_release_check(ncclCommDestroy(e->nc), "destroying", c->rank);
-#if NCCL_HAS_REVOKE
-    else if (e->nc) nccl_release_check(ncclCommAbort(e->nc), "aborting", c->rank); // revoked by the abort
-#endif
+    else if (e->nc && g->revoked) nccl_release_check(ncclCommAbort(e->nc), "aborting", c->rank);
     g->comms[c->rank] = NULL;
     const bool last = --g->refs == 0;
     pthread_mutex_unlock(&g->mu);

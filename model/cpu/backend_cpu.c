@@ -894,6 +894,7 @@ static int rope_angles_for(struct cpu_backend *c, const struct backend_weights *
                            const struct backend_step *s)
 {
     const int n = s->n_tokens, half = w->cfg->head_dim / 2;
+    if (n <= 0) return 0;
     if (n == c->rope_n && half == c->rope_half &&
         memcmp(c->rope_pos, s->tok_pos, (size_t)n * sizeof *s->tok_pos) == 0 &&
         memcmp(c->rope_inv, w->rope_inv_freq, (size_t)half * sizeof *c->rope_inv) == 0)

@@ -188,8 +188,9 @@ static void rope_step(struct backend *b, const struct backend_weights *w, struct
 }
 
 // The backend keeps a step's RoPE angles for its other layers: a step with
-// the same number of tokens at other positions must rotate by its own
-// angles, the same bits as a backend that never saw the step before it.
+// the same number of tokens at other positions, or the same positions under
+// other frequencies (other weights on the same backend), must rotate by its
+// own angles, the same bits as a backend that never saw a step before it.
 static void rope_angles_follow_the_step_positions(void **state)
 {
     (void)state;
@@ -215,9 +216,10 @@ static void rope_angles_follow_the_step_positions(void **state)
             rope_step(b, w, kv, 1, first, 4, q[run], k[run]);
             rope_step(b, w, kv, 1, later, 4, q[run], k[run]);
             rope_step(b, w, kv, 0, again, 4, q[run], k[run]);
-        } else {
-            rope_step(b, w, kv, 0, again, 4, q[run], k[run]);
         }
+        // Then the frequencies change under the same positions.
+        for (int i = 0; i < c->head_dim / 2; i++) w->rope_inv_freq[i] *= 1.5;
+        rope_step(b, w, kv, 0, again, 4, q[run], k[run]);
         kv_pool_destroy(b, kv);
         b->ops->release_weights(b, w);
         b->ops->destroy(b);
