@@ -1047,6 +1047,9 @@ static int run_padded(struct rank *r, int B, float *logits, char *err, size_t er
         const int rc = b->ops->graph_launch(b, gs->g);
         if (rc == 0) {
             r->graph_steps++;
+            // The recorded steps route every MoE layer (moe_route writes
+            // this step's counts into cnt_all), as the eager ones do.
+            r->counted_on_device = r->E > 0;
             const double now = ms_now();
             r->phase_time[FWD_PHASE_ATTENTION] += now - r->tp;
             r->tp = now;
