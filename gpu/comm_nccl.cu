@@ -14,8 +14,8 @@
 // sees the flag, or its destroy does: an operation it launched after the
 // revoke had finished runs with no abort flag, waiting for peers that never
 // come. With an older NCCL the abort itself calls ncclCommAbort on every
-// endpoint, as the only way to release them. NCCL cannot check that the sizes agree: a mismatch is the
-// caller's bug (comm.h).
+// endpoint, as the only way to release them. NCCL cannot check that the
+// sizes agree: a mismatch is the caller's bug (comm.h).
 #include "gpu/backend_cuda.h"
 
 #include <nccl.h>
@@ -88,6 +88,7 @@ static int ep_cancelled(struct nccl_ep *e)
     struct nccl_group *g = e->g;
     pthread_mutex_lock(&g->mu);
     if (g->revoked && e->nc) {
+        cuda_release_check(cudaSetDevice(e->dev), "selecting the endpoint's GPU");
         nccl_release_check(ncclCommAbort(e->nc), "aborting", e->c.rank);
         e->nc = NULL;
         g->comms[e->c.rank] = NULL;
