@@ -154,7 +154,7 @@ static int dbuf_need(struct cuda_backend *c, struct dbuf *d, size_t bytes, const
         d->p = NULL;
         cudaGetLastError(); // an allocation failure is not sticky: clear it
         return cu_fail(&c->b, MS_ENOMEM, "%s: cannot allocate %.1f MiB on GPU %d (%s)", what,
-                            (double)want / (1 << 20), c->dev, cudaGetErrorString(e));
+                       (double)want / (1 << 20), c->dev, cudaGetErrorString(e));
     }
     d->cap = want;
     return 0;
@@ -194,8 +194,8 @@ static int cu_alloc(struct backend *b, size_t bytes, void **out)
         cudaMemGetInfo(&fr, &tot);
         cudaGetLastError(); // an allocation failure is not sticky: clear it
         return cu_fail(b, MS_ENOMEM, "cannot allocate %.1f MiB on GPU %d (%.1f MiB free of "
-                            "%.1f MiB)", (double)bytes / (1 << 20), c->dev,
-                            (double)fr / (1 << 20), (double)tot / (1 << 20));
+                       "%.1f MiB)", (double)bytes / (1 << 20), c->dev,
+                       (double)fr / (1 << 20), (double)tot / (1 << 20));
     }
     if ((e = cudaMemsetAsync(*out, 0, bytes, c->stream)) != cudaSuccess) {
         cuda_release_check(cudaFree(*out), "an allocation that could not be zeroed");
@@ -487,7 +487,7 @@ static int cu_prepare_weights(struct backend *b, const struct model *m, int expe
     const struct model_config *cfg = &m->cfg;
     if (expert_begin < 0 || expert_end < expert_begin || expert_end > cfg->n_experts)
         return cu_fail(b, MS_EINVAL, "expert range [%d, %d) is outside the model's %d experts",
-                            expert_begin, expert_end, cfg->n_experts);
+                       expert_begin, expert_end, cfg->n_experts);
     ON_DEVICE(c);
     const double t0 = ms_now();
     struct backend_weights *w = (struct backend_weights *)calloc(1, sizeof *w);
@@ -539,9 +539,9 @@ static int cu_prepare_weights(struct backend *b, const struct model *m, int expe
         cudaGetLastError();
         cudaMemGetInfo(&fr, &tot);
         rc = cu_fail(b, MS_ENOFIT, "rank %d's weights (%.2f GiB: the replicated ones and "
-                          "experts [%d, %d)) do not fit GPU %d (%.2f GiB free of %.2f GiB)",
-                          b->index, (double)p.total / (1 << 30), expert_begin, expert_end, c->dev,
-                          (double)fr / (1 << 30), (double)tot / (1 << 30));
+                     "experts [%d, %d)) do not fit GPU %d (%.2f GiB free of %.2f GiB)",
+                     b->index, (double)p.total / (1 << 30), expert_begin, expert_end, c->dev,
+                     (double)fr / (1 << 30), (double)tot / (1 << 30));
         goto fail;
     }
     cw->bytes = p.total;
@@ -592,7 +592,7 @@ static int cu_kv_alloc(struct backend *b, struct kv_pool *kv)
         cu_free(b, kv->k);
         kv->k = NULL;
         return cu_fail(b, rc, "cannot allocate a KV pool of %d blocks (2 x %.1f MiB) on GPU %d",
-                            kv->n_blocks, (double)bytes / (1 << 20), c->dev);
+                       kv->n_blocks, (double)bytes / (1 << 20), c->dev);
     }
     return 0;
 }
@@ -629,7 +629,7 @@ static int mm_check(struct backend *b, const struct backend_mat *w, const char *
 {
     if (!w->data || w->rows <= 0 || w->cols <= 0)
         return cu_fail(b, MS_EINVAL, "%s: the matrix is not on this GPU (an expert outside "
-                            "the rank's range, or a tensor the model does not bind)", what);
+                       "the rank's range, or a tensor the model does not bind)", what);
     return 0;
 }
 
@@ -643,7 +643,7 @@ static int cu_matmul(struct backend *b, const struct backend_mm *jobs, int n_job
         if (rc) return rc;
         if (j->o0 < 0 || j->n_out < 0 || j->o0 + j->n_out > j->w->rows)
             return cu_fail(b, MS_EINVAL, "matmul outputs [%d, %d) are outside the matrix's %d",
-                                j->o0, j->o0 + j->n_out, j->w->rows);
+                           j->o0, j->o0 + j->n_out, j->w->rows);
         if (j->rows <= 0) continue;
         struct cuda_mm m;
         memset(&m, 0, sizeof m);
@@ -692,7 +692,7 @@ static int cu_grouped_matmul(struct backend *b, const struct backend_gmm *jobs, 
                 j->w[g].cols != j->w[0].cols || j->w[g].quant != j->w[0].quant ||
                 j->w[g].group_cols != j->w[0].group_cols)
                 return cu_fail(b, MS_EINVAL, "grouped matmul: group %d's matrix differs in "
-                                    "shape, dtype or quantization from group 0's", g);
+                               "shape, dtype or quantization from group 0's", g);
             if (wtab && (const void *const *)j->w[g].priv != wtab + g) wtab = NULL;
         }
         if (!wtab) {
@@ -878,8 +878,8 @@ static int cu_attention(struct backend *b, const struct backend_weights *w, int 
     o.tile_tokens = attn_tile(c, G, cfg->head_dim);
     if (cuda_attention_smem(o.tile_tokens * G, cfg->head_dim) > c->prop.sharedMemPerBlockOptin)
         return cu_fail(b, MS_EUNSUPPORTED, "attention: %d query heads per KV head of "
-                            "dimension %d need more shared memory than GPU %d has", G,
-                            cfg->head_dim, c->dev);
+                       "dimension %d need more shared memory than GPU %d has", G,
+                       cfg->head_dim, c->dev);
     o.kv_heads = cfg->n_kv_heads;
     o.target_ctas = 2 * c->prop.multiProcessorCount;
     o.chunk = ATTN_CHUNK;
@@ -953,10 +953,10 @@ static int cu_moe_route(struct backend *b, const struct backend_route *r)
     const int n = r->e1 - r->e0;
     if (n < 0 || r->n_tokens < 0 || r->k < 1 || r->pad < 1)
         return cu_fail(b, MS_EINVAL, "routing %d tokens x top-%d to experts [%d, %d) padded "
-                            "to %d rows", r->n_tokens, r->k, r->e0, r->e1, r->pad);
+                       "to %d rows", r->n_tokens, r->k, r->e0, r->e1, r->pad);
     if (cuda_moe_route_smem(n) > c->prop.sharedMemPerBlockOptin)
         return cu_fail(b, MS_EUNSUPPORTED, "routing over %d experts needs more shared memory "
-                            "than GPU %d has", n, c->dev);
+                       "than GPU %d has", n, c->dev);
     struct cuda_route d;
     memset(&d, 0, sizeof d);
     d.ids = r->ids;
@@ -990,7 +990,7 @@ static int cu_moe_return_slots(struct backend *b, const int32_t *ids, const int3
     struct cuda_backend *c = cuda_of(b);
     if (n_ranks < 1 || n_ranks > CUDA_MAX_RANKS || k < 1 || n_tokens < 0)
         return cu_fail(b, MS_EINVAL, "return slots of %d tokens x top-%d over %d ranks (at "
-                            "most %d)", n_tokens, k, n_ranks, CUDA_MAX_RANKS);
+                       "most %d)", n_tokens, k, n_ranks, CUDA_MAX_RANKS);
     ON_DEVICE(c);
     struct cuda_return d;
     memset(&d, 0, sizeof d);
@@ -1250,7 +1250,7 @@ static int cu_graph_end(struct backend *b, struct backend_graph **out)
     if (c->rec_failed || c->gen != c->rec_gen) {
         cudaGraphDestroy(g);
         return cu_fail(b, MS_EINVAL, "an op failed or moved scratch memory while the graph "
-                            "was recorded on GPU %d", c->dev);
+                       "was recorded on GPU %d", c->dev);
     }
     struct backend_graph *bg = (struct backend_graph *)calloc(1, sizeof *bg);
     if (!bg) {
@@ -1274,7 +1274,7 @@ static int cu_graph_launch(struct backend *b, struct backend_graph *g)
     struct cuda_backend *c = cuda_of(b);
     if (g->gen != c->gen)
         return cu_fail(b, MS_EINVAL, "the graph was recorded before GPU %d's scratch memory "
-                            "moved", c->dev);
+                       "moved", c->dev);
     int rc = not_while_recording(c, "launching a graph");
     if (rc) return rc;
     ON_DEVICE(c);
