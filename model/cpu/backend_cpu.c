@@ -903,8 +903,8 @@ static int rope_angles_for(struct cpu_backend *c, const struct backend_weights *
     if ((size_t)n * 2 * (size_t)half > (size_t)c->rope_cap) {
         const size_t want = (size_t)n * 2 * (size_t)half;
         if (want > INT_MAX)
-            return backend_fail(&c->b, MS_EINVAL, "RoPE angles for %d tokens of head_dim %d", n,
-                                2 * half);
+            return backend_fail(&c->b, MS_EINVAL, "a step of %d tokens of head_dim %d is too large "
+                                "for the RoPE angle table: split it", n, 2 * half);
         float *cs = realloc(c->rope_cs, want * sizeof *cs);
         if (!cs) return backend_fail(&c->b, MS_ENOMEM, "out of memory for RoPE angles");
         c->rope_cs = cs;
