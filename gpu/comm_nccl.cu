@@ -200,7 +200,14 @@ static void ep_destroy(struct comm *c)
     if (last) group_free(g);
 }
 
-static const struct comm_ops nccl_ops = {ep_a2a, ep_all_gather, ep_barrier, ep_abort, ep_destroy};
+static int ep_check(struct comm *c)
+{
+    struct nccl_ep *e = ep_of(c);
+    return aborted(e->g) ? ep_cancelled(e) : 0;
+}
+
+static const struct comm_ops nccl_ops = {ep_a2a, ep_all_gather, ep_barrier, ep_abort, ep_check,
+                                         ep_destroy};
 
 static struct nccl_group *group_new(int n_ranks)
 {

@@ -25,6 +25,9 @@
 //   thread, for instance when one rank fails), every blocked and later call
 //   on every rank of the group returns MS_ECANCELLED instead of waiting for
 //   a peer that will never come; the group is then only good for destroy.
+//   `check` asks without communicating: a rank that ran exchanges some other
+//   way (a replayed CUDA graph holds them) calls it after, so that it fails
+//   the step too, and the NCCL endpoint stops what its graph launched.
 // - Ownership. A group is made as n_ranks endpoints, each used by exactly
 //   one thread and released with its destroy; the group goes with the last.
 #ifndef MOESERVE_MODEL_COMM_H
@@ -45,6 +48,8 @@ struct comm_ops {
     int (*barrier)(struct comm *c);
     // Fails every pending and later call of the group (see above).
     void (*abort)(struct comm *c);
+    // 0, or MS_ECANCELLED once the group is aborted; no communication.
+    int (*check)(struct comm *c);
     void (*destroy)(struct comm *c);
 };
 
@@ -67,5 +72,6 @@ static inline int comm_all_gather(struct comm *c, const void *send, size_t bytes
 }
 static inline int comm_barrier(struct comm *c) { return c->ops->barrier(c); }
 static inline void comm_abort(struct comm *c) { c->ops->abort(c); }
+static inline int comm_check(struct comm *c) { return c->ops->check(c); }
 
 #endif

@@ -117,11 +117,17 @@ static void inproc_destroy(struct comm *c)
     if (atomic_fetch_sub(&g->refs, 1) == 1) group_free(g);
 }
 
+static int inproc_check(struct comm *c)
+{
+    return atomic_load(&((struct group *)c->impl)->aborted) ? MS_ECANCELLED : 0;
+}
+
 static const struct comm_ops inproc_ops = {
     .all_to_all_v = inproc_all_to_all_v,
     .all_gather = inproc_all_gather,
     .barrier = inproc_barrier,
     .abort = inproc_abort,
+    .check = inproc_check,
     .destroy = inproc_destroy,
 };
 

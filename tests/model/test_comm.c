@@ -5,8 +5,9 @@
 // overwrites what a slow one still reads), with buffers in each rank's
 // backend memory; inconsistent sizes are reported rather than copied (by the
 // communicators that can check); abort releases peers blocked in a call and
-// fails every later one; impossible rank counts are refused; a NCCL group
-// made by id (the multi-process bootstrap) delivers as well; on backends
+// fails every later one (check, which does not communicate, included);
+// impossible rank counts are refused; a NCCL group made by id (the
+// multi-process bootstrap) delivers as well; on backends
 // that record graphs (CUDA), exchanges recorded once deliver each replay's
 // bytes (a padded decode step replays its exchanges so).
 #include <pthread.h>
@@ -320,12 +321,15 @@ static void abort_releases_blocked_peers_and_fails_later_calls(void **state)
         nanosleep(&ts, NULL);
         for (int r = 1; r < R; r++)
             assert_int_equal(__atomic_load_n(&w[r].rc_first, __ATOMIC_SEQ_CST), 1); // still waiting
+        assert_int_equal(comm_check(comms[0]), 0);
         comm_abort(comms[0]);
         for (int r = 1; r < R; r++) {
             pthread_join(th[r], NULL);
             assert_int_equal(w[r].rc_first, MS_ECANCELLED);
             assert_int_equal(w[r].rc_later, MS_ECANCELLED);
         }
+        // What a rank that exchanged inside a replayed graph asks after it.
+        for (int r = 0; r < R; r++) assert_int_equal(comm_check(comms[r]), MS_ECANCELLED);
         int32_t v = 0, all[MAX_R];
         assert_int_equal(comm_all_gather(comms[0], &v, sizeof v, all), MS_ECANCELLED);
         close_group(R, comms, bs);
