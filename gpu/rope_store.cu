@@ -31,7 +31,7 @@ __global__ void rope_store_kernel(const struct cuda_rope p)
         const double a = (double)pos * p.inv_freq[i];
         const float c = (float)cos(a), s = (float)sin(a);
         const float x0 = tmp[i], x1 = tmp[i + half];
-        // Each product rounded on its own, as cpu_rope_apply's C11 (no FMA
+        // Each product rounded on its own, as the CPU tables' rope (no FMA
         // contraction) computes them: nvcc would otherwise fuse one of them.
         x[i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
         x[i + half] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));

@@ -1044,7 +1044,7 @@ static int run_padded(struct rank *r, int B, float *logits, char *err, size_t er
     if (gs && !gs->g && !gs->eager_only && gs->eager_runs > 0 && !r->op_rc)
         graph_record(r, gs, B, logits);
     if (gs && gs->g) {
-        int rc = b->ops->graph_launch(b, gs->g);
+        const int rc = b->ops->graph_launch(b, gs->g);
         // The graph's exchanges do not look at the group's abort flag: ask.
         if (rc == 0 && r->comm && comm_check(r->comm)) {
             ms_err(err, errlen, MS_ECANCELLED, "rank %d: the expert-parallel group was aborted",

@@ -97,11 +97,6 @@ void cpu_rope_angles(int pos, const double *inv_freq, int half, float *c, float 
     }
 }
 
-void cpu_rope_apply(float *x, int half, const float *c, const float *s)
-{
-    cpu_kernels_scalar()->rope(x, x, half, c, s);
-}
-
 // Candidates ordered by (value descending, index ascending): the first k
 // of that order.
 static bool ranks_before(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }

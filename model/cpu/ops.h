@@ -39,9 +39,7 @@ void cpu_rmsnorm(const float *x, const void *w, enum dtype wt, int n, float eps,
 
 // cos/sin of pos * inv_freq[i] for the head_dim/2 rotary pairs.
 void cpu_rope_angles(int pos, const double *inv_freq, int half, float *cos_out, float *sin_out);
-// NeoX (rotate-half) layout: pairs (x[i], x[i + half]), in place (the scalar
-// table's rope).
-void cpu_rope_apply(float *x, int half, const float *c, const float *s);
+// (The rotation itself is the kernel tables' rope: NeoX pairs (x[i], x[i + half]).)
 
 // Router: the k largest of n logits (ties: lowest index first; a NaN ranks
 // as -inf), their softmax weights over all n, renormalised over the k when

@@ -183,7 +183,7 @@ static const char *check_file(const struct weights_cache *c, int fd)
 // KiB pages left a decode step walking page tables for every page of its
 // experts (measured: the int4 kernel over 3 GiB of experts picked at random
 // ran at 4-6.5 GB/s with 4 KiB pages, 9-10 GB/s with 2 MiB ones).
-static void *map_file_aligned(int fd, size_t n, int prot)
+void *weights_cache_map_aligned(int fd, size_t n, int prot)
 {
     const size_t huge = (size_t)2 << 20;
     char *r = mmap(NULL, n + huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -214,7 +214,7 @@ bool weights_cache_map(struct weights_cache *c)
         ms_log(MS_LOG_WARN, "the weights cache %s %s: preparing the weights again", c->path, why);
         return false;
     }
-    void *p = map_file_aligned(fd, (size_t)c->file_bytes, PROT_READ);
+    void *p = weights_cache_map_aligned(fd, (size_t)c->file_bytes, PROT_READ);
     if (p == MAP_FAILED) {
         const int e = errno;
         close(fd);
@@ -285,7 +285,7 @@ static void repage(struct weights_cache *c, int fd)
     if (before < 0 || (double)before >= 0.9 * (double)whole) return;
     const double t0 = ms_now();
     unpage(c, fd, 0, huge);
-    void *p = map_file_aligned(fd, huge, PROT_READ);
+    void *p = weights_cache_map_aligned(fd, huge, PROT_READ);
     bool large = false;
     if (p != MAP_FAILED) {
         for (size_t i = 0; i < huge; i += PAGE) (void)((volatile const char *)p)[i];
@@ -353,7 +353,7 @@ bool weights_cache_create(struct weights_cache *c)
         return false;
     }
     int e = posix_fallocate(c->fd, 0, (off_t)c->file_bytes);
-    void *p = e ? MAP_FAILED : map_file_aligned(c->fd, (size_t)c->file_bytes, PROT_READ | PROT_WRITE);
+    void *p = e ? MAP_FAILED : weights_cache_map_aligned(c->fd, (size_t)c->file_bytes, PROT_READ | PROT_WRITE);
     if (!e && p == MAP_FAILED) e = errno;
     if (e) {
         ms_log(MS_LOG_WARN, "cannot reserve %.1f GiB for %s (%s): preparing the weights without a "

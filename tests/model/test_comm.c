@@ -133,20 +133,33 @@ static void *peer_main(void *arg)
     return NULL;
 }
 
-// The group's endpoints and a backend for each rank's memory.
-static void open_group(const struct factory *f, int R, struct comm **comms, struct backend **bs)
+// A backend for each rank's memory (rank r on device r).
+static void open_backends(const struct factory *f, int R, struct backend **bs)
 {
     char err[256];
     for (int r = 0; r < R; r++) {
         struct backend_opts bo = {.n_threads = 1, .device_index = r, .rank = r};
         if (backend_create(f->device, &bo, &bs[r], err, sizeof err)) fail_msg("%s: %s", f->name, err);
     }
-    if (backend_comm_create(f->device, R, bs, comms, err, sizeof err))
-        fail_msg("%s: %s", f->name, err);
+}
+
+// Endpoint r of a group of R is rank r of R.
+static void assert_endpoints(struct comm **comms, int R)
+{
     for (int r = 0; r < R; r++) {
         assert_int_equal(comms[r]->rank, r);
         assert_int_equal(comms[r]->n_ranks, R);
     }
+}
+
+// The group's endpoints and a backend for each rank's memory.
+static void open_group(const struct factory *f, int R, struct comm **comms, struct backend **bs)
+{
+    char err[256];
+    open_backends(f, R, bs);
+    if (backend_comm_create(f->device, R, bs, comms, err, sizeof err))
+        fail_msg("%s: %s", f->name, err);
+    assert_endpoints(comms, R);
 }
 
 static void close_group(int R, struct comm **comms, struct backend **bs)
@@ -373,9 +386,8 @@ static void a_group_joined_by_id_delivers(void **state)
             struct comm *comms[MAX_R];
             struct joiner js[MAX_R];
             pthread_t th[MAX_R];
+            open_backends(f, R, bs);
             for (int r = 0; r < R; r++) {
-                struct backend_opts bo = {.n_threads = 1, .device_index = r, .rank = r};
-                if (backend_create(f->device, &bo, &bs[r], err, sizeof err)) fail_msg("%s", err);
                 js[r] = (struct joiner){.id = id, .n_ranks = R, .rank = r, .b = bs[r]};
                 assert_int_equal(pthread_create(&th[r], NULL, join_main, &js[r]), 0);
             }
@@ -383,9 +395,8 @@ static void a_group_joined_by_id_delivers(void **state)
             for (int r = 0; r < R; r++) {
                 if (js[r].rc) fail_msg("rank %d of %d joining: %s", r, R, js[r].err);
                 comms[r] = js[r].c;
-                assert_int_equal(comms[r]->rank, r);
-                assert_int_equal(comms[r]->n_ranks, R);
             }
+            assert_endpoints(comms, R);
             struct peer pe[MAX_R];
             run_peers_on(f, R, comms, bs, peer_main, pe);
         }

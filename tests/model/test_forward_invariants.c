@@ -167,6 +167,14 @@ static int schedule(const struct plan *p, int step, const int *done, int *take)
     return active;
 }
 
+// Rank `rank`'s backend (on device `rank`: one GPU each on CUDA).
+static int rank_backend(int rank, int threads, struct backend **out, char *err, size_t errlen)
+{
+    const struct backend_opts bo = {.n_threads = threads, .rank = rank, .device_index = rank,
+                                    .variant = variant};
+    return backend_create(harness_device, &bo, out, err, errlen);
+}
+
 static void *rank_main(void *arg)
 {
     struct rank_run *rr = arg;
@@ -175,10 +183,8 @@ static void *rank_main(void *arg)
     struct backend *bk;
     struct kv_pool *kv;
     struct rank *r;
-    struct backend_opts bo = {.n_threads = rr->threads, .rank = rr->rank, .device_index = rr->rank,
-                              .variant = variant};
     if (rr->bk) bk = rr->bk;
-    else if ((rr->rc = backend_create(harness_device, &bo, &bk, err, sizeof err))) return NULL;
+    else if ((rr->rc = rank_backend(rr->rank, rr->threads, &bk, err, sizeof err))) return NULL;
     rr->rc = kv_pool_create(bk, &rr->m->cfg, rr->kv_dtype, 64 * N_SEQS, &kv, err, sizeof err);
     if (rr->rc) {
         if (!rr->bk) backend_destroy(bk);
@@ -283,11 +289,8 @@ static void run_plan(const struct model *m, const struct plan *p, int n_ranks, i
     char err[256];
     if (n_ranks > 1 && harness_device != BACKEND_DEVICE_CPU) {
         // NCCL: one GPU per rank, the group over their backends, made here.
-        for (int i = 0; i < n_ranks; i++) {
-            struct backend_opts bo = {.n_threads = threads, .rank = i, .device_index = i,
-                                      .variant = variant};
-            if (backend_create(harness_device, &bo, &made[i], err, sizeof err)) fail_msg("%s", err);
-        }
+        for (int i = 0; i < n_ranks; i++)
+            if (rank_backend(i, threads, &made[i], err, sizeof err)) fail_msg("%s", err);
         if (backend_comm_create(harness_device, n_ranks, made, comms, err, sizeof err)) fail_msg("%s", err);
     } else if (n_ranks > 1) {
         assert_int_equal(backend_comm_create(BACKEND_DEVICE_CPU, n_ranks, NULL, comms, err, sizeof err), 0);

@@ -464,16 +464,11 @@ static void cache_in_small_pages(const char *path)
 // cache maps it (2 MiB-aligned, asking for huge pages) and touched.
 static long long pmd_bytes_of(int fd, size_t n)
 {
-    const size_t huge = (size_t)2 << 20;
-    char *r = mmap(NULL, n + huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    assert_true(r != MAP_FAILED);
-    char *a = (char *)(((uintptr_t)r + huge - 1) & ~(uintptr_t)(huge - 1));
-    char *p = mmap(a, n, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
-    assert_true(p == a);
-    madvise(p, n, MADV_HUGEPAGE);
+    char *p = weights_cache_map_aligned(fd, n, PROT_READ);
+    assert_true(p != MAP_FAILED);
     for (size_t i = 0; i < n; i += 4096) (void)((volatile char *)p)[i];
     const long long b = weights_cache_pmd_bytes(p, n);
-    munmap(r, n + huge);
+    munmap(p, n);
     return b;
 }
 

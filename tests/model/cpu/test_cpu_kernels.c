@@ -989,7 +989,7 @@ static void rope_rotates_pairs_half_a_head_apart(void **state)
     float x[8], c[4], s[4];
     for (int i = 0; i < D; i++) x[i] = (float)(i + 1);
     cpu_rope_angles(7, inv, half, c, s);
-    cpu_rope_apply(x, half, c, s);
+    cpu_kernels_scalar()->rope(x, x, half, c, s);
     for (int i = 0; i < half; i++) {
         double a = 7 * inv[i], x0 = i + 1, x1 = i + 1 + half;
         assert_float_equal(x[i], x0 * cos(a) - x1 * sin(a), 1e-5);
@@ -999,7 +999,7 @@ static void rope_rotates_pairs_half_a_head_apart(void **state)
     float y[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y0[8];
     memcpy(y0, y, sizeof y);
     cpu_rope_angles(0, inv, half, c, s);
-    cpu_rope_apply(y, half, c, s);
+    cpu_kernels_scalar()->rope(y, y, half, c, s);
     assert_memory_equal(y, y0, sizeof y);
 }
 
