@@ -219,10 +219,7 @@ moe="$build/server/moeserve"
 model=$(mktemp -d)
 cp "$cfg" "$model/"
 common=(--load-format dummy --device cuda --max-model-len 4096 --json)
-# The KV cache: 48 GiB (half a million tokens: the target pass's 256 x 1152
-# fit whole) but in the first pass, which sizes it from
-# --gpu-memory-utilization's default as a server does.
-kv=(--kv-cache-memory 48GiB)
+kv=() # the KV cache's size for the passes (below)
 pass() { # pass LABEL GRAPHS SECONDS ARGS...: one bench-offline pass, or a note when time is short
     local label=$1 graphs=$2 need=$3; shift 3
     if [ "$(left)" -lt "$need" ]; then note "| $label | $graphs | skipped: $(left) s left of the budget |"; return; fi
@@ -244,7 +241,9 @@ note "Qwen3-30B-A3B shape, --load-format dummy, bf16 unless the pass says a --qu
 note ""
 note "| pass | graphs | concurrency | ms per step | output tok/s | total tok/s | TPOT ms | graph steps |"
 note "|---|---|---|---|---|---|---|---|"
-kv=()
+# The KV cache: sized from --gpu-memory-utilization's default in the first
+# pass, as a server does; then 48 GiB (half a million tokens: the target
+# pass's 256 x 1152 fit whole).
 pass "decode, 64 in / 64 out, KV sized by --gpu-memory-utilization" on 45 --num-prompts 1 --max-concurrency 1 --input-len 64 --output-len 64
 kv=(--kv-cache-memory 48GiB)
 pass "target: 1024 in / 128 out" on 120 --num-prompts 256 --max-concurrency 256 --input-len 1024 --output-len 128
