@@ -51,8 +51,9 @@ const struct cpu_kernels *cpu_kernels_avx512_bf16_table(void);
 
 #define BF_MR 6                     // rows per tile of BF_NB blocks: 24 accumulators
 #define BF_NB 4
-#define BF_XP_MAX_ROWS 16           // rows one tile of one block takes
-#define BF_XP_MIN_BLOCKS 64         // blocks of outputs that pay for one tall tile
+#define BF_XP_MAX_ROWS 16           // rows an interleaved-x tile takes
+#define BF_XP_WIDE_ROWS 12          // up to these, two blocks wide (24 accumulators)
+#define BF_XP_BLOCKS_PER_ROW 2      // blocks of outputs per row that pay for interleaving x
 #define BF_CHUNK_BYTES (192u << 10) // packed weights each row block meets while they sit in L2
 #define BF_PF 2048                  // how far ahead in its block the first row block prefetches
 
@@ -69,7 +70,7 @@ static bool bf_takes(const struct cpu_mm *m) { return m->w.quant == QUANT_NONE &
 
 AI void bf_tile(const int MR, const int NB, const bool XP, const uint32_t *const *xr, const uint32_t *xq,
                 const char *wp, size_t bb, int np, float *const *yr, int o, int o0, int o1, bool accumulate,
-                bool pf, struct cpu_ahead *ahead)
+                enum cpu_pf pf, struct cpu_ahead *ahead)
 {
     const char *pa = ahead ? ahead->at : NULL, *pe = ahead ? ahead->end : NULL;
     const int per = ahead ? ahead->per : 0;
@@ -83,7 +84,7 @@ AI void bf_tile(const int MR, const int NB, const bool XP, const uint32_t *const
 #pragma GCC unroll 4
         for (int n = 0; n < NB; n++) {
             const char *a = wp + (size_t)n * bb + (size_t)p * 64;
-            if (pf) _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)p * 64, BF_PF), _MM_HINT_T0);
+            cpu_pf_tile(pf, wp, bb, NB, n, (size_t)p * 64, BF_PF);
             wv[n] = (__m512bh)_mm512_loadu_si512(a);
         }
         for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
@@ -129,16 +130,22 @@ AI void bf_tile(const int MR, const int NB, const bool XP, const uint32_t *const
 // mr rows (1 to BF_MR) from row pointers x nb blocks: nb is BF_NB, or 1 for
 // the blocks left at the end of a range.
 static void bf_tiles(int mr, int nb, const uint32_t *const *xr, const char *wp, size_t bb, int np,
-                     float *const *yr, int o, int o0, int o1, bool acc, bool pf, struct cpu_ahead *ahead)
+                     float *const *yr, int o, int o0, int o1, bool acc, enum cpu_pf pf, struct cpu_ahead *ahead)
 {
     switch (mr) { BF_CASE(1) BF_CASE(2) BF_CASE(3) BF_CASE(4) BF_CASE(5) BF_CASE(6) }
 }
 
-#define BF_XCASE(MR) \
-    case MR: bf_tile(MR, 1, true, NULL, xq, wp, bb, np, yr, o, o0, o1, acc, pf, NULL); break;
-// 7 to 16 interleaved rows x one block.
-static void bf_xtiles(int mr, const uint32_t *xq, const char *wp, size_t bb, int np, float *const *yr, int o,
-                      int o0, int o1, bool acc, bool pf)
+// 7 to 16 interleaved rows x nb blocks: nb 2 (up to BF_XP_WIDE_ROWS rows,
+// whose 24 accumulators fit the registers) or 1. Two blocks give the dot
+// products twice the independent chains to cover a late line with.
+#define BF_XCASE(MR)                                                                          \
+    case MR:                                                                                  \
+        if (MR <= BF_XP_WIDE_ROWS && nb == 2)                                                 \
+            bf_tile(MR, 2, true, NULL, xq, wp, bb, np, yr, o, o0, o1, acc, pf, NULL);         \
+        else bf_tile(MR, 1, true, NULL, xq, wp, bb, np, yr, o, o0, o1, acc, pf, NULL);        \
+        break;
+static void bf_xtiles(int mr, int nb, const uint32_t *xq, const char *wp, size_t bb, int np, float *const *yr,
+                      int o, int o0, int o1, bool acc, enum cpu_pf pf)
 {
     switch (mr) {
         BF_XCASE(7) BF_XCASE(8) BF_XCASE(9) BF_XCASE(10) BF_XCASE(11) BF_XCASE(12) BF_XCASE(13)
@@ -189,9 +196,11 @@ static void bf_pack_interleaved(const struct cpu_mm *m, uint32_t *xq, uint32_t *
     }
 }
 
-// Outputs [o0, o1) of every row. 7 to 16 rows against a big packed matrix
-// (the lm_head of a decode step) go through one tall tile, so that each
-// weight byte is read from memory once; otherwise chunks of packed blocks
+// Outputs [o0, o1) of every row. 7 to 16 rows against a matrix of at least
+// BF_XP_BLOCKS_PER_ROW blocks a row (the lm_head of a decode step; experts
+// of 384 outputs at up to 12 rows, as a batch of about 64 gives them) go
+// through one tall tile, as in the avx512 table, so that each weight byte is
+// read from memory once and meets every row; otherwise chunks of packed blocks
 // (read from memory by the first row block, then from L2) meet every row
 // block in turn. Weights not packed at load are packed chunk by chunk.
 static void bf_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
@@ -214,11 +223,17 @@ static void bf_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
     float *yr[BF_XP_MAX_ROWS];
     const uint32_t *xr[BF_MR];
     const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
-    if (m->w.packed && m->rows > BF_MR && m->rows <= BF_XP_MAX_ROWS && b1 - b0 >= BF_XP_MIN_BLOCKS) {
+    if (m->w.packed && m->rows > BF_MR && m->rows <= BF_XP_MAX_ROWS &&
+        (o1 - o0) / CPU_PACK_OUTS >= BF_XP_BLOCKS_PER_ROW * m->rows) {
         bf_pack_interleaved(m, xb, xb + (size_t)BF_XP_MAX_ROWS * np, yr);
-        for (int b = b0; b < b1; b++)
-            bf_xtiles(m->rows, xb, (const char *)m->w.packed + (size_t)b * bb, bb, np, yr, b * CPU_PACK_OUTS,
-                      o0, o1, m->accumulate, true);
+        const int nb = m->rows <= BF_XP_WIDE_ROWS ? 2 : 1;
+        const enum cpu_pf pf = cpu_pf_mode(true, m->rows);
+        const char *w = m->w.packed;
+        int b = b0;
+        for (; b + nb <= b1; b += nb)
+            bf_xtiles(m->rows, nb, xb, w + (size_t)b * bb, bb, np, yr, b * CPU_PACK_OUTS, o0, o1, m->accumulate, pf);
+        for (; b < b1; b++)
+            bf_xtiles(m->rows, 1, xb, w + (size_t)b * bb, bb, np, yr, b * CPU_PACK_OUTS, o0, o1, m->accumulate, pf);
         return;
     }
     const int bh = cpu_block_height(m->rows, BF_MR);
@@ -248,7 +263,7 @@ static void bf_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
                     xr[r] = xb + (size_t)(rb + r) * np;
                 }
             }
-            const bool pf = rb == 0 && m->w.packed;
+            const enum cpu_pf pf = cpu_pf_mode(rb == 0 && m->w.packed, m->rows);
             struct cpu_ahead *pa = rb > 0 && ahead.at ? &ahead : NULL;
             int b = cb;
             for (; b + BF_NB <= ce; b += BF_NB)
