@@ -254,6 +254,37 @@ const struct cpu_kernels *cpu_kernels_avx512_bf16_path(bool fma) { (void)fma; re
 const struct cpu_kernels *cpu_kernels_amx(void) { return NULL; }
 #endif
 
+bool cpu_pf_far_choose(const char *env, bool intel, bool *bad)
+{
+    *bad = false;
+    if (env && (!strcmp(env, "0") || !strcmp(env, "1"))) return env[0] == '1';
+    *bad = env != NULL;
+    return intel;
+}
+
+static bool pf_far;
+
+static void pf_far_decide(void)
+{
+    bool intel = false, bad;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    intel = __builtin_cpu_is("intel");
+#endif
+    const char *env = getenv("MOESERVE_CPU_FAR_PREFETCH");
+    pf_far = cpu_pf_far_choose(env, intel, &bad);
+    if (bad)
+        ms_log(MS_LOG_WARN, "MOESERVE_CPU_FAR_PREFETCH=%s is neither 0 nor 1; ignored (far prefetches %s on this CPU)",
+               env, pf_far ? "on" : "off");
+}
+
+bool cpu_pf_far_pays(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, pf_far_decide);
+    return pf_far;
+}
+
 static const struct {
     const char *name;
     const struct cpu_kernels *(*get)(void);

@@ -109,14 +109,31 @@ static inline const char *cpu_pf_ahead(const char *wp, size_t bb, int NB, int n,
 // average) 22-23% faster, a one-row lm_head 2-3%; with the avx2 table's
 // tiles (bound by their FMAs there) the experts at batch 64 1.5-2.4%, the
 // lm_head 1-3%. Prefill (64 rows an expert) ran no faster with far
-// prefetches, so it takes none.
+// prefetches, so it takes none. On AMD Zen 5 (README's CPU section) they
+// cost instead: in place, call by call, 2 threads, one row of the lm_head
+// 3-6% slower with them, one row of the experts 4-12% (avx512,
+// avx512_bf16, avx2), two rows 9%, 8 and 16 rows the same; decode at batch 1
+// (generate --bench, mid model) 6-12%. Zen's own L2 prefetchers already
+// run ahead of a stream, and the far lines take request slots from the
+// lines the tile needs next. So only Intel CPUs take them
+// (cpu_pf_far_pays).
 enum cpu_pf { CPU_PF_NONE, CPU_PF_NEAR, CPU_PF_NEAR_FAR };
 #define CPU_PF_FAR 6144
 #define CPU_PF_FAR_ROWS 12
 
+// Whether the far prefetches pay on this CPU: on Intel's, unless
+// MOESERVE_CPU_FAR_PREFETCH=0 or 1 says otherwise (to measure the choice on
+// another CPU). Decided once per process; no result depends on it, only
+// the time. cpu_pf_far_choose: the rule, given the variable's value (NULL
+// when unset) and whether the CPU is Intel's; *bad set when the value is
+// neither 0 nor 1 (then the CPU decides).
+bool cpu_pf_far_pays(void);
+bool cpu_pf_far_choose(const char *env, bool intel, bool *bad);
+
 static inline enum cpu_pf cpu_pf_mode(bool streams, int rows)
 {
-    return !streams ? CPU_PF_NONE : rows <= CPU_PF_FAR_ROWS ? CPU_PF_NEAR_FAR : CPU_PF_NEAR;
+    if (!streams) return CPU_PF_NONE;
+    return rows <= CPU_PF_FAR_ROWS && cpu_pf_far_pays() ? CPU_PF_NEAR_FAR : CPU_PF_NEAR;
 }
 
 // The prefetches of mode pf for a tile at byte off of its block n.

@@ -1208,6 +1208,25 @@ static void bf16_paths_give_the_same_results(void **state)
         }
 }
 
+// The far prefetches (kernels.h: cpu_pf_mode) are a choice of time only:
+// MOESERVE_CPU_FAR_PREFETCH=0 or 1 decides, anything else is refused with
+// a warning and leaves it to the CPU (Intel's take them, others not).
+static void far_prefetch_choice_follows_the_variable_then_the_cpu(void **state)
+{
+    (void)state;
+    bool bad;
+    assert_true(cpu_pf_far_choose("1", false, &bad) && !bad);
+    assert_false(cpu_pf_far_choose("0", true, &bad) || bad);
+    assert_true(cpu_pf_far_choose(NULL, true, &bad) && !bad);
+    assert_false(cpu_pf_far_choose(NULL, false, &bad) || bad);
+    const char *junk[] = {"", "yes", "10", "1 ", "on"};
+    for (int i = 0; i < 5; i++) {
+        assert_true(cpu_pf_far_choose(junk[i], true, &bad) && bad);
+        assert_false(cpu_pf_far_choose(junk[i], false, &bad));
+        assert_true(bad);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1233,6 +1252,7 @@ int main(void)
         cmocka_unit_test(bf16_matmul_is_fp32_over_bf16_activations),
         cmocka_unit_test(bf16_table_leaves_other_weights_to_avx512),
         cmocka_unit_test(bf16_paths_give_the_same_results),
+        cmocka_unit_test(far_prefetch_choice_follows_the_variable_then_the_cpu),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
