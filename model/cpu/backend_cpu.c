@@ -30,7 +30,8 @@ struct cpu_backend {
     struct backend b;
     const struct cpu_kernels *k;
     struct threadpool *pool;
-    struct cpu_exec ex;            // pool, k, per-thread scratch
+    struct cpu_exec ex;            // pool, k, per-thread scratch, xq
+    struct cpu_xq xq;              // a matmul call's rounded activations (ops.h)
     size_t scratch_floats;         // per thread, as allocated
     struct cpu_sample_scratch **sample; // (threads) for rows of up to sample_vocab
     int sample_vocab;
@@ -1237,6 +1238,7 @@ static void cpu_destroy(struct backend *b)
     }
     threadpool_destroy(c->pool);
     free(c->ex.scratch);
+    cpu_xq_free(&c->xq);
     free(c->jobs);
     free(c->tiles);
     free(c->fill);
@@ -1297,6 +1299,7 @@ int backend_cpu_create(int n_threads, const struct cpu_kernels *k, struct backen
     }
     c->ex.pool = c->pool;
     c->ex.k = c->k;
+    c->ex.xq = &c->xq;
     c->sample = calloc((size_t)threadpool_size(c->pool), sizeof *c->sample);
     if (!c->sample) {
         cpu_destroy(&c->b);

@@ -169,6 +169,13 @@ struct cpu_mm {
     const int32_t *y_rows; // (rows) or NULL
     int rows;
     bool accumulate;       // y += x . w^T (a residual add) instead of y = x . w^T
+    // x's rows already rounded by the table's round_xq (row r at xq +
+    // (x_rows ? x_rows[r] : r) * ldxq dwords), or NULL. cpu_matmul sets it
+    // where the table wants it (wants_xq), so that a batch's rows are
+    // rounded once rather than by every piece of every matmul that reads
+    // them; the results are the same bits either way.
+    const uint32_t *xq;
+    size_t ldxq;
 };
 
 // The height of the row blocks of a matmul: the fewest blocks of at most
@@ -251,6 +258,12 @@ struct cpu_kernels {
     // pass of one row, for splitting matmuls between threads (NULL: the
     // weights' read counts two passes, each row one: rows + 2).
     uint64_t (*row_cost)(const struct cpu_mm *m);
+    // Tables whose matmuls multiply rounded activations (avx512_bf16 on
+    // VDPBF16PS; NULL for the others): whether m's matmul reads x rounded
+    // (wants_xq), and one row of x rounded as it reads it, (K + 1) / 2 dwords
+    // of bf16 pairs (round_xq). cpu_matmul uses them to round a batch once.
+    bool (*wants_xq)(const struct cpu_mm *m);
+    void (*round_xq)(const float *x, int K, uint32_t *d);
     void (*attend)(const struct cpu_attn *a, float *scratch);
     // g[i] = silu(g[i]) * u[i]
     void (*silu_mul)(float *g, const float *u, int n);

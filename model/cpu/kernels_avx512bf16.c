@@ -168,31 +168,39 @@ static void bf_round_row(const float *x, int K, uint32_t *d)
     }
 }
 
-// Rows rb..rb+mr-1 of x rounded into xb, row r at xb + r * np; their x
-// pointers into xr and y rows into yr.
+// Row r of m's x as bf16 pairs: the row cpu_matmul rounded (m->xq), or
+// that row rounded now into d.
+static const uint32_t *bf_row(const struct cpu_mm *m, int r, uint32_t *d)
+{
+    const int xi = m->x_rows ? m->x_rows[r] : r;
+    if (m->xq) return m->xq + (size_t)xi * m->ldxq;
+    bf_round_row(m->x + (size_t)xi * m->ldx, m->w.in, d);
+    return d;
+}
+
+// Rows rb..rb+mr-1 of x as pairs (rounded into xb, row r at xb + r * np,
+// where cpu_matmul did not round them); their x pointers into xr and y rows
+// into yr.
 static void bf_pack_rows(const struct cpu_mm *m, int rb, int mr, uint32_t *xb, const uint32_t **xr, float **yr)
 {
-    const int K = m->w.in, np = (K + 1) / 2;
+    const int np = (m->w.in + 1) / 2;
     for (int r = 0; r < mr; r++) {
-        const int xi = m->x_rows ? m->x_rows[rb + r] : rb + r;
         const int yi = m->y_rows ? m->y_rows[rb + r] : rb + r;
         yr[r] = m->y + (size_t)yi * m->ldy;
-        xr[r] = xb + (size_t)r * np;
-        bf_round_row(m->x + (size_t)xi * m->ldx, K, xb + (size_t)r * np);
+        xr[r] = bf_row(m, rb + r, xb + (size_t)r * np);
     }
 }
 
-// All rows (up to BF_XP_MAX_ROWS) rounded and interleaved: pair p of row r at
-// xq[p * rows + r]; tmp holds one row on the way.
+// All rows (up to BF_XP_MAX_ROWS) as pairs, interleaved: pair p of row r
+// at xq[p * rows + r]; tmp holds one row on the way.
 static void bf_pack_interleaved(const struct cpu_mm *m, uint32_t *xq, uint32_t *tmp, float **yr)
 {
-    const int K = m->w.in, np = (K + 1) / 2, rows = m->rows;
+    const int np = (m->w.in + 1) / 2, rows = m->rows;
     for (int r = 0; r < rows; r++) {
-        const int xi = m->x_rows ? m->x_rows[r] : r;
         const int yi = m->y_rows ? m->y_rows[r] : r;
         yr[r] = m->y + (size_t)yi * m->ldy;
-        bf_round_row(m->x + (size_t)xi * m->ldx, K, tmp);
-        for (int p = 0; p < np; p++) xq[(size_t)p * rows + r] = tmp[p];
+        const uint32_t *row = bf_row(m, r, tmp);
+        for (int p = 0; p < np; p++) xq[(size_t)p * rows + r] = row[p];
     }
 }
 
@@ -238,8 +246,10 @@ static void bf_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
     }
     const int bh = cpu_block_height(m->rows, BF_MR);
     const int chunk = cpu_pack_chunk_blocks(BF_CHUNK_BYTES, bb, BF_NB, m->w.packed);
-    const bool once = (size_t)m->rows <= fit;
-    if (once)
+    // Rows cpu_matmul rounded are read where they are; others are rounded
+    // once per call when they fit.
+    const bool once = m->xq || (size_t)m->rows <= fit;
+    if (once && !m->xq)
         for (int r = 0; r < m->rows; r++)
             bf_round_row(m->x + (size_t)(m->x_rows ? m->x_rows[r] : r) * m->ldx, K, xb + (size_t)r * np);
     const int n_rb = (m->rows + bh - 1) / bh;
@@ -260,7 +270,8 @@ static void bf_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
                 for (int r = 0; r < mr; r++) {
                     const int yi = m->y_rows ? m->y_rows[rb + r] : rb + r;
                     yr[r] = m->y + (size_t)yi * m->ldy;
-                    xr[r] = xb + (size_t)(rb + r) * np;
+                    xr[r] = m->xq ? m->xq + (size_t)(m->x_rows ? m->x_rows[rb + r] : rb + r) * m->ldxq
+                                  : xb + (size_t)(rb + r) * np;
                 }
             }
             const enum cpu_pf pf = cpu_pf_mode(rb == 0 && m->w.packed, m->rows);
@@ -383,6 +394,8 @@ static void bf16_table_init(void)
     bf16_dp_table.matmul = bf_matmul;
     bf16_dp_table.row_cost = bf_row_cost;
     bf16_dp_table.fma_burn = bf_dp_burn;
+    bf16_dp_table.wants_xq = bf_takes;
+    bf16_dp_table.round_xq = bf_round_row;
     const double rate = bf_dp_rate();
     if (rate >= BF_DP_MIN_RATE) {
         bf16_table = bf16_dp_table;

@@ -3,6 +3,9 @@
 
 #include <math.h>
 #include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 struct mm_ctx {
     const struct cpu_exec *e;
@@ -11,7 +14,28 @@ struct mm_ctx {
     uint64_t total;
     int n_pieces;
     _Atomic int next;  // the next piece a thread takes
+    const struct cpu_xq *xq; // the rounded rows of this call, or NULL
 };
+
+// One distinct x of a call (its base, row stride and width): row i, where
+// some job reads it, rounded at buf + off + i * np.
+struct cpu_xq_set {
+    const float *x;
+    size_t ldx;
+    int K, np, span; // span: rows [0, span) hold every row its jobs read
+    size_t off;
+};
+
+void cpu_xq_free(struct cpu_xq *q)
+{
+    if (!q) return;
+    free(q->buf);
+    free(q->sets);
+    free(q->set_of);
+    free(q->todo);
+    free(q->mark);
+    *q = (struct cpu_xq){0};
+}
 
 // Pieces per thread: a thread that finishes early (or a pool whose other
 // thread is off its core) takes the rest.
@@ -48,7 +72,15 @@ static void mm_piece(const struct mm_ctx *c, int piece, float *scratch)
             if (u0 < u1) {
                 int o0 = (int)u0 * unit, o1 = (int)u1 * unit;
                 if (o1 > m->w.out) o1 = m->w.out;
-                c->e->k->matmul(m, o0, o1, scratch);
+                if (c->xq && c->xq->set_of[j] >= 0) {
+                    const struct cpu_xq_set *set = &c->xq->sets[c->xq->set_of[j]];
+                    struct cpu_mm mq = *m;
+                    mq.xq = c->xq->buf + set->off;
+                    mq.ldxq = (size_t)set->np;
+                    c->e->k->matmul(&mq, o0, o1, scratch);
+                } else {
+                    c->e->k->matmul(m, o0, o1, scratch);
+                }
             }
         }
         start = end;
@@ -63,6 +95,126 @@ static void mm_worker(void *arg, int tid, int n_threads)
     for (int i; (i = atomic_fetch_add(&c->next, 1)) < c->n_pieces;) mm_piece(c, i, scratch);
 }
 
+// The rows a job reads of its x lie in [0, span); 0 when a gathered row
+// index is negative (padding), which leaves the job to round its own rows.
+static int xq_span(const struct cpu_mm *m)
+{
+    if (!m->x_rows) return m->rows;
+    int span = 0;
+    for (int r = 0; r < m->rows; r++) {
+        if (m->x_rows[r] < 0) return 0;
+        if (m->x_rows[r] >= span) span = m->x_rows[r] + 1;
+    }
+    return span;
+}
+
+static bool grow_to(void **p, size_t *cap, size_t n, size_t size)
+{
+    if (n <= *cap) return true;
+    if (n > SIZE_MAX / size) return false;
+    void *q = realloc(*p, n * size);
+    if (!q) return false;
+    *p = q;
+    *cap = n;
+    return true;
+}
+
+// Groups the jobs the table wants rounded rows for by their x (the gate and
+// up of every expert read one x through their own x_rows: one set), lists
+// the rows some job reads once each (todo) and sizes the buffer. Returns
+// the rows to round, or 0, with every job left to round its own rows, when
+// the call reads too few to pay for a pass of its own or without memory.
+static size_t xq_plan(const struct cpu_exec *e, const struct cpu_mm *jobs, int n_jobs)
+{
+    struct cpu_xq *q = e->xq;
+    if (n_jobs > q->jobs_cap) {
+        int32_t *so = realloc(q->set_of, (size_t)n_jobs * sizeof *so);
+        if (!so) return 0;
+        q->set_of = so;
+        struct cpu_xq_set *st = realloc(q->sets, (size_t)n_jobs * sizeof *st);
+        if (!st) return 0;
+        q->sets = st;
+        q->jobs_cap = n_jobs;
+    }
+    int n_sets = 0;
+    size_t read = 0, max_span = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        const struct cpu_mm *m = &jobs[j];
+        q->set_of[j] = -1;
+        if (m->rows <= 0 || m->w.out <= 0 || !e->k->wants_xq(m)) continue;
+        const int span = xq_span(m);
+        if (span <= 0) continue;
+        read += (size_t)m->rows;
+        int s = 0;
+        while (s < n_sets && !(q->sets[s].x == m->x && q->sets[s].ldx == m->ldx && q->sets[s].K == m->w.in)) s++;
+        if (s == n_sets)
+            q->sets[n_sets++] = (struct cpu_xq_set){.x = m->x, .ldx = m->ldx, .K = m->w.in, .np = (m->w.in + 1) / 2};
+        if (span > q->sets[s].span) q->sets[s].span = span;
+        if ((size_t)q->sets[s].span > max_span) max_span = (size_t)q->sets[s].span;
+        q->set_of[j] = s;
+    }
+    if (read < CPU_XQ_MIN_ROWS) return 0;
+    // A set's buffer spans its rows; only the rows some job reads are
+    // rounded (todo: at most the rows the jobs read).
+    size_t dwords = 0;
+    for (int s = 0; s < n_sets; s++) {
+        q->sets[s].off = dwords;
+        const size_t d = (size_t)q->sets[s].span * (size_t)q->sets[s].np;
+        if (d > SIZE_MAX / 4 - dwords) return 0;
+        dwords += d;
+    }
+    if (!grow_to((void **)&q->mark, &q->mark_cap, max_span, 1) ||
+        !grow_to((void **)&q->todo, &q->todo_cap, read * 2, sizeof *q->todo))
+        return 0;
+    size_t n_todo = 0;
+    for (int s = 0; s < n_sets; s++) {
+        memset(q->mark, 0, (size_t)q->sets[s].span);
+        for (int j = 0; j < n_jobs; j++) {
+            if (q->set_of[j] != s) continue;
+            const struct cpu_mm *m = &jobs[j];
+            for (int r = 0; r < m->rows; r++) {
+                const int i = m->x_rows ? m->x_rows[r] : r;
+                if (q->mark[i]) continue;
+                q->mark[i] = 1;
+                q->todo[2 * n_todo] = s;
+                q->todo[2 * n_todo + 1] = i;
+                n_todo++;
+            }
+        }
+    }
+    if (dwords > q->cap) {
+        uint32_t *b = NULL;
+        if (posix_memalign((void **)&b, 64, dwords * 4)) return 0;
+        free(q->buf);
+        q->buf = b;
+        q->cap = dwords;
+    }
+    return n_todo;
+}
+
+struct xq_round_ctx {
+    const struct cpu_exec *e;
+    size_t n_todo;
+    _Atomic size_t next; // the next entry of todo a thread takes
+};
+
+#define XQ_ROWS_PER_TAKE 16
+
+static void xq_round_worker(void *arg, int tid, int n_threads)
+{
+    (void)tid, (void)n_threads;
+    struct xq_round_ctx *c = arg;
+    const struct cpu_xq *q = c->e->xq;
+    for (size_t t0; (t0 = atomic_fetch_add(&c->next, XQ_ROWS_PER_TAKE)) < c->n_todo;) {
+        const size_t t1 = t0 + XQ_ROWS_PER_TAKE < c->n_todo ? t0 + XQ_ROWS_PER_TAKE : c->n_todo;
+        for (size_t t = t0; t < t1; t++) {
+            const struct cpu_xq_set *set = &q->sets[q->todo[2 * t]];
+            const size_t i = (size_t)q->todo[2 * t + 1];
+            c->e->k->round_xq(set->x + i * set->ldx, set->K, q->buf + set->off + i * (size_t)set->np);
+        }
+    }
+}
+
 void cpu_matmul(const struct cpu_exec *e, const struct cpu_mm *jobs, int n_jobs)
 {
     struct mm_ctx c = {.e = e, .jobs = jobs, .n_jobs = n_jobs, .n_pieces = 1};
@@ -75,6 +227,12 @@ void cpu_matmul(const struct cpu_exec *e, const struct cpu_mm *jobs, int n_jobs)
     if (c.total < (1u << 17)) {
         mm_worker(&c, 0, 1);
         return;
+    }
+    size_t n_todo;
+    if (e->xq && e->k->wants_xq && e->k->round_xq && (n_todo = xq_plan(e, jobs, n_jobs)) > 0) {
+        struct xq_round_ctx r = {.e = e, .n_todo = n_todo};
+        threadpool_run_shared(e->pool, xq_round_worker, &r);
+        c.xq = e->xq;
     }
     c.n_pieces = threadpool_size(e->pool) * MM_PIECES_PER_THREAD;
     threadpool_run_shared(e->pool, mm_worker, &c);

@@ -12,13 +12,33 @@
 #include "model/cpu/kernels.h"
 #include "model/cpu/threadpool.h"
 
-// What a rank's threads compute with: the pool, the kernel table and one
-// scratch area per thread.
+// A batch's activations rounded once by cpu_matmul for a table that
+// multiplies rounded ones (its wants_xq and round_xq), and the bookkeeping
+// of a call; grown as needed and kept between calls. Zero it before first
+// use; cpu_xq_free releases it.
+struct cpu_xq {
+    uint32_t *buf;         // (cap) dwords: the rows each distinct x of a call has read, rounded
+    size_t cap;
+    struct cpu_xq_set *sets;
+    int32_t *set_of;       // (jobs_cap): a job's set, or -1 (the matmul rounds its rows itself)
+    int jobs_cap;
+    int32_t *todo;         // (todo_cap): the rows to round, as (set, row) pairs
+    size_t todo_cap;
+    uint8_t *mark;         // (mark_cap): which rows of one set some job reads
+    size_t mark_cap;
+};
+void cpu_xq_free(struct cpu_xq *q);
+
+// What a rank's threads compute with: the pool, the kernel table, one
+// scratch area per thread, and where a batch's rounded activations go
+// (NULL: each matmul rounds the rows it reads). The rank's own thread calls
+// cpu_matmul; nothing here is shared between ranks.
 struct cpu_exec {
     struct threadpool *pool;
     const struct cpu_kernels *k;
     float *scratch;        // (n_threads, scratch_stride) floats, 64-byte aligned rows
     size_t scratch_stride;
+    struct cpu_xq *xq;
 };
 
 static inline float *cpu_exec_scratch(const struct cpu_exec *e, int tid)
@@ -32,6 +52,13 @@ static inline float *cpu_exec_scratch(const struct cpu_exec *e, int tid)
 // free (threadpool_run_shared), so one small matrix or many experts alike
 // keep every thread busy and a thread off its core holds nothing up.
 // Results do not depend on the thread count or on who takes which piece.
+// Where the table rounds activations (wants_xq) and e->xq is set, a call of
+// at least CPU_XQ_MIN_ROWS rows first rounds each distinct x row once, on
+// all threads (a prefill's rows were otherwise rounded again by every piece
+// of every matmul that reads them, and again per chunk of weights when they
+// overflow scratch); the same bits either way. Without memory for that it
+// leaves the rounding to the matmuls.
+#define CPU_XQ_MIN_ROWS 64
 void cpu_matmul(const struct cpu_exec *e, const struct cpu_mm *jobs, int n_jobs);
 
 // out = x / sqrt(mean(x^2) + eps) * w, the sum of squares in double.

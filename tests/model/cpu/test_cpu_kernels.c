@@ -1208,6 +1208,102 @@ static void bf16_paths_give_the_same_results(void **state)
         }
 }
 
+// cpu_matmul rounds a batch's activations once for avx512_bf16 (ops.h:
+// cpu_xq) instead of in every piece of every matmul: the gate and up of
+// every expert reading one x through their own gathered rows (one set), a
+// down projection's experts at successive row offsets of another x, a job
+// with a padding row (-1, left to round its own), f16 weights (fp32 x) in
+// the same call, on 1 and 3 threads. Every output is the bits the same
+// jobs give without it; and the rounding pass ran (its buffer was grown).
+static void matmul_rounds_a_batch_once_with_the_same_bits(void **state)
+{
+    (void)state;
+    if (!bf16_table || !bf16_table->round_xq) skip(); // the FMA path rounds as it goes
+    enum { TOK = 150, K1 = 130, K2 = 77, OUT1 = 70, OUT2 = 96, E = 5 };
+    float *x1 = random_floats((size_t)TOK * (K1 + 3)), *x2 = random_floats((size_t)TOK * 2 * K2);
+    void *wg[E], *wd[E], *wf = random_weights(DTYPE_F16, (size_t)OUT1 * K1);
+    for (int e = 0; e < E; e++) {
+        wg[e] = random_weights(DTYPE_BF16, (size_t)OUT1 * K1);
+        wd[e] = random_weights(DTYPE_BF16, (size_t)OUT2 * K2);
+    }
+    // Expert e takes the tokens t with t % E != e (4 of every 5), in order;
+    // the down jobs read successive blocks of x2 (stride 2 K2).
+    int32_t rows[E][TOK], n_rows[E], pad[3] = {4, -1, 9};
+    for (int e = 0; e < E; e++) {
+        n_rows[e] = 0;
+        for (int t = 0; t < TOK; t++)
+            if (t % E != e) rows[e][n_rows[e]++] = t;
+    }
+    const size_t ldy = 320; // gate, up, down, then the f16 job's columns
+    float *want = xmalloc((size_t)TOK * E * ldy * 4), *got = xmalloc((size_t)TOK * E * ldy * 4);
+    struct cpu_mm jobs[4 * E + 2];
+    int nj = 0, down_at = 0;
+    for (int e = 0; e < E; e++) {
+        const struct cpu_wmat w = {.data = wg[e], .dtype = DTYPE_BF16, .out = OUT1, .in = K1};
+        for (int h = 0; h < 2; h++) // gate and up: the same x and rows
+            jobs[nj++] = (struct cpu_mm){.w = w, .x = x1, .ldx = K1 + 3, .x_rows = rows[e], .rows = n_rows[e],
+                                         .y = want + (size_t)e * TOK * ldy + (size_t)h * OUT1, .ldy = ldy};
+        const struct cpu_wmat d = {.data = wd[e], .dtype = DTYPE_BF16, .out = OUT2, .in = K2};
+        jobs[nj++] = (struct cpu_mm){.w = d, .x = x2 + (size_t)down_at * 2 * K2, .ldx = 2 * K2, .rows = n_rows[e] / 5,
+                                     .y = want + (size_t)e * TOK * ldy + 2 * OUT1, .ldy = ldy};
+        down_at += n_rows[e] / 5;
+    }
+    const struct cpu_wmat wpad = {.data = wg[0], .dtype = DTYPE_BF16, .out = OUT1, .in = K1};
+    jobs[nj++] = (struct cpu_mm){.w = wpad, .x = x1, .ldx = K1 + 3, .x_rows = pad, .rows = 3,
+                                 .y = want + (size_t)(TOK - 4) * ldy, .ldy = ldy};
+    const struct cpu_wmat f = {.data = wf, .dtype = DTYPE_F16, .out = OUT1, .in = K1};
+    jobs[nj++] = (struct cpu_mm){.w = f, .x = x1, .ldx = K1 + 3, .x_rows = rows[1], .rows = n_rows[1],
+                                 .y = want + (size_t)E * TOK * ldy - (size_t)n_rows[1] * ldy + 2 * OUT1 + OUT2,
+                                 .ldy = ldy};
+    // The padding row's output goes nowhere: give it a row of its own.
+    int32_t pad_y[3] = {0, 1, 2};
+    jobs[nj - 2].y_rows = pad_y;
+    const int sizes[] = {1, 3};
+    for (int si = 0; si < 2; si++) {
+        struct threadpool *p;
+        char err[128];
+        assert_int_equal(threadpool_create(sizes[si], &p, err, sizeof err), 0);
+        const size_t stride = cpu_kernels_scratch_floats(K1, 1, 1);
+        float *scratch = xmalloc((size_t)sizes[si] * stride * 4);
+        struct cpu_exec plain = {.pool = p, .k = bf16_table, .scratch = scratch, .scratch_stride = stride};
+        struct cpu_xq xq = {0};
+        struct cpu_exec once = plain;
+        once.xq = &xq;
+        memset(want, 0, (size_t)TOK * E * ldy * 4);
+        cpu_matmul(&plain, jobs, nj);
+        struct cpu_mm moved[4 * E + 2];
+        for (int j = 0; j < nj; j++) {
+            moved[j] = jobs[j];
+            moved[j].y = got + (jobs[j].y - want);
+        }
+        memset(got, 0, (size_t)TOK * E * ldy * 4);
+        cpu_matmul(&once, moved, nj);
+        assert_true(xq.cap > 0);
+        assert_memory_equal(got, want, (size_t)TOK * E * ldy * 4);
+        // Again on the grown buffers, with a call too small to round first.
+        memset(got, 0, (size_t)TOK * E * ldy * 4);
+        cpu_matmul(&once, moved, nj);
+        assert_memory_equal(got, want, (size_t)TOK * E * ldy * 4);
+        memset(got, 0, (size_t)TOK * E * ldy * 4);
+        cpu_matmul(&once, moved + nj - 2, 1);
+        cpu_matmul(&plain, jobs + nj - 2, 1);
+        for (int r = 0; r < 3; r++)
+            assert_memory_equal(got + (size_t)(TOK - 4 + r) * ldy, want + (size_t)(TOK - 4 + r) * ldy, OUT1 * 4);
+        cpu_xq_free(&xq);
+        free(scratch);
+        threadpool_destroy(p);
+    }
+    for (int e = 0; e < E; e++) {
+        free(wg[e]);
+        free(wd[e]);
+    }
+    free(wf);
+    free(x1);
+    free(x2);
+    free(want);
+    free(got);
+}
+
 // The far prefetches (kernels.h: cpu_pf_mode) are a choice of time only:
 // MOESERVE_CPU_FAR_PREFETCH=0 or 1 decides, anything else is refused with
 // a warning and leaves it to the CPU (Intel's take them, others not).
@@ -1253,6 +1349,7 @@ int main(void)
         cmocka_unit_test(bf16_table_leaves_other_weights_to_avx512),
         cmocka_unit_test(bf16_paths_give_the_same_results),
         cmocka_unit_test(far_prefetch_choice_follows_the_variable_then_the_cpu),
+        cmocka_unit_test(matmul_rounds_a_batch_once_with_the_same_bits),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
