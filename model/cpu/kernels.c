@@ -254,35 +254,41 @@ const struct cpu_kernels *cpu_kernels_avx512_bf16_path(bool fma) { (void)fma; re
 const struct cpu_kernels *cpu_kernels_amx(void) { return NULL; }
 #endif
 
-bool cpu_pf_far_choose(const char *env, bool intel, bool *bad)
+static const struct cpu_pf_plan pf_intel = {1, 12, CPU_PF_NEAR_FAR}, pf_amd = {7, 16, CPU_PF_NEAR_FAR_LONG},
+                                 pf_none = {1, 0, CPU_PF_NEAR};
+
+bool cpu_pf_plan_choose(const char *env, bool intel, struct cpu_pf_plan *out)
 {
-    *bad = false;
-    if (env && (!strcmp(env, "0") || !strcmp(env, "1"))) return env[0] == '1';
-    *bad = env != NULL;
-    return intel;
+    *out = intel ? pf_intel : pf_amd;
+    if (!env) return true;
+    if (!strcmp(env, "intel")) *out = pf_intel;
+    else if (!strcmp(env, "amd")) *out = pf_amd;
+    else if (!strcmp(env, "0")) *out = pf_none;
+    else return false;
+    return true;
 }
 
-static bool pf_far;
+static struct cpu_pf_plan pf_plan;
 
-static void pf_far_decide(void)
+static void pf_plan_decide(void)
 {
-    bool intel = false, bad;
+    bool intel = false;
 #if defined(__x86_64__)
     __builtin_cpu_init();
     intel = __builtin_cpu_is("intel");
 #endif
     const char *env = getenv("MOESERVE_CPU_FAR_PREFETCH");
-    pf_far = cpu_pf_far_choose(env, intel, &bad);
-    if (bad)
-        ms_log(MS_LOG_WARN, "MOESERVE_CPU_FAR_PREFETCH=%s is neither 0 nor 1; ignored (far prefetches %s on this CPU)",
-               env, pf_far ? "on" : "off");
+    if (!cpu_pf_plan_choose(env, intel, &pf_plan))
+        ms_log(MS_LOG_WARN,
+               "MOESERVE_CPU_FAR_PREFETCH=%s names no plan (intel, amd or 0); ignored, this CPU's (%s) taken",
+               env, intel ? "intel" : "amd");
 }
 
-bool cpu_pf_far_pays(void)
+const struct cpu_pf_plan *cpu_pf_plan(void)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, pf_far_decide);
-    return pf_far;
+    pthread_once(&once, pf_plan_decide);
+    return &pf_plan;
 }
 
 static const struct {

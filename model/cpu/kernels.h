@@ -96,44 +96,51 @@ static inline const char *cpu_pf_ahead(const char *wp, size_t bb, int NB, int n,
 
 // What a tile prefetches of its own blocks: nothing (a row block after the
 // first, which finds them in L2), lines `near` bytes ahead (cpu_pf_ahead)
-// into L1, or those and lines CPU_PF_FAR ahead into L2: the first row block
-// of a matmul of at most CPU_PF_FAR_ROWS rows (cpu_pf_mode). Why the far
-// ones: a line a T0 prefetch brings holds one of a core's few L1 fill
-// buffers until it arrives, which caps the lines one core has in flight; T1
-// ones wait in L2's longer queue. A tile of a few rows does enough FMAs per
-// line that the near ones alone leave memory idle part of the time; one of
-// many rows is bound by its FMAs either way. Measured in place on the Intel
-// Xeon of README's CPU section (avx512, 2 threads, one process choosing old
-// or new code at random call by call): with the avx512 table's two-block
-// transposed-x tiles, the mid model's experts at batch 64 (8 rows each on
-// average) 22-23% faster, a one-row lm_head 2-3%; with the avx2 table's
-// tiles (bound by their FMAs there) the experts at batch 64 1.5-2.4%, the
-// lm_head 1-3%. Prefill (64 rows an expert) ran no faster with far
-// prefetches, so it takes none. On AMD Zen 5 (README's CPU section) they
-// cost instead: in place, call by call, 2 threads, one row of the lm_head
-// 3-6% slower with them, one row of the experts 4-12% (avx512,
-// avx512_bf16, avx2), two rows 9%, 8 and 16 rows the same; decode at batch 1
-// (generate --bench, mid model) 6-12%. Zen's own L2 prefetchers already
-// run ahead of a stream, and the far lines take request slots from the
-// lines the tile needs next. So only Intel CPUs take them
-// (cpu_pf_far_pays).
-enum cpu_pf { CPU_PF_NONE, CPU_PF_NEAR, CPU_PF_NEAR_FAR };
+// into L1, or those and lines further ahead into L2 (the far ones): the
+// first row block of a matmul whose rows the CPU's plan names
+// (cpu_pf_mode). Why the far ones: a line a T0 prefetch brings holds one of
+// a core's few L1 fill buffers until it arrives, which caps the lines one
+// core has in flight; T1 ones wait in L2's longer queue.
+//
+// Which tiles they pay for depends on the core, so each vendor has its
+// plan, measured in place (2 threads, one process choosing with or without
+// at random call by call):
+// - Intel (the Xeon of README's CPU section): CPU_PF_FAR ahead, tiles of up
+//   to 12 rows. The avx512 table's two-block transposed-x tiles over the
+//   mid model's experts at batch 64 (8 rows each on average) 22-23%
+//   faster, a one-row lm_head 2-3%; the avx2 table's (bound by their FMAs
+//   there) 1.5-2.4% and 1-3%. Prefill (64 rows an expert): no faster.
+// - AMD Zen 5: CPU_PF_FAR_LONG ahead, tiles of 7 to 16 rows. There the far
+//   lines cost the memory-bound tiles of one or two rows 9-16% (avx512_bf16;
+//   3-14% with 6 KiB in every table), nothing at 8 rows, and pay where a
+//   tile's dot products take about as long as its reads: avx512_bf16's
+//   lm_head 7% faster at 12 rows, 14% at 13, 28% at 16, the experts at 8
+//   to 16 rows 4-8%; 64 rows 5% slower.
+// Other CPUs take Zen's plan.
+enum cpu_pf { CPU_PF_NONE, CPU_PF_NEAR, CPU_PF_NEAR_FAR, CPU_PF_NEAR_FAR_LONG };
 #define CPU_PF_FAR 6144
-#define CPU_PF_FAR_ROWS 12
+#define CPU_PF_FAR_LONG 16384
 
-// Whether the far prefetches pay on this CPU: on Intel's, unless
-// MOESERVE_CPU_FAR_PREFETCH=0 or 1 says otherwise (to measure the choice on
-// another CPU). Decided once per process; no result depends on it, only
-// the time. cpu_pf_far_choose: the rule, given the variable's value (NULL
-// when unset) and whether the CPU is Intel's; *bad set when the value is
-// neither 0 nor 1 (then the CPU decides).
-bool cpu_pf_far_pays(void);
-bool cpu_pf_far_choose(const char *env, bool intel, bool *bad);
+// The far prefetches' plan: matmuls of min_rows to max_rows rows take
+// `far` (CPU_PF_NEAR_FAR or CPU_PF_NEAR_FAR_LONG); an empty range, none.
+struct cpu_pf_plan {
+    int min_rows, max_rows;
+    enum cpu_pf far;
+};
+
+// The plan of this CPU, or the one MOESERVE_CPU_FAR_PREFETCH names: intel,
+// amd, or 0 (none); to measure the choice on another CPU. Decided once per
+// process; no result depends on it, only the time. cpu_pf_plan_choose: the
+// rule, given the variable's value (NULL when unset) and whether the CPU
+// is Intel's; false when the value names no plan (then the CPU decides).
+const struct cpu_pf_plan *cpu_pf_plan(void);
+bool cpu_pf_plan_choose(const char *env, bool intel, struct cpu_pf_plan *out);
 
 static inline enum cpu_pf cpu_pf_mode(bool streams, int rows)
 {
     if (!streams) return CPU_PF_NONE;
-    return rows <= CPU_PF_FAR_ROWS && cpu_pf_far_pays() ? CPU_PF_NEAR_FAR : CPU_PF_NEAR;
+    const struct cpu_pf_plan *p = cpu_pf_plan();
+    return rows >= p->min_rows && rows <= p->max_rows ? p->far : CPU_PF_NEAR;
 }
 
 // The prefetches of mode pf for a tile at byte off of its block n.
@@ -143,6 +150,8 @@ static inline void cpu_pf_tile(enum cpu_pf pf, const char *wp, size_t bb, int NB
     if (pf == CPU_PF_NONE) return;
     __builtin_prefetch(cpu_pf_ahead(wp, bb, NB, n, off, near), 0, 3);
     if (pf == CPU_PF_NEAR_FAR) __builtin_prefetch(cpu_pf_ahead(wp, bb, NB, n, off, CPU_PF_FAR), 0, 2);
+    else if (pf == CPU_PF_NEAR_FAR_LONG)
+        __builtin_prefetch(cpu_pf_ahead(wp, bb, NB, n, off, CPU_PF_FAR_LONG), 0, 2);
 }
 
 // Rows [0, r->n) of canonical quantized rows (r->n <= 16) as one packed

@@ -1305,22 +1305,36 @@ static void matmul_rounds_a_batch_once_with_the_same_bits(void **state)
 }
 
 // The far prefetches (kernels.h: cpu_pf_mode) are a choice of time only:
-// MOESERVE_CPU_FAR_PREFETCH=0 or 1 decides, anything else is refused with
-// a warning and leaves it to the CPU (Intel's take them, others not).
-static void far_prefetch_choice_follows_the_variable_then_the_cpu(void **state)
+// MOESERVE_CPU_FAR_PREFETCH names a plan (intel, amd, 0), anything else is
+// refused and leaves it to the CPU (Intel's plan on Intel, Zen's on the
+// others); the plans cover the rows they were measured to pay for.
+static void far_prefetch_plan_follows_the_variable_then_the_cpu(void **state)
 {
     (void)state;
-    bool bad;
-    assert_true(cpu_pf_far_choose("1", false, &bad) && !bad);
-    assert_false(cpu_pf_far_choose("0", true, &bad) || bad);
-    assert_true(cpu_pf_far_choose(NULL, true, &bad) && !bad);
-    assert_false(cpu_pf_far_choose(NULL, false, &bad) || bad);
-    const char *junk[] = {"", "yes", "10", "1 ", "on"};
+    struct cpu_pf_plan p;
+    assert_true(cpu_pf_plan_choose(NULL, true, &p));
+    assert_true(p.min_rows == 1 && p.max_rows == 12 && p.far == CPU_PF_NEAR_FAR);
+    assert_true(cpu_pf_plan_choose(NULL, false, &p));
+    assert_true(p.min_rows == 7 && p.max_rows == 16 && p.far == CPU_PF_NEAR_FAR_LONG);
+    assert_true(cpu_pf_plan_choose("amd", true, &p));
+    assert_true(p.min_rows == 7 && p.far == CPU_PF_NEAR_FAR_LONG);
+    assert_true(cpu_pf_plan_choose("intel", false, &p));
+    assert_true(p.max_rows == 12 && p.far == CPU_PF_NEAR_FAR);
+    assert_true(cpu_pf_plan_choose("0", true, &p));
+    assert_true(p.min_rows > p.max_rows);
+    const char *junk[] = {"", "1", "yes", "AMD", "intel "};
     for (int i = 0; i < 5; i++) {
-        assert_true(cpu_pf_far_choose(junk[i], true, &bad) && bad);
-        assert_false(cpu_pf_far_choose(junk[i], false, &bad));
-        assert_true(bad);
+        assert_false(cpu_pf_plan_choose(junk[i], true, &p));
+        assert_true(p.max_rows == 12 && p.far == CPU_PF_NEAR_FAR);
+        assert_false(cpu_pf_plan_choose(junk[i], false, &p));
+        assert_true(p.max_rows == 16);
     }
+    // What cpu_pf_mode gives this process: never far for a row block after the first.
+    assert_int_equal(cpu_pf_mode(false, 8), CPU_PF_NONE);
+    const struct cpu_pf_plan *now = cpu_pf_plan();
+    for (int rows = 1; rows <= 70; rows++)
+        assert_int_equal(cpu_pf_mode(true, rows),
+                         rows >= now->min_rows && rows <= now->max_rows ? now->far : CPU_PF_NEAR);
 }
 
 int main(void)
@@ -1348,7 +1362,7 @@ int main(void)
         cmocka_unit_test(bf16_matmul_is_fp32_over_bf16_activations),
         cmocka_unit_test(bf16_table_leaves_other_weights_to_avx512),
         cmocka_unit_test(bf16_paths_give_the_same_results),
-        cmocka_unit_test(far_prefetch_choice_follows_the_variable_then_the_cpu),
+        cmocka_unit_test(far_prefetch_plan_follows_the_variable_then_the_cpu),
         cmocka_unit_test(matmul_rounds_a_batch_once_with_the_same_bits),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
