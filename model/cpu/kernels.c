@@ -284,7 +284,7 @@ static void pf_plan_decide(void)
                env, intel ? "intel" : "amd");
 }
 
-const struct cpu_pf_plan *cpu_pf_plan(void)
+const struct cpu_pf_plan *cpu_pf_plan_get(void)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, pf_plan_decide);

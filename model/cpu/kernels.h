@@ -105,12 +105,12 @@ static inline const char *cpu_pf_ahead(const char *wp, size_t bb, int NB, int n,
 // Which tiles they pay for depends on the core, so each vendor has its
 // plan, measured in place (2 threads, one process choosing with or without
 // at random call by call):
-// - Intel (the Xeon of README's CPU section): CPU_PF_FAR ahead, tiles of up
-//   to 12 rows. The avx512 table's two-block transposed-x tiles over the
+// - Intel (the Xeon of README's CPU section): CPU_PF_FAR ahead, matmuls of
+//   up to 12 rows. The avx512 table's two-block transposed-x tiles over the
 //   mid model's experts at batch 64 (8 rows each on average) 22-23%
 //   faster, a one-row lm_head 2-3%; the avx2 table's (bound by their FMAs
 //   there) 1.5-2.4% and 1-3%. Prefill (64 rows an expert): no faster.
-// - AMD Zen 5: CPU_PF_FAR_LONG ahead, tiles of 7 to 16 rows. There the far
+// - AMD Zen 5: CPU_PF_FAR_LONG ahead, matmuls of 7 to 16 rows. There the far
 //   lines cost the memory-bound tiles of one or two rows 9-16% (avx512_bf16;
 //   3-14% with 6 KiB in every table), nothing at 8 rows, and pay where a
 //   tile's dot products take about as long as its reads: avx512_bf16's
@@ -121,7 +121,8 @@ enum cpu_pf { CPU_PF_NONE, CPU_PF_NEAR, CPU_PF_NEAR_FAR, CPU_PF_NEAR_FAR_LONG };
 #define CPU_PF_FAR 6144
 #define CPU_PF_FAR_LONG 16384
 
-// The far prefetches' plan: matmuls of min_rows to max_rows rows take
+// The far prefetches' plan: matmuls of min_rows to max_rows rows (the
+// matmul's, whichever tile its row blocks take) take
 // `far` (CPU_PF_NEAR_FAR or CPU_PF_NEAR_FAR_LONG); an empty range, none.
 struct cpu_pf_plan {
     int min_rows, max_rows;
@@ -133,13 +134,13 @@ struct cpu_pf_plan {
 // process; no result depends on it, only the time. cpu_pf_plan_choose: the
 // rule, given the variable's value (NULL when unset) and whether the CPU
 // is Intel's; false when the value names no plan (then the CPU decides).
-const struct cpu_pf_plan *cpu_pf_plan(void);
+const struct cpu_pf_plan *cpu_pf_plan_get(void);
 bool cpu_pf_plan_choose(const char *env, bool intel, struct cpu_pf_plan *out);
 
 static inline enum cpu_pf cpu_pf_mode(bool streams, int rows)
 {
     if (!streams) return CPU_PF_NONE;
-    const struct cpu_pf_plan *p = cpu_pf_plan();
+    const struct cpu_pf_plan *p = cpu_pf_plan_get();
     return rows >= p->min_rows && rows <= p->max_rows ? p->far : CPU_PF_NEAR;
 }
 

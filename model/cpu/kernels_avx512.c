@@ -296,7 +296,7 @@ PK_XTILES(pk_xtiles_f32, DTYPE_F32, false)
 typedef void (*pk_xtiles_fn)(int mr, int nb, const float *xp, const char *wp, size_t bb, int K,
                              float *const *yr, int o, int o0, int o1, bool acc, enum cpu_pf pf);
 
-// 7 to 16 rows against a matrix of at least PK_XP_BLOCKS_PER_ROW blocks a
+// 7 to 16 rows against an output range of at least PK_XP_BLOCKS_PER_ROW blocks a
 // row (the lm_head of a decode step; experts of 384 outputs at up to 12
 // rows, as a batch of about 64 gives them): all rows in one tile, so that
 // each weight byte is read from memory once and meets every row (a block of

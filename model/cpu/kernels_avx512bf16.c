@@ -178,7 +178,7 @@ static const uint32_t *bf_row(const struct cpu_mm *m, int r, uint32_t *d)
     return d;
 }
 
-// Rows rb..rb+mr-1 of x as pairs (rounded into xb, row r at xb + r * np,
+// Rows rb..rb+mr-1 of x rounded into xb (row r at xb + r * np; called only
 // where cpu_matmul did not round them); their x pointers into xr and y rows
 // into yr.
 static void bf_pack_rows(const struct cpu_mm *m, int rb, int mr, uint32_t *xb, const uint32_t **xr, float **yr)
@@ -204,8 +204,8 @@ static void bf_pack_interleaved(const struct cpu_mm *m, uint32_t *xq, uint32_t *
     }
 }
 
-// Outputs [o0, o1) of every row. 7 to 16 rows against a matrix of at least
-// BF_XP_BLOCKS_PER_ROW blocks a row (the lm_head of a decode step; experts
+// Outputs [o0, o1) of every row. 7 to 16 rows against an output range of at
+// least BF_XP_BLOCKS_PER_ROW blocks a row (the lm_head of a decode step; experts
 // of 384 outputs at up to 12 rows, as a batch of about 64 gives them) go
 // through one tall tile, as in the avx512 table, so that each weight byte is
 // read from memory once and meets every row; otherwise chunks of packed blocks
@@ -270,8 +270,7 @@ static void bf_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
                 for (int r = 0; r < mr; r++) {
                     const int yi = m->y_rows ? m->y_rows[rb + r] : rb + r;
                     yr[r] = m->y + (size_t)yi * m->ldy;
-                    xr[r] = m->xq ? m->xq + (size_t)(m->x_rows ? m->x_rows[rb + r] : rb + r) * m->ldxq
-                                  : xb + (size_t)(rb + r) * np;
+                    xr[r] = m->xq ? bf_row(m, rb + r, NULL) : xb + (size_t)(rb + r) * np;
                 }
             }
             const enum cpu_pf pf = cpu_pf_mode(rb == 0 && m->w.packed, m->rows);

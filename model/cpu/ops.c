@@ -108,6 +108,11 @@ static int xq_span(const struct cpu_mm *m)
     return span;
 }
 
+static bool xq_same_x(const struct cpu_xq_set *set, const struct cpu_mm *m)
+{
+    return set->x == m->x && set->ldx == m->ldx && set->K == m->w.in;
+}
+
 static bool grow_to(void **p, size_t *cap, size_t n, size_t size)
 {
     if (n <= *cap) return true;
@@ -127,6 +132,10 @@ static bool grow_to(void **p, size_t *cap, size_t n, size_t size)
 static size_t xq_plan(const struct cpu_exec *e, const struct cpu_mm *jobs, int n_jobs)
 {
     struct cpu_xq *q = e->xq;
+    size_t read = 0;
+    for (int j = 0; j < n_jobs; j++)
+        if (jobs[j].rows > 0 && jobs[j].w.out > 0 && e->k->wants_xq(&jobs[j])) read += (size_t)jobs[j].rows;
+    if (read < CPU_XQ_MIN_ROWS) return 0;
     if (n_jobs > q->jobs_cap) {
         int32_t *so = realloc(q->set_of, (size_t)n_jobs * sizeof *so);
         if (!so) return 0;
@@ -136,24 +145,26 @@ static size_t xq_plan(const struct cpu_exec *e, const struct cpu_mm *jobs, int n
         q->sets = st;
         q->jobs_cap = n_jobs;
     }
-    int n_sets = 0;
-    size_t read = 0, max_span = 0;
+    int n_sets = 0, last = -1;
+    size_t max_span = 0;
     for (int j = 0; j < n_jobs; j++) {
         const struct cpu_mm *m = &jobs[j];
         q->set_of[j] = -1;
         if (m->rows <= 0 || m->w.out <= 0 || !e->k->wants_xq(m)) continue;
         const int span = xq_span(m);
         if (span <= 0) continue;
-        read += (size_t)m->rows;
-        int s = 0;
-        while (s < n_sets && !(q->sets[s].x == m->x && q->sets[s].ldx == m->ldx && q->sets[s].K == m->w.in)) s++;
+        // The set of the job before first: gate and up of an expert, and
+        // the experts of one gathered x, come one after another.
+        int s = last;
+        if (s < 0 || !xq_same_x(&q->sets[s], m))
+            for (s = 0; s < n_sets && !xq_same_x(&q->sets[s], m); s++) {}
+        last = s;
         if (s == n_sets)
             q->sets[n_sets++] = (struct cpu_xq_set){.x = m->x, .ldx = m->ldx, .K = m->w.in, .np = (m->w.in + 1) / 2};
         if (span > q->sets[s].span) q->sets[s].span = span;
         if ((size_t)q->sets[s].span > max_span) max_span = (size_t)q->sets[s].span;
         q->set_of[j] = s;
     }
-    if (read < CPU_XQ_MIN_ROWS) return 0;
     // A set's buffer spans its rows; only the rows some job reads are
     // rounded (todo: at most the rows the jobs read).
     size_t dwords = 0;
@@ -198,6 +209,8 @@ struct xq_round_ctx {
     _Atomic size_t next; // the next entry of todo a thread takes
 };
 
+// Rows a thread takes at a time: enough that the shared counter is not
+// contended, few enough that two threads share a small call.
 #define XQ_ROWS_PER_TAKE 16
 
 static void xq_round_worker(void *arg, int tid, int n_threads)

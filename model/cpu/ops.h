@@ -52,12 +52,16 @@ static inline float *cpu_exec_scratch(const struct cpu_exec *e, int tid)
 // free (threadpool_run_shared), so one small matrix or many experts alike
 // keep every thread busy and a thread off its core holds nothing up.
 // Results do not depend on the thread count or on who takes which piece.
-// Where the table rounds activations (wants_xq) and e->xq is set, a call of
-// at least CPU_XQ_MIN_ROWS rows first rounds each distinct x row once, on
-// all threads (a prefill's rows were otherwise rounded again by every piece
-// of every matmul that reads them, and again per chunk of weights when they
-// overflow scratch); the same bits either way. Without memory for that it
-// leaves the rounding to the matmuls.
+// Where the table rounds activations (wants_xq) and e->xq is set, a call
+// whose jobs read at least CPU_XQ_MIN_ROWS rows (summed over the jobs, so
+// gate and up count twice; a call small enough to run on one thread never
+// does) first rounds each distinct x row once, on all threads: a prefill's
+// rows were otherwise rounded again by every piece of every matmul that
+// reads them, and again per chunk of weights when they overflow scratch.
+// The same bits either way. Below 64 rows a pass of its own costs more
+// than the rounding it saves (a decode step of a few streams). Without
+// memory for it the matmuls round their rows as before. The buffer spans
+// each x up to the highest row read, and keeps its largest size.
 #define CPU_XQ_MIN_ROWS 64
 void cpu_matmul(const struct cpu_exec *e, const struct cpu_mm *jobs, int n_jobs);
 

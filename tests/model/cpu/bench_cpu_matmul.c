@@ -177,8 +177,9 @@ int main(int argc, char **argv)
                 }
             }
             const size_t stride = cpu_kernels_scratch_floats(sh->in, 1, 1);
+            struct cpu_xq xq = {0}; // as the backend runs it: a call's rows rounded once (ops.h)
             struct cpu_exec ex = {.pool = pool, .k = k, .scratch = xalloc((size_t)threads * stride * 4),
-                                  .scratch_stride = stride};
+                                  .scratch_stride = stride, .xq = &xq};
             double best = 1e30, best_cpu = 1e30;
             cpu_matmul(&ex, jobs, sh->mats); // warm
             for (int rep = 0; rep < 7; rep++) {
@@ -193,6 +194,7 @@ int main(int argc, char **argv)
                    names[t], best * 1e3, flop / best / 1e9, bytes / best / 1e9, best_cpu * 1e3,
                    flop / best_cpu / 1e9);
             free(ex.scratch);
+            cpu_xq_free(&xq);
         }
         free(jobs);
         free(tok);

@@ -1208,56 +1208,138 @@ static void bf16_paths_give_the_same_results(void **state)
         }
 }
 
+// A bf16 matrix (out, in), packed at load when `packed`; free with wmat_free.
+static struct cpu_wmat bf16_wmat(int out, int in, bool packed)
+{
+    struct cpu_wmat w = {.data = random_weights(DTYPE_BF16, (size_t)out * in), .dtype = DTYPE_BF16, .out = out,
+                         .in = in};
+    if (packed) {
+        void *pk = xmalloc(cpu_pack_bytes(&w));
+        cpu_pack_blocks(&w, 0, (out + 15) / 16, pk);
+        w.packed = pk;
+    }
+    return w;
+}
+
+static void wmat_free(struct cpu_wmat *w)
+{
+    free((void *)w->data);
+    free((void *)w->packed);
+}
+
+// avx512_bf16's matmul reads x's rows as cpu_matmul rounded them (cpu_mm.xq)
+// instead of rounding x itself, on each of its paths: rows from row
+// pointers (5 rows), the interleaved tall tiles (12 gathered rows, packed,
+// 512 outputs), row blocks over packed chunks (40 rows), more rows than its
+// scratch holds (300, not packed). Given the rounding of another x, its
+// outputs are those of that other x.
+static void bf16_matmul_reads_rows_rounded_by_the_caller(void **state)
+{
+    (void)state;
+    const struct cpu_kernels *k = cpu_kernels_avx512_bf16_path(false);
+    if (!k) skip();
+    const struct {
+        int rows, in, out;
+        bool packed, gathered;
+    } cases[] = {{5, 96, 70, false, false}, {12, 130, 512, true, true}, {40, 256, 100, true, false},
+                 {300, 2048, 40, false, true}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int rows = cases[c].rows, in = cases[c].in, out = cases[c].out, np = (in + 1) / 2;
+        struct cpu_wmat w = bf16_wmat(out, in, cases[c].packed);
+        float *xa = random_floats((size_t)rows * in), *xb = random_floats((size_t)rows * in);
+        uint32_t *xq = xmalloc((size_t)rows * np * 4);
+        int32_t *idx = xmalloc((size_t)rows * sizeof *idx);
+        for (int r = 0; r < rows; r++) {
+            idx[r] = cases[c].gathered ? rows - 1 - r : r;
+            k->round_xq(xb + (size_t)r * in, in, xq + (size_t)r * np);
+        }
+        float *want = xmalloc((size_t)rows * out * 4), *got = xmalloc((size_t)rows * out * 4);
+        float *scratch = xmalloc(cpu_kernels_scratch_floats(in, 1, 1) * 4);
+        struct cpu_mm m = {.w = w, .x = xb, .ldx = (size_t)in, .x_rows = idx, .y = want, .ldy = (size_t)out,
+                           .rows = rows};
+        k->matmul(&m, 0, out, scratch);
+        m.x = xa;
+        m.xq = xq;
+        m.ldxq = (size_t)np;
+        m.y = got;
+        k->matmul(&m, 0, out, scratch);
+        if (memcmp(got, want, (size_t)rows * out * 4))
+            fail_msg("rows %d in %d out %d: outputs do not follow the rows rounded by the caller", rows, in, out);
+        free(scratch);
+        free(want);
+        free(got);
+        free(idx);
+        free(xq);
+        free(xa);
+        free(xb);
+        wmat_free(&w);
+    }
+}
+
 // cpu_matmul rounds a batch's activations once for avx512_bf16 (ops.h:
 // cpu_xq) instead of in every piece of every matmul: the gate and up of
 // every expert reading one x through their own gathered rows (one set), a
-// down projection's experts at successive row offsets of another x, a job
-// with a padding row (-1, left to round its own), f16 weights (fp32 x) in
-// the same call, on 1 and 3 threads. Every output is the bits the same
-// jobs give without it; and the rounding pass ran (its buffer was grown).
+// down projection's experts at successive row offsets of another x, an
+// expert of 12 rows over packed weights (the tall tiles), f16 weights (fp32
+// x, left to themselves) in the same call, on 1 and 3 threads. Every output
+// is the bits the same jobs give without it; the rounding pass ran (its
+// buffer grew); a later call of another shape on the same buffers gives its
+// own bits too; and a call of fewer than CPU_XQ_MIN_ROWS rows rounds
+// nothing first.
 static void matmul_rounds_a_batch_once_with_the_same_bits(void **state)
 {
     (void)state;
-    if (!bf16_table || !bf16_table->round_xq) skip(); // the FMA path rounds as it goes
-    enum { TOK = 150, K1 = 130, K2 = 77, OUT1 = 70, OUT2 = 96, E = 5 };
+    const struct cpu_kernels *k = cpu_kernels_avx512_bf16_path(false); // VDPBF16PS, wherever it runs
+    if (!k) skip();
+    enum { TOK = 150, K1 = 130, K2 = 77, OUT1 = 70, OUT2 = 96, E = 5, OUTP = 512 };
     float *x1 = random_floats((size_t)TOK * (K1 + 3)), *x2 = random_floats((size_t)TOK * 2 * K2);
-    void *wg[E], *wd[E], *wf = random_weights(DTYPE_F16, (size_t)OUT1 * K1);
+    struct cpu_wmat wg[E], wd[E], wp = bf16_wmat(OUTP, K1, true);
+    struct cpu_wmat wf = {.data = random_weights(DTYPE_F16, (size_t)OUT1 * K1), .dtype = DTYPE_F16, .out = OUT1,
+                          .in = K1};
     for (int e = 0; e < E; e++) {
-        wg[e] = random_weights(DTYPE_BF16, (size_t)OUT1 * K1);
-        wd[e] = random_weights(DTYPE_BF16, (size_t)OUT2 * K2);
+        wg[e] = bf16_wmat(OUT1, K1, e % 2);
+        wd[e] = bf16_wmat(OUT2, K2, false);
     }
     // Expert e takes the tokens t with t % E != e (4 of every 5), in order;
-    // the down jobs read successive blocks of x2 (stride 2 K2).
-    int32_t rows[E][TOK], n_rows[E], pad[3] = {4, -1, 9};
+    // the down jobs read successive blocks of x2 (stride 2 K2); the packed
+    // expert 12 tokens from the end back.
+    int32_t rows[E][TOK], n_rows[E], tall[12];
     for (int e = 0; e < E; e++) {
         n_rows[e] = 0;
         for (int t = 0; t < TOK; t++)
             if (t % E != e) rows[e][n_rows[e]++] = t;
     }
-    const size_t ldy = 320; // gate, up, down, then the f16 job's columns
-    float *want = xmalloc((size_t)TOK * E * ldy * 4), *got = xmalloc((size_t)TOK * E * ldy * 4);
-    struct cpu_mm jobs[4 * E + 2];
+    for (int r = 0; r < 12; r++) tall[r] = TOK - 1 - 3 * r;
+    // Per expert a band of TOK rows: gate, up, down, then the f16 job's
+    // columns; the tall job's outputs in a band of their own.
+    const size_t ldy = 320, ny = (size_t)(E + 1) * TOK * ldy; // OUTP x 12 fits a band
+    float *want = xmalloc(ny * 4), *got = xmalloc(ny * 4);
+    struct cpu_mm jobs[3 * E + 2];
     int nj = 0, down_at = 0;
     for (int e = 0; e < E; e++) {
-        const struct cpu_wmat w = {.data = wg[e], .dtype = DTYPE_BF16, .out = OUT1, .in = K1};
         for (int h = 0; h < 2; h++) // gate and up: the same x and rows
-            jobs[nj++] = (struct cpu_mm){.w = w, .x = x1, .ldx = K1 + 3, .x_rows = rows[e], .rows = n_rows[e],
+            jobs[nj++] = (struct cpu_mm){.w = wg[e], .x = x1, .ldx = K1 + 3, .x_rows = rows[e], .rows = n_rows[e],
                                          .y = want + (size_t)e * TOK * ldy + (size_t)h * OUT1, .ldy = ldy};
-        const struct cpu_wmat d = {.data = wd[e], .dtype = DTYPE_BF16, .out = OUT2, .in = K2};
-        jobs[nj++] = (struct cpu_mm){.w = d, .x = x2 + (size_t)down_at * 2 * K2, .ldx = 2 * K2, .rows = n_rows[e] / 5,
-                                     .y = want + (size_t)e * TOK * ldy + 2 * OUT1, .ldy = ldy};
+        jobs[nj++] = (struct cpu_mm){.w = wd[e], .x = x2 + (size_t)down_at * 2 * K2, .ldx = 2 * K2,
+                                     .rows = n_rows[e] / 5, .y = want + (size_t)e * TOK * ldy + 2 * OUT1,
+                                     .ldy = ldy};
         down_at += n_rows[e] / 5;
     }
-    const struct cpu_wmat wpad = {.data = wg[0], .dtype = DTYPE_BF16, .out = OUT1, .in = K1};
-    jobs[nj++] = (struct cpu_mm){.w = wpad, .x = x1, .ldx = K1 + 3, .x_rows = pad, .rows = 3,
-                                 .y = want + (size_t)(TOK - 4) * ldy, .ldy = ldy};
-    const struct cpu_wmat f = {.data = wf, .dtype = DTYPE_F16, .out = OUT1, .in = K1};
-    jobs[nj++] = (struct cpu_mm){.w = f, .x = x1, .ldx = K1 + 3, .x_rows = rows[1], .rows = n_rows[1],
-                                 .y = want + (size_t)E * TOK * ldy - (size_t)n_rows[1] * ldy + 2 * OUT1 + OUT2,
-                                 .ldy = ldy};
-    // The padding row's output goes nowhere: give it a row of its own.
-    int32_t pad_y[3] = {0, 1, 2};
-    jobs[nj - 2].y_rows = pad_y;
+    jobs[nj++] = (struct cpu_mm){.w = wp, .x = x1, .ldx = K1 + 3, .x_rows = tall, .rows = 12,
+                                 .y = want + (size_t)E * TOK * ldy, .ldy = OUTP};
+    jobs[nj++] = (struct cpu_mm){.w = wf, .x = x1, .ldx = K1 + 3, .x_rows = rows[1], .rows = n_rows[1],
+                                 .y = want + (size_t)(E - 1) * TOK * ldy + 2 * OUT1 + OUT2, .ldy = ldy};
+    struct cpu_mm moved[3 * E + 2];
+    for (int j = 0; j < nj; j++) {
+        moved[j] = jobs[j];
+        moved[j].y = got + (jobs[j].y - want);
+    }
+    // A small call (8 rows, above one thread's worth of work).
+    struct cpu_wmat ws = bf16_wmat(2048, 64, true);
+    float *ys = xmalloc((size_t)8 * 2048 * 4 * 2);
+    const struct cpu_mm small = {.w = ws, .x = x1, .ldx = K1 + 3, .rows = 8, .y = ys, .ldy = 2048};
+    struct cpu_mm small2 = small;
+    small2.y = ys + 8 * 2048;
     const int sizes[] = {1, 3};
     for (int si = 0; si < 2; si++) {
         struct threadpool *p;
@@ -1265,39 +1347,45 @@ static void matmul_rounds_a_batch_once_with_the_same_bits(void **state)
         assert_int_equal(threadpool_create(sizes[si], &p, err, sizeof err), 0);
         const size_t stride = cpu_kernels_scratch_floats(K1, 1, 1);
         float *scratch = xmalloc((size_t)sizes[si] * stride * 4);
-        struct cpu_exec plain = {.pool = p, .k = bf16_table, .scratch = scratch, .scratch_stride = stride};
+        struct cpu_exec plain = {.pool = p, .k = k, .scratch = scratch, .scratch_stride = stride};
         struct cpu_xq xq = {0};
         struct cpu_exec once = plain;
         once.xq = &xq;
-        memset(want, 0, (size_t)TOK * E * ldy * 4);
+        cpu_matmul(&once, &small, 1);
+        assert_true(xq.cap == 0);
+        cpu_matmul(&plain, &small2, 1);
+        assert_memory_equal(ys, ys + 8 * 2048, (size_t)8 * 2048 * 4);
+        memset(want, 0, ny * 4);
         cpu_matmul(&plain, jobs, nj);
-        struct cpu_mm moved[4 * E + 2];
-        for (int j = 0; j < nj; j++) {
-            moved[j] = jobs[j];
-            moved[j].y = got + (jobs[j].y - want);
-        }
-        memset(got, 0, (size_t)TOK * E * ldy * 4);
+        memset(got, 0, ny * 4);
         cpu_matmul(&once, moved, nj);
         assert_true(xq.cap > 0);
-        assert_memory_equal(got, want, (size_t)TOK * E * ldy * 4);
-        // Again on the grown buffers, with a call too small to round first.
-        memset(got, 0, (size_t)TOK * E * ldy * 4);
+        assert_memory_equal(got, want, ny * 4);
+        // Again on the grown buffers: the down jobs alone (fewer sets,
+        // another K), then everything.
+        memset(got, 0, ny * 4);
+        struct cpu_mm downs[E];
+        for (int e = 0; e < E; e++) downs[e] = moved[3 * e + 2];
+        cpu_matmul(&once, downs, E);
+        for (int e = 0; e < E; e++)
+            for (int r = 0; r < downs[e].rows; r++)
+                assert_memory_equal(got + (size_t)e * TOK * ldy + (size_t)r * ldy + 2 * OUT1,
+                                    want + (size_t)e * TOK * ldy + (size_t)r * ldy + 2 * OUT1, OUT2 * 4);
+        memset(got, 0, ny * 4);
         cpu_matmul(&once, moved, nj);
-        assert_memory_equal(got, want, (size_t)TOK * E * ldy * 4);
-        memset(got, 0, (size_t)TOK * E * ldy * 4);
-        cpu_matmul(&once, moved + nj - 2, 1);
-        cpu_matmul(&plain, jobs + nj - 2, 1);
-        for (int r = 0; r < 3; r++)
-            assert_memory_equal(got + (size_t)(TOK - 4 + r) * ldy, want + (size_t)(TOK - 4 + r) * ldy, OUT1 * 4);
+        assert_memory_equal(got, want, ny * 4);
         cpu_xq_free(&xq);
         free(scratch);
         threadpool_destroy(p);
     }
     for (int e = 0; e < E; e++) {
-        free(wg[e]);
-        free(wd[e]);
+        wmat_free(&wg[e]);
+        wmat_free(&wd[e]);
     }
-    free(wf);
+    wmat_free(&wp);
+    wmat_free(&ws);
+    free((void *)wf.data);
+    free(ys);
     free(x1);
     free(x2);
     free(want);
@@ -1329,12 +1417,8 @@ static void far_prefetch_plan_follows_the_variable_then_the_cpu(void **state)
         assert_false(cpu_pf_plan_choose(junk[i], false, &p));
         assert_true(p.max_rows == 16);
     }
-    // What cpu_pf_mode gives this process: never far for a row block after the first.
-    assert_int_equal(cpu_pf_mode(false, 8), CPU_PF_NONE);
-    const struct cpu_pf_plan *now = cpu_pf_plan();
-    for (int rows = 1; rows <= 70; rows++)
-        assert_int_equal(cpu_pf_mode(true, rows),
-                         rows >= now->min_rows && rows <= now->max_rows ? now->far : CPU_PF_NEAR);
+    // A row block after the first never prefetches: it finds its weights in L2.
+    for (int rows = 1; rows <= 70; rows++) assert_int_equal(cpu_pf_mode(false, rows), CPU_PF_NONE);
 }
 
 int main(void)
@@ -1363,6 +1447,7 @@ int main(void)
         cmocka_unit_test(bf16_table_leaves_other_weights_to_avx512),
         cmocka_unit_test(bf16_paths_give_the_same_results),
         cmocka_unit_test(far_prefetch_plan_follows_the_variable_then_the_cpu),
+        cmocka_unit_test(bf16_matmul_reads_rows_rounded_by_the_caller),
         cmocka_unit_test(matmul_rounds_a_batch_once_with_the_same_bits),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
