@@ -24,6 +24,7 @@ struct cpu_xq_set {
     size_t ldx;
     int K, np, span; // span: rows [0, span) hold every row its jobs read
     size_t off;
+    size_t row0;     // its rows' first entry in the call's marks (cpu_xq.mark)
 };
 
 void cpu_xq_free(struct cpu_xq *q)
@@ -146,7 +147,6 @@ static size_t xq_plan(const struct cpu_exec *e, const struct cpu_mm *jobs, int n
         q->jobs_cap = n_jobs;
     }
     int n_sets = 0, last = -1;
-    size_t max_span = 0;
     for (int j = 0; j < n_jobs; j++) {
         const struct cpu_mm *m = &jobs[j];
         q->set_of[j] = -1;
@@ -162,35 +162,37 @@ static size_t xq_plan(const struct cpu_exec *e, const struct cpu_mm *jobs, int n
         if (s == n_sets)
             q->sets[n_sets++] = (struct cpu_xq_set){.x = m->x, .ldx = m->ldx, .K = m->w.in, .np = (m->w.in + 1) / 2};
         if (span > q->sets[s].span) q->sets[s].span = span;
-        if ((size_t)q->sets[s].span > max_span) max_span = (size_t)q->sets[s].span;
         q->set_of[j] = s;
     }
     // A set's buffer spans its rows; only the rows some job reads are
-    // rounded (todo: at most the rows the jobs read).
-    size_t dwords = 0;
+    // rounded (todo: at most the rows the jobs read), each once (mark: one
+    // entry per row of every set's span).
+    size_t dwords = 0, rows = 0;
     for (int s = 0; s < n_sets; s++) {
         q->sets[s].off = dwords;
+        q->sets[s].row0 = rows;
         const size_t d = (size_t)q->sets[s].span * (size_t)q->sets[s].np;
         if (d > SIZE_MAX / 4 - dwords) return 0;
         dwords += d;
+        rows += (size_t)q->sets[s].span;
     }
-    if (!grow_to((void **)&q->mark, &q->mark_cap, max_span, 1) ||
+    if (!grow_to((void **)&q->mark, &q->mark_cap, rows, 1) ||
         !grow_to((void **)&q->todo, &q->todo_cap, read * 2, sizeof *q->todo))
         return 0;
+    memset(q->mark, 0, rows);
     size_t n_todo = 0;
-    for (int s = 0; s < n_sets; s++) {
-        memset(q->mark, 0, (size_t)q->sets[s].span);
-        for (int j = 0; j < n_jobs; j++) {
-            if (q->set_of[j] != s) continue;
-            const struct cpu_mm *m = &jobs[j];
-            for (int r = 0; r < m->rows; r++) {
-                const int i = m->x_rows ? m->x_rows[r] : r;
-                if (q->mark[i]) continue;
-                q->mark[i] = 1;
-                q->todo[2 * n_todo] = s;
-                q->todo[2 * n_todo + 1] = i;
-                n_todo++;
-            }
+    for (int j = 0; j < n_jobs; j++) {
+        const int s = q->set_of[j];
+        if (s < 0) continue;
+        const struct cpu_mm *m = &jobs[j];
+        for (int r = 0; r < m->rows; r++) {
+            const int i = m->x_rows ? m->x_rows[r] : r;
+            uint8_t *seen = &q->mark[q->sets[s].row0 + (size_t)i];
+            if (*seen) continue;
+            *seen = 1;
+            q->todo[2 * n_todo] = s;
+            q->todo[2 * n_todo + 1] = i;
+            n_todo++;
         }
     }
     if (dwords > q->cap) {

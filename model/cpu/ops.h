@@ -24,7 +24,7 @@ struct cpu_xq {
     int jobs_cap;
     int32_t *todo;         // (todo_cap): the rows to round, as (set, row) pairs
     size_t todo_cap;
-    uint8_t *mark;         // (mark_cap): which rows of one set some job reads
+    uint8_t *mark;         // (mark_cap): which rows of each set's span some job reads
     size_t mark_cap;
 };
 void cpu_xq_free(struct cpu_xq *q);
