@@ -250,8 +250,7 @@ static void bf_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
     // once per call when they fit.
     const bool once = m->xq || (size_t)m->rows <= fit;
     if (once && !m->xq)
-        for (int r = 0; r < m->rows; r++)
-            bf_round_row(m->x + (size_t)(m->x_rows ? m->x_rows[r] : r) * m->ldx, K, xb + (size_t)r * np);
+        for (int r = 0; r < m->rows; r++) (void)bf_row(m, r, xb + (size_t)r * np);
     const int n_rb = (m->rows + bh - 1) / bh;
     for (int cb = b0; cb < b1; cb += chunk) {
         const int ce = b1 - cb < chunk ? b1 : cb + chunk;
