@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -46,6 +47,33 @@ double ms_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void *ms_map_huge(int fd, size_t n, int prot)
+{
+    const size_t huge = (size_t)2 << 20;
+    size_t span;
+    if (n == 0 || ms_add_overflow(n, huge, &span)) {
+        errno = n == 0 ? EINVAL : ENOMEM;
+        return MAP_FAILED;
+    }
+    // Reserve n + 2 MiB, place the mapping at the first 2 MiB boundary in
+    // it, and give back the ends.
+    char *r = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) return MAP_FAILED;
+    char *a = (char *)(((uintptr_t)r + huge - 1) & ~(uintptr_t)(huge - 1));
+    void *p = fd >= 0 ? mmap(a, n, prot, MAP_SHARED | MAP_FIXED, fd, 0)
+                      : mmap(a, n, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (p == MAP_FAILED) {
+        const int e = errno;
+        munmap(r, span);
+        errno = e;
+        return MAP_FAILED;
+    }
+    if (a > r) munmap(r, (size_t)(a - r));
+    if (r + span > a + n) munmap(a + n, (size_t)(r + span - (a + n)));
+    madvise(p, n, MADV_HUGEPAGE);
+    return p;
 }
 
 int64_t ms_unix_time(void)

@@ -12,29 +12,22 @@
 // weights do (backend_cpu.c): on 4 KiB pages the page walks of a 1 GiB stream
 // cost a third of the bandwidth on the machines measured (decode then read
 // "faster than the bandwidth").
-#define PROBE_HUGE ((size_t)2 << 20)
 
 int cpu_read_probe_create(size_t bytes, struct cpu_read_probe *p, char *err, size_t errlen)
 {
     memset(p, 0, sizeof *p);
     bytes &= ~(size_t)4095;
-    const size_t mapped = bytes + PROBE_HUGE;
-    void *m = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED)
+    char *b = ms_map_huge(-1, bytes, PROT_READ | PROT_WRITE);
+    if (b == MAP_FAILED)
         return ms_err(err, errlen, MS_ENOMEM, "cannot map %.0f MiB for the bandwidth probe",
                       (double)bytes / (1 << 20));
-    // The weights live on 2 MiB pages (backend_cpu.c, weights_cache.c), and
-    // in a VM 4 KiB pages cost a streaming read a third of its speed in
-    // page walks: the probe reads memory the way the weights are read.
-    char *b = (char *)(((uintptr_t)m + PROBE_HUGE - 1) & ~(uintptr_t)(PROBE_HUGE - 1));
-    madvise(b, bytes, MADV_HUGEPAGE);
     // Real pages with real data: zero pages would all map one physical page.
     float *f = (float *)b;
     for (size_t i = 0; i < bytes / sizeof(float); i++) f[i] = (float)(i & 1023);
     p->buf = f;
     p->bytes = bytes;
-    p->map = m;
-    p->map_bytes = mapped;
+    p->map = b;
+    p->map_bytes = bytes;
     return 0;
 }
 

@@ -177,31 +177,6 @@ static const char *check_file(const struct weights_cache *c, int fd)
     return why;
 }
 
-// The file mapped shared at a 2 MiB-aligned address, asking for huge pages:
-// the page cache then holds it in 2 MiB folios, each mapped by one page
-// table entry (6.x kernels with large folios on the file system), where 4
-// KiB pages left a decode step walking page tables for every page of its
-// experts (measured: the int4 kernel over 3 GiB of experts picked at random
-// ran at 4-6.5 GB/s with 4 KiB pages, 9-10 GB/s with 2 MiB ones).
-void *weights_cache_map_aligned(int fd, size_t n, int prot)
-{
-    const size_t huge = (size_t)2 << 20;
-    char *r = mmap(NULL, n + huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (r == MAP_FAILED) return MAP_FAILED;
-    char *a = (char *)(((uintptr_t)r + huge - 1) & ~(uintptr_t)(huge - 1));
-    void *p = mmap(a, n, prot, MAP_SHARED | MAP_FIXED, fd, 0);
-    if (p == MAP_FAILED) {
-        const int e = errno;
-        munmap(r, n + huge);
-        errno = e;
-        return MAP_FAILED;
-    }
-    if (a > r) munmap(r, (size_t)(a - r));
-    if (r + n + huge > a + n) munmap(a + n, (size_t)(r + n + huge - (a + n)));
-    madvise(p, n, MADV_HUGEPAGE);
-    return p;
-}
-
 static void repage(struct weights_cache *c, int fd);
 
 bool weights_cache_map(struct weights_cache *c)
@@ -214,7 +189,13 @@ bool weights_cache_map(struct weights_cache *c)
         ms_log(MS_LOG_WARN, "the weights cache %s %s: preparing the weights again", c->path, why);
         return false;
     }
-    void *p = weights_cache_map_aligned(fd, (size_t)c->file_bytes, PROT_READ);
+    // Mapped asking for huge pages: the page cache then holds the file in 2
+    // MiB folios, each mapped by one page table entry (6.x kernels with large
+    // folios on the file system), where 4 KiB pages left a decode step
+    // walking page tables for every page of its experts (measured: the int4
+    // kernel over 3 GiB of experts picked at random ran at 4-6.5 GB/s with 4
+    // KiB pages, 9-10 GB/s with 2 MiB ones).
+    void *p = ms_map_huge(fd, (size_t)c->file_bytes, PROT_READ);
     if (p == MAP_FAILED) {
         const int e = errno;
         close(fd);
@@ -285,7 +266,7 @@ static void repage(struct weights_cache *c, int fd)
     if (before < 0 || (double)before >= 0.9 * (double)whole) return;
     const double t0 = ms_now();
     unpage(c, fd, 0, huge);
-    void *p = weights_cache_map_aligned(fd, huge, PROT_READ);
+    void *p = ms_map_huge(fd, huge, PROT_READ);
     bool large = false;
     if (p != MAP_FAILED) {
         for (size_t i = 0; i < huge; i += PAGE) (void)((volatile const char *)p)[i];
@@ -353,7 +334,7 @@ bool weights_cache_create(struct weights_cache *c)
         return false;
     }
     int e = posix_fallocate(c->fd, 0, (off_t)c->file_bytes);
-    void *p = e ? MAP_FAILED : weights_cache_map_aligned(c->fd, (size_t)c->file_bytes, PROT_READ | PROT_WRITE);
+    void *p = e ? MAP_FAILED : ms_map_huge(c->fd, (size_t)c->file_bytes, PROT_READ | PROT_WRITE);
     if (!e && p == MAP_FAILED) e = errno;
     if (e) {
         ms_log(MS_LOG_WARN, "cannot reserve %.1f GiB for %s (%s): preparing the weights without a "

@@ -71,11 +71,6 @@ bool weights_cache_commit(struct weights_cache *c);
 // (weights_cache_pmd_bytes).
 bool weights_cache_pin(struct weights_cache *c);
 
-// fd's first n bytes mapped shared at a 2 MiB-aligned address, asking for
-// huge pages (how the cache maps its file; the tests map so to see what
-// the kernel gives), or MAP_FAILED with errno set. munmap(p, n) releases it.
-void *weights_cache_map_aligned(int fd, size_t n, int prot);
-
 // Bytes mapped by 2 MiB page table entries in the mappings lying within
 // [p, p + n) (/proc/self/smaps' FilePmdMapped, and ShmemPmdMapped for
 // tmpfs); -1 when that cannot be read.

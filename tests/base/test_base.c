@@ -1,4 +1,5 @@
-// Pins the base helpers: bf16/f16 rounding, overflow checks, arena alignment.
+// Pins the base helpers: bf16/f16 rounding, overflow checks, arena alignment,
+// huge-page mappings, error buffers and log lines.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,6 +9,8 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "base/arena.h"
@@ -128,6 +131,47 @@ static void log_lines_cannot_be_forged(void **state)
     free(out);
 }
 
+// ms_map_huge: 2 MiB-aligned, zeroed and writable anonymous memory of any
+// length; a file's bytes shared both ways; nothing for zero bytes or a
+// length past the address space.
+static void huge_mappings_are_aligned_zeroed_and_shared(void **state)
+{
+    (void)state;
+    const size_t huge = (size_t)2 << 20, n = 3 * huge + 5;
+    unsigned char *p = ms_map_huge(-1, n, PROT_READ | PROT_WRITE);
+    assert_true(p != MAP_FAILED);
+    assert_int_equal((uintptr_t)p % huge, 0);
+    for (size_t i = 0; i < n; i += 4093) assert_int_equal(p[i], 0);
+    assert_int_equal(p[n - 1], 0);
+    p[0] = 1;
+    p[n - 1] = 2;
+    assert_int_equal(p[0] + p[n - 1], 3);
+    assert_int_equal(munmap(p, n), 0);
+
+    char path[] = "/tmp/moeserve-test-huge-XXXXXX";
+    const int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    unlink(path);
+    assert_int_equal(ftruncate(fd, 8192), 0);
+    assert_int_equal(pwrite(fd, "weights", 7, 4096), 7);
+    char *f = ms_map_huge(fd, 8192, PROT_READ | PROT_WRITE);
+    assert_true(f != MAP_FAILED);
+    assert_int_equal((uintptr_t)f % huge, 0);
+    assert_memory_equal(f + 4096, "weights", 7);
+    memcpy(f, "packed", 6);
+    char back[6];
+    assert_int_equal(pread(fd, back, 6, 0), 6);
+    assert_memory_equal(back, "packed", 6);
+    assert_int_equal(munmap(f, 8192), 0);
+    close(fd);
+
+    errno = 0;
+    assert_true(ms_map_huge(-1, 0, PROT_READ) == MAP_FAILED);
+    assert_int_equal(errno, EINVAL);
+    assert_true(ms_map_huge(-1, SIZE_MAX - 4096, PROT_READ) == MAP_FAILED);
+    assert_int_equal(errno, ENOMEM);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -135,6 +179,7 @@ int main(void)
         cmocka_unit_test(f16_round_trips_normals_and_subnormals),
         cmocka_unit_test(size_arithmetic_reports_overflow),
         cmocka_unit_test(arena_allocations_are_aligned_and_distinct),
+        cmocka_unit_test(huge_mappings_are_aligned_zeroed_and_shared),
         cmocka_unit_test(err_fills_buffer_and_returns_code),
         cmocka_unit_test(log_lines_cannot_be_forged),
     };

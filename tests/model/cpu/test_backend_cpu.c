@@ -464,7 +464,7 @@ static void cache_in_small_pages(const char *path)
 // cache maps it (2 MiB-aligned, asking for huge pages) and touched.
 static long long pmd_bytes_of(int fd, size_t n)
 {
-    char *p = weights_cache_map_aligned(fd, n, PROT_READ);
+    char *p = ms_map_huge(fd, n, PROT_READ);
     assert_true(p != MAP_FAILED);
     for (size_t i = 0; i < n; i += 4096) (void)((volatile char *)p)[i];
     const long long b = weights_cache_pmd_bytes(p, n);
