@@ -145,12 +145,12 @@ static inline __m256i p2_mask8(int lo, int hi)
                             _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(lo - 1)));
 }
 
-AI void p2_tile(const int MR, const int NB, const enum dtype dt, const float *const *xr, const char *wp, size_t bb,
-                int K, float *const *yr, int o, int o0, int o1, bool accumulate, enum cpu_pf pf,
-                struct cpu_ahead *ahead)
+AI void p2_tile(const int MR, const int NB, const enum dtype dt, const int PFM, const float *const *xr,
+                const char *wp, size_t bb, int K, float *const *yr, int o, int o0, int o1, bool accumulate,
+                enum cpu_pf pf, struct cpu_ahead *ahead)
 {
-    const char *pa = ahead ? ahead->at : NULL, *pe = ahead ? ahead->end : NULL;
-    const int per = ahead ? ahead->per : 0;
+    const char *pa = PFM == CPU_PFM_AHEAD ? ahead->at : NULL, *pe = PFM == CPU_PFM_AHEAD ? ahead->end : NULL;
+    const int per = PFM == CPU_PFM_AHEAD ? ahead->per : 0;
     __m256 acc[P2_MAX_MR][2 * P2_MAX_NB];
 #pragma GCC unroll 6
     for (int r = 0; r < MR; r++)
@@ -177,7 +177,7 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const float *co
         for (int p = 0; p < np; p++) {
             if (split) {
                 const char *a = wp + (size_t)p * 64;
-                cpu_pf_tile(pf, wp, bb, NB, 0, (size_t)p * 64, P2_PF);
+                if (PFM == CPU_PFM_TILE) cpu_pf_tile(pf, wp, bb, NB, 0, (size_t)p * 64, P2_PF);
 #pragma GCC unroll 2
                 for (int h = 0; h < 2; h++) {
                     // Empty, but the compiler must assume a changed: the
@@ -198,7 +198,7 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const float *co
 #pragma GCC unroll 4
                 for (int n = 0; n < NB; n++) {
                     const char *a = wp + (size_t)n * bb + (size_t)p * 64;
-                    cpu_pf_tile(pf, wp, bb, NB, n, (size_t)p * 64, P2_PF);
+                    if (PFM == CPU_PFM_TILE) cpu_pf_tile(pf, wp, bb, NB, n, (size_t)p * 64, P2_PF);
                     const __m256i v0 = _mm256_loadu_si256((const __m256i *)a);
                     const __m256i v1 = _mm256_loadu_si256((const __m256i *)(a + 32));
                     const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
@@ -216,7 +216,8 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const float *co
                     }
                 }
             }
-            for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
+            if (PFM == CPU_PFM_AHEAD)
+                for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
         }
         if (K & 1) {
 #pragma GCC unroll 4
@@ -239,7 +240,8 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const float *co
 #pragma GCC unroll 4
             for (int n = 0; n < NB; n++) {
                 const char *a = wp + (size_t)n * bb + (size_t)k * kb;
-                if ((((size_t)k * kb) & 63) == 0) cpu_pf_tile(pf, wp, bb, NB, n, (size_t)k * kb, P2_PF);
+                if (PFM == CPU_PFM_TILE && (((size_t)k * kb) & 63) == 0)
+                    cpu_pf_tile(pf, wp, bb, NB, n, (size_t)k * kb, P2_PF);
                 const __m256 w0 = dt == DTYPE_F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)a))
                                                   : _mm256_loadu_ps((const float *)a);
                 const __m256 w1 = dt == DTYPE_F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + 16)))
@@ -252,10 +254,11 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const float *co
                 }
             }
             if ((k & 1) || k + 1 == K)
-                for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
+                if (PFM == CPU_PFM_AHEAD)
+                    for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
         }
     }
-    if (ahead) ahead->at = pa;
+    if (PFM == CPU_PFM_AHEAD) ahead->at = pa;
 #pragma GCC unroll 8
     for (int v = 0; v < 2 * NB; v++) {
         const int on = o + 8 * v;
@@ -288,10 +291,14 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const float *co
 // at the end of a range.
 AI int p2_nb(int mr) { return mr == 1 ? 4 : mr == 2 ? 2 : 1; }
 
+#define P2_TILE_MODE(PFM, MR, NB, DT) p2_tile(MR, NB, DT, PFM, xr, wp, bb, K, yr, o, o0, o1, acc, pf, ahead)
 #define P2_CASE(DT, MR)                                                                                    \
     case MR:                                                                                               \
-        if (nb > 1) p2_tile(MR, p2_nb(MR), DT, xr, wp, bb, K, yr, o, o0, o1, acc, pf, ahead);                 \
-        else p2_tile(MR, 1, DT, xr, wp, bb, K, yr, o, o0, o1, acc, pf, ahead);                                \
+        if (nb > 1) {                                                                                      \
+            CPU_PFM_SWITCH(cpu_pfm(pf, ahead), P2_TILE_MODE, MR, p2_nb(MR), DT)                            \
+        } else {                                                                                           \
+            CPU_PFM_SWITCH(cpu_pfm(pf, ahead), P2_TILE_MODE, MR, 1, DT)                                    \
+        }                                                                                                  \
         break;
 #define P2_TILES(NAME, DT)                                                                          \
     static void NAME(int mr, int nb, const float *const *xr, const char *wp, size_t bb, int K,       \

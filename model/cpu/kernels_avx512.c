@@ -122,12 +122,12 @@ static const float nib_xscale[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 
 // registers, which lets a tile be 16 rows tall.
 #define PK_X(r, k) (XP ? xp[(size_t)(k) * MR + (r)] : xr[r][k])
 
-AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, const bool DP, const float *const *xr,
-                const float *xp, const char *wp, size_t bb, int K, float *const *yr, int o, int o0, int o1,
-                bool accumulate, enum cpu_pf pf, struct cpu_ahead *ahead)
+AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, const bool DP, const int PFM,
+                const float *const *xr, const float *xp, const char *wp, size_t bb, int K, float *const *yr,
+                int o, int o0, int o1, bool accumulate, enum cpu_pf pf, struct cpu_ahead *ahead)
 {
-    const char *pa = ahead ? ahead->at : NULL, *pe = ahead ? ahead->end : NULL;
-    const int per = ahead ? ahead->per : 0;
+    const char *pa = PFM == CPU_PFM_AHEAD ? ahead->at : NULL, *pe = PFM == CPU_PFM_AHEAD ? ahead->end : NULL;
+    const int per = PFM == CPU_PFM_AHEAD ? ahead->per : 0;
     __m512 acc[PK_XP_MAX_ROWS][PK_NB];
 #pragma GCC unroll 16
     for (int r = 0; r < MR; r++)
@@ -151,18 +151,20 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
             __m512 we[PK_NB], wo[PK_NB];
             if (split) {
 #pragma GCC unroll 4
-                for (int n = 0; n < NB; n++) cpu_pf_tile(pf, wp, bb, NB, n, (size_t)p * 64, PK_PF);
+                for (int n = 0; n < NB; n++)
+                    if (PFM == CPU_PFM_TILE) cpu_pf_tile(pf, wp, bb, NB, n, (size_t)p * 64, PK_PF);
             } else {
 #pragma GCC unroll 4
                 for (int n = 0; n < NB; n++) {
                     const char *a = wp + (size_t)n * bb + (size_t)p * 64;
-                    cpu_pf_tile(pf, wp, bb, NB, n, (size_t)p * 64, PK_PF);
+                    if (PFM == CPU_PFM_TILE) cpu_pf_tile(pf, wp, bb, NB, n, (size_t)p * 64, PK_PF);
                     const __m512i v = _mm512_loadu_si512(a);
                     we[n] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
                     wo[n] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
                 }
             }
-            for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
+            if (PFM == CPU_PFM_AHEAD)
+                for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
             const char *pw = wp + (size_t)p * 64;
             // DP: VDPBF16PS's order, the odd k's product first.
 #pragma GCC unroll 2
@@ -208,11 +210,13 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
 #pragma GCC unroll 4
             for (int n = 0; n < NB; n++) {
                 const char *a = wp + (size_t)n * bb + (size_t)k * kb;
-                if ((((size_t)k * kb) & 63) == 0) cpu_pf_tile(pf, wp, bb, NB, n, (size_t)k * kb, PK_PF);
+                if (PFM == CPU_PFM_TILE && (((size_t)k * kb) & 63) == 0)
+                    cpu_pf_tile(pf, wp, bb, NB, n, (size_t)k * kb, PK_PF);
                 wv[n] = dt == DTYPE_F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)a))
                                         : _mm512_loadu_ps((const float *)a);
             }
-            for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
+            if (PFM == CPU_PFM_AHEAD)
+                for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
 #pragma GCC unroll 16
             for (int r = 0; r < MR; r++) {
                 const __m512 xb = _mm512_set1_ps(PK_X(r, k));
@@ -221,7 +225,7 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
             }
         }
     }
-    if (ahead) ahead->at = pa;
+    if (PFM == CPU_PFM_AHEAD) ahead->at = pa;
 #pragma GCC unroll 4
     for (int n = 0; n < NB; n++) {
         const int on = o + 16 * n;
@@ -248,10 +252,14 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
     }
 }
 
+#define PK_TILE_MODE(PFM, MR, NB, DT, DP) pk_tile(MR, NB, false, DT, DP, PFM, xr, NULL, wp, bb, K, yr, o, o0, o1, acc, pf, ahead)
 #define PK_CASE(DT, DP, MR)                                                                    \
     case MR:                                                                                 \
-        if (nb == PK_NB) pk_tile(MR, PK_NB, false, DT, DP, xr, NULL, wp, bb, K, yr, o, o0, o1, acc, pf, ahead); \
-        else pk_tile(MR, 1, false, DT, DP, xr, NULL, wp, bb, K, yr, o, o0, o1, acc, pf, ahead);                 \
+        if (nb == PK_NB) {                                                                   \
+            CPU_PFM_SWITCH(cpu_pfm(pf, ahead), PK_TILE_MODE, MR, PK_NB, DT, DP)              \
+        } else {                                                                             \
+            CPU_PFM_SWITCH(cpu_pfm(pf, ahead), PK_TILE_MODE, MR, 1, DT, DP)                  \
+        }                                                                                    \
         break;
 // nb is PK_NB, or 1 for the blocks left over at the end of a range.
 #define PK_TILES(NAME, DT, DP)                                                               \
@@ -275,8 +283,8 @@ PK_TILES(pk_tiles_f32, DTYPE_F32, false)
 #define PK_XCASE(DT, DP, MR)                                                                       \
     case MR:                                                                                       \
         if (MR <= PK_XP_WIDE_ROWS && nb == 2)                                                      \
-            pk_tile(MR, 2, true, DT, DP, NULL, xp, wp, bb, K, yr, o, o0, o1, acc, pf, NULL);       \
-        else pk_tile(MR, 1, true, DT, DP, NULL, xp, wp, bb, K, yr, o, o0, o1, acc, pf, NULL);      \
+            pk_tile(MR, 2, true, DT, DP, CPU_PFM_TILE, NULL, xp, wp, bb, K, yr, o, o0, o1, acc, pf, NULL); \
+        else pk_tile(MR, 1, true, DT, DP, CPU_PFM_TILE, NULL, xp, wp, bb, K, yr, o, o0, o1, acc, pf, NULL); \
         break;
 #define PK_XTILES(NAME, DT, DP)                                                                   \
     static void NAME(int mr, int nb, const float *xp, const char *wp, size_t bb, int K,            \

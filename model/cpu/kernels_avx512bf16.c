@@ -61,16 +61,6 @@ const struct cpu_kernels *cpu_kernels_avx512_bf16_table(void);
 // not quantized; the rest go to the avx512 table as they are.
 static bool bf_takes(const struct cpu_mm *m) { return m->w.quant == QUANT_NONE && m->w.dtype == DTYPE_BF16; }
 
-// What a tile prefetches, fixed when it is compiled: each mode its own
-// loop, holding only its own pointers. One loop for all three kept the
-// prefetch pointers of every mode alive and spilled the row and weight
-// pointers of a 6 x 4 tile to the stack, updated there every step. Apart,
-// measured in one process against the one loop, alternating (medians, Zen
-// 5, 2 threads): experts of 64 and 256 rows 6-28% faster, a 2048-row
-// projection 11-14%, the lm_head over 64 rows 22%; 1 to 16 rows within 2%.
-enum { BF_PFM_OFF, BF_PFM_AHEAD, BF_PFM_TILE };
-#define BF_PFM(pf, ahead) ((ahead) ? BF_PFM_AHEAD : (pf) == CPU_PF_NONE ? BF_PFM_OFF : BF_PFM_TILE)
-
 // One tile: MR rows x NB blocks of 16 outputs. The rows' bf16 pairs come
 // from row pointers (xr[r][p]: up to BF_MR rows), or, when XP, from one
 // buffer holding them interleaved (xq[p * MR + r]), so that one pointer
@@ -82,8 +72,8 @@ AI void bf_tile(const int MR, const int NB, const bool XP, const int PFM, const 
                 const uint32_t *xq, const char *wp, size_t bb, int np, float *const *yr, int o, int o0, int o1,
                 bool accumulate, enum cpu_pf pf, struct cpu_ahead *ahead)
 {
-    const char *pa = PFM == BF_PFM_AHEAD ? ahead->at : NULL, *pe = PFM == BF_PFM_AHEAD ? ahead->end : NULL;
-    const int per = PFM == BF_PFM_AHEAD ? ahead->per : 0;
+    const char *pa = PFM == CPU_PFM_AHEAD ? ahead->at : NULL, *pe = PFM == CPU_PFM_AHEAD ? ahead->end : NULL;
+    const int per = PFM == CPU_PFM_AHEAD ? ahead->per : 0;
     __m512 acc[BF_XP_MAX_ROWS][BF_NB];
 #pragma GCC unroll 16
     for (int r = 0; r < MR; r++)
@@ -94,10 +84,10 @@ AI void bf_tile(const int MR, const int NB, const bool XP, const int PFM, const 
 #pragma GCC unroll 4
         for (int n = 0; n < NB; n++) {
             const char *a = wp + (size_t)n * bb + (size_t)p * 64;
-            if (PFM == BF_PFM_TILE) cpu_pf_tile(pf, wp, bb, NB, n, (size_t)p * 64, BF_PF);
+            if (PFM == CPU_PFM_TILE) cpu_pf_tile(pf, wp, bb, NB, n, (size_t)p * 64, BF_PF);
             wv[n] = (__m512bh)_mm512_loadu_si512(a);
         }
-        if (PFM == BF_PFM_AHEAD)
+        if (PFM == CPU_PFM_AHEAD)
             for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
 #pragma GCC unroll 16
         for (int r = 0; r < MR; r++) {
@@ -106,7 +96,7 @@ AI void bf_tile(const int MR, const int NB, const bool XP, const int PFM, const 
             for (int n = 0; n < NB; n++) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], wv[n], xb);
         }
     }
-    if (PFM == BF_PFM_AHEAD) ahead->at = pa;
+    if (PFM == CPU_PFM_AHEAD) ahead->at = pa;
 #pragma GCC unroll 4
     for (int n = 0; n < NB; n++) {
         const int on = o + 16 * n;
@@ -133,19 +123,13 @@ AI void bf_tile(const int MR, const int NB, const bool XP, const int PFM, const 
     }
 }
 
-#define BF_TILE_PFM(MR, NB, PFM) bf_tile(MR, NB, false, PFM, xr, NULL, wp, bb, np, yr, o, o0, o1, acc, pf, ahead)
-#define BF_TILE_NB(MR, NB)                                                                        \
-    switch (BF_PFM(pf, ahead)) {                                                                  \
-    case BF_PFM_OFF: BF_TILE_PFM(MR, NB, BF_PFM_OFF); break;                                       \
-    case BF_PFM_AHEAD: BF_TILE_PFM(MR, NB, BF_PFM_AHEAD); break;                                   \
-    default: BF_TILE_PFM(MR, NB, BF_PFM_TILE); break;                                              \
-    }
+#define BF_TILE_MODE(PFM, MR, NB) bf_tile(MR, NB, false, PFM, xr, NULL, wp, bb, np, yr, o, o0, o1, acc, pf, ahead)
 #define BF_CASE(MR)                                                                               \
     case MR:                                                                                      \
         if (nb == BF_NB) {                                                                        \
-            BF_TILE_NB(MR, BF_NB)                                                                 \
+            CPU_PFM_SWITCH(cpu_pfm(pf, ahead), BF_TILE_MODE, MR, BF_NB)                           \
         } else {                                                                                  \
-            BF_TILE_NB(MR, 1)                                                                     \
+            CPU_PFM_SWITCH(cpu_pfm(pf, ahead), BF_TILE_MODE, MR, 1)                               \
         }                                                                                         \
         break;
 // mr rows (1 to BF_MR) from row pointers x nb blocks: nb is BF_NB, or 1 for
@@ -162,8 +146,8 @@ static void bf_tiles(int mr, int nb, const uint32_t *const *xr, const char *wp, 
 #define BF_XCASE(MR)                                                                          \
     case MR:                                                                                  \
         if (MR <= BF_XP_WIDE_ROWS && nb == 2)                                                 \
-            bf_tile(MR, 2, true, BF_PFM_TILE, NULL, xq, wp, bb, np, yr, o, o0, o1, acc, pf, NULL); \
-        else bf_tile(MR, 1, true, BF_PFM_TILE, NULL, xq, wp, bb, np, yr, o, o0, o1, acc, pf, NULL); \
+            bf_tile(MR, 2, true, CPU_PFM_TILE, NULL, xq, wp, bb, np, yr, o, o0, o1, acc, pf, NULL); \
+        else bf_tile(MR, 1, true, CPU_PFM_TILE, NULL, xq, wp, bb, np, yr, o, o0, o1, acc, pf, NULL); \
         break;
 static void bf_xtiles(int mr, int nb, const uint32_t *xq, const char *wp, size_t bb, int np, float *const *yr,
                       int o, int o0, int o1, bool acc, enum cpu_pf pf)
