@@ -156,6 +156,37 @@ static float kth_largest(float *a, int n, int k)
     return a[want];
 }
 
+// Up to this k, the k-th largest comes from one pass that keeps the k
+// largest values seen (kth_largest_pass); above it, from quickselect.
+// Qwen3's generation config asks for top_k 20, and quickselect (a copy of
+// the vocabulary, then partitions) took 2 ms a row over 152k logits, on
+// one thread per rank: at one stream 5.6% of the samples of `generate
+// /tmp/mid --max-tokens 300 --ignore-eos` under perf, 2.6% with the pass,
+// and that decode 3-8% faster (three alternating runs, Zen 5).
+#define TOPK_PASS_MAX 256
+
+// kth_largest's value (counted with repeats: the k-th of the values sorted
+// in descending order, k <= n) for small k: keep (k floats) holds the k
+// largest seen so far in ascending order, so that most values lose one
+// compare against keep[0]. A value equal to keep[0] leaves the kept values
+// as they are, so it need not enter.
+static float kth_largest_pass(const float *a, int n, int k, float *keep)
+{
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        const float v = a[i];
+        int j;
+        if (m < k) {
+            for (j = m++; j > 0 && keep[j - 1] > v; j--) keep[j] = keep[j - 1];
+        } else {
+            if (!(v > keep[0])) continue;
+            for (j = 0; j + 1 < k && keep[j + 1] < v; j++) keep[j] = keep[j + 1];
+        }
+        keep[j] = v;
+    }
+    return keep[0];
+}
+
 static int cand_cmp(const void *a, const void *b)
 {
     const struct cand *x = a, *y = b;
@@ -308,8 +339,13 @@ int cpu_sample_row(const struct backend_sample_row *row, int vocab, struct cpu_s
                 if (logits[i] < thr && i != best) logits[i] = -INFINITY;
         }
         if (p->top_k > 0 && p->top_k < vocab) {
-            memcpy(s->work, logits, (size_t)vocab * sizeof *logits);
-            float kth = kth_largest(s->work, vocab, p->top_k);
+            float kth;
+            if (p->top_k <= TOPK_PASS_MAX) {
+                kth = kth_largest_pass(logits, vocab, p->top_k, s->work);
+            } else {
+                memcpy(s->work, logits, (size_t)vocab * sizeof *logits);
+                kth = kth_largest(s->work, vocab, p->top_k);
+            }
             for (int i = 0; i < vocab; i++)
                 if (logits[i] < kth) logits[i] = -INFINITY;
         }

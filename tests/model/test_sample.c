@@ -253,6 +253,58 @@ static void top_k_keeps_the_k_best_and_their_ties(void **state)
     assert_true(f[4] == 0);
 }
 
+static int desc_cmp(const void *a, const void *b)
+{
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+// top_k over a vocabulary in orders that stress a selection (rising,
+// falling, shuffled, few distinct values, half -inf): the logits that come
+// back are exactly those at or above the k-th largest (ties kept), the rest
+// -inf, for k on both sides of the one-pass selection's limit.
+static void top_k_keeps_the_values_at_or_above_the_kth_in_any_order(void **state)
+{
+    (void)state;
+    enum { N = 6000 };
+    struct sampler_scratch *s = sampler_scratch_create(N);
+    float *orig = malloc(N * sizeof *orig), *got = malloc(N * sizeof *got), *sorted = malloc(N * sizeof *sorted);
+    const int ks[] = {2, 3, 20, 255, 256, 257, 1000, N - 1}; // (top_k 1 is greedy: nothing masked)
+    uint64_t r = 7;
+    for (int order = 0; order < 5; order++) {
+        for (int i = 0; i < N; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            const float u = (float)(r >> 40) / (float)(1 << 24);
+            orig[i] = order == 0   ? (float)i * 0.01f
+                      : order == 1 ? (float)(N - i) * 0.01f
+                      : order == 2 ? u * 20.0f - 10.0f
+                      : order == 3 ? (float)(int)(u * 8.0f)
+                                   : (i & 1 ? -INFINITY : u * 4.0f);
+        }
+        for (size_t t = 0; t < sizeof ks / sizeof ks[0]; t++) {
+            struct sampling_params p = random_sampling();
+            p.top_k = ks[t];
+            struct sampler_rng rng;
+            sampler_rng_seed(&rng, 5);
+            memcpy(got, orig, N * sizeof *got);
+            struct sample_token tok;
+            assert_int_equal(sampler_sample(&p, got, N, NULL, 0, NULL, 0, &rng, s, &tok), 0);
+            memcpy(sorted, orig, N * sizeof *sorted);
+            qsort(sorted, N, sizeof *sorted, desc_cmp);
+            const float kth = sorted[ks[t] - 1];
+            for (int i = 0; i < N; i++) {
+                const float want = orig[i] >= kth ? orig[i] : -INFINITY;
+                if (memcmp(&got[i], &want, sizeof want)) fail_msg("order %d, k %d: logit %d", order, ks[t], i);
+            }
+            assert_true(orig[tok.id] >= kth);
+        }
+    }
+    free(orig);
+    free(got);
+    free(sorted);
+    sampler_scratch_destroy(s);
+}
+
 static void top_p_keeps_the_smallest_nucleus(void **state)
 {
     (void)state;
@@ -604,6 +656,7 @@ int main(void)
         cmocka_unit_test(an_infinite_logit_is_taken_at_its_lowest_id),
         cmocka_unit_test(temperature_scales_the_softmax),
         cmocka_unit_test(top_k_keeps_the_k_best_and_their_ties),
+        cmocka_unit_test(top_k_keeps_the_values_at_or_above_the_kth_in_any_order),
         cmocka_unit_test(top_p_keeps_the_smallest_nucleus),
         cmocka_unit_test(top_p_over_a_large_flat_vocabulary),
         cmocka_unit_test(min_p_drops_tokens_below_a_share_of_the_best),
