@@ -27,6 +27,7 @@ struct cpu_sample_scratch {
     int32_t *count;  // (vocab) occurrences in the output so far; zero between calls
     uint8_t *seen;   // (vocab) in prompt or output; zero between calls
     struct cand *cand; // (vocab) top_p candidates
+    int32_t *live;     // (vocab) the ids top_k kept, ascending
     double *blocks;    // (CPU_EXP_BLOCKS(vocab)) sums of the draw's weights, block by block
 };
 
@@ -43,8 +44,9 @@ struct cpu_sample_scratch *cpu_sample_scratch_create(int vocab, const struct cpu
     s->count = calloc((size_t)vocab, sizeof *s->count);
     s->seen = calloc((size_t)vocab, 1);
     s->cand = malloc((size_t)vocab * sizeof *s->cand);
+    s->live = malloc((size_t)vocab * sizeof *s->live);
     s->blocks = malloc((size_t)CPU_EXP_BLOCKS(vocab) * sizeof *s->blocks);
-    if (!s->raw || !s->work || !s->probs || !s->count || !s->seen || !s->cand || !s->blocks) {
+    if (!s->raw || !s->work || !s->probs || !s->count || !s->seen || !s->cand || !s->live || !s->blocks) {
         cpu_sample_scratch_destroy(s);
         return NULL;
     }
@@ -60,6 +62,7 @@ void cpu_sample_scratch_destroy(struct cpu_sample_scratch *s)
     free(s->count);
     free(s->seen);
     free(s->cand);
+    free(s->live);
     free(s->blocks);
     free(s);
 }
@@ -200,21 +203,35 @@ static int cand_cmp(const void *a, const void *b)
 // matter are sorted: those at or above a threshold, lowered until they carry
 // top_p (everything below it ranks after all of them).
 static void apply_top_p(float *logits, const float *probs, int vocab, float top_p,
-                        struct cpu_sample_scratch *s)
+                        struct cpu_sample_scratch *s, const int32_t *live, int n_live)
 {
+    // Only the ids top_k kept (live, ascending) can have probs above 0:
+    // the passes below visit those alone, in the same order, so the sums
+    // and the candidates are the same as over the whole vocabulary. With
+    // kth_largest_pass, this took the sampler from 5.6% to 1.1% of a
+    // one-stream decode's samples (Qwen3's top_k 20, top_p 0.95), and
+    // `generate /tmp/mid --max-tokens 300 --ignore-eos` from 71-73 to 77-81
+    // tokens/s (three alternating runs, Zen 5), the same tokens for a seed.
+    const int n = live ? n_live : vocab;
+#define TOP_P_ID(j) (live ? live[j] : (j))
     float pmax = 0;
-    for (int i = 0; i < vocab; i++) pmax = probs[i] > pmax ? probs[i] : pmax;
+    for (int j = 0; j < n; j++) pmax = probs[TOP_P_ID(j)] > pmax ? probs[TOP_P_ID(j)] : pmax;
     double t = (double)pmax * 1e-3;
     for (;;) {
         double mass = 0;
-        for (int i = 0; i < vocab; i++)
+        for (int j = 0; j < n; j++) {
+            const int i = TOP_P_ID(j);
             if (probs[i] > 0 && probs[i] >= t) mass += probs[i];
+        }
         if (mass >= top_p || t == 0) break;
         t = t > 1e-30 ? t * 1e-3 : 0;
     }
     int m = 0;
-    for (int i = 0; i < vocab; i++)
+    for (int j = 0; j < n; j++) {
+        const int i = TOP_P_ID(j);
         if (probs[i] > 0 && probs[i] >= t) s->cand[m++] = (struct cand){.p = probs[i], .id = i};
+    }
+#undef TOP_P_ID
     qsort(s->cand, (size_t)m, sizeof *s->cand, cand_cmp);
     double above = 0;
     int keep = 0;
@@ -338,6 +355,8 @@ int cpu_sample_row(const struct backend_sample_row *row, int vocab, struct cpu_s
             for (int i = 0; i < vocab; i++)
                 if (logits[i] < thr && i != best) logits[i] = -INFINITY;
         }
+        const int32_t *live = NULL; // the ids top_k keeps, when it runs
+        int n_live = 0;
         if (p->top_k > 0 && p->top_k < vocab) {
             float kth;
             if (p->top_k <= TOPK_PASS_MAX) {
@@ -346,12 +365,15 @@ int cpu_sample_row(const struct backend_sample_row *row, int vocab, struct cpu_s
                 memcpy(s->work, logits, (size_t)vocab * sizeof *logits);
                 kth = kth_largest(s->work, vocab, p->top_k);
             }
-            for (int i = 0; i < vocab; i++)
+            for (int i = 0; i < vocab; i++) {
                 if (logits[i] < kth) logits[i] = -INFINITY;
+                else s->live[n_live++] = i;
+            }
+            live = s->live;
         }
         if (p->top_p < 1.0f) {
             softmax_into(logits, vocab, mx, s->probs, s);
-            apply_top_p(logits, s->probs, vocab, p->top_p, s);
+            apply_top_p(logits, s->probs, vocab, p->top_p, s, live, n_live);
         }
         // The draw: unnormalised weights, their total and block sums from one
         // pass; whole blocks below u * total are skipped, then a walk to the

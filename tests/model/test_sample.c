@@ -305,6 +305,55 @@ static void top_k_keeps_the_values_at_or_above_the_kth_in_any_order(void **state
     sampler_scratch_destroy(s);
 }
 
+// top_k then top_p, as vLLM applies them: the nucleus is taken over the
+// softmax of the k kept logits. What comes back finite is the smallest set
+// of the best of those whose mass reaches top_p (computed here in double
+// from the definition), each logit unchanged.
+static void top_p_takes_its_nucleus_from_what_top_k_kept(void **state)
+{
+    (void)state;
+    enum { N = 4000, K = 50 };
+    struct sampler_scratch *s = sampler_scratch_create(N);
+    float *orig = malloc(N * sizeof *orig), *got = malloc(N * sizeof *got), *sorted = malloc(N * sizeof *sorted);
+    uint64_t r = 11;
+    for (int i = 0; i < N; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        orig[i] = (float)(r >> 40) / (float)(1 << 24) * 8.0f;
+    }
+    memcpy(sorted, orig, N * sizeof *sorted);
+    qsort(sorted, N, sizeof *sorted, desc_cmp);
+    const float top_ps[] = {0.05f, 0.3f, 0.6f, 0.95f};
+    for (size_t t = 0; t < sizeof top_ps / sizeof top_ps[0]; t++) {
+        double z = 0;
+        for (int j = 0; j < K; j++) z += exp((double)sorted[j] - (double)sorted[0]);
+        double above = 0;
+        int keep = 0;
+        while (keep < K && (keep == 0 || above < top_ps[t]))
+            above += exp((double)sorted[keep++] - (double)sorted[0]) / z;
+        struct sampling_params p = random_sampling();
+        p.top_k = K;
+        p.top_p = top_ps[t];
+        struct sampler_rng rng;
+        sampler_rng_seed(&rng, 9);
+        memcpy(got, orig, N * sizeof *got);
+        struct sample_token tok;
+        assert_int_equal(sampler_sample(&p, got, N, NULL, 0, NULL, 0, &rng, s, &tok), 0);
+        int kept = 0;
+        for (int i = 0; i < N; i++) {
+            if (got[i] == -INFINITY) continue;
+            kept++;
+            assert_true(got[i] == orig[i]);
+            assert_true(orig[i] >= sorted[keep - 1]);
+        }
+        assert_int_equal(kept, keep);
+        assert_true(orig[tok.id] >= sorted[keep - 1]);
+    }
+    free(orig);
+    free(got);
+    free(sorted);
+    sampler_scratch_destroy(s);
+}
+
 static void top_p_keeps_the_smallest_nucleus(void **state)
 {
     (void)state;
@@ -657,6 +706,7 @@ int main(void)
         cmocka_unit_test(temperature_scales_the_softmax),
         cmocka_unit_test(top_k_keeps_the_k_best_and_their_ties),
         cmocka_unit_test(top_k_keeps_the_values_at_or_above_the_kth_in_any_order),
+        cmocka_unit_test(top_p_takes_its_nucleus_from_what_top_k_kept),
         cmocka_unit_test(top_p_keeps_the_smallest_nucleus),
         cmocka_unit_test(top_p_over_a_large_flat_vocabulary),
         cmocka_unit_test(min_p_drops_tokens_below_a_share_of_the_best),
