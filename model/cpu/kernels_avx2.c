@@ -253,9 +253,8 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const int PFM, 
                     acc[r][2 * n + 1] = _mm256_fmadd_ps(xb, w1, acc[r][2 * n + 1]);
                 }
             }
-            if ((k & 1) || k + 1 == K)
-                if (PFM == CPU_PFM_AHEAD)
-                    for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
+            if (PFM == CPU_PFM_AHEAD && ((k & 1) || k + 1 == K))
+                for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
         }
     }
     if (PFM == CPU_PFM_AHEAD) ahead->at = pa;
