@@ -253,6 +253,19 @@ static void top_k_keeps_the_k_best_and_their_ties(void **state)
     assert_true(f[4] == 0);
 }
 
+// One draw from orig's logits under p, generator seeded with seed; got
+// holds the logits as the sampler left them (its filters' -inf included).
+static struct sample_token sample_filtered(const struct sampling_params *p, const float *orig, float *got, int n,
+                                           uint64_t seed, struct sampler_scratch *s)
+{
+    struct sampler_rng rng;
+    sampler_rng_seed(&rng, seed);
+    memcpy(got, orig, (size_t)n * sizeof *got);
+    struct sample_token tok;
+    assert_int_equal(sampler_sample(p, got, n, NULL, 0, NULL, 0, &rng, s, &tok), 0);
+    return tok;
+}
+
 static int desc_cmp(const void *a, const void *b)
 {
     const float x = *(const float *)a, y = *(const float *)b;
@@ -284,11 +297,7 @@ static void top_k_keeps_the_values_at_or_above_the_kth_in_any_order(void **state
         for (size_t t = 0; t < sizeof ks / sizeof ks[0]; t++) {
             struct sampling_params p = random_sampling();
             p.top_k = ks[t];
-            struct sampler_rng rng;
-            sampler_rng_seed(&rng, 5);
-            memcpy(got, orig, N * sizeof *got);
-            struct sample_token tok;
-            assert_int_equal(sampler_sample(&p, got, N, NULL, 0, NULL, 0, &rng, s, &tok), 0);
+            const struct sample_token tok = sample_filtered(&p, orig, got, N, 5, s);
             memcpy(sorted, orig, N * sizeof *sorted);
             qsort(sorted, N, sizeof *sorted, desc_cmp);
             const float kth = sorted[ks[t] - 1];
@@ -333,11 +342,7 @@ static void top_p_takes_its_nucleus_from_what_top_k_kept(void **state)
         struct sampling_params p = random_sampling();
         p.top_k = K;
         p.top_p = top_ps[t];
-        struct sampler_rng rng;
-        sampler_rng_seed(&rng, 9);
-        memcpy(got, orig, N * sizeof *got);
-        struct sample_token tok;
-        assert_int_equal(sampler_sample(&p, got, N, NULL, 0, NULL, 0, &rng, s, &tok), 0);
+        const struct sample_token tok = sample_filtered(&p, orig, got, N, 9, s);
         int kept = 0;
         for (int i = 0; i < N; i++) {
             if (got[i] == -INFINITY) continue;
