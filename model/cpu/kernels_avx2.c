@@ -29,6 +29,10 @@
 #define MM_UNIT 16
 // Attention rows per group: their score accumulators fill the registers.
 #define ATT_RB 6
+// Key blocks a small row group (ATT_RB / 2 rows: a decode token's 4 query
+// heads) scores in one pass: one (2 vectors a row already; two blocks would
+// not fit the 16 registers).
+#define ATT_KB 1
 
 // The canonical lane-sum tree: adjacent pairs, then pairs of pairs, then the
 // two 128-bit halves.

@@ -634,7 +634,9 @@ static void simd_attention_matches_scalar(void **state)
                                              "[%d] %g vs scalar %g", simd_tables[t]->name,
                                              dtype_name(dts[d]), G, D, first, nq, i, e, y, x);
                             }
-                        // Each row alone (a decode row at its position) gives the same bits.
+                        // Each row alone (a decode row at its position) gives the same bits;
+                        // alone, a row of up to 4 heads scores two key blocks a pass in
+                        // the avx512 table, where a tile of more rows takes one at a time.
                         for (int i = 0; i < nq; i++) {
                             struct cpu_attn b1 = a;
                             b1.q = q + i * stride;
