@@ -29,6 +29,8 @@
 #define MM_UNIT 16
 // Attention rows per group: their score accumulators fill the registers.
 #define ATT_RB 6
+// A decode token's 4 heads in one group of 4, its 8 in two (kernels_simd.inc).
+#define ATT_RB_SMALL 4
 // Key blocks a small row group (ATT_RB / 2 rows: a decode token's 4 query
 // heads) scores in one pass: one (2 vectors a row already; two blocks would
 // not fit the 16 registers).

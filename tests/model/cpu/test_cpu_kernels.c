@@ -594,14 +594,15 @@ static void simd_attention_matches_scalar(void **state)
 {
     (void)state;
     const enum dtype dts[] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
-    const int groups[] = {1, 2, 4}, dims[] = {16, 32, 36, 64, 130};
+    // 8 heads a KV head (Qwen3-30B-A3B's): avx2 takes one token's as two groups of 4.
+    const int groups[] = {1, 2, 4, 8}, dims[] = {16, 32, 36, 64, 130};
     // (first position, tokens in the tile): decode rows, tiles that start or
     // end inside a block, tiles spanning a block edge, a long context.
     const int tiles[][2] = {{0, 1}, {14, 1}, {15, 1}, {16, 1}, {0, 8}, {3, 7}, {10, 8}, {99, 2}, {290, 8}};
     const int n_blocks = 24, n_kv = 2;
     for (int t = 0; t < n_simd; t++)
         for (int d = 0; d < 3; d++)
-            for (int gi = 0; gi < 3; gi++)
+            for (int gi = 0; gi < 4; gi++)
                 for (int di = 0; di < 5; di++)
                     for (int ci = 0; ci < 9; ci++) {
                         int G = groups[gi], D = dims[di], first = tiles[ci][0], nq = tiles[ci][1];
@@ -636,7 +637,9 @@ static void simd_attention_matches_scalar(void **state)
                             }
                         // Each row alone (a decode row at its position) gives the same bits;
                         // alone, a row of up to 4 heads scores two key blocks a pass in
-                        // the avx512 table, where a tile of more rows takes one at a time.
+                        // the avx512 table, and 8 heads go in two groups of 4 in avx2,
+                        // where a tile of more rows takes one block at a time in
+                        // full groups.
                         for (int i = 0; i < nq; i++) {
                             struct cpu_attn b1 = a;
                             b1.q = q + i * stride;
