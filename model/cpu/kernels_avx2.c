@@ -31,9 +31,8 @@
 #define ATT_RB 6
 // A decode token's 4 heads in one group of 4, its 8 in two (kernels_simd.inc).
 #define ATT_RB_SMALL 4
-// Key blocks a small row group (ATT_RB / 2 rows: a decode token's 4 query
-// heads) scores in one pass: one (2 vectors a row already; two blocks would
-// not fit the 16 registers).
+// Key blocks a small row group (ATT_RB_SMALL rows) scores in one pass: one
+// (2 vectors a row already; two blocks would not fit the 16 registers).
 #define ATT_KB 1
 
 // The canonical lane-sum tree: adjacent pairs, then pairs of pairs, then the

@@ -31,8 +31,9 @@
 #define MM_UNIT 16
 // Attention rows per group: their score accumulators fill the registers.
 #define ATT_RB 8
-// Key blocks a small row group (ATT_RB / 2 rows: a decode token's 4 query
-// heads) scores in one pass: two, 8 chains of FMAs in flight, not 4.
+// Key blocks a small row group (ATT_RB_SMALL, ATT_RB / 2 rows: a decode
+// token's 4 query heads) scores in one pass: two, 8 chains of FMAs in
+// flight, not 4.
 #define ATT_KB 2
 
 // The canonical tree: lane i + lane i+8, then the AVX2 tree on the 8 sums.
