@@ -94,6 +94,14 @@ static inline const char *cpu_pf_ahead(const char *wp, size_t bb, int NB, int n,
     return to < bb ? wp + (size_t)n * bb + to : wp + (size_t)(n + NB) * bb + (to - bb);
 }
 
+// One tile step's share of the plan: its per lines from at on (up to
+// end) into L2, at moved past them. A tile works on its own copy of the
+// plan and writes at back when it ends, for the tile after it.
+static inline __attribute__((always_inline)) void cpu_ahead_step(struct cpu_ahead *a)
+{
+    for (int i = 0; i < a->per && a->at < a->end; i++, a->at += 64) __builtin_prefetch(a->at, 0, 2);
+}
+
 // What a tile prefetches of its own blocks: nothing (a row block after the
 // first, which finds them in L2), lines `near` bytes ahead (cpu_pf_ahead)
 // into L1, or those and lines further ahead into L2 (the far ones): the

@@ -154,8 +154,7 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const int PFM, 
                 const char *wp, size_t bb, int K, float *const *yr, int o, int o0, int o1, bool accumulate,
                 enum cpu_pf pf, struct cpu_ahead *ahead)
 {
-    const char *pa = PFM == CPU_PFM_AHEAD ? ahead->at : NULL, *pe = PFM == CPU_PFM_AHEAD ? ahead->end : NULL;
-    const int per = PFM == CPU_PFM_AHEAD ? ahead->per : 0;
+    struct cpu_ahead ah = PFM == CPU_PFM_AHEAD ? *ahead : (struct cpu_ahead){0};
     __m256 acc[P2_MAX_MR][2 * P2_MAX_NB];
 #pragma GCC unroll 6
     for (int r = 0; r < MR; r++)
@@ -222,7 +221,7 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const int PFM, 
                 }
             }
             if (PFM == CPU_PFM_AHEAD)
-                for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
+                cpu_ahead_step(&ah);
         }
         if (K & 1) {
 #pragma GCC unroll 4
@@ -259,10 +258,10 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const int PFM, 
                 }
             }
             if (PFM == CPU_PFM_AHEAD && ((k & 1) || k + 1 == K))
-                for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
+                cpu_ahead_step(&ah);
         }
     }
-    if (PFM == CPU_PFM_AHEAD) ahead->at = pa;
+    if (PFM == CPU_PFM_AHEAD) ahead->at = ah.at;
 #pragma GCC unroll 8
     for (int v = 0; v < 2 * NB; v++) {
         const int on = o + 8 * v;

@@ -130,8 +130,7 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
                 const float *const *xr, const float *xp, const char *wp, size_t bb, int K, float *const *yr,
                 int o, int o0, int o1, bool accumulate, enum cpu_pf pf, struct cpu_ahead *ahead)
 {
-    const char *pa = PFM == CPU_PFM_AHEAD ? ahead->at : NULL, *pe = PFM == CPU_PFM_AHEAD ? ahead->end : NULL;
-    const int per = PFM == CPU_PFM_AHEAD ? ahead->per : 0;
+    struct cpu_ahead ah = PFM == CPU_PFM_AHEAD ? *ahead : (struct cpu_ahead){0};
     __m512 acc[PK_XP_MAX_ROWS][PK_NB];
 #pragma GCC unroll 16
     for (int r = 0; r < MR; r++)
@@ -168,7 +167,7 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
                 }
             }
             if (PFM == CPU_PFM_AHEAD)
-                for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
+                cpu_ahead_step(&ah);
             const char *pw = wp + (size_t)p * 64;
             // DP: VDPBF16PS's order, the odd k's product first.
 #pragma GCC unroll 2
@@ -220,7 +219,7 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
                                         : _mm512_loadu_ps((const float *)a);
             }
             if (PFM == CPU_PFM_AHEAD)
-                for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
+                cpu_ahead_step(&ah);
 #pragma GCC unroll 16
             for (int r = 0; r < MR; r++) {
                 const __m512 xb = _mm512_set1_ps(PK_X(r, k));
@@ -229,7 +228,7 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
             }
         }
     }
-    if (PFM == CPU_PFM_AHEAD) ahead->at = pa;
+    if (PFM == CPU_PFM_AHEAD) ahead->at = ah.at;
 #pragma GCC unroll 4
     for (int n = 0; n < NB; n++) {
         const int on = o + 16 * n;

@@ -72,8 +72,7 @@ AI void bf_tile(const int MR, const int NB, const bool XP, const int PFM, const 
                 const uint32_t *xq, const char *wp, size_t bb, int np, float *const *yr, int o, int o0, int o1,
                 bool accumulate, enum cpu_pf pf, struct cpu_ahead *ahead)
 {
-    const char *pa = PFM == CPU_PFM_AHEAD ? ahead->at : NULL, *pe = PFM == CPU_PFM_AHEAD ? ahead->end : NULL;
-    const int per = PFM == CPU_PFM_AHEAD ? ahead->per : 0;
+    struct cpu_ahead ah = PFM == CPU_PFM_AHEAD ? *ahead : (struct cpu_ahead){0};
     __m512 acc[BF_XP_MAX_ROWS][BF_NB];
 #pragma GCC unroll 16
     for (int r = 0; r < MR; r++)
@@ -88,7 +87,7 @@ AI void bf_tile(const int MR, const int NB, const bool XP, const int PFM, const 
             wv[n] = (__m512bh)_mm512_loadu_si512(a);
         }
         if (PFM == CPU_PFM_AHEAD)
-            for (int i = 0; i < per && pa < pe; i++, pa += 64) _mm_prefetch(pa, _MM_HINT_T1);
+            cpu_ahead_step(&ah);
 #pragma GCC unroll 16
         for (int r = 0; r < MR; r++) {
             const __m512bh xb = (__m512bh)_mm512_set1_epi32((int)BF_X(r, p));
@@ -96,7 +95,7 @@ AI void bf_tile(const int MR, const int NB, const bool XP, const int PFM, const 
             for (int n = 0; n < NB; n++) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], wv[n], xb);
         }
     }
-    if (PFM == CPU_PFM_AHEAD) ahead->at = pa;
+    if (PFM == CPU_PFM_AHEAD) ahead->at = ah.at;
 #pragma GCC unroll 4
     for (int n = 0; n < NB; n++) {
         const int on = o + 16 * n;
