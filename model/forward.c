@@ -114,6 +114,8 @@ struct rank {
     uint64_t steps, tokens, padded_steps, graph_steps;
     double last_step, a2a_time, tp; // tp: when the current phase began
     double phase_time[FWD_PHASES], a2a_total, forward_total; // cumulative (rank_stats)
+    uint64_t decode_steps;
+    double decode_phase_time[FWD_PHASES]; // of phase_time, the decode steps' share
 };
 
 void rank_expert_range(const struct rank *r, int *begin, int *end)
@@ -420,6 +422,8 @@ void rank_get_stats(const struct rank *r, struct rank_stats *out)
     out->expert_tokens = r->expert_tokens;
     out->layer_tokens = r->layer_tokens;
     memcpy(out->phase_seconds, r->phase_time, sizeof out->phase_seconds);
+    out->decode_steps = r->decode_steps;
+    memcpy(out->decode_phase_seconds, r->decode_phase_time, sizeof out->decode_phase_seconds);
     out->a2a_seconds_total = r->a2a_total;
     out->forward_seconds_total = r->forward_total;
 }
@@ -1095,6 +1099,8 @@ static void count_experts(struct rank *r)
 int rank_forward(struct rank *r, const struct fwd_batch *b, float *logits, char *err, size_t errlen)
 {
     const double t0 = ms_now();
+    double phase0[FWD_PHASES];
+    memcpy(phase0, r->phase_time, sizeof phase0);
     r->a2a_time = 0;
     r->op_rc = 0;
     r->layer = 0;
@@ -1130,6 +1136,10 @@ int rank_forward(struct rank *r, const struct fwd_batch *b, float *logits, char 
     r->tokens += (uint64_t)real_tokens;
     const double t1 = ms_now();
     r->phase_time[FWD_PHASE_LM_HEAD] += t1 - r->tp;
+    if (decode) {
+        r->decode_steps++;
+        for (int f = 0; f < FWD_PHASES; f++) r->decode_phase_time[f] += r->phase_time[f] - phase0[f];
+    }
     r->last_step = t1 - t0;
     r->forward_total += r->last_step;
     r->a2a_total += r->a2a_time;

@@ -101,6 +101,10 @@ struct rank_stats {
     // Cumulative over all steps, in seconds: each phase, the exchanges
     // (inside the MoE and lm_head phases), and whole forward passes.
     double phase_seconds[FWD_PHASES];
+    // Of those, the decode steps' (every sequence one new token wanting its
+    // logits): what the steps that carry prompt tokens took is the rest.
+    uint64_t decode_steps;
+    double decode_phase_seconds[FWD_PHASES];
     double a2a_seconds_total;
     double forward_seconds_total;
 };

@@ -82,6 +82,7 @@ struct rank_slot {
     int rc;                            // of the last step
     char err[768];
     double sample_seconds;             // cumulative wall time sampling this rank's rows
+    double decode_sample_seconds;      // of which in decode steps (rank_stats' decode_steps)
     pthread_t thread;
     bool thread_started;
 };
@@ -490,8 +491,12 @@ static int seq_rows(struct rank_slot *r, struct sched_seq *q, int n)
 static void rank_run_step(struct rank_slot *r)
 {
     struct sched_rank *p = r->plan;
+    // A decode step as rank_forward counts one: every sequence one new token
+    // wanting its logits.
+    bool decode = p->n_batch > 0;
     for (int i = 0; i < p->n_batch; i++) {
         struct sched_seq *q = p->batch[i];
+        decode &= q->sched_new == 1 && q->sched_rows == 1;
         struct fwd_seq *f = &r->fseqs[i];
         f->tokens = q->tokens + q->n_computed;
         f->n_new = q->sched_new;
@@ -512,7 +517,9 @@ static void rank_run_step(struct rank_slot *r)
         else
             for (int i = 0; i < n; i++) *r->row_dst[i] = r->row_out[i];
     }
-    r->sample_seconds += ms_now() - t0;
+    const double dt = ms_now() - t0;
+    r->sample_seconds += dt;
+    if (decode) r->decode_sample_seconds += dt;
 }
 
 static void *rank_worker(void *arg)
@@ -662,6 +669,9 @@ static void publish_stats(struct engine *e)
         rank_get_stats(e->ranks[i].rank, &rs);
         for (int f = 0; f < FWD_PHASES; f++) st->rank[i].phase_seconds[f] = rs.phase_seconds[f];
         st->rank[i].phase_seconds[ENGINE_PHASE_SAMPLING] = e->ranks[i].sample_seconds;
+        st->rank[i].decode_steps = rs.decode_steps;
+        for (int f = 0; f < FWD_PHASES; f++) st->rank[i].decode_phase_seconds[f] = rs.decode_phase_seconds[f];
+        st->rank[i].decode_phase_seconds[ENGINE_PHASE_SAMPLING] = e->ranks[i].decode_sample_seconds;
         st->rank[i].exchange_seconds = rs.a2a_seconds_total;
         st->rank[i].forward_seconds = rs.forward_seconds_total;
         st->rank[i].padded_steps = rs.padded_steps;

@@ -143,6 +143,11 @@ struct engine_rank_stats {
     int num_running;
     // Cumulative wall time over all steps, in seconds.
     double phase_seconds[ENGINE_PHASES];
+    // Of those, the decode steps' (every sequence one new token wanting its
+    // logits; rank_stats' decode_steps): the rest is what the steps that
+    // carried prompt tokens (or, on an expert-parallel rank, none) took.
+    uint64_t decode_steps;
+    double decode_phase_seconds[ENGINE_PHASES];
     double exchange_seconds;     // in MoE and lm_head exchanges (inside those phases)
     double forward_seconds;      // whole forward passes
     uint64_t padded_steps;       // decode steps run padded to a bucket

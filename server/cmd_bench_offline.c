@@ -88,6 +88,11 @@ struct pass_result {
     // Per rank over the pass, in seconds: each engine phase, the exchanges.
     double phase[SHOWN_RANKS][ENGINE_PHASES];
     double exchange[SHOWN_RANKS];
+    // Of steps and phase, each rank's decode steps (every sequence one new
+    // token): a wave's prompt steps cost tens of decode steps each, and a
+    // mean over both says little of either.
+    uint64_t decode_steps[SHOWN_RANKS];
+    double decode_phase[SHOWN_RANKS][ENGINE_PHASES];
     int done, failed;
     long long input_tokens, output_tokens;
 };
@@ -148,6 +153,9 @@ static int run_pass(struct engine *e, int vocab, int n_prompts, int input_len, i
         for (int f = 0; f < ENGINE_PHASES; f++)
             pr->phase[ri][f] = s1.rank[ri].phase_seconds[f] - s0.rank[ri].phase_seconds[f];
         pr->exchange[ri] = s1.rank[ri].exchange_seconds - s0.rank[ri].exchange_seconds;
+        pr->decode_steps[ri] = s1.rank[ri].decode_steps - s0.rank[ri].decode_steps;
+        for (int f = 0; f < ENGINE_PHASES; f++)
+            pr->decode_phase[ri][f] = s1.rank[ri].decode_phase_seconds[f] - s0.rank[ri].decode_phase_seconds[f];
     }
     pr->done = b.done - b.failed;
     pr->failed = b.failed;
@@ -161,9 +169,20 @@ static int run_pass(struct engine *e, int vocab, int n_prompts, int input_len, i
     return rc;
 }
 
-static double step_ms(const struct pass_result *r, double seconds)
+static double ms_per(double seconds, uint64_t steps) { return steps ? seconds * 1e3 / (double)steps : 0.0; }
+
+static double step_ms(const struct pass_result *r, double seconds) { return ms_per(seconds, r->steps); }
+
+// Rank ri's phases over its decode steps (decode) or over the others, in
+// ms per step: " attention 5.10 moe 35.20 ...", or JSON's fields.
+static void print_split(const struct pass_result *r, int ri, bool decode, bool json)
 {
-    return r->steps ? seconds * 1e3 / (double)r->steps : 0.0;
+    const uint64_t nd = r->decode_steps[ri], n = decode ? nd : r->steps > nd ? r->steps - nd : 0;
+    for (int f = 0; f < ENGINE_PHASES; f++) {
+        const double s = decode ? r->decode_phase[ri][f] : r->phase[ri][f] - r->decode_phase[ri][f];
+        if (json) printf("%s\"%s\": %.3f", f ? ", " : "", engine_phase_names[f], ms_per(s, n));
+        else printf(" %s %.2f", engine_phase_names[f], ms_per(s, n));
+    }
 }
 
 static void print_pass(const struct pass_result *r, const struct engine_opts *o, int n_prompts,
@@ -189,6 +208,21 @@ static void print_pass(const struct pass_result *r, const struct engine_opts *o,
                 printf("\"%s\": %.3f, ", engine_phase_names[f], step_ms(r, r->phase[ri][f]));
             printf("\"exchange\": %.3f}", step_ms(r, r->exchange[ri]));
         }
+        printf("], \"decode_steps\": [");
+        for (int ri = 0; ri < r->n_ranks; ri++)
+            printf("%s%llu", ri ? ", " : "", (unsigned long long)r->decode_steps[ri]);
+        printf("], \"decode_step_ms\": [");
+        for (int ri = 0; ri < r->n_ranks; ri++) {
+            printf("%s{", ri ? ", " : "");
+            print_split(r, ri, true, true);
+            printf("}");
+        }
+        printf("], \"other_step_ms\": [");
+        for (int ri = 0; ri < r->n_ranks; ri++) {
+            printf("%s{", ri ? ", " : "");
+            print_split(r, ri, false, true);
+            printf("}");
+        }
         printf("]}\n");
     } else {
         printf("max-concurrency %d: Throughput: %.2f requests/s, %.2f total tokens/s, "
@@ -204,6 +238,12 @@ static void print_pass(const struct pass_result *r, const struct engine_opts *o,
             for (int f = 0; f < ENGINE_PHASES; f++)
                 printf(" %s %.2f", engine_phase_names[f], step_ms(r, r->phase[ri][f]));
             printf(" (exchanges %.2f)\n", step_ms(r, r->exchange[ri]));
+            const uint64_t nd = r->decode_steps[ri];
+            printf("    %llu decode steps:", (unsigned long long)nd);
+            print_split(r, ri, true, false);
+            printf("; the %llu others:", (unsigned long long)(r->steps > nd ? r->steps - nd : 0));
+            print_split(r, ri, false, false);
+            printf("\n");
         }
     }
     fflush(stdout);

@@ -101,7 +101,7 @@ static void malformed_steps_are_refused_and_empty_steps_are_fine(void **state)
     harness_close(&h);
 }
 
-static void stats_count_steps_tokens_and_expert_rows(void **state)
+static void stats_count_steps_tokens_decode_steps_and_expert_rows(void **state)
 {
     (void)state;
     struct harness h;
@@ -119,6 +119,10 @@ static void stats_count_steps_tokens_and_expert_rows(void **state)
     rank_get_stats(h.r, &st);
     assert_int_equal(st.steps, 2);
     assert_int_equal(st.tokens, 8);
+    // The second step was a decode step: its phases are a part of the whole.
+    assert_int_equal(st.decode_steps, 1);
+    for (int f = 0; f < FWD_PHASES; f++)
+        assert_true(st.decode_phase_seconds[f] > 0 && st.decode_phase_seconds[f] < st.phase_seconds[f]);
     assert_true(st.last_step_seconds > 0);
     assert_true(st.last_a2a_seconds == 0); // one rank: no exchanges
     uint64_t sum = 0;
@@ -137,7 +141,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(pools_and_ranks_refuse_impossible_settings),
         cmocka_unit_test(malformed_steps_are_refused_and_empty_steps_are_fine),
-        cmocka_unit_test(stats_count_steps_tokens_and_expert_rows),
+        cmocka_unit_test(stats_count_steps_tokens_decode_steps_and_expert_rows),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -2,6 +2,7 @@
 // request completes with exactly --output-len tokens (the JSON counts them),
 // the text output names vLLM's three figures, 2 expert-parallel ranks run,
 // and bad arguments exit 2 with a sentence.
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -73,6 +74,27 @@ static void json_passes_count_every_token(void **state)
             if (!(json_real_value(json_object_get(json_array_get(ranks, 0), phases[f])) > 0))
                 fail_msg("no %s time in: %s", phases[f], line);
         assert_true(json_real_value(json_object_get(json_array_get(ranks, 0), "exchange")) == 0);
+        // The decode steps apart: one stream at a time takes a prompt step
+        // and 8 decode steps a request.
+        const json_int_t steps = json_integer_value(json_object_get(j, "steps"));
+        const json_int_t nd = json_integer_value(json_array_get(json_object_get(j, "decode_steps"), 0));
+        if (passes == 0) {
+            assert_int_equal(steps, 6 * 9);
+            assert_int_equal(nd, 6 * 8);
+        }
+        assert_true(nd > 0 && nd < steps);
+        json_t *dec = json_array_get(json_object_get(j, "decode_step_ms"), 0),
+               *oth = json_array_get(json_object_get(j, "other_step_ms"), 0);
+        for (int f = 0; f < 4; f++) {
+            const double d = json_real_value(json_object_get(dec, phases[f])),
+                         o = json_real_value(json_object_get(oth, phases[f])),
+                         all = json_real_value(json_object_get(json_array_get(ranks, 0), phases[f]));
+            if (!(d > 0 && o > 0)) fail_msg("no %s time in a step kind: %s", phases[f], line);
+            // The mean over all steps is the two kinds' weighted by their
+            // counts (each printed to 3 decimals).
+            const double mix = (d * (double)nd + o * (double)(steps - nd)) / (double)steps;
+            if (fabs(mix - all) > 2e-3) fail_msg("%s: %f decode and %f other do not make %f: %s", phases[f], d, o, all, line);
+        }
         json_decref(j);
         passes++;
     }
@@ -99,6 +121,8 @@ static void text_output_on_two_expert_parallel_ranks(void **state)
     assert_non_null(strstr(out, "\n  rank 1, ms per step over "));
     assert_non_null(strstr(out, " lm_head "));
     assert_non_null(strstr(out, "(exchanges "));
+    assert_non_null(strstr(out, " decode steps: attention "));
+    assert_non_null(strstr(out, " others: attention "));
     free(out);
 }
 
