@@ -75,13 +75,13 @@ static void json_passes_count_every_token(void **state)
                 fail_msg("no %s time in: %s", phases[f], line);
         assert_true(json_real_value(json_object_get(json_array_get(ranks, 0), "exchange")) == 0);
         // The decode steps apart: one stream at a time takes a prompt step
-        // and 8 decode steps a request.
+        // and 8 decode steps a request (the last step's statistics may land
+        // after the pass has seen its request finish: 47 or 48).
         const json_int_t steps = json_integer_value(json_object_get(j, "steps"));
         const json_int_t nd = json_integer_value(json_array_get(json_object_get(j, "decode_steps"), 0));
-        if (passes == 0) {
-            assert_int_equal(steps, 6 * 9);
-            assert_int_equal(nd, 6 * 8);
-        }
+        if (passes == 0 && (steps - nd != 6 || nd < 6 * 8 - 1 || nd > 6 * 8))
+            fail_msg("one stream: %lld steps, %lld decode, not 6 prompt steps and 48 decode: %s",
+                     (long long)steps, (long long)nd, line);
         assert_true(nd > 0 && nd < steps);
         json_t *dec = json_array_get(json_object_get(j, "decode_step_ms"), 0),
                *oth = json_array_get(json_object_get(j, "other_step_ms"), 0);
