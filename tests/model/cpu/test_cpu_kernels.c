@@ -545,8 +545,8 @@ static void big_matrix_outputs_do_not_depend_on_rows(void **state)
         for (int i = 0; i < maxr * out; i++)
             if (fabs(ref[i] - scalar[i]) > 1e-6 * in + 1e-6 * fabs(scalar[i]))
                 fail_msg("%s: [%d] %g vs scalar %g", name, i, ref[i], scalar[i]);
-        const int rows[] = {12, 16, 17, 24, 33};
-        for (int i = 0; i < 5; i++) {
+        const int rows[] = {8, 9, 12, 16, 17, 24, 33};
+        for (int i = 0; i < 7; i++) {
             run_matmul(simd_tables[t], &w, x, rows[i], got, false);
             for (int r = 0; r < rows[i]; r++)
                 if (memcmp(got + (size_t)r * out, ref + (size_t)r * out, (size_t)out * 4))
@@ -1070,7 +1070,7 @@ static void router_picks_top_k_lowest_index_on_ties(void **state)
 static const int bf16_shapes[][3] = {
     {1, 1, 1}, {2, 7, 5}, {6, 33, 16}, {7, 77, 17}, {13, 96, 45}, {16, 512, 300}, {33, 130, 70},
     {5, 2, 64}, {1, 512, 1000}, {16, 77, 1030}, {9, 64, 1024}, {7, 3, 1040}, {12, 512, 2100},
-    {70, 512, 70}, {40, 1024, 600}, {3, 9216, 20}, {64, 384, 100},
+    {70, 512, 70}, {40, 1024, 600}, {3, 9216, 20}, {64, 384, 100}, {8, 131, 770},
 };
 
 static float *bf16_rounded(const float *x, size_t n)
