@@ -147,10 +147,12 @@ static void bf_tiles(int mr, int nb, const uint32_t *const *xr, const char *wp, 
 // keep a third stream of weights in flight, and a tile of 7 to 9 rows that
 // reads its experts from memory waits on them less: measured on Zen 5 (2
 // threads, 64 experts of 384 x 1024 and 1024 x 384 from 12 layers on 2 MiB
-// pages, one process alternating against two blocks, medians), experts of
-// 7 rows 4-10% faster, 8 rows 5-16%, 9 rows 5-13%; 48 and 64 tokens routed
-// at random (rows per expert spread around 6 and 8) 2-4%; the same bits.
-// (Ten rows take 30 accumulators: too many with the weights.)
+// pages, one process alternating against two blocks with far prefetches,
+// medians), experts of 7 to 9 rows 13-14% faster (the weights' read),
+// 48 and 64 tokens routed at random (rows per expert spread around 6 and
+// 8) 3-6%; the same bits. (Ten rows take 30 accumulators: too many with the
+// weights. Two blocks up to 14 rows, or 10 to 16 rows in two passes of
+// three-block tiles, were no faster.)
 #define BF_XCASE(MR)                                                                          \
     case MR:                                                                                  \
         if (MR <= BF_XP_WIDE3_ROWS && nb == 3)                                                \
@@ -250,7 +252,10 @@ static void bf_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
         (o1 - o0) / CPU_PACK_OUTS >= BF_XP_BLOCKS_PER_ROW * m->rows) {
         bf_pack_interleaved(m, xb, xb + (size_t)BF_XP_MAX_ROWS * np, yr);
         const int nb = m->rows <= BF_XP_WIDE3_ROWS ? 3 : m->rows <= BF_XP_WIDE_ROWS ? 2 : 1;
-        const enum cpu_pf pf = cpu_pf_mode(true, m->rows);
+        // Three blocks keep enough lines in flight with the near prefetches
+        // alone; the plan's far ones (Zen's, from 7 rows on) only crowd them
+        // (measured as above: 3-10% slower with them).
+        const enum cpu_pf pf = nb == 3 ? CPU_PF_NEAR : cpu_pf_mode(true, m->rows);
         const char *w = m->w.packed;
         int b = b0;
         for (; b + nb <= b1; b += nb)
