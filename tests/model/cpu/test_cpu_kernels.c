@@ -396,7 +396,8 @@ static void packed_matmul_is_one_fma_chain_per_output(void **state)
     const int shapes_p[][3] = {{1, 1, 1}, {2, 7, 5}, {6, 33, 16}, {7, 77, 17}, {13, 96, 45},
                                {16, 512, 300}, {33, 130, 70}, {5, 2, 64}, {1, 512, 1000},
                                // 7 to 16 rows and two blocks a row or more: the transposed-x
-                               // tiles, two blocks wide up to 12 rows (an odd block left over)
+                               // tiles, three blocks wide up to 8 or 9 rows, two up to 12 (a
+                               // block or two left over)
                                {16, 77, 1030}, {9, 64, 1024}, {7, 2, 1040}, {12, 512, 2100},
                                {8, 96, 275}, {11, 64, 384}, {13, 40, 420},
                                // amx: rows on both sides of its 16-row tiles and of a
