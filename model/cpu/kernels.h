@@ -123,7 +123,9 @@ static inline __attribute__((always_inline)) void cpu_ahead_step(struct cpu_ahea
 //   3-14% with 6 KiB in every table), nothing at 8 rows, and pay where a
 //   tile's dot products take about as long as its reads: avx512_bf16's
 //   lm_head 7% faster at 12 rows, 14% at 13, 28% at 16, the experts at 8
-//   to 16 rows 4-8%; 64 rows 5% slower.
+//   to 16 rows 4-8%; 64 rows 5% slower. (Those were two-block tiles: the
+//   three-block ones that avx512 and avx512_bf16 now give 7 to 8 or 9
+//   rows take near lines only, which measured faster there.)
 // Other CPUs take Zen's plan.
 enum cpu_pf { CPU_PF_NONE, CPU_PF_NEAR, CPU_PF_NEAR_FAR, CPU_PF_NEAR_FAR_LONG };
 #define CPU_PF_FAR 6144
