@@ -93,6 +93,9 @@ static void check_prepared(const struct model *m, const struct backend_weights *
 {
     assert_prepared_like(&m->lm_head, &w->lm_head, packs);
     assert_prepared_like(&m->embed, &w->embed, false);
+    // The embedding's lookups read the backend's own copy, not the file's
+    // mapping (whose rows each faulted in on a token's first use).
+    if (m->embed.data) assert_ptr_not_equal(w->embed.data, m->embed.data);
     assert_prepared_like(&m->final_norm, &w->final_norm, false);
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const struct layer_weights *L = &m->layers[l];
