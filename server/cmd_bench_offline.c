@@ -211,17 +211,13 @@ static void print_pass(const struct pass_result *r, const struct engine_opts *o,
         printf("], \"decode_steps\": [");
         for (int ri = 0; ri < r->n_ranks; ri++)
             printf("%s%llu", ri ? ", " : "", (unsigned long long)r->decode_steps[ri]);
-        printf("], \"decode_step_ms\": [");
-        for (int ri = 0; ri < r->n_ranks; ri++) {
-            printf("%s{", ri ? ", " : "");
-            print_split(r, ri, true, true);
-            printf("}");
-        }
-        printf("], \"other_step_ms\": [");
-        for (int ri = 0; ri < r->n_ranks; ri++) {
-            printf("%s{", ri ? ", " : "");
-            print_split(r, ri, false, true);
-            printf("}");
+        for (int decode = 1; decode >= 0; decode--) {
+            printf("], \"%s_step_ms\": [", decode ? "decode" : "other");
+            for (int ri = 0; ri < r->n_ranks; ri++) {
+                printf("%s{", ri ? ", " : "");
+                print_split(r, ri, decode, true);
+                printf("}");
+            }
         }
         printf("]}\n");
     } else {
