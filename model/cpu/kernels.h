@@ -154,6 +154,16 @@ static inline enum cpu_pf cpu_pf_mode(bool streams, int rows)
     return rows >= p->min_rows && rows <= p->max_rows ? p->far : CPU_PF_NEAR;
 }
 
+// A tile of `rows` rows that streams nb blocks side by side (the avx512 and
+// avx512_bf16 tiles of 7 to 16 rows): three blocks or more keep enough
+// lines in flight with the near prefetches alone, and the plan's far ones
+// (Zen's, from 7 rows on) only crowded them (3-10% slower with them on
+// 7-9-row bf16 experts read from memory, Zen 5, 2 threads).
+static inline enum cpu_pf cpu_pf_mode_blocks(int rows, int nb)
+{
+    return nb >= 3 ? CPU_PF_NEAR : cpu_pf_mode(true, rows);
+}
+
 // What a tile's loop prefetches, a constant each tile is compiled with
 // (cpu_pfm picks one at run time): nothing (CPU_PFM_OFF), the next chunk's
 // lines (CPU_PFM_AHEAD, struct cpu_ahead: the row blocks after a chunk's

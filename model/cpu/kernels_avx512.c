@@ -340,7 +340,7 @@ static void pk_matmul_xp(const struct cpu_mm *m, int o0, int o1, float *xp, bool
     }
     const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
     const int nb = mr <= PK_XP_WIDE3_ROWS ? 3 : mr <= PK_XP_WIDE_ROWS ? 2 : 1;
-    const enum cpu_pf pf = nb == 3 ? CPU_PF_NEAR : cpu_pf_mode(true, mr);
+    const enum cpu_pf pf = cpu_pf_mode_blocks(mr, nb);
     const char *w = m->w.packed;
     int b = b0;
     for (; b + nb <= b1; b += nb)

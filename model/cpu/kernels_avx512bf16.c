@@ -252,10 +252,7 @@ static void bf_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
         (o1 - o0) / CPU_PACK_OUTS >= BF_XP_BLOCKS_PER_ROW * m->rows) {
         bf_pack_interleaved(m, xb, xb + (size_t)BF_XP_MAX_ROWS * np, yr);
         const int nb = m->rows <= BF_XP_WIDE3_ROWS ? 3 : m->rows <= BF_XP_WIDE_ROWS ? 2 : 1;
-        // Three blocks keep enough lines in flight with the near prefetches
-        // alone; the plan's far ones (Zen's, from 7 rows on) only crowd them
-        // (measured as above: 3-10% slower with them).
-        const enum cpu_pf pf = nb == 3 ? CPU_PF_NEAR : cpu_pf_mode(true, m->rows);
+        const enum cpu_pf pf = cpu_pf_mode_blocks(m->rows, nb);
         const char *w = m->w.packed;
         int b = b0;
         for (; b + nb <= b1; b += nb)
