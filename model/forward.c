@@ -116,6 +116,7 @@ struct rank {
     double phase_time[FWD_PHASES], a2a_total, forward_total; // cumulative (rank_stats)
     uint64_t decode_steps;
     double decode_phase_time[FWD_PHASES]; // of phase_time, the decode steps' share
+    bool last_decode;                     // the last step was a decode step
 };
 
 void rank_expert_range(const struct rank *r, int *begin, int *end)
@@ -423,6 +424,7 @@ void rank_get_stats(const struct rank *r, struct rank_stats *out)
     out->layer_tokens = r->layer_tokens;
     memcpy(out->phase_seconds, r->phase_time, sizeof out->phase_seconds);
     out->decode_steps = r->decode_steps;
+    out->last_step_decode = r->last_decode;
     memcpy(out->decode_phase_seconds, r->decode_phase_time, sizeof out->decode_phase_seconds);
     out->a2a_seconds_total = r->a2a_total;
     out->forward_seconds_total = r->forward_total;
@@ -1136,6 +1138,7 @@ int rank_forward(struct rank *r, const struct fwd_batch *b, float *logits, char 
     r->tokens += (uint64_t)real_tokens;
     const double t1 = ms_now();
     r->phase_time[FWD_PHASE_LM_HEAD] += t1 - r->tp;
+    r->last_decode = decode;
     if (decode) {
         r->decode_steps++;
         for (int f = 0; f < FWD_PHASES; f++) r->decode_phase_time[f] += r->phase_time[f] - phase0[f];

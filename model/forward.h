@@ -105,6 +105,7 @@ struct rank_stats {
     // logits): what the steps that carry prompt tokens took is the rest.
     uint64_t decode_steps;
     double decode_phase_seconds[FWD_PHASES];
+    bool last_step_decode;      // the last rank_forward counted as a decode step
     double a2a_seconds_total;
     double forward_seconds_total;
 };

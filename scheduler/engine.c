@@ -491,12 +491,8 @@ static int seq_rows(struct rank_slot *r, struct sched_seq *q, int n)
 static void rank_run_step(struct rank_slot *r)
 {
     struct sched_rank *p = r->plan;
-    // A decode step as rank_forward counts one: every sequence one new token
-    // wanting its logits.
-    bool decode = p->n_batch > 0;
     for (int i = 0; i < p->n_batch; i++) {
         struct sched_seq *q = p->batch[i];
-        decode &= q->sched_new == 1 && q->sched_rows == 1;
         struct fwd_seq *f = &r->fseqs[i];
         f->tokens = q->tokens + q->n_computed;
         f->n_new = q->sched_new;
@@ -519,7 +515,10 @@ static void rank_run_step(struct rank_slot *r)
     }
     const double dt = ms_now() - t0;
     r->sample_seconds += dt;
-    if (decode) r->decode_sample_seconds += dt;
+    // A decode step as rank_forward counted it.
+    struct rank_stats rs;
+    rank_get_stats(r->rank, &rs);
+    if (rs.last_step_decode) r->decode_sample_seconds += dt;
 }
 
 static void *rank_worker(void *arg)

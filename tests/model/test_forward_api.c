@@ -113,10 +113,13 @@ static void stats_count_steps_tokens_decode_steps_and_expert_rows(void **state)
     struct fwd_seq s = {.tokens = toks, .n_new = 7, .blocks = blocks, .n_logits = 1};
     struct fwd_batch b = {.n_seqs = 1, .seqs = &s};
     assert_int_equal(harness_forward(&h, &b, logits, err, sizeof err), 0);
-    s = (struct fwd_seq){.tokens = toks, .n_new = 1, .n_past = 7, .blocks = blocks, .n_logits = 1};
-    assert_int_equal(harness_forward(&h, &b, logits, err, sizeof err), 0);
     struct rank_stats st;
     rank_get_stats(h.r, &st);
+    assert_false(st.last_step_decode);
+    s = (struct fwd_seq){.tokens = toks, .n_new = 1, .n_past = 7, .blocks = blocks, .n_logits = 1};
+    assert_int_equal(harness_forward(&h, &b, logits, err, sizeof err), 0);
+    rank_get_stats(h.r, &st);
+    assert_true(st.last_step_decode);
     assert_int_equal(st.steps, 2);
     assert_int_equal(st.tokens, 8);
     // The second step was a decode step: its phases are a part of the whole.
