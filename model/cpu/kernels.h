@@ -418,6 +418,12 @@ static inline size_t cpu_p2_scratch_floats(int K)
 // Other weights: the avx512 matmul. Scratch: cpu_pk_scratch_floats(K).
 void cpu_kernels_avx512_matmul_dp_order(const struct cpu_mm *m, int o0, int o1, float *scratch);
 
+// Rows of n 32-bit values (row r at rows[r], 1 <= n_rows <= 16) interleaved:
+// value i of row r at out[i * n_rows + r], the buffer the avx512 and
+// avx512_bf16 tiles of 7 to 16 rows broadcast from. AVX-512: only those
+// tables call it.
+void cpu_avx512_interleave_rows(const void *const *rows, int n_rows, int n, void *out);
+
 // Element i of a bf16, f16 or f32 array, as fp32.
 static inline float cpu_load_weight(const void *p, enum dtype t, size_t i)
 {

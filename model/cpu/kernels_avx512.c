@@ -315,6 +315,60 @@ PK_XTILES(pk_xtiles_bf16_dp, DTYPE_BF16, true)
 PK_XTILES(pk_xtiles_f16, DTYPE_F16, false)
 PK_XTILES(pk_xtiles_f32, DTYPE_F32, false)
 
+// 16 x 16 blocks transposed in registers (two rounds of unpacks, two of
+// 128-bit shuffles), where a scalar loop stored one value at a time. Every
+// tall tile's matmul call interleaves its rows afresh (gate and up of an
+// expert each: about 140 calls a layer in a 64-stream decode step).
+// Measured on Zen 5: 512 values of 7 to 16 rows in 0.3-0.5 us against
+// 1.2-2.9; the mid model's experts over 12 layers from memory (2 threads,
+// one process choosing the scalar loop or this call by call, medians):
+// gate/up of 64 tokens routed 1-2% faster (avx512_bf16) and 4% (avx512),
+// of 8 and 10 rows each 3-4%, 16 rows the same.
+void cpu_avx512_interleave_rows(const void *const *rows, int n_rows, int n, void *out)
+{
+    uint32_t *o = out;
+    const __mmask16 keep = (__mmask16)((1u << n_rows) - 1u);
+    for (int i0 = 0; i0 < n; i0 += 16) {
+        const int left = n - i0 < 16 ? n - i0 : 16;
+        const __mmask16 lm = (__mmask16)((1u << left) - 1u);
+        __m512i a[16], b[16];
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; r++)
+            a[r] = r < n_rows ? _mm512_maskz_loadu_epi32(lm, (const uint32_t *)rows[r] + i0) : _mm512_setzero_si512();
+        // b[2j], b[2j + 1]: rows 2j and 2j + 1 side by side, values 4L + {0, 1} and {2, 3} of lane L
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            b[2 * j] = _mm512_unpacklo_epi32(a[2 * j], a[2 * j + 1]);
+            b[2 * j + 1] = _mm512_unpackhi_epi32(a[2 * j], a[2 * j + 1]);
+        }
+        // a[4j + c], lane L: rows 4j to 4j + 3 of value 4L + c
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            a[4 * j] = _mm512_unpacklo_epi64(b[4 * j], b[4 * j + 2]);
+            a[4 * j + 1] = _mm512_unpackhi_epi64(b[4 * j], b[4 * j + 2]);
+            a[4 * j + 2] = _mm512_unpacklo_epi64(b[4 * j + 1], b[4 * j + 3]);
+            a[4 * j + 3] = _mm512_unpackhi_epi64(b[4 * j + 1], b[4 * j + 3]);
+        }
+        // then the lanes: rows 8j to 8j + 7, then all 16, of one value each
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; j++)
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                b[8 * j + c] = _mm512_shuffle_i32x4(a[8 * j + c], a[8 * j + 4 + c], 0x88);
+                b[8 * j + 4 + c] = _mm512_shuffle_i32x4(a[8 * j + c], a[8 * j + 4 + c], 0xdd);
+            }
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            a[c] = _mm512_shuffle_i32x4(b[c], b[8 + c], 0x88);
+            a[8 + c] = _mm512_shuffle_i32x4(b[c], b[8 + c], 0xdd);
+        }
+        // a[c]: value i0 + c of every row
+#pragma GCC unroll 16
+        for (int c = 0; c < 16; c++)
+            if (c < left) _mm512_mask_storeu_epi32(o + (size_t)(i0 + c) * (size_t)n_rows, keep, a[c]);
+    }
+}
+
 typedef void (*pk_xtiles_fn)(int mr, int nb, const float *xp, const char *wp, size_t bb, int K,
                              float *const *yr, int o, int o0, int o1, bool acc, enum cpu_pf pf);
 
@@ -333,11 +387,12 @@ static void pk_matmul_xp(const struct cpu_mm *m, int o0, int o1, float *xp, bool
                                : m->w.dtype == DTYPE_F16 ? pk_xtiles_f16
                                                          : pk_xtiles_f32;
     float *yr[PK_XP_MAX_ROWS];
+    const void *xr[PK_XP_MAX_ROWS];
     for (int r = 0; r < mr; r++) {
-        const float *x = m->x + (size_t)(m->x_rows ? m->x_rows[r] : r) * m->ldx;
+        xr[r] = m->x + (size_t)(m->x_rows ? m->x_rows[r] : r) * m->ldx;
         yr[r] = m->y + (size_t)(m->y_rows ? m->y_rows[r] : r) * m->ldy;
-        for (int k = 0; k < K; k++) xp[(size_t)k * mr + r] = x[k];
     }
+    cpu_avx512_interleave_rows(xr, mr, K, xp);
     const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
     const int nb = mr <= PK_XP_WIDE3_ROWS ? 3 : mr <= PK_XP_WIDE_ROWS ? 2 : 1;
     const enum cpu_pf pf = cpu_pf_mode_blocks(mr, nb);

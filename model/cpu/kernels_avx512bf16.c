@@ -209,16 +209,18 @@ static void bf_pack_rows(const struct cpu_mm *m, int rb, int mr, uint32_t *xb, c
 }
 
 // All rows (up to BF_XP_MAX_ROWS) as pairs, interleaved: pair p of row r
-// at xq[p * rows + r]; tmp holds one row on the way.
+// at xq[p * rows + r]; tmp holds the rows cpu_matmul did not round (row r
+// at tmp + r * np) on the way.
 static void bf_pack_interleaved(const struct cpu_mm *m, uint32_t *xq, uint32_t *tmp, float **yr)
 {
     const int np = (m->w.in + 1) / 2, rows = m->rows;
+    const void *xr[BF_XP_MAX_ROWS];
     for (int r = 0; r < rows; r++) {
         const int yi = m->y_rows ? m->y_rows[r] : r;
         yr[r] = m->y + (size_t)yi * m->ldy;
-        const uint32_t *row = bf_row(m, r, tmp);
-        for (int p = 0; p < np; p++) xq[(size_t)p * rows + r] = row[p];
+        xr[r] = bf_row(m, r, tmp + (size_t)r * np);
     }
+    cpu_avx512_interleave_rows(xr, rows, np, xq);
 }
 
 // Outputs [o0, o1) of every row. 7 to 16 rows against an output range of at

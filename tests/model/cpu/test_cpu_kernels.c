@@ -1427,6 +1427,39 @@ static void far_prefetch_plan_follows_the_variable_then_the_cpu(void **state)
     for (int rows = 1; rows <= 70; rows++) assert_int_equal(cpu_pf_mode(false, rows), CPU_PF_NONE);
 }
 
+// The tall tiles' broadcast buffer: value i of row r at out[i * rows + r]
+// for every row count they take and lengths on both sides of the 16-value
+// blocks it moves at a time, and nothing written past the last value.
+static void avx512_interleave_puts_row_r_value_i_at_i_rows_plus_r(void **state)
+{
+    (void)state;
+    if (!cpu_kernels_avx512()) {
+        skip();
+        return;
+    }
+    const int lens[] = {1, 15, 16, 17, 39, 512, 513};
+    for (int rows = 1; rows <= 16; rows++)
+        for (int li = 0; li < 7; li++) {
+            const int n = lens[li];
+            uint32_t *src = xmalloc((size_t)rows * (size_t)n * sizeof *src);
+            const void *rp[16];
+            for (int r = 0; r < rows; r++) {
+                for (int i = 0; i < n; i++) src[(size_t)r * (size_t)n + (size_t)i] = (uint32_t)(r * 100000 + i);
+                rp[r] = src + (size_t)r * (size_t)n;
+            }
+            const size_t total = (size_t)rows * (size_t)n;
+            uint32_t *out = xmalloc((total + 16) * sizeof *out);
+            for (size_t i = 0; i < total + 16; i++) out[i] = 0xdeadbeefu;
+            cpu_avx512_interleave_rows(rp, rows, n, out);
+            for (int i = 0; i < n; i++)
+                for (int r = 0; r < rows; r++)
+                    assert_int_equal(out[(size_t)i * (size_t)rows + (size_t)r], (uint32_t)(r * 100000 + i));
+            for (size_t i = total; i < total + 16; i++) assert_int_equal(out[i], 0xdeadbeefu);
+            free(out);
+            free(src);
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1435,6 +1468,7 @@ int main(void)
         cmocka_unit_test(big_matrix_outputs_do_not_depend_on_rows),
         cmocka_unit_test(packed_layout_holds_16_outputs_per_k),
         cmocka_unit_test(packed_matmul_is_one_fma_chain_per_output),
+        cmocka_unit_test(avx512_interleave_puts_row_r_value_i_at_i_rows_plus_r),
         cmocka_unit_test(quantized_matmul_matches_the_formula_on_every_table),
         cmocka_unit_test(quantized_outputs_do_not_depend_on_batch_or_split),
         cmocka_unit_test(simd_attention_matches_scalar),
