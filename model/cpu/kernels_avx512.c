@@ -261,11 +261,16 @@ AI void pk_tile(const int MR, const int NB, const bool XP, const enum dtype dt, 
     case MR:                                                                                 \
         if (nb == PK_NB) {                                                                   \
             CPU_PFM_SWITCH(cpu_pfm(pf, ahead), PK_TILE_MODE, MR, PK_NB, DT, DP)              \
+        } else if (nb == 3) {                                                                \
+            CPU_PFM_SWITCH(cpu_pfm(pf, ahead), PK_TILE_MODE, MR, 3, DT, DP)                  \
+        } else if (nb == 2) {                                                                \
+            CPU_PFM_SWITCH(cpu_pfm(pf, ahead), PK_TILE_MODE, MR, 2, DT, DP)                  \
         } else {                                                                             \
             CPU_PFM_SWITCH(cpu_pfm(pf, ahead), PK_TILE_MODE, MR, 1, DT, DP)                  \
         }                                                                                    \
         break;
-// nb is PK_NB, or 1 for the blocks left over at the end of a range.
+// nb is PK_NB, or 1 to 3 for the blocks left over at the end of a range
+// (cpu_chunk_tiles).
 #define PK_TILES(NAME, DT, DP)                                                               \
     static void NAME(int mr, int nb, const float *const *xr, const char *wp, size_t bb, int K,  \
                      float *const *yr, int o, int o0, int o1, bool acc, enum cpu_pf pf,       \
@@ -443,7 +448,7 @@ static void pk_matmul_in(const struct cpu_mm *m, int o0, int o1, float *scratch,
         const char *wc = cpu_packed_blocks(&m->w, cb, ce, scratch);
         // The row blocks after the first bring the next chunk into L2.
         struct cpu_ahead ahead = cpu_ahead_plan(m->w.packed, bb, ce, b1, chunk,
-                                                (size_t)(n_rb - 1) * (size_t)((ce - cb) / PK_NB + (ce - cb) % PK_NB) *
+                                                (size_t)(n_rb - 1) * (size_t)cpu_chunk_tiles(ce - cb, PK_NB) *
                                                     (size_t)kstep);
         for (int rb = 0; rb < m->rows; rb += bh) {
             const int mr = m->rows - rb < bh ? m->rows - rb : bh;
@@ -454,8 +459,8 @@ static void pk_matmul_in(const struct cpu_mm *m, int o0, int o1, float *scratch,
             for (; b + PK_NB <= ce; b += PK_NB)
                 tiles(mr, PK_NB, xr, wc + (size_t)(b - cb) * bb, bb, K, yr, b * CPU_PACK_OUTS, o0, o1,
                       m->accumulate, pf, pa);
-            for (; b < ce; b++)
-                tiles(mr, 1, xr, wc + (size_t)(b - cb) * bb, bb, K, yr, b * CPU_PACK_OUTS, o0, o1,
+            if (b < ce)
+                tiles(mr, ce - b, xr, wc + (size_t)(b - cb) * bb, bb, K, yr, b * CPU_PACK_OUTS, o0, o1,
                       m->accumulate, pf, pa);
         }
     }

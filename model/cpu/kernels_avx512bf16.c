@@ -128,12 +128,16 @@ AI void bf_tile(const int MR, const int NB, const bool XP, const int PFM, const 
     case MR:                                                                                      \
         if (nb == BF_NB) {                                                                        \
             CPU_PFM_SWITCH(cpu_pfm(pf, ahead), BF_TILE_MODE, MR, BF_NB)                           \
+        } else if (nb == 3) {                                                                     \
+            CPU_PFM_SWITCH(cpu_pfm(pf, ahead), BF_TILE_MODE, MR, 3)                               \
+        } else if (nb == 2) {                                                                     \
+            CPU_PFM_SWITCH(cpu_pfm(pf, ahead), BF_TILE_MODE, MR, 2)                               \
         } else {                                                                                  \
             CPU_PFM_SWITCH(cpu_pfm(pf, ahead), BF_TILE_MODE, MR, 1)                               \
         }                                                                                         \
         break;
-// mr rows (1 to BF_MR) from row pointers x nb blocks: nb is BF_NB, or 1 for
-// the blocks left at the end of a range.
+// mr rows (1 to BF_MR) from row pointers x nb blocks: nb is BF_NB, or 1 to
+// 3 for the blocks left at the end of a range (cpu_chunk_tiles).
 static void bf_tiles(int mr, int nb, const uint32_t *const *xr, const char *wp, size_t bb, int np,
                      float *const *yr, int o, int o0, int o1, bool acc, enum cpu_pf pf, struct cpu_ahead *ahead)
 {
@@ -278,7 +282,7 @@ static void bf_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
         // (measured: experts of 64 rows at 200 GFLOP/s a core without it,
         // against the tiles' 420 from L2).
         struct cpu_ahead ahead = cpu_ahead_plan(m->w.packed, bb, ce, b1, chunk,
-                                                (size_t)(n_rb - 1) * (size_t)((ce - cb) / BF_NB + (ce - cb) % BF_NB) *
+                                                (size_t)(n_rb - 1) * (size_t)cpu_chunk_tiles(ce - cb, BF_NB) *
                                                     (size_t)np);
         for (int rb = 0; rb < m->rows; rb += bh) {
             const int mr = m->rows - rb < bh ? m->rows - rb : bh;
@@ -297,8 +301,8 @@ static void bf_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
             for (; b + BF_NB <= ce; b += BF_NB)
                 bf_tiles(mr, BF_NB, xr, wc + (size_t)(b - cb) * bb, bb, np, yr, b * CPU_PACK_OUTS, o0, o1,
                          m->accumulate, pf, pa);
-            for (; b < ce; b++)
-                bf_tiles(mr, 1, xr, wc + (size_t)(b - cb) * bb, bb, np, yr, b * CPU_PACK_OUTS, o0, o1,
+            if (b < ce)
+                bf_tiles(mr, ce - b, xr, wc + (size_t)(b - cb) * bb, bb, np, yr, b * CPU_PACK_OUTS, o0, o1,
                          m->accumulate, pf, pa);
         }
     }
