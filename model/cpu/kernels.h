@@ -250,8 +250,9 @@ static inline int cpu_block_height(int rows, int max)
 // each, then one tile of the 1 to nb - 1 blocks left (a piece of a matmul
 // that starts or ends inside a group of nb, as the cost split cuts them:
 // one tile of three blocks, where three one-block tiles each ran a third of
-// the accumulators; Zen 5, avx512_bf16, a 384 x 1024 matrix of 256 rows on
-// 2 threads, 8 pieces of 3 blocks: 364-368 GFLOP/s before, 619-621 after).
+// the accumulators; Zen 5, a 384 x 1024 matrix of 256 rows on 2 threads, 8
+// pieces of 3 blocks, builds alternating: avx512_bf16 324-340 GFLOP/s
+// before, 525-566 after; avx512 266-278, 342-361).
 static inline int cpu_chunk_tiles(int blocks, int nb) { return blocks / nb + (blocks % nb != 0); }
 
 // Packed blocks of bb bytes per chunk of a matmul that meets every row
