@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/base.h"
 #include "base/cli.h"
@@ -97,6 +98,21 @@ struct pass_result {
     long long input_tokens, output_tokens;
 };
 
+// The engine's figures once it has published the step that finished the
+// pass's last request: a request reports its end from inside that step,
+// before the step's figures are published, so a snapshot taken at once
+// could leave the step to the next pass (one decode step off in each).
+// Bounded, should the engine never go idle.
+static void stats_after_last_step(struct engine *e, struct engine_stats *s)
+{
+    const double give_up = ms_now() + 10.0;
+    for (;;) {
+        engine_get_stats(e, s);
+        if ((s->num_running == 0 && s->num_waiting == 0) || ms_now() > give_up) return;
+        usleep(100);
+    }
+}
+
 static int run_pass(struct engine *e, int vocab, int n_prompts, int input_len, int output_len,
                     int concurrency, float temperature, uint64_t seed, struct pass_result *pr,
                     char *err, size_t errlen)
@@ -141,7 +157,7 @@ static int run_pass(struct engine *e, int vocab, int n_prompts, int input_len, i
     while (b.done < submitted) pthread_cond_wait(&b.cv, &b.mu);
     pthread_mutex_unlock(&b.mu);
     double t1 = ms_now();
-    engine_get_stats(e, &s1);
+    stats_after_last_step(e, &s1);
     free(prompt);
     pr->concurrency = concurrency;
     pr->seconds = t1 - t0;
