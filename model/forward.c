@@ -722,20 +722,27 @@ static void route_rows(struct rank *r, const float *x, int T, const int32_t *liv
 // A single rank's MoE layer: every expert is local, so nothing is read back.
 // With padded expert rows (a device's tiles) the experts' activations stay
 // in pair order (row t * k + j), so that no op runs over the padding; with
-// none they are in expert order, as the routing sorts them.
+// none they are in expert order, as the routing sorts them. Their outputs
+// go to pair order too wherever every pair has a row (no dead tokens), so
+// that the combine reads a token's k rows as one run where it gathered
+// them from all over the experts' rows. Measured on the mid model (Zen 5,
+// 2 threads, `bench-offline` of 64 x 128-token prompts, 2 rounds, two
+// runs of each build): the combine over the prompt steps 417-486 ms
+// before, 208-224 after; the down projection, which writes the same rows
+// elsewhere, 1987-2222 before, 2060-2086 after.
 static void moe_local(struct rank *r, int T, const int32_t *live)
 {
     const int E = r->E, k = r->topk;
     const int pad = route_pad(r, T * k, E);
     route_rows(r, r->xn, T, live, 0, E, pad);
-    const bool by_pair = pad > 1;
+    const bool by_pair = pad > 1, out_by_pair = by_pair || !live;
     const struct expert_pass ep = {
         .x = r->xn, .x_rows = r->exp_x, .mid_rows = by_pair ? r->exp_pair : NULL, .mid = T * k,
-        .y = r->ret, .y_rows = by_pair ? r->exp_pair : NULL, .e0 = 0, .n = E, .off = r->exp_off,
+        .y = r->ret, .y_rows = out_by_pair ? r->exp_pair : NULL, .e0 = 0, .n = E, .off = r->exp_off,
         .pad = pad, .rows = fwd_plan_route_rows(T * k, E, pad)};
     run_experts(r, &ep);
     struct backend *b = r->b;
-    op(r, b->ops->moe_combine(b, r->x, r->ret, by_pair ? NULL : r->pair_slot, r->top_w, T, k,
+    op(r, b->ops->moe_combine(b, r->x, r->ret, out_by_pair ? NULL : r->pair_slot, r->top_w, T, k,
                               r->cfg->hidden_size));
 }
 
