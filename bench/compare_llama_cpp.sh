@@ -22,6 +22,13 @@
 # Ratios are ours over the peer's of the same round (throughput) or the
 # peer's over ours (times): above 1 means moeserve is ahead.
 #
+# Which llama.cpp: --peer, a build for this CPU, by default for every table.
+# A table that stands for another kind of machine (avx2 for an AVX2-only
+# one, avx512 for an AVX-512 one without avx512_bf16) is fairly compared
+# with llama.cpp built for that machine, as its users would run it:
+# --table-peer avx2=DIR,avx512=DIR gives those tables their own builds
+# (README's CPU section says how to build them), each served once a round.
+#
 # The control (--peer-control, on by default): each round also serves the
 # peer on ONE thread, and a second line of ratios puts ours against twice
 # that (a peer on N threads is at most N times its one-thread speed). On a
@@ -46,6 +53,8 @@ usage() {
 usage: bench/compare_llama_cpp.sh MODEL_DIR MODEL.gguf [options]
   --build DIR        moeserve build tree (build; uses DIR/server/moeserve)
   --peer DIR         llama.cpp bin folder (/tmp/peer/llama.cpp/build/bin)
+  --table-peer LIST  TABLE=DIR,...: the llama.cpp those tables are measured
+                     against instead of --peer's (see the top of the script)
   --threads N        compute threads of both servers (2)
   --before DIR       a second moeserve build tree (say, of the commit before a
                      change), served each round beside this one: its tables
@@ -67,12 +76,13 @@ EOF
 [[ $# -ge 2 ]] || { usage >&2; exit 2; }
 MODEL_DIR=$1 GGUF=$2
 shift 2
-BEFORE="" BEFORE_TABLES=avx512,avx2 BUILD=build PEER=/tmp/peer/llama.cpp/build/bin THREADS=2 TABLES="" ROUNDS=2
+BEFORE="" BEFORE_TABLES=avx512,avx2 BUILD=build PEER=/tmp/peer/llama.cpp/build/bin TABLE_PEERS="" THREADS=2 TABLES="" ROUNDS=2
 LOADS=c16,c64,ttft,tpot IN=128 OUT=64 OURS_ARGS="" PEER_ARGS="" OUT_DIR="" PORT=28631 CONTROL=1
 while [[ $# -gt 0 ]]; do
     case $1 in
     --build) BUILD=$2; shift 2 ;;
     --peer) PEER=$2; shift 2 ;;
+    --table-peer) TABLE_PEERS=$2; shift 2 ;;
     --before) BEFORE=$2; shift 2 ;;
     --before-tables) BEFORE_TABLES=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
@@ -92,7 +102,21 @@ while [[ $# -gt 0 ]]; do
 done
 
 MS=$BUILD/server/moeserve
-for f in "$MS" "$PEER/llama-server"; do
+# The peers: PEER_DIRS[i] is peer i's bin folder (0: --peer's); a kernel
+# table's peer is PEER_FOR[table] (unset: 0).
+PEER_DIRS=("$PEER")
+declare -A PEER_FOR
+if [[ -n $TABLE_PEERS ]]; then
+    IFS=, read -r -a tp <<<"$TABLE_PEERS"
+    for e in "${tp[@]}"; do
+        [[ $e == ?*=?* ]] || { echo "compare_llama_cpp.sh: --table-peer wants TABLE=DIR, not '$e'" >&2; exit 2; }
+        i=0
+        while ((i < ${#PEER_DIRS[@]})) && [[ ${PEER_DIRS[i]} != "${e#*=}" ]]; do i=$((i + 1)); done
+        ((i < ${#PEER_DIRS[@]})) || PEER_DIRS+=("${e#*=}")
+        PEER_FOR[${e%%=*}]=$i
+    done
+fi
+for f in "$MS" "${PEER_DIRS[@]/%//llama-server}"; do
     [[ -x $f ]] || { echo "compare_llama_cpp.sh: $f is missing (build it first)" >&2; exit 2; }
 done
 [[ -f $MODEL_DIR/config.json ]] || { echo "compare_llama_cpp.sh: $MODEL_DIR has no config.json" >&2; exit 2; }
@@ -124,6 +148,8 @@ if [[ -n $BEFORE ]]; then
     done
 fi
 IFS=, read -r -a LOAD_LIST <<<"$LOADS"
+# An entry's peer: its table's (--table-peer), else --peer's.
+peer_of() { echo "${PEER_FOR[${ENTRY_TABLE[$1]}]:-0}"; }
 
 [[ -n $OUT_DIR ]] || OUT_DIR=$(mktemp -d /tmp/compare-llama-cpp.XXXXXX)
 mkdir -p "$OUT_DIR"
@@ -191,7 +217,8 @@ check_port_free() {
 }
 
 start_ours() {
-    local table=$1 log=$OUT_DIR/ours-$table-r$2.log
+    local table=$1
+    local log=$OUT_DIR/ours-$table-r$2.log
     check_port_free "$P_OURS"
     # shellcheck disable=SC2086
     MOESERVE_CPU_KERNELS=${ENTRY_TABLE[$table]} "${ENTRY_MS[$table]}" serve "$MODEL_DIR" --host 127.0.0.1 --port "$P_OURS" \
@@ -201,12 +228,12 @@ start_ours() {
     wait_ready "$P_OURS" "$log"
 }
 
-start_peer() {
-    local threads=$2 log=$OUT_DIR/peer-t$2-r$1.log
+start_peer() { # ROUND THREADS PEER_INDEX
+    local threads=$2 log=$OUT_DIR/peer$3-t$2-r$1.log
     check_port_free "$P_PEER"
     # 64 slots of 1024 positions: every load fits a slot.
     # shellcheck disable=SC2086
-    "$PEER/llama-server" -m "$GGUF" --host 127.0.0.1 --port "$P_PEER" -t "$threads" \
+    "${PEER_DIRS[$3]}/llama-server" -m "$GGUF" --host 127.0.0.1 --port "$P_PEER" -t "$threads" \
         -c 65536 -np 64 --no-warmup --reasoning-format none --no-jinja $PEER_ARGS >"$log" 2>&1 &
     SERVER_PID=$!
     wait_ready "$P_PEER" "$log"
@@ -248,6 +275,11 @@ run_loads() {
 }
 
 echo "moeserve $MODEL_DIR vs llama-server $GGUF, $THREADS threads, ${TABLE_LIST[*]}, $ROUNDS rounds"
+for ((pi = 0; pi < ${#PEER_DIRS[@]}; pi++)); do
+    tabs=""
+    for table in "${TABLE_LIST[@]}"; do [[ $(peer_of "$table") == "$pi" ]] && tabs+=" $table"; done
+    echo "peer $pi: ${PEER_DIRS[$pi]} (for:${tabs:- none})"
+done
 echo "results: $OUT_DIR"
 for ((round = 1; round <= ROUNDS; round++)); do
     echo "round $round (load average $(loadavg))"
@@ -266,14 +298,22 @@ for ((round = 1; round <= ROUNDS; round++)); do
         run_loads "$P_OURS" "ours-$table-r$round" ours "$round" "$table"
         stop_server
     done
-    start_peer "$round" "$THREADS"
-    run_loads "$P_PEER" "peer-r$round" peer "$round" -
-    stop_server
-    if ((CONTROL)); then
-        start_peer "$round" 1
-        run_loads "$P_PEER" "peer1-r$round" peer1 "$round" -
+    # The peers some table of this run is measured against, each once.
+    for ((pi = 0; pi < ${#PEER_DIRS[@]}; pi++)); do
+        used=0
+        for table in "${TABLE_LIST[@]}"; do
+            [[ ${PEER_FOR[${ENTRY_TABLE[$table]}]:-0} == "$pi" ]] && used=1
+        done
+        ((used)) || continue
+        start_peer "$round" "$THREADS" "$pi"
+        run_loads "$P_PEER" "peer$pi-r$round" peer "$round" "$pi"
         stop_server
-    fi
+        if ((CONTROL)); then
+            start_peer "$round" 1 "$pi"
+            run_loads "$P_PEER" "peer1-$pi-r$round" peer1 "$round" "$pi"
+            stop_server
+        fi
+    done
 done
 echo "load average at the end: $(loadavg)"
 
@@ -284,9 +324,9 @@ summary() {
     printf '%-12s %-5s %8s %8s %10s %9s %13s   (load: ours, peer)\n' table round "c16 x" "c64 x" "ttft512 x" "tpot1 x" "decode/bound"
     for table in "${TABLE_LIST[@]}"; do
         for ((round = 1; round <= ROUNDS; round++)); do
-            awk -F'\t' -v t="$table" -v r="$round" -v w="$who" -v k="$scale" '
+            awk -F'\t' -v t="$table" -v r="$round" -v w="$who" -v k="$scale" -v pi="$(peer_of "$table")" '
                 $1 == r && $2 == "ours" && $3 == t { o[$4] = $5 }
-                $1 == r && $2 == w { p[$4] = $5 }
+                $1 == r && $2 == w && $3 == pi { p[$4] = $5 }
                 function ratio(a, b) { return (a == "" || b == "" || b == 0) ? "-" : sprintf("%.2f", a / b) }
                 END {
                     if (!("c16" in p) && !("tpot" in p) && !("ttft" in p) && !("c64" in p)) exit
@@ -313,9 +353,9 @@ medians() {
     local who=$1 scale=$2
     printf '%-12s %8s %8s %10s %9s %13s\n' "median of $ROUNDS" "c16 x" "c64 x" "ttft512 x" "tpot1 x" "decode/bound"
     for table in "${TABLE_LIST[@]}"; do
-        awk -F'\t' -v t="$table" -v w="$who" -v k="$scale" -v R="$ROUNDS" '
+        awk -F'\t' -v t="$table" -v w="$who" -v k="$scale" -v R="$ROUNDS" -v pi="$(peer_of "$table")" '
             $2 == "ours" && $3 == t { o[$1, $4] = $5 }
-            $2 == w { p[$1, $4] = $5 }
+            $2 == w && $3 == pi { p[$1, $4] = $5 }
             function med(a, n,   i, j, x) {
                 for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x }
                 return n == 0 ? "-" : sprintf("%.2f", n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2)
