@@ -315,7 +315,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
     for ((pi = 0; pi < ${#PEER_DIRS[@]}; pi++)); do
         used=0
         for table in "${TABLE_LIST[@]}"; do
-            [[ ${PEER_FOR[${ENTRY_TABLE[$table]}]:-0} == "$pi" ]] && used=1
+            [[ $(peer_of "$table") == "$pi" ]] && used=1
         done
         ((used)) || continue
         start_peer "$round" "$THREADS" "$pi"
