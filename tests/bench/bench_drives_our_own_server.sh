@@ -11,7 +11,7 @@ log="$dir/serve.log"
 "$bin" serve "$model" --port 0 --threads 1 --api-key sekrit --max-model-len 2048 2>"$log" &
 pid=$!
 trap 'kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
-for _ in $(seq 200); do grep -q 'ready:' "$log" && break; sleep 0.1; done
+for _ in $(seq 1200); do grep -q 'ready:' "$log" && break; sleep 0.1; done # 120 s, as the C and node harnesses allow
 url=$(grep -o 'ready: .* on http://[0-9.]*:[0-9]*' "$log" | grep -o 'http://[0-9.:]*$')
 [ -n "$url" ] || fail "the server did not start: $(cat "$log")"
 

@@ -13,7 +13,7 @@ start() { # start LOG ARGS...: serve in the background until ready or gone; sets
     local log=$1; shift
     "$bin" serve "$model" --port 0 --threads 1 --max-model-len 512 --kv-cache-memory 64MiB "$@" 2>"$log" &
     pid=$!
-    for _ in $(seq 300); do
+    for _ in $(seq 1200); do # 120 s, as the C and node harnesses allow
         grep -q 'ready:' "$log" && return 0
         kill -0 "$pid" 2>/dev/null || return 1
         sleep 0.1

@@ -16,7 +16,7 @@ start() {
     "$bin" serve "$model" --threads 1 --max-model-len 256 --kv-cache-memory 16MiB "$@" \
         2>"$dir/$name.log" &
     pids+=($!)
-    for _ in $(seq 200); do
+    for _ in $(seq 1200); do # 120 s, as the C and node harnesses allow
         port=$(sed -n 's/.*ready: serving .* on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$dir/$name.log")
         [ -n "$port" ] && return 0
         sleep 0.1
