@@ -294,7 +294,9 @@ genbench() { # TABLE ROUND WHEN
         2>"${gb%.json}.log" >"$gb"
     {
         printf '%s\tours\t%s\tbw_gbs_%s\t%s\n' "$round" "$table" "$when" "$(jq -r .read_bandwidth_gbs "$gb")"
-        printf '%s\tours\t%s\tstep_bytes\t%s\n' "$round" "$table" "$(jq -r .decode_active_bytes "$gb")"
+        # The bytes a step reads are the model's: one row for both probes.
+        [[ $when == before ]] &&
+            printf '%s\tours\t%s\tstep_bytes\t%s\n' "$round" "$table" "$(jq -r .decode_active_bytes "$gb")"
         printf '%s\tours\t%s\tgen_decode_frac_%s\t%s\n' "$round" "$table" "$when" "$(jq -r .decode_fraction_of_bandwidth "$gb")"
     } >>"$RESULTS"
     printf '  %-6s %-7s bandwidth %.2f GB/s %s, %s MB a step, generate --bench decode at %.0f%% of it\n' \
