@@ -3,6 +3,7 @@
 # both endpoints, every request succeeds, the token totals are exactly what
 # was asked for, and the server's own /metrics counted the same tokens.
 set -u
+source "$(dirname "${BASH_SOURCE[0]}")/../server/serve_env.sh"
 bin="$MOESERVE_BIN"
 model="$MOESERVE_TINY_MODEL"
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -11,8 +12,8 @@ log="$dir/serve.log"
 "$bin" serve "$model" --port 0 --threads 1 --api-key sekrit --max-model-len 2048 2>"$log" &
 pid=$!
 trap 'kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
-for _ in $(seq 1200); do grep -q 'ready:' "$log" && break; sleep 0.1; done # 120 s, as the C and node harnesses allow
-url=$(grep -o 'ready: .* on http://[0-9.]*:[0-9]*' "$log" | grep -o 'http://[0-9.:]*$')
+serve_wait_ready "$log" "$pid"
+url=$(serve_url "$log")
 [ -n "$url" ] || fail "the server did not start: $(cat "$log")"
 
 field() { /usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$@"; }

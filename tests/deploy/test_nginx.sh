@@ -7,6 +7,7 @@
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/nginx_env.sh"
+source "$here/../server/serve_env.sh"
 nginx_bin="${MOESERVE_NGINX:-nginx}"
 dir="$(mktemp -d /tmp/moeserve-nginx-live-XXXXXX)"
 pids=()
@@ -29,16 +30,12 @@ start_server() { # PORT LOG
     --http-threads 2 --kv-cache-memory 64MiB --max-model-len 2048 --shutdown-timeout 300 2>"$2" &
   pids+=($!)
 }
-wait_ready() { # LOG (120 s, as the C and node harnesses allow: ASan on a busy machine took 5.4 s)
-  for _ in $(seq 2400); do grep -q 'ready:' "$1" && return 0; sleep 0.05; done
-  return 1
-}
 
 pa=$(free_port); pb=$(free_port); pn=$(free_port)
 start_server "$pa" "$dir/a.log"; pid_a=${pids[-1]}
 start_server "$pb" "$dir/b.log"; pid_b=${pids[-1]}
-wait_ready "$dir/a.log" || fail "server a did not start"
-wait_ready "$dir/b.log" || fail "server b did not start"
+serve_wait_ready "$dir/a.log" "$pid_a" || fail "server a did not start"
+serve_wait_ready "$dir/b.log" "$pid_b" || fail "server b did not start"
 nginx_prepare "$dir" "$pn" "$pa" "$pb" || fail "nginx_prepare"
 "$nginx_bin" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" || fail "nginx did not start"
 
@@ -49,7 +46,9 @@ traffic=$!
 # SIGTERM could fall between two of a's streams, which proves nothing).
 # Every wait below is for a condition, not for a fixed time: under ASan on
 # a busy machine one stream has taken 25 s.
-completions_on_a() { grep -c 'POST /v1/completions 200' "$dir/a.log"; }
+# A server logs this line for each stream it finished.
+finished='POST /v1/completions 200'
+completions_on_a() { grep -c "$finished" "$dir/a.log"; }
 for _ in $(seq 2400); do
   [ "$(completions_on_a)" -gt 0 ] && break
   sleep 0.05
@@ -68,7 +67,7 @@ running_on_a() {
     awk '/^moeserve:num_requests_running[{ ]/ { found = ($NF > 0) } END { exit !found }'
 }
 now_ms() { date +%s%3N; }
-d_ms=$(grep -m1 'POST /v1/completions 200' "$dir/a.log" | awk '{ sub(/s$/, "", $NF); printf "%d", $NF * 1000 }')
+d_ms=$(grep -m1 "$finished" "$dir/a.log" | awk '{ sub(/s$/, "", $NF); printf "%d", $NF * 1000 }')
 last=-1; last_t=0; signalled=0; t_end=$(($(now_ms) + 120000))
 while [ "$(now_ms)" -lt "$t_end" ]; do
   n=$(completions_on_a); t=$(now_ms)
@@ -85,16 +84,16 @@ wait "$pid_a"; rc_a=$?
 [ "$rc_a" -eq 0 ] || fail "server a exited $rc_a after SIGTERM, not 0"
 grep -q 'SIGTERM: draining' "$dir/a.log" || fail "server a did not drain"
 # Streams that were running on a when the signal came finished there.
-in_flight=$(sed -n '/SIGTERM: draining/,$p' "$dir/a.log" | grep -c 'POST /v1/completions 200')
+in_flight=$(sed -n '/SIGTERM: draining/,$p' "$dir/a.log" | grep -c "$finished")
 [ "$in_flight" -gt 0 ] || fail "no stream was in flight on server a at the SIGTERM (the test proves nothing)"
-served_b_before=$(grep -c 'POST /v1/completions 200' "$dir/b.log")
+served_b_before=$(grep -c "$finished" "$dir/b.log")
 sleep 2 # traffic goes on with server a gone
 touch "$dir/stop"
 wait "$traffic"; rc_t=$?
 cat "$dir/traffic.out"
 [ "$rc_t" -eq 0 ] || fail "clients saw errors: $(cat "$dir/traffic.out")"
-served_b_after=$(grep -c 'POST /v1/completions 200' "$dir/b.log")
+served_b_after=$(grep -c "$finished" "$dir/b.log")
 [ "$served_b_after" -gt "$served_b_before" ] || fail "server b took no requests after a left"
 # Nothing a finished was cut: every stream a began ended by length, not abort.
 grep -q 'abort' "$dir/a.log" && fail "server a aborted requests while draining"
-echo "nginx failover: a served $(grep -c 'POST /v1/completions 200' "$dir/a.log") ($in_flight finished while draining), b served $served_b_after"
+echo "nginx failover: a served $(grep -c "$finished" "$dir/a.log") ($in_flight finished while draining), b served $served_b_after"

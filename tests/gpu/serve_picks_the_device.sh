@@ -5,6 +5,7 @@
 # missing, and `--device auto` starts on the CPU and says why. With a GPU
 # (the device machine) auto picks it, and --device cuda serves.
 set -u
+source "$(dirname "${BASH_SOURCE[0]}")/../server/serve_env.sh"
 bin="$MOESERVE_BIN"
 model="$MOESERVE_TINY_MODEL"
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -13,12 +14,7 @@ start() { # start LOG ARGS...: serve in the background until ready or gone; sets
     local log=$1; shift
     "$bin" serve "$model" --port 0 --threads 1 --max-model-len 512 --kv-cache-memory 64MiB "$@" 2>"$log" &
     pid=$!
-    for _ in $(seq 1200); do # 120 s, as the C and node harnesses allow
-        grep -q 'ready:' "$log" && return 0
-        kill -0 "$pid" 2>/dev/null || return 1
-        sleep 0.1
-    done
-    return 1
+    serve_wait_ready "$log" "$pid"
 }
 stop() { kill -TERM "$pid" 2>/dev/null; wait "$pid"; }
 
@@ -38,7 +34,7 @@ wait "$pid"; rc=$?
 grep -Eq -- '--device cuda: (no usable NVIDIA driver|no CUDA device is visible|this build of moeserve has no CUDA backend|the CUDA runtime cannot reach a GPU)' "$log" \
   || fail "the refusal should name what is missing: $(cat "$log")"
 # CUDA_VISIBLE_DEVICES hides every GPU: the same refusal on any machine.
-CUDA_VISIBLE_DEVICES= "$bin" serve "$model" --port 0 --device cuda 2>"$log"
+CUDA_VISIBLE_DEVICES='' "$bin" serve "$model" --port 0 --device cuda 2>"$log"
 [ $? -eq 1 ] || fail "--device cuda with CUDA_VISIBLE_DEVICES empty should exit 1: $(cat "$log")"
 grep -Eq -- '--device cuda: (no usable NVIDIA driver|no CUDA device is visible \(CUDA_VISIBLE_DEVICES=""\)|this build of moeserve has no CUDA backend)' "$log" \
   || fail "the refusal should name what is missing: $(cat "$log")"

@@ -3,6 +3,7 @@
 # and take half the traffic (issue 21 item 1): it exits 1 with "port N is in
 # use", and the first keeps serving. --reuse-port on both shares on purpose.
 set -u
+source "$(dirname "${BASH_SOURCE[0]}")/serve_env.sh"
 bin="$MOESERVE_BIN"
 model="$MOESERVE_TINY_MODEL"
 fail() { echo "FAIL: $*" >&2; kill "${pids[@]}" 2>/dev/null; exit 1; }
@@ -16,12 +17,9 @@ start() {
     "$bin" serve "$model" --threads 1 --max-model-len 256 --kv-cache-memory 16MiB "$@" \
         2>"$dir/$name.log" &
     pids+=($!)
-    for _ in $(seq 1200); do # 120 s, as the C and node harnesses allow
-        port=$(sed -n 's/.*ready: serving .* on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$dir/$name.log")
-        [ -n "$port" ] && return 0
-        sleep 0.1
-    done
-    fail "$name did not start: $(cat "$dir/$name.log")"
+    serve_wait_ready "$dir/$name.log" "${pids[-1]}" || fail "$name did not start: $(cat "$dir/$name.log")"
+    port=$(serve_url "$dir/$name.log")
+    port=${port##*:}
 }
 
 start first --port 0
