@@ -150,6 +150,25 @@ static inline __m256i p2_mask8(int lo, int hi)
                             _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(lo - 1)));
 }
 
+// A bf16 pair's odd half as fp32: v's high words, the low ones cleared.
+// The mask is an operand in memory that the asm reads each time, so it
+// holds no register. A 6-row tile's 12 chains, two weight vectors and a
+// broadcast take 15 of the 16; with the mask hoisted into the 16th, GCC 12
+// kept five of the chains on the stack, a store and a reload in each of
+// them every pair (and the 2-row tile over two blocks one). Measured with
+// bench_cpu_matmul 2 avx2 (Zen 5, three runs alternating): the lm_head over
+// 12 rows 24-25.5 ms before, 17-19 after; over 16 rows 31-32, 24.5-26.5;
+// 64 experts of 384 x 1024 over 12 rows 4.3-4.4, 3.0-3.2; down over 16
+// rows 5.1-5.6, 4.3-4.5. The same bits.
+static inline __m256i p2_high_words(__m256i v)
+{
+    static const uint32_t high[8] __attribute__((aligned(32))) = {
+        0xffff0000u, 0xffff0000u, 0xffff0000u, 0xffff0000u, 0xffff0000u, 0xffff0000u, 0xffff0000u, 0xffff0000u};
+    __m256i r;
+    __asm__("vpand %2, %1, %0" : "=x"(r) : "x"(v), "m"(high));
+    return r;
+}
+
 AI void p2_tile(const int MR, const int NB, const enum dtype dt, const int PFM, const float *const *xr,
                 const char *wp, size_t bb, int K, float *const *yr, int o, int o0, int o1, bool accumulate,
                 enum cpu_pf pf, struct cpu_ahead *ahead)
@@ -175,7 +194,6 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const int PFM, 
         // before, 95-99 after (the lm_head over 16 rows 39-41 ms a step, 36-37
         // after); 64 streams 202-208, 219-222 (the experts, 5 to 14 rows each,
         // 144-146 ms a step, 126).
-        const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
         const int np = K / 2;
         const bool split = MR > P2_MAX_MR_PAIRS && NB == 1;
         for (int p = 0; p < np; p++) {
@@ -189,8 +207,8 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const int PFM, 
                     __asm__("" : "+r"(a));
                     const __m256i v0 = _mm256_loadu_si256((const __m256i *)a);
                     const __m256i v1 = _mm256_loadu_si256((const __m256i *)(a + 32));
-                    const __m256 w0 = _mm256_castsi256_ps(h ? _mm256_and_si256(v0, high) : _mm256_slli_epi32(v0, 16));
-                    const __m256 w1 = _mm256_castsi256_ps(h ? _mm256_and_si256(v1, high) : _mm256_slli_epi32(v1, 16));
+                    const __m256 w0 = _mm256_castsi256_ps(h ? p2_high_words(v0) : _mm256_slli_epi32(v0, 16));
+                    const __m256 w1 = _mm256_castsi256_ps(h ? p2_high_words(v1) : _mm256_slli_epi32(v1, 16));
 #pragma GCC unroll 6
                     for (int r = 0; r < MR; r++) {
                         const __m256 xb = _mm256_broadcast_ss(xr[r] + 2 * p + h);
@@ -207,8 +225,8 @@ AI void p2_tile(const int MR, const int NB, const enum dtype dt, const int PFM, 
                     const __m256i v1 = _mm256_loadu_si256((const __m256i *)(a + 32));
                     const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
                     const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
-                    const __m256 d0 = _mm256_castsi256_ps(_mm256_and_si256(v0, high));
-                    const __m256 d1 = _mm256_castsi256_ps(_mm256_and_si256(v1, high));
+                    const __m256 d0 = _mm256_castsi256_ps(p2_high_words(v0));
+                    const __m256 d1 = _mm256_castsi256_ps(p2_high_words(v1));
 #pragma GCC unroll 6
                     for (int r = 0; r < MR; r++) {
                         const __m256 xe = _mm256_broadcast_ss(xr[r] + 2 * p);
