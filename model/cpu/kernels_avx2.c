@@ -121,7 +121,7 @@ static const float nib_xscale[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 
 // results are the avx512 table's, bit for bit, at half the vector width. A
 // block's 16 outputs are two vectors of 8; a tile holds MR rows x NB blocks
 // of such chains and feeds each k's weight vectors to MR broadcast x values.
-// Sixteen registers: 6 x 1 blocks (12 chains) over fp32 weights, bf16 ones
+// Sixteen registers: 6 x 1 blocks (12 chains) over fp32 weights, f16 ones
 // widened to fp32, or bf16 ones read as packed a half of each pair at a
 // time; 4 x 1 over f16 (and bf16 tiles of 3 or 4 rows, both halves at
 // once), 2 x 2, and 1 x 4 for one row (8 chains, enough to cover the FMA
@@ -131,12 +131,17 @@ static const float nib_xscale[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 
 #define P2_MAX_MR_F16 4   // rows of an f16 tile (6 not measured)
 #define P2_MAX_MR_PAIRS 4 // the most rows a bf16 tile takes both halves of a pair at once
                           // for: 8 chains, 4 weight vectors
-// Rows above which bf16 and f16 chunks are widened to fp32 (below). Measured
-// with bench_cpu_matmul 1 avx2 on an Intel Xeon, when bf16 tiles were 4 rows
-// tall: the lm_head at 16 rows 51-53 GFLOP/s widened, 56-59 not; at 64 rows
-// 66-73 widened, 53-60 not. With the 6-row bf16 tiles widening still wins
-// at 64 rows (bench_cpu_matmul 2 avx2, three runs each): the lm_head
-// 146-152 GFLOP/s widened, 129-135 not; the experts 145-154, 130-139.
+// Rows above which f16 chunks are widened to fp32 (below). bf16 chunks were
+// too, while GCC kept five of the 6-row bf16 tile's chains on the stack
+// (p2_high_words): on an Intel Xeon, with 4-row bf16 tiles, the lm_head at
+// 64 rows ran at 66-73 GFLOP/s widened, 53-60 not. Since that spill went,
+// the bf16 tiles are the faster at every row count measured (Zen 5,
+// bench_cpu_matmul 2 avx2, alternating): the lm_head over 64 rows 91-100 ms
+// against 100-122 widened, 64 experts of 512 tokens' prefill 15-17 ms
+// against 18-19; and bench-offline on the mid model (64 prompts of 128
+// tokens, 64 out, two rounds alternating) 64 streams 159 output tokens/s
+// both rounds against 141 and 152, 16 streams 134 and 134 against 127 and
+// 133. The f16 tiles (4 rows) were not measured again.
 #define P2_WIDE_ROWS 16
 #define P2_MAX_NB 4
 #define P2_CHUNK_BYTES (128u << 10) // packed weights each row block meets while they sit in L2
@@ -336,30 +341,18 @@ P2_TILES(p2_tiles_f32, DTYPE_F32)
 typedef void (*p2_tiles_fn)(int mr, int nb, const float *const *xr, const char *wp, size_t bb, int K,
                             float *const *yr, int o, int o0, int o1, bool acc, enum cpu_pf pf, struct cpu_ahead *ahead);
 
-// nblk packed bf16 or f16 blocks of K inputs as packed fp32 blocks (16
-// floats per k): the same values, so the fp32 tile over them gives the same
-// bits as the bf16 or f16 tile over the originals.
-static void p2_widen_blocks(enum dtype dt, const char *src, size_t bb, int nblk, int K, float *dst)
+// nblk packed f16 blocks of K inputs as packed fp32 blocks (16 floats per
+// k): the same values, so the fp32 tile over them gives the same bits as the
+// f16 tile over the originals.
+static void p2_widen_f16_blocks(const char *src, size_t bb, int nblk, int K, float *dst)
 {
-    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
     for (int b = 0; b < nblk; b++) {
         const char *s = src + (size_t)b * bb;
         float *d = dst + (size_t)b * K * 16;
-        if (dt == DTYPE_BF16) {
-            for (int p = 0; 2 * p < K; p++)
-                for (int h = 0; h < 2; h++) {
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(s + (size_t)p * 64 + 32 * h));
-                    _mm256_store_ps(d + (size_t)(2 * p) * 16 + 8 * h, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
-                    if (2 * p + 1 < K)
-                        _mm256_store_ps(d + (size_t)(2 * p + 1) * 16 + 8 * h,
-                                        _mm256_castsi256_ps(_mm256_and_si256(v, high)));
-                }
-        } else {
-            for (int k = 0; k < K; k++)
-                for (int h = 0; h < 2; h++)
-                    _mm256_store_ps(d + (size_t)k * 16 + 8 * h,
-                                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + (size_t)k * 32 + 16 * h))));
-        }
+        for (int k = 0; k < K; k++)
+            for (int h = 0; h < 2; h++)
+                _mm256_store_ps(d + (size_t)k * 16 + 8 * h,
+                                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + (size_t)k * 32 + 16 * h))));
     }
 }
 
@@ -378,11 +371,11 @@ static void p2_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
     const p2_tiles_fn tiles = m->w.dtype == DTYPE_BF16 ? p2_tiles_bf16
                               : m->w.dtype == DTYPE_F16 ? p2_tiles_f16
                                                         : p2_tiles_f32;
-    // Many rows: each chunk widened to fp32 once, every row block then on
-    // the fp32 tile (a shift or a conversion per weight vector is a third
-    // of the work of a tile's FMAs with 8 lanes). The widened chunk takes
+    // f16 over many rows: each chunk widened to fp32 once, every row block
+    // then on the fp32 tile (a conversion per weight vector is a third of
+    // the work of the f16 tile's FMAs with 8 lanes). The widened chunk takes
     // 256 KiB of scratch, or one block.
-    const bool wide = m->w.dtype != DTYPE_F32 && m->rows > P2_WIDE_ROWS;
+    const bool wide = m->w.dtype == DTYPE_F16 && m->rows > P2_WIDE_ROWS;
     const int bh = cpu_block_height(m->rows, wide || m->w.dtype != DTYPE_F16 ? P2_MAX_MR : P2_MAX_MR_F16);
     const int tnb = p2_nb(bh);
     int chunk = cpu_pack_chunk_blocks(P2_CHUNK_BYTES, bb, P2_MAX_NB, m->w.packed);
@@ -400,7 +393,7 @@ static void p2_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
     for (int cb = b0; cb < b1; cb += chunk) {
         const int ce = b1 - cb < chunk ? b1 : cb + chunk;
         const char *wc = cpu_packed_blocks(&m->w, cb, ce, scratch);
-        if (wide) p2_widen_blocks(m->w.dtype, wc, bb, ce - cb, K, wbuf);
+        if (wide) p2_widen_f16_blocks(wc, bb, ce - cb, K, wbuf);
         // The row blocks that read the chunk from L2 bring the next one there.
         struct cpu_ahead ahead = cpu_ahead_plan(m->w.packed, bb, ce, b1, chunk,
                                                 (size_t)n_l2 * (size_t)((ce - cb) / tnb + (ce - cb) % tnb) *
