@@ -40,6 +40,8 @@ static const struct shape shapes[] = {
     {"experts down, 64 x 8 rows", 1024, 384, 8, 64, 1, false},
     {"experts gate/up, 64 x 8 rows, 12 layers (from memory)", 384, 1024, 8, 64, 12, false},
     {"experts gate/up, 64 x 2 rows, 12 layers (from memory)", 384, 1024, 2, 64, 12, false},
+    {"experts gate/up, 16 tokens routed, 12 layers (from memory)", 384, 1024, 2, 64, 12, true},
+    {"experts down, 16 tokens routed, 12 layers (from memory)", 1024, 384, 2, 64, 12, true},
     {"experts gate/up, 64 tokens routed, 12 layers (from memory)", 384, 1024, 8, 64, 12, true},
     {"experts down, 64 tokens routed, 12 layers (from memory)", 1024, 384, 8, 64, 12, true},
     {"experts gate/up, 64 x 64 rows (prefill 512)", 384, 1024, 64, 64, 1, false},
