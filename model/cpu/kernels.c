@@ -471,8 +471,8 @@ size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
     size_t kp = ((size_t)(max_in > 0 ? max_in : 1) + 15) / 16 * 16;
     // The avx512 matmul: 256 KiB of packed blocks or one f32 block (16
     // floats per k) for weights not packed at load, 4 rows of slack, 16 x
-    // rows transposed; the avx2 matmul: that, then a chunk widened to fp32
-    // (cpu_pk_scratch_floats, cpu_p2_scratch_floats).
+    // rows transposed; the avx2 matmul: that, then a chunk of f16 weights
+    // widened to fp32 (cpu_pk_scratch_floats, cpu_p2_scratch_floats).
     size_t mm = cpu_p2_scratch_floats(max_in);
     // The amx matmul: 256 KiB of packed blocks (or one bf16 block, 8 floats
     // per k, when that is more), a group of x rows split in two (32768

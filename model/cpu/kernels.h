@@ -409,8 +409,8 @@ static inline size_t cpu_pk_scratch_floats(int K)
     return (65536 > 4 * kp ? 65536 : 4 * kp) + 4 * kp + 16 * kp;
 }
 
-// The avx2 matmul: the avx512 one's, then a chunk of weights widened to fp32
-// (256 KiB, or one block of 16 floats per k).
+// The avx2 matmul: the avx512 one's, then a chunk of f16 weights widened to
+// fp32 (256 KiB, or one block of 16 floats per k).
 static inline size_t cpu_p2_scratch_floats(int K)
 {
     const size_t kp = ((size_t)(K > 0 ? K : 1) + 15) / 16 * 16;

@@ -50,10 +50,9 @@ static const struct shape shapes[] = {
     {"q projection, 512 rows (prefill)", 1024, 1024, 512, 1, 1, false},
     // 16 KiB of bf16 weights for each of the 8 pieces of work of 2 threads,
     // in L1, against 1200 rows from L2: how close the tiles come to the FMA
-    // peak printed first when nothing waits on memory (the avx512 ones spend
-    // a vector op of their own on each weight vector's widening, on the
-    // ports the FMAs use; the avx2 table widens a piece's weights to fp32
-    // first, 32 KiB, and runs its fp32 tiles over them).
+    // peak printed first when nothing waits on memory (the avx512 and avx2
+    // ones spend a vector op of their own on each weight vector's widening,
+    // on the ports the FMAs use).
     {"weights in L1 (the tiles' own ceiling)", 512, 128, 1200, 1, 1, false},
 };
 

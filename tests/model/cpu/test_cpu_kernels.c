@@ -408,7 +408,7 @@ static void packed_matmul_is_one_fma_chain_per_output(void **state)
                                {3, 9216, 20},
                                // avx512_bf16: rounded rows past a 64-row batch of its FMA path
                                {40, 1024, 600}, {64, 384, 100},
-                               // avx2: rows on both sides of its widening to fp32 (16),
+                               // avx2: rows on both sides of its f16 widening to fp32 (16),
                                // a widened block bigger than its 256 KiB chunk
                                {16, 96, 40}, {17, 97, 40}, {18, 4100, 40}};
     // The SIMD tables, then avx512_bf16 on each of its paths (VDPBF16PS, and
