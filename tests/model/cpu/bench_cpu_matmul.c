@@ -47,6 +47,9 @@ static const struct shape shapes[] = {
     {"experts gate/up, 64 x 64 rows (prefill 512)", 384, 1024, 64, 64, 1, false},
     {"experts gate/up, 64 x 64 rows, 12 layers (from memory)", 384, 1024, 64, 64, 12, false},
     {"experts gate/up, 512 tokens routed (uneven rows, gathered x)", 384, 1024, 64, 64, 1, true},
+    {"experts down, 512 tokens routed (uneven rows, gathered x)", 1024, 384, 64, 64, 1, true},
+    {"experts gate/up, 2048 tokens routed (uneven rows, gathered x)", 384, 1024, 256, 64, 1, true},
+    {"experts down, 2048 tokens routed (uneven rows, gathered x)", 1024, 384, 256, 64, 1, true},
     {"q projection, 512 rows (prefill)", 1024, 1024, 512, 1, 1, false},
     // 16 KiB of bf16 weights for each of the 8 pieces of work of 2 threads,
     // in L1, against 1200 rows from L2: how close the tiles come to the FMA
