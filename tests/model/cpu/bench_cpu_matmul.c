@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "base/base.h"
@@ -29,34 +30,39 @@ struct shape {
                              // (590 MB) are past any L3, as a model's layers are
     bool routed;             // rows as a router spreads rows x mats / 8 tokens x top-8
                              // (rows the mean): uneven per matrix, x rows gathered
+    bool per_pair;           // routed, but x a row per (token, expert) pair in the
+                             // experts' order and y written to pair order: the down
+                             // projection as the forward pass runs it (its x the SiLU
+                             // output, its outputs in pair order for the combine)
 };
 
 static const struct shape shapes[] = {
-    {"lm_head, 1 row", 151936, 1024, 1, 1, 1, false},
-    {"lm_head, 16 rows", 151936, 1024, 16, 1, 1, false},
-    {"lm_head, 64 rows", 151936, 1024, 64, 1, 1, false},
-    {"experts gate/up, 64 x 2 rows", 384, 1024, 2, 64, 1, false},
-    {"experts gate/up, 64 x 8 rows", 384, 1024, 8, 64, 1, false},
-    {"experts down, 64 x 8 rows", 1024, 384, 8, 64, 1, false},
-    {"experts gate/up, 64 x 8 rows, 12 layers (from memory)", 384, 1024, 8, 64, 12, false},
-    {"experts gate/up, 64 x 2 rows, 12 layers (from memory)", 384, 1024, 2, 64, 12, false},
-    {"experts gate/up, 16 tokens routed, 12 layers (from memory)", 384, 1024, 2, 64, 12, true},
-    {"experts down, 16 tokens routed, 12 layers (from memory)", 1024, 384, 2, 64, 12, true},
-    {"experts gate/up, 64 tokens routed, 12 layers (from memory)", 384, 1024, 8, 64, 12, true},
-    {"experts down, 64 tokens routed, 12 layers (from memory)", 1024, 384, 8, 64, 12, true},
-    {"experts gate/up, 64 x 64 rows (prefill 512)", 384, 1024, 64, 64, 1, false},
-    {"experts gate/up, 64 x 64 rows, 12 layers (from memory)", 384, 1024, 64, 64, 12, false},
-    {"experts gate/up, 512 tokens routed (uneven rows, gathered x)", 384, 1024, 64, 64, 1, true},
-    {"experts down, 512 tokens routed (uneven rows, gathered x)", 1024, 384, 64, 64, 1, true},
-    {"experts gate/up, 2048 tokens routed (uneven rows, gathered x)", 384, 1024, 256, 64, 1, true},
-    {"experts down, 2048 tokens routed (uneven rows, gathered x)", 1024, 384, 256, 64, 1, true},
-    {"q projection, 512 rows (prefill)", 1024, 1024, 512, 1, 1, false},
+    {"lm_head, 1 row", 151936, 1024, 1, 1, 1, false, false},
+    {"lm_head, 16 rows", 151936, 1024, 16, 1, 1, false, false},
+    {"lm_head, 64 rows", 151936, 1024, 64, 1, 1, false, false},
+    {"experts gate/up, 64 x 2 rows", 384, 1024, 2, 64, 1, false, false},
+    {"experts gate/up, 64 x 8 rows", 384, 1024, 8, 64, 1, false, false},
+    {"experts down, 64 x 8 rows", 1024, 384, 8, 64, 1, false, false},
+    {"experts gate/up, 64 x 8 rows, 12 layers (from memory)", 384, 1024, 8, 64, 12, false, false},
+    {"experts gate/up, 64 x 2 rows, 12 layers (from memory)", 384, 1024, 2, 64, 12, false, false},
+    {"experts gate/up, 16 tokens routed, 12 layers (from memory)", 384, 1024, 2, 64, 12, true, false},
+    {"experts down, 16 tokens routed, 12 layers (from memory)", 1024, 384, 2, 64, 12, true, false},
+    {"experts gate/up, 64 tokens routed, 12 layers (from memory)", 384, 1024, 8, 64, 12, true, false},
+    {"experts down, 64 tokens routed, 12 layers (from memory)", 1024, 384, 8, 64, 12, true, false},
+    {"experts gate/up, 64 x 64 rows (prefill 512)", 384, 1024, 64, 64, 1, false, false},
+    {"experts gate/up, 64 x 64 rows, 12 layers (from memory)", 384, 1024, 64, 64, 12, false, false},
+    {"experts gate/up, 512 tokens routed (uneven rows, gathered x)", 384, 1024, 64, 64, 1, true, false},
+    {"experts down, 512 tokens routed (uneven rows, gathered x)", 1024, 384, 64, 64, 1, true, false},
+    {"experts gate/up, 2048 tokens routed (uneven rows, gathered x)", 384, 1024, 256, 64, 1, true, false},
+    {"experts down, 2048 tokens routed (uneven rows, gathered x)", 1024, 384, 256, 64, 1, true, false},
+    {"experts down, 2048 tokens routed (x and y a row per pair, as in place)", 1024, 384, 256, 64, 1, true, true},
+    {"q projection, 512 rows (prefill)", 1024, 1024, 512, 1, 1, false, false},
     // 16 KiB of bf16 weights for each of the 8 pieces of work of 2 threads,
     // in L1, against 1200 rows from L2: how close the tiles come to the FMA
     // peak printed first when nothing waits on memory (the avx512 and avx2
     // ones spend a vector op of their own on each weight vector's widening,
     // on the ports the FMAs use).
-    {"weights in L1 (the tiles' own ceiling)", 512, 128, 1200, 1, 1, false},
+    {"weights in L1 (the tiles' own ceiling)", 512, 128, 1200, 1, 1, false, false},
 };
 
 static double cpu_now(void)
@@ -74,14 +80,39 @@ static const struct cpu_kernels *kernels_named(const char *name)
     return cpu_kernels_by_name(name);
 }
 
+// Buffers of 2 MiB and more (weights, x, y) on 2 MiB pages, as the engine
+// maps its weights and workspace (ms_map_huge): on 4 KiB pages the TLB
+// walks of rows written all over a 64 MB y cost the experts' down
+// projection 10-15% here (Zen 5), which the engine does not pay. The
+// mapping's size sits in the 64 bytes before the buffer, for xfree.
+#define XALLOC_HEAD 64
 static void *xalloc(size_t n)
 {
+    if (n >= (2u << 20)) {
+        char *q = ms_map_huge(-1, n + XALLOC_HEAD, PROT_READ | PROT_WRITE);
+        if (q == MAP_FAILED) {
+            fprintf(stderr, "out of memory\n");
+            exit(1);
+        }
+        *(size_t *)q = n + XALLOC_HEAD;
+        return q + XALLOC_HEAD;
+    }
     void *p = NULL;
-    if (posix_memalign(&p, 64, n ? n : 64)) {
+    if (posix_memalign(&p, XALLOC_HEAD, n + XALLOC_HEAD)) {
         fprintf(stderr, "out of memory\n");
         exit(1);
     }
-    return p;
+    *(size_t *)p = 0; // not mapped (for xfree)
+    return (char *)p + XALLOC_HEAD;
+}
+
+static void xfree(void *p)
+{
+    if (!p) return;
+    char *q = (char *)p - XALLOC_HEAD;
+    const size_t mapped = *(size_t *)q;
+    if (mapped) munmap(q, mapped);
+    else free(q);
 }
 
 int main(int argc, char **argv)
@@ -123,10 +154,11 @@ int main(int argc, char **argv)
         // routed: each of rows * mats / 8 tokens picks 8 distinct matrices
         // at random; matrix e's rows are tokens tok[cnt[e] .. cnt[e + 1]),
         // its outputs y's rows from cnt[e] on.
-        int32_t *tok = NULL, *cnt = NULL;
+        int32_t *tok = NULL, *cnt = NULL, *pair = NULL;
         if (sh->routed) {
             const int n_tok = sh->rows * sh->mats / 8;
             tok = xalloc((size_t)n_tok * 8 * sizeof *tok);
+            pair = xalloc((size_t)n_tok * 8 * sizeof *pair);
             cnt = xalloc(((size_t)sh->mats + 1) * sizeof *cnt);
             memset(cnt, 0, ((size_t)sh->mats + 1) * sizeof *cnt);
             int32_t *pick = xalloc((size_t)n_tok * 8 * sizeof *pick), *fill = xalloc((size_t)sh->mats * sizeof *fill);
@@ -144,9 +176,12 @@ int main(int argc, char **argv)
                 }
             for (int e = 0; e < sh->mats; e++) cnt[e + 1] += cnt[e];
             memcpy(fill, cnt, (size_t)sh->mats * sizeof *fill);
-            for (int i = 0; i < n_tok * 8; i++) tok[fill[pick[i]]++] = i / 8;
-            free(fill);
-            free(pick);
+            for (int i = 0; i < n_tok * 8; i++) {
+                pair[fill[pick[i]]] = i;
+                tok[fill[pick[i]]++] = i / 8;
+            }
+            xfree(fill);
+            xfree(pick);
         }
         void *packed = NULL;
         const struct cpu_wmat w0 = {.data = w, .dtype = DTYPE_BF16, .out = sh->out, .in = sh->in};
@@ -178,6 +213,12 @@ int main(int argc, char **argv)
                     jobs[e].x_rows = tok + cnt[i];
                     jobs[e].y = y + (size_t)cnt[i] * sh->out;
                     jobs[e].rows = cnt[i + 1] - cnt[i];
+                    if (sh->per_pair) {
+                        jobs[e].x = x + (size_t)cnt[i] * sh->in;
+                        jobs[e].x_rows = NULL;
+                        jobs[e].y = y;
+                        jobs[e].y_rows = pair + cnt[i];
+                    }
                 }
             }
             const size_t stride = cpu_kernels_scratch_floats(sh->in, 1, 1);
@@ -197,16 +238,17 @@ int main(int argc, char **argv)
             printf("  %-15s %8.2f ms  %7.1f GFLOP/s  %6.2f GB/s of weights | CPU time: %8.2f ms %7.1f GFLOP/s\n",
                    names[t], best * 1e3, flop / best / 1e9, bytes / best / 1e9, best_cpu * 1e3,
                    flop / best_cpu / 1e9);
-            free(ex.scratch);
+            xfree(ex.scratch);
             cpu_xq_free(&xq);
         }
-        free(jobs);
-        free(tok);
-        free(cnt);
-        free(packed);
-        free(w);
-        free(x);
-        free(y);
+        xfree(jobs);
+        xfree(tok);
+        xfree(pair);
+        xfree(cnt);
+        xfree(packed);
+        xfree(w);
+        xfree(x);
+        xfree(y);
     }
     threadpool_destroy(pool);
     return 0;
