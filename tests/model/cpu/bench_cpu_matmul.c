@@ -209,15 +209,15 @@ int main(int argc, char **argv)
                                           .y = y + i * sh->rows * sh->out, .ldy = (size_t)sh->out,
                                           .rows = sh->rows};
                 if (sh->routed) {
-                    jobs[e].x = x;
-                    jobs[e].x_rows = tok + cnt[i];
-                    jobs[e].y = y + (size_t)cnt[i] * sh->out;
                     jobs[e].rows = cnt[i + 1] - cnt[i];
-                    if (sh->per_pair) {
+                    if (sh->per_pair) { // x's rows in the experts' order, y's in pair order
                         jobs[e].x = x + (size_t)cnt[i] * sh->in;
-                        jobs[e].x_rows = NULL;
                         jobs[e].y = y;
                         jobs[e].y_rows = pair + cnt[i];
+                    } else { // x's rows gathered from the tokens', y's in the experts' order
+                        jobs[e].x = x;
+                        jobs[e].x_rows = tok + cnt[i];
+                        jobs[e].y = y + (size_t)cnt[i] * sh->out;
                     }
                 }
             }
