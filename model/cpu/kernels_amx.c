@@ -21,7 +21,8 @@
 // as A tiles, 16 lines a row apart, left memory latency exposed: 60-75% of
 // a core's read bandwidth at batch 1). Measured on one core against the
 // avx512 matmul, the demo lm_head (151936 x 512): 0.85-0.92x at one row,
-// 1.5-1.7x at 16; a 2048 x 512 matrix at 512 rows (prefill): 3.6x.
+// 1.5-1.7x at 16; a 2048 x 512 matrix at 512 rows (prefill): 3.6x. (Those
+// figures are from before the prefetches below were fixed; see AMX_PF.)
 //
 // Why the split activations: TDPBF16PS multiplies bf16 by bf16. The weights
 // are bf16 already, so they are exact; an fp32 activation x is written as
@@ -57,31 +58,39 @@ const struct cpu_kernels *cpu_kernels_amx_table(void);
 // The split x rows of one group (hi and lo: one float per k per row); at
 // least one tile of 16 rows whatever K.
 #define AMX_X_FLOATS 32768
-// How far ahead in each block stream the first row tile prefetches (into
-// L1: 0.85-0.92x of the avx512 stream at one row on the demo lm_head with
-// it, 0.78x without; further ahead or into L2 was no better).
+// How far ahead in each block stream a matmul of up to AMX_MR rows
+// prefetches into L1, with the CPU's plan of far ones into L2 and the
+// lines past a block's end taken from the next group's block
+// (cpu_pf_tile). The tile unit runs out of order far less than the FMA
+// stream does (a load into a tile waits for the products still reading
+// it), so at a few rows the weights reach it only as fast as lines are
+// already on their way. Measured with bench_cpu_matmul on Sapphire Rapids
+// (2 cores, bf16 weights of the mid model), against prefetching 2 KiB
+// ahead inside each block only: the one-row lm_head 8.6-8.7 ms against
+// 11.4 (avx512: 9.0), experts of 2 to 8 rows read from memory 8-17%
+// faster. Matmuls of more rows prefetch nothing: their first tile's
+// products take long enough for the hardware's streams (the same or 3-15%
+// faster than the in-block prefetches; the continuation across blocks
+// made them 5-17% slower).
 #define AMX_PF 2048
-// x tiles of this many rows or fewer go through group2 (below).
-#define AMX_SHORT 8
 
 // The tile register file, for group4: 0-3 accumulators (C), 4-5 the split x
-// rows (A hi, A lo), 6-7 weights (B); for group2: 0-1 C, 2-3 A, 4-7 B. A and
-// C have as many rows as the tile has x rows; B is always 16 k-pairs.
+// rows (A hi, A lo), 6-7 weights (B). A and C have as many rows as the tile
+// has x rows; B is always 16 k-pairs.
 struct tile_config {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
     uint8_t rows[16];
 };
 
-// first_b: the first B tile (6 for group4, 4 for group2).
-static void tiles_config(int mr, int first_b)
+static void tiles_config(int mr)
 {
     struct tile_config c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int t = 0; t < 8; t++) {
         c.colsb[t] = 64;
-        c.rows[t] = (uint8_t)(t < first_b ? mr : 16);
+        c.rows[t] = (uint8_t)(t < 6 ? mr : 16);
     }
     _tile_loadconfig(&c);
 }
@@ -125,15 +134,18 @@ static void store_c(const struct cpu_mm *m, const float *st, int o, int o0, int 
     }
 }
 
-static inline void prefetch_kb(const char *p)
+// The prefetches of k-block kb of block n of the group at wp (nb blocks).
+static inline __attribute__((always_inline)) void prefetch_kb(enum cpu_pf pf, const char *wp, size_t bb, int nb,
+                                                              int n, int kb)
 {
-    for (int l = 0; l < KB_BYTES; l += 64) _mm_prefetch(p + AMX_PF + l, _MM_HINT_T0);
+    const size_t off = (size_t)kb * KB_BYTES;
+    for (int l = 0; l < KB_BYTES; l += 64) cpu_pf_tile(pf, wp, bb, nb, n, off + (size_t)l, AMX_PF);
 }
 
 // Four blocks of 16 outputs (wp, wp + bb, ...) against the x tile: st gets
 // the four accumulators, block n at st + 256 n.
 static void group4(const char *wp, size_t bb, int nkb, const uint16_t *xh, const uint16_t *xl, size_t xs,
-                   float *st, bool pf)
+                   float *st, enum cpu_pf pf)
 {
     _tile_zero(0);
     _tile_zero(1);
@@ -141,12 +153,8 @@ static void group4(const char *wp, size_t bb, int nkb, const uint16_t *xh, const
     _tile_zero(3);
     for (int kb = 0; kb < nkb; kb++) {
         const char *b = wp + (size_t)kb * KB_BYTES;
-        if (pf) {
-            prefetch_kb(b);
-            prefetch_kb(b + bb);
-            prefetch_kb(b + 2 * bb);
-            prefetch_kb(b + 3 * bb);
-        }
+        if (pf != CPU_PF_NONE)
+            for (int n = 0; n < AMX_NB; n++) prefetch_kb(pf, wp, bb, AMX_NB, n, kb);
         _tile_loadd(4, xh + kb * KB, xs);
         _tile_loadd(5, xl + kb * KB, xs);
         _tile_loadd(6, b, 64);
@@ -168,57 +176,8 @@ static void group4(const char *wp, size_t bb, int nkb, const uint16_t *xh, const
     _tile_stored(3, st + 768, 64);
 }
 
-// Two blocks against a short x tile, where the tile unit's time per k-block
-// is short and waiting for weights from memory would dominate: their B
-// tiles alternate between two pairs, so the loads for k-block kb + 1 go out
-// while the products of kb run (tiles are not renamed: a load into a tile
-// still being read waits for it). The same products in the same order as
+// One block (C 0, A 2-3, B 6): the same products in the same order as
 // group4's.
-static void group2(const char *wp, size_t bb, int nkb, const uint16_t *xh, const uint16_t *xl, size_t xs,
-                   float *st, bool pf)
-{
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_loadd(4, wp, 64);
-    _tile_loadd(5, wp + bb, 64);
-    for (int kb = 0; kb < nkb; kb += 2) {
-        const char *b = wp + (size_t)kb * KB_BYTES;
-        if (pf) {
-            prefetch_kb(b);
-            prefetch_kb(b + bb);
-            prefetch_kb(b + KB_BYTES);
-            prefetch_kb(b + bb + KB_BYTES);
-        }
-        // nkb is even unless K is 32 mod 64: then the last k-block has no pair.
-        const bool two = kb + 1 < nkb;
-        if (two) {
-            _tile_loadd(6, b + KB_BYTES, 64);
-            _tile_loadd(7, b + bb + KB_BYTES, 64);
-        }
-        _tile_loadd(2, xh + kb * KB, xs);
-        _tile_loadd(3, xl + kb * KB, xs);
-        _tile_dpbf16ps(0, 2, 4);
-        _tile_dpbf16ps(1, 2, 5);
-        _tile_dpbf16ps(0, 3, 4);
-        _tile_dpbf16ps(1, 3, 5);
-        if (!two) break;
-        if (kb + 2 < nkb) {
-            _tile_loadd(4, b + 2 * KB_BYTES, 64);
-            _tile_loadd(5, b + bb + 2 * KB_BYTES, 64);
-        }
-        _tile_loadd(2, xh + (kb + 1) * KB, xs);
-        _tile_loadd(3, xl + (kb + 1) * KB, xs);
-        _tile_dpbf16ps(0, 2, 6);
-        _tile_dpbf16ps(1, 2, 7);
-        _tile_dpbf16ps(0, 3, 6);
-        _tile_dpbf16ps(1, 3, 7);
-    }
-    _tile_stored(0, st, 64);
-    _tile_stored(1, st + 256, 64);
-}
-
-// One block (C 0, A 2-3, B 6: valid in both configurations): the same
-// products in the same order as group4's.
 static void group1(const char *wp, int nkb, const uint16_t *xh, const uint16_t *xl, size_t xs, float *st)
 {
     _tile_zero(0);
@@ -268,23 +227,16 @@ static void amx_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
             const char *wc = cpu_packed_blocks(&m->w, cb, ce, wbuf);
             for (int t0 = 0; t0 < gn; t0 += AMX_MR) {
                 const int mr = gn - t0 < AMX_MR ? gn - t0 : AMX_MR;
-                const int cfg = mr <= AMX_SHORT ? -mr : mr;
-                if (cfg != config_rows) {
-                    tiles_config(mr, mr <= AMX_SHORT ? 4 : 6);
-                    config_rows = cfg;
+                if (mr != config_rows) {
+                    tiles_config(mr);
+                    config_rows = mr;
                 }
                 const uint16_t *th = xh + (size_t)t0 * K, *tl = xl + (size_t)t0 * K;
-                const bool pf = t0 == 0 && m->w.packed;
+                const enum cpu_pf pf = t0 == 0 && m->w.packed && m->rows <= AMX_MR ? cpu_pf_mode(true, m->rows)
+                                                                                    : CPU_PF_NONE;
                 int b = cb;
-                if (mr <= AMX_SHORT)
-                    for (; b + 2 <= ce; b += 2) {
-                        group2(wc + (size_t)(b - cb) * bb, bb, nkb, th, tl, xs, st, pf && b + 4 <= ce);
-                        store_c(m, st, b * CPU_PACK_OUTS, o0, o1, g0 + t0, mr);
-                        store_c(m, st + 256, (b + 1) * CPU_PACK_OUTS, o0, o1, g0 + t0, mr);
-                    }
                 for (; b + AMX_NB <= ce; b += AMX_NB) {
-                    // Prefetching past the last group would read past the matrix.
-                    group4(wc + (size_t)(b - cb) * bb, bb, nkb, th, tl, xs, st, pf && b + 2 * AMX_NB <= ce);
+                    group4(wc + (size_t)(b - cb) * bb, bb, nkb, th, tl, xs, st, pf);
                     for (int n = 0; n < AMX_NB; n++)
                         store_c(m, st + 256 * n, (b + n) * CPU_PACK_OUTS, o0, o1, g0 + t0, mr);
                 }

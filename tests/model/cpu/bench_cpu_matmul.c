@@ -11,6 +11,8 @@
 //
 //   meson compile -C build bench_cpu_matmul
 //   build/tests/model/cpu/bench_cpu_matmul [THREADS [TABLE...]]
+//
+// BENCH_SHAPE=TEXT runs only the shapes whose name holds TEXT.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,8 +140,10 @@ int main(int argc, char **argv)
                threads);
     }
     uint64_t seed = 1;
+    const char *only = getenv("BENCH_SHAPE");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const struct shape *sh = &shapes[s];
+        if (only && !strstr(sh->what, only)) continue;
         const size_t welems = (size_t)sh->out * sh->in;
         const int sets = sh->sets, mats = sh->mats * sets;
         uint16_t *w = xalloc(welems * 2 * (size_t)mats);
