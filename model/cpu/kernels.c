@@ -19,6 +19,7 @@ const struct cpu_kernels *cpu_kernels_avx512_table(void);
 const struct cpu_kernels *cpu_kernels_amx_table(void);
 const struct cpu_kernels *cpu_kernels_avx512_bf16_table(void);
 const struct cpu_kernels *cpu_kernels_avx512_bf16_path_table(bool fma);
+const struct cpu_kernels *cpu_kernels_avx512_bf16_tiles_table(void);
 #endif
 
 static void scalar_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
@@ -218,6 +219,11 @@ const struct cpu_kernels *cpu_kernels_avx512_bf16_path(bool fma)
     return cpu_kernels_avx512_bf16() ? cpu_kernels_avx512_bf16_path_table(fma) : NULL;
 }
 
+const struct cpu_kernels *cpu_kernels_avx512_bf16_tiles(void)
+{
+    return cpu_kernels_avx512_bf16() ? cpu_kernels_avx512_bf16_tiles_table() : NULL;
+}
+
 // CPUID.(7,0).EDX: AMX-BF16 (bit 22), AMX-TILE (bit 24); CPUID.(7,1).EAX:
 // AVX512-BF16 (bit 5); XCR0 bits 17-18: the OS saves tile state. Linux
 // then hands out the 8 KiB of tile data per thread only on request.
@@ -251,6 +257,7 @@ const struct cpu_kernels *cpu_kernels_avx2(void) { return NULL; }
 const struct cpu_kernels *cpu_kernels_avx512(void) { return NULL; }
 const struct cpu_kernels *cpu_kernels_avx512_bf16(void) { return NULL; }
 const struct cpu_kernels *cpu_kernels_avx512_bf16_path(bool fma) { (void)fma; return NULL; }
+const struct cpu_kernels *cpu_kernels_avx512_bf16_tiles(void) { return NULL; }
 const struct cpu_kernels *cpu_kernels_amx(void) { return NULL; }
 #endif
 

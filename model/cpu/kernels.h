@@ -372,12 +372,15 @@ const struct cpu_kernels *cpu_kernels_scalar(void);
 const struct cpu_kernels *cpu_kernels_avx2(void);
 const struct cpu_kernels *cpu_kernels_avx512(void);
 // The avx512 table with bf16 activations in its bf16 matmuls (AVX512_BF16):
-// on VDPBF16PS where it runs faster than FMAs, else FMAs in its order (the
-// same results; picked once by timing both, kernels_avx512bf16.c).
+// on the AMX tile unit where it is usable, else on VDPBF16PS where that
+// runs faster than FMAs, else FMAs in its order (the same results as
+// VDPBF16PS; picked once by timing both, kernels_avx512bf16.c).
 const struct cpu_kernels *cpu_kernels_avx512_bf16(void);
 // That table with its path forced (fma: FMAs in VDPBF16PS's order; else
-// VDPBF16PS), for the tests and benchmarks that hold the two side by side.
+// VDPBF16PS), for the tests and benchmarks that hold the paths side by side;
+// _tiles: its tile-unit path, NULL where cpu_kernels_amx() is.
 const struct cpu_kernels *cpu_kernels_avx512_bf16_path(bool fma);
+const struct cpu_kernels *cpu_kernels_avx512_bf16_tiles(void);
 // Also needs Linux to grant this process the tile state (arch_prctl).
 const struct cpu_kernels *cpu_kernels_amx(void);
 // The matrices the amx table runs on the tile unit (the rest, quantized

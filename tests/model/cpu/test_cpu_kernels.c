@@ -425,6 +425,10 @@ static void packed_matmul_is_one_fma_chain_per_output(void **state)
         tables[n_tables++] = cpu_kernels_avx512_bf16_path(false);
         names[n_tables] = "avx512_bf16 (FMAs)";
         tables[n_tables++] = cpu_kernels_avx512_bf16_path(true);
+        if (cpu_kernels_avx512_bf16_tiles()) {
+            names[n_tables] = "avx512_bf16 (tiles)";
+            tables[n_tables++] = cpu_kernels_avx512_bf16_tiles();
+        }
     }
     int tested = 0;
     for (int t = 0; t < n_tables; t++)
@@ -1081,6 +1085,14 @@ static float *bf16_rounded(const float *x, size_t n)
     return r;
 }
 
+// avx512_bf16's paths: VDPBF16PS, FMAs in its order, and the tile unit
+// (NULL where it is not usable).
+#define BF16_PATHS 3
+static const struct cpu_kernels *bf16_path(int path)
+{
+    return path == 2 ? cpu_kernels_avx512_bf16_tiles() : cpu_kernels_avx512_bf16_path(path == 1);
+}
+
 // Against the scalar fp32 matmul: with x rounded to bf16 first, the same
 // within fp32 rounding (the tolerance every fp32 table meets); with x as it
 // is, within the stated 2^-8 * sum |w x| — and further off than fp32
@@ -1089,9 +1101,9 @@ static void bf16_matmul_is_fp32_over_bf16_activations(void **state)
 {
     (void)state;
     if (!bf16_table) skip();
-    // Both paths: VDPBF16PS and FMAs in its order.
-    for (int path = 0; path < 2; path++) {
-        const struct cpu_kernels *bf16_table = cpu_kernels_avx512_bf16_path(path == 1);
+    for (int path = 0; path < BF16_PATHS; path++) {
+        const struct cpu_kernels *bf16_table = bf16_path(path);
+        if (!bf16_table) continue;
         assert_true(bf16_table->bf16_activations);
         assert_false(cpu_kernels_avx512()->bf16_activations);
         int rounded_apart = 0;
@@ -1146,9 +1158,9 @@ static void bf16_table_leaves_other_weights_to_avx512(void **state)
 {
     (void)state;
     if (!bf16_table) skip();
-    // Both paths: VDPBF16PS and FMAs in its order.
-    for (int path = 0; path < 2; path++) {
-        const struct cpu_kernels *bf16_table = cpu_kernels_avx512_bf16_path(path == 1);
+    for (int path = 0; path < BF16_PATHS; path++) {
+        const struct cpu_kernels *bf16_table = bf16_path(path);
+        if (!bf16_table) continue;
         const struct cpu_kernels *ref = cpu_kernels_avx512();
         const enum dtype dts[] = {DTYPE_F16, DTYPE_F32};
         for (int d = 0; d < 3; d++) {
@@ -1179,13 +1191,15 @@ static void bf16_table_leaves_other_weights_to_avx512(void **state)
 // The table's two paths (VDPBF16PS, and FMAs in its order where it runs at
 // half rate) give every output the same value, so the path a CPU's timing
 // picks changes where the time goes, never a result; and the table by name
-// is one of them.
+// is one of them, or, where the tile unit is usable, its tile path.
 static void bf16_paths_give_the_same_results(void **state)
 {
     (void)state;
     if (!bf16_table) skip();
     const struct cpu_kernels *dp = cpu_kernels_avx512_bf16_path(false), *fma = cpu_kernels_avx512_bf16_path(true);
-    assert_true(bf16_table->matmul == dp->matmul || bf16_table->matmul == fma->matmul);
+    const struct cpu_kernels *tiles = cpu_kernels_avx512_bf16_tiles();
+    if (tiles) assert_ptr_equal(bf16_table->matmul, tiles->matmul);
+    else assert_true(bf16_table->matmul == dp->matmul || bf16_table->matmul == fma->matmul);
     assert_true(dp->matmul != fma->matmul);
     for (size_t si = 0; si < sizeof bf16_shapes / sizeof bf16_shapes[0]; si++)
         for (int packed = 0; packed < 2; packed++) {
@@ -1238,12 +1252,21 @@ static void wmat_free(struct cpu_wmat *w)
 // pointers (5 rows), the interleaved tall tiles (12 gathered rows, packed,
 // 512 outputs), row blocks over packed chunks (40 rows), more rows than its
 // scratch holds (300, not packed). Given the rounding of another x, its
-// outputs are those of that other x.
+// outputs are those of that other x. The same of the tile path, where the
+// tile unit is usable (its x groups hold 16 rows of 2048 inputs).
+static void bf16_reads_rows_rounded(const struct cpu_kernels *k);
 static void bf16_matmul_reads_rows_rounded_by_the_caller(void **state)
 {
     (void)state;
-    const struct cpu_kernels *k = cpu_kernels_avx512_bf16_path(false);
-    if (!k) skip();
+    if (!cpu_kernels_avx512_bf16_path(false)) skip();
+    for (int path = 0; path < BF16_PATHS; path += 2) {
+        const struct cpu_kernels *k = bf16_path(path);
+        if (k) bf16_reads_rows_rounded(k);
+    }
+}
+
+static void bf16_reads_rows_rounded(const struct cpu_kernels *k)
+{
     const struct {
         int rows, in, out;
         bool packed, gathered;
@@ -1252,6 +1275,13 @@ static void bf16_matmul_reads_rows_rounded_by_the_caller(void **state)
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int rows = cases[c].rows, in = cases[c].in, out = cases[c].out, np = (in + 1) / 2;
         struct cpu_wmat w = bf16_wmat(out, in, cases[c].packed);
+        // Only where the path asks cpu_matmul for rounded rows (the tile
+        // path leaves the matrices it does not take, 130 inputs, to its FMAs,
+        // which round their own).
+        if (!k->wants_xq(&(struct cpu_mm){.w = w})) {
+            wmat_free(&w);
+            continue;
+        }
         float *xa = random_floats((size_t)rows * in), *xb = random_floats((size_t)rows * in);
         uint32_t *xq = xmalloc((size_t)rows * np * 4);
         int32_t *idx = xmalloc((size_t)rows * sizeof *idx);
