@@ -41,6 +41,7 @@ struct shape {
 static const struct shape shapes[] = {
     {"lm_head, 1 row", 151936, 1024, 1, 1, 1, false, false},
     {"demo lm_head, 1 row", 151936, 512, 1, 1, 1, false, false},
+    {"demo lm_head, 1 row, 4 copies (from memory)", 151936, 512, 1, 1, 4, false, false},
     {"lm_head, 16 rows", 151936, 1024, 16, 1, 1, false, false},
     {"lm_head, 64 rows", 151936, 1024, 64, 1, 1, false, false},
     {"experts gate/up, 64 x 2 rows", 384, 1024, 2, 64, 1, false, false},
