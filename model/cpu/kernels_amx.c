@@ -254,6 +254,9 @@ static void tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch,
     if (chunk < AMX_NB) chunk = AMX_CHUNK_BYTES / bb >= 1 ? (int)(AMX_CHUNK_BYTES / bb) : 1;
     // Packed weights and one tile of rows: no chunk needs to stay in L2.
     if (m->w.packed && m->rows <= AMX_MR) chunk = b1 - b0;
+    // A matmul of up to AMX_MR rows is one tile, which reads the weights
+    // from memory and prefetches them (AMX_PF); more rows prefetch nothing.
+    const enum cpu_pf pf = m->w.packed && m->rows <= AMX_MR ? cpu_pf_mode(true, m->rows) : CPU_PF_NONE;
     int config_rows = 0;
     for (int g0 = 0; g0 < m->rows; g0 += group) {
         const int gn = m->rows - g0 < group ? m->rows - g0 : group;
@@ -269,8 +272,6 @@ static void tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch,
                     config_rows = mr;
                 }
                 const uint16_t *th = xh + (size_t)t0 * K, *tl = xl ? xl + (size_t)t0 * K : NULL;
-                const enum cpu_pf pf = t0 == 0 && m->w.packed && m->rows <= AMX_MR ? cpu_pf_mode(true, m->rows)
-                                                                                    : CPU_PF_NONE;
                 int b = cb;
                 for (; b + AMX_NB <= ce; b += AMX_NB) {
                     group4(wc + (size_t)(b - cb) * bb, bb, nkb, th, tl, xs, st, pf);
