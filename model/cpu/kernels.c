@@ -486,6 +486,11 @@ size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
     // floats, or one 16-row tile when K is larger), four C tiles.
     const size_t amx = (8 * kp > 65536 ? 8 * kp : 65536) + (16 * kp > 32768 ? 16 * kp : 32768) + 1024;
     if (mm < amx) mm = amx;
+    // Its int4 path: four blocks' weight tiles over a scale group of up to
+    // 256 inputs (8192 floats), four C tiles, and 64 x rows (hi and lo, a
+    // group sum per 32 inputs at most, 64 output sums each).
+    const size_t amx_q4 = 8192 + 1024 + 16 + 64 * (kp + kp / 32 + 64);
+    if (mm < amx_q4) mm = amx_q4;
     // The avx512_bf16 matmul: 256 KiB of packed blocks (or one block, 8
     // floats per k) for weights not packed at load, then CPU_BF16_ROWS x rows
     // rounded to bf16 pairs (half a float per k each), so that a matmul of

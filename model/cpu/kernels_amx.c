@@ -107,16 +107,21 @@ static void tiles_config(int mr)
     _tile_loadconfig(&c);
 }
 
-// x rows r0..r0+mr-1 split into hi and lo, row i at xh + i K and xl + i K;
+// GCC's tile loads (_tile_loadd) are asm statements that name no memory,
+// so the compiler may move stores past them: each buffer a tile load reads
+// is written, then this, then loaded (a compiler barrier; no instruction).
+static inline __attribute__((always_inline)) void tiles_after_stores(void) { __asm__ volatile("" ::: "memory"); }
+
+// x rows r0..r0+mr-1 split into hi and lo, row i at xh + i ld and xl + i ld;
 // hi alone when xl is NULL (x rounded to bf16: the same rounding as the
 // avx512_bf16 table's, VCVTNE2PS2BF16).
-static void split_x(const struct cpu_mm *m, int r0, int mr, int K, uint16_t *xh, uint16_t *xl)
+static void split_x(const struct cpu_mm *m, int r0, int mr, int K, uint16_t *xh, uint16_t *xl, size_t ld)
 {
     const __m512 inf = _mm512_set1_ps(__builtin_inff());
     for (int i = 0; i < mr; i++) {
         const int r = r0 + i;
         const float *x = m->x + (size_t)(m->x_rows ? m->x_rows[r] : r) * m->ldx;
-        uint16_t *h = xh + (size_t)i * K, *l = xl ? xl + (size_t)i * K : NULL;
+        uint16_t *h = xh + (size_t)i * ld, *l = xl ? xl + (size_t)i * ld : NULL;
         for (int k = 0; k < K; k += KB) {
             const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
             const __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
@@ -261,7 +266,8 @@ static void tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch,
     for (int g0 = 0; g0 < m->rows; g0 += group) {
         const int gn = m->rows - g0 < group ? m->rows - g0 : group;
         if (!split && m->xq) copy_xq(m, g0, gn, K, xh);
-        else split_x(m, g0, gn, K, xh, xl);
+        else split_x(m, g0, gn, K, xh, xl, (size_t)K);
+        tiles_after_stores();
         for (int cb = b0; cb < b1; cb += chunk) {
             const int ce = b1 - cb < chunk ? b1 : cb + chunk;
             const char *wc = cpu_packed_blocks(&m->w, cb, ce, wbuf);
@@ -288,9 +294,248 @@ static void tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch,
     if (config_rows) _tile_release();
 }
 
+// ---- int4 weights on the tile unit -------------------------------------------------
+//
+// Why: the FMA path (kernels_simd.inc) turns every int4 weight into fp32
+// and does one FMA per weight and row, with 16 rows a tile at most: the
+// full-size Qwen3-30B-A3B in int4 prefilled 30 tokens/s on two Sapphire
+// Rapids cores. Here a weight tile (32 k of a block of 16 outputs) becomes
+// bf16 once, in L1, and the tile unit multiplies it by up to 16 x rows a
+// product. What it becomes is q itself (0..15: exact in bf16); the scale
+// and zero point are applied per group, as the FMA path applies them:
+//   y = fma(s_g, C_g - z_g * xsum_g, y) over the groups g in order, from 0,
+// where C_g is the tile unit's sum of x_k q_k over group g (its own order,
+// as for bf16 weights) and xsum_g the sum of the group's x — the x the
+// tiles read: hi + lo (amx, within a few fp32 roundings of the fp32
+// matmul) or x rounded to bf16 (avx512_bf16, within its 2^-8 bound).
+//
+// The pairs: a packed dword holds 8 k of one output (k0 + i in bits 4i..);
+// shifted right by 4i and masked with 0x000F000F it holds k0 + i and k0 + i
+// + 4 in its halves, which VPERMW over a table of bf16(0..15) makes the
+// bf16 pair a tile row takes. So pair p = 4d + i of a k-block (dword d)
+// is (k0 + 8d + i, k0 + 8d + i + 4), and the x rows are permuted to match
+// once per call (q4_prep_x): three instructions per 32 weights, against
+// six for the FMA path's conversions alone.
+//
+// The split x: a row's hi and lo go in as two rows of one A tile (8 x
+// rows a tile), so that each weight tile takes one product whatever the
+// rows (the tile unit takes as long for one row as for 16: 12 TSC cycles
+// a product here, measured); the row's C is then its two rows' sum. A
+// row's results do not depend on the rows beside it either way.
+//
+// The order: x rows in groups of up to Q4_ROWS (what the scratch holds);
+// per group, four blocks of outputs at a time, per scale group their
+// weight tiles turned into bf16 (16 KiB at 128 inputs) and met by every
+// tile of x rows, whose C tiles are then scaled into fp32 sums kept in
+// scratch until the blocks end. Each output gets the same products and
+// the same fma chain whatever the rows around it.
+#define Q4_ROWS 64
+
+// bf16(q) for q = 0..15, the word table VPERMW reads (indices 16..31 unused).
+static const uint16_t q4_bf16[32] __attribute__((aligned(64))) = {
+    0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0,
+    0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170,
+};
+
+// Weight tiles of nb blocks (block n at wp + n bb, its values H bytes in),
+// k-blocks [kb0, kb0 + nkb), into bq: block n's tile kb at bq + (n nkb + kb
+// - kb0) 512 words, pair p as tile row p. pf: the prefetches of a matmul
+// that streams these blocks from memory as a group of AMX_NB.
+static inline __attribute__((always_inline)) void q4_dequant(const char *wp, size_t bb, size_t H, int nb, int kb0,
+                                                             int nkb, uint16_t *bq, enum cpu_pf pf)
+{
+    const __m512i tab = _mm512_load_si512(q4_bf16), lo4 = _mm512_set1_epi32(0x000F000F);
+    for (int n = 0; n < nb; n++)
+        for (int kb = 0; kb < nkb; kb++) {
+            const size_t off = H + (size_t)(kb0 + kb) * 256;
+            uint16_t *t = bq + ((size_t)n * nkb + kb) * 512;
+            for (int d = 0; d < 4; d++) {
+                cpu_pf_tile(pf, wp, bb, AMX_NB, n, off + 64 * (size_t)d, AMX_PF);
+                const __m512i v = _mm512_loadu_si512(wp + (size_t)n * bb + off + 64 * (size_t)d);
+                _mm512_storeu_si512(t + (4 * d + 0) * 32, _mm512_permutexvar_epi16(_mm512_and_si512(v, lo4), tab));
+                _mm512_storeu_si512(t + (4 * d + 1) * 32,
+                                    _mm512_permutexvar_epi16(_mm512_and_si512(_mm512_srli_epi32(v, 4), lo4), tab));
+                _mm512_storeu_si512(t + (4 * d + 2) * 32,
+                                    _mm512_permutexvar_epi16(_mm512_and_si512(_mm512_srli_epi32(v, 8), lo4), tab));
+                _mm512_storeu_si512(t + (4 * d + 3) * 32,
+                                    _mm512_permutexvar_epi16(_mm512_and_si512(_mm512_srli_epi32(v, 12), lo4), tab));
+            }
+        }
+}
+
+// The C tiles of NB (4 or 1) blocks over nkb k-blocks of the A rows at xa
+// (row stride xs bytes), in order; st gets block n's at st + 256 n. The
+// weight tiles: q4_dequant's of those k-blocks at bq, or (FUSED: a
+// matmul of one tile of rows, which meets each weight tile once) made
+// here a k-block at a time from the blocks at wp, into bq: 4 KiB in L1
+// where a group's took 16 (the group's made first ran 10-15% behind the
+// avx512 matmul on experts at one row; two buffers of them, 25-40%).
+static inline __attribute__((always_inline)) void q4_products(const int NB, const bool FUSED, uint16_t *bq, int nkb,
+                                                              const uint16_t *xa, size_t xs, float *st,
+                                                              const char *wp, size_t bb, size_t H, int kb0,
+                                                              enum cpu_pf pf)
+{
+    const size_t ns = FUSED ? 512 : (size_t)nkb * 512; // from a block's weight tile to the next's
+    _tile_zero(0);
+    if (NB == AMX_NB) {
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (int kb = 0; kb < nkb; kb++) {
+        if (FUSED) {
+            q4_dequant(wp, bb, H, NB, kb0 + kb, 1, bq, pf);
+            tiles_after_stores();
+        }
+        const uint16_t *b = FUSED ? bq : bq + (size_t)kb * 512;
+        _tile_loadd(4, xa + kb * KB, xs);
+        _tile_loadd(6, b, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if (NB != AMX_NB) continue;
+        _tile_loadd(7, b + ns, 64);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(6, b + 2 * ns, 64);
+        _tile_dpbf16ps(2, 4, 6);
+        _tile_loadd(7, b + 3 * ns, 64);
+        _tile_dpbf16ps(3, 4, 7);
+    }
+    _tile_stored(0, st, 64);
+    if (NB == AMX_NB) {
+        _tile_stored(1, st + 256, 64);
+        _tile_stored(2, st + 512, 64);
+        _tile_stored(3, st + 768, 64);
+    }
+}
+
+// A block's group g into its mr x rows' sums (ys[i * 16 + j]: row i,
+// output j): ys = fma(s, C - z * xsum, ys), the block's header at h, C
+// row i of c, or rows 2i + 2i + 1 (hi, lo) where split.
+static void q4_apply(const char *h, int g, const float *c, int mr, bool split, const float *xsum, int ng,
+                     float *ys)
+{
+    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + (size_t)g * 48)));
+    const __m512 z =
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + (size_t)g * 48 + 32))));
+    for (int i = 0; i < mr; i++) {
+        const __m512 ci = split ? _mm512_add_ps(_mm512_loadu_ps(c + 32 * i), _mm512_loadu_ps(c + 32 * i + 16))
+                                : _mm512_loadu_ps(c + 16 * i);
+        const __m512 t = _mm512_fnmadd_ps(z, _mm512_set1_ps(xsum[(size_t)i * ng + g]), ci);
+        _mm512_storeu_ps(ys + 16 * i, _mm512_fmadd_ps(s, t, _mm512_loadu_ps(ys + 16 * i)));
+    }
+}
+
+// 16 bf16 values as fp32 (a bf16 is the top half of an fp32).
+static inline __m512 bf16x16(const uint16_t *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+// The rows' group sums of the x the tiles read (hi + lo, or hi alone; in
+// 16 lanes, then across them), then each row permuted into the pairs of the weight tiles
+// (within every 8 k: 0, 4, 1, 5, 2, 6, 3, 7). Row i's hi at xa + i ld, its
+// lo (split) K further on.
+static void q4_prep_x(uint16_t *xa, size_t ld, bool split, int rows, int K, int G, int ng, float *xsum)
+{
+    static const uint16_t perm[32] __attribute__((aligned(64))) = {
+        0,  4,  1,  5,  2,  6,  3,  7,  8,  12, 9,  13, 10, 14, 11, 15,
+        16, 20, 17, 21, 18, 22, 19, 23, 24, 28, 25, 29, 26, 30, 27, 31};
+    const __m512i idx = _mm512_load_si512(perm);
+    for (int i = 0; i < rows; i++) {
+        uint16_t *h = xa + (size_t)i * ld, *l = split ? h + K : NULL;
+        for (int g = 0; g < ng; g++) {
+            const int k1 = (g + 1) * G < K ? (g + 1) * G : K;
+            __m512 sum = _mm512_setzero_ps();
+            for (int k = g * G; k < k1; k += 16) {
+                sum = _mm512_add_ps(sum, bf16x16(h + k));
+                if (l) sum = _mm512_add_ps(sum, bf16x16(l + k));
+            }
+            xsum[(size_t)i * ng + g] = _mm512_reduce_add_ps(sum);
+        }
+        for (int k = 0; k < K; k += KB) {
+            _mm512_storeu_si512(h + k, _mm512_permutexvar_epi16(idx, _mm512_loadu_si512(h + k)));
+            if (l) _mm512_storeu_si512(l + k, _mm512_permutexvar_epi16(idx, _mm512_loadu_si512(l + k)));
+        }
+    }
+}
+
+// Outputs [o0, o1) of an int4 matrix (cpu_kernels_amx_takes_int4) on the
+// tile unit. split: x as hi and lo (amx), else rounded to bf16
+// (avx512_bf16's tile path, from m->xq where the caller rounded it).
+static void q4_tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch, bool split)
+{
+    if (o1 <= o0 || m->rows <= 0) return;
+    const int K = m->w.in, G = m->w.group > 0 ? m->w.group : K, ng = quant_groups(K, G), nkg = G / KB;
+    const size_t bb = quant_block_bytes(QUANT_INT4, K, m->w.group);
+    const size_t H = quant_block_header_bytes(QUANT_INT4, K, m->w.group);
+    // x rows a tile: 16, or 8 split (their hi and lo, 16 A rows).
+    const int tr = split ? AMX_MR / 2 : AMX_MR, ar = split ? 2 : 1;
+    const size_t ld = (size_t)ar * K, xs = (size_t)K * 2; // an A tile row: hi, lo, hi of the next row, ...
+    // Scratch: the weight tiles of four blocks over one scale group, four C
+    // tiles, then per x row its hi (and lo), its group sums and the sums of
+    // four blocks' outputs (cpu_kernels_scratch_floats leaves room for
+    // Q4_ROWS of them; at least a tile whatever K).
+    const size_t fixed = (size_t)AMX_NB * nkg * 256 + 1024 + 16, per_row = (size_t)K + (size_t)ng + AMX_NB * 16;
+    const size_t have = cpu_kernels_scratch_floats(K, 1, 1);
+    int rg = have > fixed + AMX_MR * per_row ? (int)((have - fixed) / per_row) / AMX_MR * AMX_MR : AMX_MR;
+    if (rg > Q4_ROWS) rg = Q4_ROWS;
+    uint16_t *bq = (uint16_t *)scratch;                     // (AMX_NB, nkg, 512) bf16
+    float *st = scratch + (size_t)AMX_NB * nkg * 256;
+    uint16_t *xa = (uint16_t *)(st + 1024);                 // (rg, ar K) bf16
+    float *xsum = (float *)(xa + 2 * (size_t)rg * K);       // (rg, ng)
+    float *ys = xsum + ((size_t)rg * ng + 15) / 16 * 16;    // (AMX_NB, rg, 16)
+    const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
+    // A matmul of up to AMX_MR rows reads each weight once, from memory:
+    // it prefetches as the bf16 tiles do.
+    const enum cpu_pf pf = m->rows <= AMX_MR ? cpu_pf_mode(true, m->rows) : CPU_PF_NONE;
+    int config_rows = 0;
+    for (int g0 = 0; g0 < m->rows; g0 += rg) {
+        const int gn = m->rows - g0 < rg ? m->rows - g0 : rg;
+        if (!split && m->xq) copy_xq(m, g0, gn, K, xa);
+        else split_x(m, g0, gn, K, xa, split ? xa + K : NULL, ld);
+        q4_prep_x(xa, ld, split, gn, K, G, ng, xsum);
+        tiles_after_stores();
+        for (int b = b0; b < b1;) {
+            const int nb = b1 - b >= AMX_NB ? AMX_NB : 1;
+            const char *wp = (const char *)m->w.packed + (size_t)b * bb;
+            memset(ys, 0, (size_t)nb * gn * 16 * sizeof *ys);
+            const enum cpu_pf bpf = nb == AMX_NB ? pf : CPU_PF_NONE;
+            for (int g = 0; g < ng; g++) {
+                const int nkb = ((g + 1) * G < K ? G : K - g * G) / KB;
+                const bool fused = gn <= tr;
+                if (!fused) {
+                    q4_dequant(wp, bb, H, nb, g * nkg, nkb, bq, bpf);
+                    tiles_after_stores();
+                }
+                for (int t0 = 0; t0 < gn; t0 += tr) {
+                    const int mr = gn - t0 < tr ? gn - t0 : tr;
+                    if (mr * ar != config_rows) {
+                        tiles_config(mr * ar);
+                        config_rows = mr * ar;
+                    }
+                    const uint16_t *xt = xa + (size_t)t0 * ld + (size_t)g * G;
+                    if (fused && nb == AMX_NB) q4_products(AMX_NB, true, bq, nkb, xt, xs, st, wp, bb, H, g * nkg, bpf);
+                    else if (fused) q4_products(1, true, bq, nkb, xt, xs, st, wp, bb, H, g * nkg, bpf);
+                    else if (nb == AMX_NB) q4_products(AMX_NB, false, bq, nkb, xt, xs, st, wp, bb, H, 0, bpf);
+                    else q4_products(1, false, bq, nkb, xt, xs, st, wp, bb, H, 0, bpf);
+                    for (int n = 0; n < nb; n++)
+                        q4_apply(wp + (size_t)n * bb, g, st + 256 * n, mr, split, xsum + (size_t)t0 * ng, ng,
+                                 ys + ((size_t)n * gn + t0) * 16);
+                }
+            }
+            for (int n = 0; n < nb; n++)
+                for (int t0 = 0; t0 < gn; t0 += tr)
+                    store_c(m, ys + ((size_t)n * gn + t0) * 16, (b + n) * CPU_PACK_OUTS, o0, o1, g0 + t0,
+                            gn - t0 < tr ? gn - t0 : tr);
+            b += nb;
+        }
+    }
+    if (config_rows) _tile_release();
+}
+
 static void amx_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
 {
     if (cpu_kernels_amx_takes(&m->w)) tiles_matmul(m, o0, o1, scratch, true);
+    else if (cpu_kernels_amx_takes_int4(&m->w)) q4_tiles_matmul(m, o0, o1, scratch, true);
     else cpu_kernels_avx512_table()->matmul(m, o0, o1, scratch);
 }
 
@@ -300,6 +545,7 @@ static const struct cpu_kernels *bf16_base;
 static void amx_bf16_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
 {
     if (cpu_kernels_amx_takes(&m->w)) tiles_matmul(m, o0, o1, scratch, false);
+    else if (cpu_kernels_amx_takes_int4(&m->w)) q4_tiles_matmul(m, o0, o1, scratch, false);
     else bf16_base->matmul(m, o0, o1, scratch);
 }
 
@@ -307,7 +553,8 @@ static void amx_bf16_matmul(const struct cpu_mm *m, int o0, int o1, float *scrat
 // tiles take, and those the base path reads so (its VDPBF16PS one).
 static bool amx_bf16_wants_xq(const struct cpu_mm *m)
 {
-    return cpu_kernels_amx_takes(&m->w) || (bf16_base->wants_xq && bf16_base->wants_xq(m));
+    return cpu_kernels_amx_takes(&m->w) || cpu_kernels_amx_takes_int4(&m->w) ||
+           (bf16_base->wants_xq && bf16_base->wants_xq(m));
 }
 
 // A tile of 16 rows costs about what reading its weights does (on the
@@ -315,7 +562,7 @@ static bool amx_bf16_wants_xq(const struct cpu_mm *m)
 // the experts came out unequal: MoE phase 8% longer).
 static uint64_t amx_row_cost(const struct cpu_mm *m)
 {
-    if (!cpu_kernels_amx_takes(&m->w)) return (uint64_t)m->rows + 2;
+    if (!cpu_kernels_amx_takes(&m->w) && !cpu_kernels_amx_takes_int4(&m->w)) return (uint64_t)m->rows + 2;
     // (The bf16 path's tiles take half the products: it keeps the split
     // one's cost, which only balances the threads' shares.)
     return 2 + 2 * (((uint64_t)m->rows + AMX_MR - 1) / AMX_MR);

@@ -36,38 +36,75 @@ struct shape {
                              // experts' order and y written to pair order: the down
                              // projection as the forward pass runs it (its x the SiLU
                              // output, its outputs in pair order for the combine)
+    enum quant_format quant; // the weights quantized as --quantization does (QUANT_NONE: bf16)
 };
 
 static const struct shape shapes[] = {
-    {"lm_head, 1 row", 151936, 1024, 1, 1, 1, false, false},
-    {"demo lm_head, 1 row", 151936, 512, 1, 1, 1, false, false},
-    {"demo lm_head, 1 row, 4 copies (from memory)", 151936, 512, 1, 1, 4, false, false},
-    {"lm_head, 16 rows", 151936, 1024, 16, 1, 1, false, false},
-    {"lm_head, 64 rows", 151936, 1024, 64, 1, 1, false, false},
-    {"experts gate/up, 64 x 2 rows", 384, 1024, 2, 64, 1, false, false},
-    {"experts gate/up, 64 x 8 rows", 384, 1024, 8, 64, 1, false, false},
-    {"experts down, 64 x 8 rows", 1024, 384, 8, 64, 1, false, false},
-    {"experts gate/up, 64 x 8 rows, 12 layers (from memory)", 384, 1024, 8, 64, 12, false, false},
-    {"experts gate/up, 64 x 2 rows, 12 layers (from memory)", 384, 1024, 2, 64, 12, false, false},
-    {"experts gate/up, 16 tokens routed, 12 layers (from memory)", 384, 1024, 2, 64, 12, true, false},
-    {"experts down, 16 tokens routed, 12 layers (from memory)", 1024, 384, 2, 64, 12, true, false},
-    {"experts gate/up, 64 tokens routed, 12 layers (from memory)", 384, 1024, 8, 64, 12, true, false},
-    {"experts down, 64 tokens routed, 12 layers (from memory)", 1024, 384, 8, 64, 12, true, false},
-    {"experts gate/up, 64 x 64 rows (prefill 512)", 384, 1024, 64, 64, 1, false, false},
-    {"experts gate/up, 64 x 64 rows, 12 layers (from memory)", 384, 1024, 64, 64, 12, false, false},
-    {"experts gate/up, 512 tokens routed (uneven rows, gathered x)", 384, 1024, 64, 64, 1, true, false},
-    {"experts down, 512 tokens routed (uneven rows, gathered x)", 1024, 384, 64, 64, 1, true, false},
-    {"experts gate/up, 2048 tokens routed (uneven rows, gathered x)", 384, 1024, 256, 64, 1, true, false},
-    {"experts down, 2048 tokens routed (uneven rows, gathered x)", 1024, 384, 256, 64, 1, true, false},
-    {"experts down, 2048 tokens routed (x and y a row per pair, as in place)", 1024, 384, 256, 64, 1, true, true},
-    {"q projection, 512 rows (prefill)", 1024, 1024, 512, 1, 1, false, false},
+    {"lm_head, 1 row", 151936, 1024, 1, 1, 1, false, false, QUANT_NONE},
+    {"demo lm_head, 1 row", 151936, 512, 1, 1, 1, false, false, QUANT_NONE},
+    {"demo lm_head, 1 row, 4 copies (from memory)", 151936, 512, 1, 1, 4, false, false, QUANT_NONE},
+    {"lm_head, 16 rows", 151936, 1024, 16, 1, 1, false, false, QUANT_NONE},
+    {"lm_head, 64 rows", 151936, 1024, 64, 1, 1, false, false, QUANT_NONE},
+    {"experts gate/up, 64 x 2 rows", 384, 1024, 2, 64, 1, false, false, QUANT_NONE},
+    {"experts gate/up, 64 x 8 rows", 384, 1024, 8, 64, 1, false, false, QUANT_NONE},
+    {"experts down, 64 x 8 rows", 1024, 384, 8, 64, 1, false, false, QUANT_NONE},
+    {"experts gate/up, 64 x 8 rows, 12 layers (from memory)", 384, 1024, 8, 64, 12, false, false, QUANT_NONE},
+    {"experts gate/up, 64 x 2 rows, 12 layers (from memory)", 384, 1024, 2, 64, 12, false, false, QUANT_NONE},
+    {"experts gate/up, 16 tokens routed, 12 layers (from memory)", 384, 1024, 2, 64, 12, true, false, QUANT_NONE},
+    {"experts down, 16 tokens routed, 12 layers (from memory)", 1024, 384, 2, 64, 12, true, false, QUANT_NONE},
+    {"experts gate/up, 64 tokens routed, 12 layers (from memory)", 384, 1024, 8, 64, 12, true, false, QUANT_NONE},
+    {"experts down, 64 tokens routed, 12 layers (from memory)", 1024, 384, 8, 64, 12, true, false, QUANT_NONE},
+    {"experts gate/up, 64 x 64 rows (prefill 512)", 384, 1024, 64, 64, 1, false, false, QUANT_NONE},
+    {"experts gate/up, 64 x 64 rows, 12 layers (from memory)", 384, 1024, 64, 64, 12, false, false, QUANT_NONE},
+    {"experts gate/up, 512 tokens routed (uneven rows, gathered x)", 384, 1024, 64, 64, 1, true, false, QUANT_NONE},
+    {"experts down, 512 tokens routed (uneven rows, gathered x)", 1024, 384, 64, 64, 1, true, false, QUANT_NONE},
+    {"experts gate/up, 2048 tokens routed (uneven rows, gathered x)", 384, 1024, 256, 64, 1, true, false, QUANT_NONE},
+    {"experts down, 2048 tokens routed (uneven rows, gathered x)", 1024, 384, 256, 64, 1, true, false, QUANT_NONE},
+    {"experts down, 2048 tokens routed (x and y a row per pair, as in place)", 1024, 384, 256, 64, 1, true, true, QUANT_NONE},
+    {"q projection, 512 rows (prefill)", 1024, 1024, 512, 1, 1, false, false, QUANT_NONE},
     // 16 KiB of bf16 weights for each of the 8 pieces of work of 2 threads,
     // in L1, against 1200 rows from L2: how close the tiles come to the FMA
     // peak printed first when nothing waits on memory (the avx512 and avx2
     // ones spend a vector op of their own on each weight vector's widening,
     // on the ports the FMAs use).
-    {"weights in L1 (the tiles' own ceiling)", 512, 128, 1200, 1, 1, false, false},
+    {"weights in L1 (the tiles' own ceiling)", 512, 128, 1200, 1, 1, false, false, QUANT_NONE},
+    // The full-size Qwen3-30B-A3B's experts in int4 (--quantization int4,
+    // groups of 128): a decode step's 8 of each layer, 48 layers from memory,
+    // and a 512-token prefill's 32 rows an expert; its q projection.
+    {"int4 experts gate/up (full size), 1 row, 48 layers x 8 (from memory)", 768, 2048, 1, 8, 48, false, false,
+     QUANT_INT4},
+    {"int4 experts down (full size), 1 row, 48 layers x 8 (from memory)", 2048, 768, 1, 8, 48, false, false,
+     QUANT_INT4},
+    {"int4 experts gate/up (full size), 128 x 32 rows (prefill 512)", 768, 2048, 32, 128, 1, false, false,
+     QUANT_INT4},
+    {"int4 q projection (full size), 512 rows (prefill)", 4096, 2048, 512, 1, 1, false, false, QUANT_INT4},
 };
+
+// Matrix e of the shape's bf16 weights w quantized and packed into dst
+// (quant_block_bytes a block), as the backend prepares them at load.
+static void quant_pack(const struct shape *sh, const uint16_t *w, void *dst)
+{
+    const int G = QUANT_GROUP, nb = (sh->out + 15) / 16;
+    const size_t bb = quant_block_bytes(sh->quant, sh->in, G);
+    void *buf = malloc(quant_rows_bytes(16, sh->in, sh->quant, G));
+    float *row = malloc((size_t)sh->in * sizeof *row);
+    if (!buf || !row) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    for (int b = 0; b < nb; b++) {
+        struct quant_rows r;
+        const int n = sh->out - 16 * b < 16 ? sh->out - 16 * b : 16;
+        quant_rows_init(&r, buf, n, sh->in, sh->quant, G);
+        for (int i = 0; i < n; i++) {
+            for (int k = 0; k < sh->in; k++) row[k] = ms_bf16_to_f32(w[(size_t)(16 * b + i) * sh->in + k]);
+            quant_rows_quantize(&r, i, row);
+        }
+        cpu_qpack_block(&r, (char *)dst + (size_t)b * bb);
+    }
+    free(buf);
+    free(row);
+}
 
 static double cpu_now(void)
 {
@@ -190,16 +227,19 @@ int main(int argc, char **argv)
             xfree(pick);
         }
         void *packed = NULL;
-        const struct cpu_wmat w0 = {.data = w, .dtype = DTYPE_BF16, .out = sh->out, .in = sh->in};
+        const bool q = sh->quant != QUANT_NONE;
+        const struct cpu_wmat w0 = {.data = q ? NULL : w, .dtype = DTYPE_BF16, .out = sh->out, .in = sh->in,
+                                    .quant = sh->quant, .group = q ? QUANT_GROUP : 0};
         const size_t pb = cpu_pack_bytes(&w0);
         packed = xalloc(pb * (size_t)mats);
         for (int e = 0; e < mats; e++) {
             struct cpu_wmat we = w0;
             we.data = w + welems * (size_t)e;
-            cpu_pack_blocks(&we, 0, (sh->out + 15) / 16, (char *)packed + pb * (size_t)e);
+            if (q) quant_pack(sh, w + welems * (size_t)e, (char *)packed + pb * (size_t)e);
+            else cpu_pack_blocks(&we, 0, (sh->out + 15) / 16, (char *)packed + pb * (size_t)e);
         }
-        const double flop = 2.0 * welems * sh->rows * sh->mats, bytes = 2.0 * welems * sh->mats;
-        printf("%s: %d x %d%s, %d rows\n", sh->what, sh->out, sh->in, sh->mats > 1 ? " x 64" : "", sh->rows);
+        const double flop = 2.0 * welems * sh->rows * sh->mats, bytes = (double)pb * sh->mats;
+        printf("%s: %d x %d x %d, %d rows\n", sh->what, sh->out, sh->in, sh->mats, sh->rows);
         for (int t = 0; t < n_names; t++) {
             const struct cpu_kernels *k = kernels_named(names[t]);
             if (!k) {
@@ -208,8 +248,8 @@ int main(int argc, char **argv)
             }
             for (int e = 0; e < mats; e++) {
                 struct cpu_wmat we = w0;
-                we.data = w + welems * (size_t)e;
-                if (k->wants_packed && k->wants_packed(&we)) we.packed = (char *)packed + pb * (size_t)e;
+                if (!q) we.data = w + welems * (size_t)e;
+                if (q || (k->wants_packed && k->wants_packed(&we))) we.packed = (char *)packed + pb * (size_t)e;
                 const size_t i = (size_t)(e % sh->mats); // every set reads the same x, writes the same y
                 jobs[e] = (struct cpu_mm){.w = we, .x = x + i * sh->rows * sh->in, .ldx = (size_t)sh->in,
                                           .y = y + i * sh->rows * sh->out, .ldy = (size_t)sh->out,
