@@ -1,10 +1,11 @@
 // kernels: the single-threaded CPU kernels behind the forward pass, one table
 // per instruction set (portable scalar reference, AVX2+FMA, AVX-512), picked
 // at run time from what the CPU supports (and AVX-512 with the AMX tile unit
-// for the bf16 matmuls). Every table also multiplies by quantized weights
-// (fp8, int8, int4: model/quant.h), dequantizing them in registers; the
-// activations stay fp32, so AVX-512 VNNI (integer dot products of int8
-// activations) has nothing to do here.
+// for the bf16 and int4 matmuls). Every table also multiplies by quantized
+// weights (fp8, int8, int4: model/quant.h), dequantizing them in registers
+// (the amx table: int4 a weight tile at a time into L1, for the tile unit);
+// the activations stay fp32 (avx512_bf16: bf16), so AVX-512 VNNI (integer
+// dot products of int8 activations) has nothing to do here.
 #ifndef MOESERVE_MODEL_CPU_KERNELS_H
 #define MOESERVE_MODEL_CPU_KERNELS_H
 

@@ -4,9 +4,9 @@
 // checked the CPU and got the kernel's permission to use tile state.
 //
 // Which matrices: bf16 with K a multiple of 32 — every matrix of the Qwen3
-// family. The rest (f16, f32, odd K, and quantized matrices, whose weights
-// the tile unit cannot take without dequantizing a whole tile first) keep
-// the AVX-512 matmul. The choice
+// family — and int4 with K and its scale groups in whole 32s (below: each
+// weight tile dequantized into L1 first). The rest (f16, f32, odd K, fp8
+// and int8) keep the AVX-512 matmul. The choice
 // depends on the matrix alone, never on the rows, so a row's outputs stay
 // the same in any batch.
 //

@@ -5,7 +5,8 @@
 // cpu_kernels_avx512_bf16() checked the CPU, and only by name
 // (MOESERVE_CPU_KERNELS=avx512_bf16): the fp32 tables stay the reference and
 // the default. Everything but the bf16 matmuls (f16, f32 and quantized
-// weights, attention, norms, the sampler's passes) is the avx512 table's.
+// weights — but int4 on the tile unit, below —, attention, norms, the
+// sampler's passes) is the avx512 table's.
 //
 // Why it pays: the packed bf16 layout (kernels.h) holds in each dword the
 // weights of k = 2p and 2p + 1 for one output, which is what VDPBF16PS takes:
@@ -25,7 +26,9 @@
 //
 // Where the AMX tile unit is usable (Sapphire Rapids and later), the table's
 // bf16 matrices that the tiles take go to it instead (kernels_amx.c: the same
-// rounded x, one tile product a k-block): two to four times the FMA path's
+// rounded x, one tile product a k-block), and so do the int4 ones amx takes
+// (there this table's int4 results are over bf16 x too, within the same
+// bound; elsewhere they are avx512's): two to four times the FMA path's
 // speed on prefill, within the same bound below, but in the unit's own order
 // of sums rather than one chain per output (bf16_table_init says which path
 // it took).

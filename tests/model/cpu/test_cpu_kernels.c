@@ -145,7 +145,7 @@ static void matmul_outputs_do_not_depend_on_batch_or_split(void **state)
                 assert_memory_equal(one, all + (size_t)r * out, (size_t)out * 4);
             }
             // Gathered and scattered in reverse order, outputs split at odd points.
-            int32_t idx[23];
+            int32_t idx[70];
             for (int r = 0; r < rows; r++) idx[r] = rows - 1 - r;
             float *scat = xmalloc((size_t)rows * out * 4);
             for (int nb = 1; nb <= rows; nb += 5) {
@@ -231,6 +231,11 @@ static const struct {
     {QUANT_INT8, 1, 5, 3, 128},     {QUANT_INT8, 6, 200, 50, 128}, {QUANT_INT8, 13, 130, 37, 32},
     {QUANT_FP8, 1, 1, 1, 128},      {QUANT_FP8, 5, 96, 50, 128},   {QUANT_FP8, 9, 384, 129, 128},
     {QUANT_FP8, 2, 100, 16, 48},
+    // int4 the amx table takes (k and groups in whole 32s, groups up to
+    // 256): one tile of rows and several, more rows than a group of x rows
+    // (64), a last scale group shorter than the others, blocks past the
+    // last four
+    {QUANT_INT4, 70, 320, 83, 128}, {QUANT_INT4, 9, 256, 64, 256},  {QUANT_INT4, 16, 96, 40, 32},
 };
 
 // The packed blocks dequantize to the canonical rows' formula values, and
@@ -290,17 +295,20 @@ static void quantized_matmul_matches_the_formula_on_every_table(void **state)
 // in any batch, gathered, or in any split of the outputs (starting inside
 // a block of 16 too). 200 outputs (13 blocks, the last one partial): a row
 // alone meets the wide one-row tile (Q_NB1 blocks), then a Q_NB-wide one,
-// then single blocks.
+// then single blocks. int4 of 320 inputs goes to the tile unit where the
+// amx table (or avx512_bf16's tile path) runs: 70 rows, two groups of x
+// rows; alone, one row meets each weight tile as it is made.
 static void quantized_outputs_do_not_depend_on_batch_or_split(void **state)
 {
     (void)state;
-    const struct cpu_kernels *tables[4] = {cpu_kernels_scalar(), NULL, NULL, NULL};
+    const struct cpu_kernels *tables[6] = {cpu_kernels_scalar(), NULL, NULL, NULL, NULL, NULL};
     int nt = 1;
     for (int t = 0; t < n_simd; t++) tables[nt++] = simd_tables[t];
-    const enum quant_format fs[] = {QUANT_INT4, QUANT_INT8, QUANT_FP8};
+    if (cpu_kernels_avx512_bf16_tiles()) tables[nt++] = cpu_kernels_avx512_bf16_tiles();
+    const enum quant_format fs[] = {QUANT_INT4, QUANT_INT8, QUANT_FP8, QUANT_INT4};
     for (int t = 0; t < nt; t++)
-        for (int fi = 0; fi < 3; fi++) {
-            const int in = fi == 0 ? 264 : 77, out = 200, rows = 23;
+        for (int fi = 0; fi < 4; fi++) {
+            const int in = fi == 0 ? 264 : fi == 3 ? 320 : 77, out = 200, rows = fi == 3 ? 70 : 23;
             struct qmat q;
             qmat_make(&q, fs[fi], out, in, 128);
             float *x = random_floats((size_t)rows * in);
@@ -313,7 +321,7 @@ static void quantized_outputs_do_not_depend_on_batch_or_split(void **state)
                     fail_msg("%s %s: row %d alone differs from the batch", tables[t]->name,
                              quant_format_name(fs[fi]), r);
             }
-            int32_t idx[23];
+            int32_t idx[70];
             for (int r = 0; r < rows; r++) idx[r] = rows - 1 - r;
             float *scat = xmalloc((size_t)rows * out * 4);
             for (int nb = 1; nb <= rows; nb += 5) {
@@ -1188,6 +1196,70 @@ static void bf16_table_leaves_other_weights_to_avx512(void **state)
     }
 }
 
+// Where the tile unit is usable, the avx512_bf16 table's tile path takes
+// the int4 matrices amx takes, over the same rounded x as its bf16 ones:
+// within 2^-8 * sum |w x| of the fp32 matmul on the dequantized weights,
+// the same bits from rows the caller rounded (m->xq) as from rows it
+// rounds itself, and further from fp32 than fp32 rounding somewhere (or
+// the rows were not rounded). An int4 matrix it does not take (264
+// inputs) gives the avx512 table's bits.
+static void bf16_tile_path_takes_int4_over_rounded_rows(void **state)
+{
+    (void)state;
+    const struct cpu_kernels *k = cpu_kernels_avx512_bf16_tiles();
+    if (!k) skip();
+    const int shapes_q[][4] = {{1, 2048, 96, 128}, {70, 320, 83, 128}, {9, 256, 64, 256}, {16, 96, 40, 32}};
+    int rounded_apart = 0;
+    for (size_t c = 0; c < sizeof shapes_q / sizeof shapes_q[0]; c++) {
+        const int rows = shapes_q[c][0], in = shapes_q[c][1], out = shapes_q[c][2], np = (in + 1) / 2;
+        struct qmat q;
+        qmat_make(&q, QUANT_INT4, out, in, shapes_q[c][3]);
+        assert_true(cpu_kernels_amx_takes_int4(&q.w));
+        assert_true(k->wants_xq(&(struct cpu_mm){.w = q.w}));
+        float *x = random_floats((size_t)rows * in), *ref = xmalloc((size_t)rows * out * 4);
+        float *got = xmalloc((size_t)rows * out * 4), *viaq = xmalloc((size_t)rows * out * 4);
+        run_matmul(cpu_kernels_scalar(), &q.w, x, rows, ref, false);
+        run_matmul(k, &q.w, x, rows, got, false);
+        uint32_t *xq = xmalloc((size_t)rows * np * 4);
+        for (int r = 0; r < rows; r++) k->round_xq(x + (size_t)r * in, in, xq + (size_t)r * np);
+        float *scratch = xmalloc(cpu_kernels_scratch_floats(in, 1, 1) * 4);
+        struct cpu_mm m = {.w = q.w, .x = x, .ldx = (size_t)in, .y = viaq, .ldy = (size_t)out, .rows = rows,
+                           .xq = xq, .ldxq = (size_t)np};
+        k->matmul(&m, 0, out, scratch);
+        assert_memory_equal(viaq, got, (size_t)rows * out * 4);
+        for (int r = 0; r < rows; r++)
+            for (int o = 0; o < out; o++) {
+                double mag = 0;
+                for (int kk = 0; kk < in; kk++)
+                    mag += fabs((double)x[(size_t)r * in + kk] * quant_rows_value(&q.r, o, kk));
+                const size_t i = (size_t)r * out + o;
+                if (fabs(got[i] - ref[i]) > 0x1p-8 * mag + 1e-6)
+                    fail_msg("rows %d in %d out %d: [%d][%d] %.9g is further than 2^-8 * %.6g from the fp32 "
+                             "reference %.9g", rows, in, out, r, o, got[i], mag, ref[i]);
+                if (fabs(got[i] - ref[i]) > 1e-5 * mag + 1e-6) rounded_apart++;
+            }
+        free(x);
+        free(ref);
+        free(got);
+        free(viaq);
+        free(xq);
+        free(scratch);
+        qmat_free(&q);
+    }
+    assert_true(rounded_apart > 0);
+    struct qmat q;
+    qmat_make(&q, QUANT_INT4, 70, 264, 128);
+    assert_false(cpu_kernels_amx_takes_int4(&q.w));
+    float *x = random_floats((size_t)9 * 264), *a = xmalloc((size_t)9 * 70 * 4), *b = xmalloc((size_t)9 * 70 * 4);
+    run_matmul(cpu_kernels_avx512(), &q.w, x, 9, a, false);
+    run_matmul(k, &q.w, x, 9, b, false);
+    assert_memory_equal(a, b, (size_t)9 * 70 * 4);
+    free(x);
+    free(a);
+    free(b);
+    qmat_free(&q);
+}
+
 // The table's two paths (VDPBF16PS, and FMAs in its order where it runs at
 // half rate) give every output the same value, so the path a CPU's timing
 // picks changes where the time goes, never a result; and the table by name
@@ -1501,6 +1573,7 @@ int main(void)
         cmocka_unit_test(avx512_interleave_puts_row_r_value_i_at_i_rows_plus_r),
         cmocka_unit_test(quantized_matmul_matches_the_formula_on_every_table),
         cmocka_unit_test(quantized_outputs_do_not_depend_on_batch_or_split),
+        cmocka_unit_test(bf16_tile_path_takes_int4_over_rounded_rows),
         cmocka_unit_test(simd_attention_matches_scalar),
         cmocka_unit_test(simd_silu_mul_matches_scalar_and_ignores_where_n_ends),
         cmocka_unit_test(simd_rope_matches_scalar_bit_for_bit),
