@@ -202,6 +202,12 @@ part_full() {
     --random-output-len 64)
   c16=$(serve_bench "$work/full-c16.json" 16 16 --endpoint /v1/chat/completions --random-input-len 32 \
     --random-output-len 64)
+  # The first token of a 512-token prompt (prefill), one request at a time.
+  local ttft
+  "$bin" bench --base-url "$srv_url" --max-concurrency 1 --num-prompts 2 --ignore-eos --no-progress \
+    --save-result "$work/full-ttft.json" --endpoint /v1/completions --random-input-len 512 \
+    --random-output-len 4 >"$work/full-ttft.txt" 2>&1 || true
+  ttft=$([ -s "$work/full-ttft.json" ] && fmt "$(field "$work/full-ttft.json" mean_ttft_ms)" 0 || echo "-")
   rss=$(awk '/VmRSS/ { printf "%.2f", $2 / 1048576 }' "/proc/$srv_pid/status")
   hwm=$(awk '/VmHWM/ { printf "%.2f", $2 / 1048576 }' "/proc/$srv_pid/status")
   lck=$(awk '/VmLck/ { printf "%.2f", $2 / 1048576 }' "/proc/$srv_pid/status")
@@ -234,6 +240,7 @@ for f in os.listdir(sys.argv[1]):
   set -- $c16
   echo "| 16 | $1 | $2 | $(fmt "$(calc "16000 / $2 if $2 > 0 else 0")" 1) | $3 | | |"
   echo
+  echo "time to first token of a 512-token prompt (/v1/completions, one at a time, mean of 2): $ttft ms"
   echo "resident memory of the server after the benchmarks: VmRSS $rss GiB (peak $hwm GiB, locked $lck GiB)"
   echo "read bandwidth measured before and after: $bw_before and $bw_after GB/s"
 }
