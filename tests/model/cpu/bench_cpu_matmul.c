@@ -69,7 +69,7 @@ static const struct shape shapes[] = {
     // on the ports the FMAs use).
     {"weights in L1 (the tiles' own ceiling)", 512, 128, 1200, 1, 1, false, false, QUANT_NONE},
     // The full-size Qwen3-30B-A3B's experts in int4 (--quantization int4,
-    // groups of 128): a decode step's 8 of each layer, 48 layers from memory,
+    // groups of 128, as every quantized shape here): a decode step's 8 of each layer, 48 layers from memory,
     // and a 512-token prefill's 32 rows an expert; its q projection.
     {"int4 experts gate/up (full size), 1 row, 48 layers x 8 (from memory)", 768, 2048, 1, 8, 48, false, false,
      QUANT_INT4},
@@ -78,6 +78,15 @@ static const struct shape shapes[] = {
     {"int4 experts gate/up (full size), 128 x 32 rows (prefill 512)", 768, 2048, 32, 128, 1, false, false,
      QUANT_INT4},
     {"int4 q projection (full size), 512 rows (prefill)", 4096, 2048, 512, 1, 1, false, false, QUANT_INT4},
+    // The same experts in fp8 and int8.
+    {"fp8 experts gate/up (full size), 1 row, 48 layers x 8 (from memory)", 768, 2048, 1, 8, 48, false, false,
+     QUANT_FP8},
+    {"fp8 experts gate/up (full size), 128 x 32 rows (prefill 512)", 768, 2048, 32, 128, 1, false, false,
+     QUANT_FP8},
+    {"int8 experts gate/up (full size), 1 row, 48 layers x 8 (from memory)", 768, 2048, 1, 8, 48, false, false,
+     QUANT_INT8},
+    {"int8 experts gate/up (full size), 128 x 32 rows (prefill 512)", 768, 2048, 32, 128, 1, false, false,
+     QUANT_INT8},
 };
 
 // Matrix e of the shape's bf16 weights w quantized and packed into dst
