@@ -314,8 +314,11 @@ static void tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch,
 // + 4 in its halves, which VPERMW over a table of bf16(0..15) makes the
 // bf16 pair a tile row takes. So pair p = 4d + i of a k-block (dword d)
 // is (k0 + 8d + i, k0 + 8d + i + 4), and the x rows are permuted to match
-// once per call (q4_prep_x): three instructions per 32 weights, against
-// six for the FMA path's conversions alone.
+// once per call (q4_prep_x): under three instructions and a store per 32
+// weights, where the FMA path spends four on conversions and then one FMA
+// per weight and row. (fp8 and int8 measured slower that way at one row,
+// 25-40% behind their FMA path, one byte a weight and a conversion
+// through fp32: they stay on it.)
 //
 // The split x: a row's hi and lo go in as two rows of one A tile (8 x
 // rows a tile), so that each weight tile takes one product whatever the
