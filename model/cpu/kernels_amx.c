@@ -434,9 +434,9 @@ static inline __m512 bf16x16(const uint16_t *p)
 }
 
 // The rows' group sums of the x the tiles read (hi + lo, or hi alone; in
-// 16 lanes, then across them), then each row permuted into the pairs of the weight tiles
-// (within every 8 k: 0, 4, 1, 5, 2, 6, 3, 7). Row i's hi at xa + i ld, its
-// lo (split) K further on.
+// 16 lanes, then across them), then each row permuted into the pairs of
+// the weight tiles (within every 8 k: 0, 4, 1, 5, 2, 6, 3, 7). Row i's hi
+// at xa + i ld, its lo (split) K further on.
 static void q4_prep_x(uint16_t *xa, size_t ld, bool split, int rows, int K, int G, int ng, float *xsum)
 {
     static const uint16_t perm[32] __attribute__((aligned(64))) = {
