@@ -29,6 +29,8 @@
 #                       (/tmp/quant_bench; the cache needs 16 GiB of disk)
 #   --threads N         compute threads of every run (2)
 #   --rounds N          rounds of the formats and peer parts, alternating (2)
+#   --table T           our kernel table in the peer part (amx where the CPU has
+#                       AMX, else avx512: the default table of such a machine)
 # The full part needs about 17 GiB of free memory: it refuses to start below 18.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,6 +41,7 @@ peer_gguf=
 work=/tmp/quant_bench
 threads=2
 rounds=2
+table=
 parts=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -49,6 +52,7 @@ while [ $# -gt 0 ]; do
     --work) work=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
+    --table) table=$2; shift 2 ;;
     formats|full|peer|peer_kernels) parts+=("$1"); shift ;;
     -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "quant_bench.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
@@ -267,13 +271,15 @@ for p in range(38631, 39631, 2):
             s = socket.socket(); s.bind(("127.0.0.1", q)); s.close()
         print(p); break
     except OSError: pass')
+  local t=$table
+  [ -n "$t" ] || { grep -qw amx_tile /proc/cpuinfo && t=amx || t=avx512; }
   for g in "$q4" "$q4b"; do
     echo
     echo "## The demo model over HTTP: moeserve int4 against llama.cpp $(basename "$g") ($rounds rounds)"
     echo
     echo '```'
     "$here/bench/compare_llama_cpp.sh" "$demo" "$g" --build "$build" --peer "$peer_bin" --threads "$threads" \
-      --tables avx512 --rounds "$rounds" --loads c16,tpot --ours-args "--quantization int4" \
+      --tables "$t" --rounds "$rounds" --loads c16,tpot --ours-args "--quantization int4" \
       --port "$port" --out-dir "$work/peer-$(basename "$g" .gguf)" | sed -n '/^ours against/,$p'
     echo '```'
   done
