@@ -78,6 +78,10 @@ static const struct shape shapes[] = {
     {"int4 experts gate/up (full size), 128 x 32 rows (prefill 512)", 768, 2048, 32, 128, 1, false, false,
      QUANT_INT4},
     {"int4 q projection (full size), 512 rows (prefill)", 4096, 2048, 512, 1, 1, false, false, QUANT_INT4},
+    {"int4 q projection (full size), 16 rows, 48 layers (from memory)", 4096, 2048, 16, 1, 48, false, false,
+     QUANT_INT4},
+    {"int4 q projection (full size), 1 row, 48 layers (from memory)", 4096, 2048, 1, 1, 48, false, false,
+     QUANT_INT4},
     // The same experts in fp8 and int8.
     {"fp8 experts gate/up (full size), 1 row, 48 layers x 8 (from memory)", 768, 2048, 1, 8, 48, false, false,
      QUANT_FP8},
