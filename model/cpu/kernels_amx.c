@@ -107,6 +107,12 @@ static void tiles_config(int mr)
     _tile_loadconfig(&c);
 }
 
+// 16 bf16 values as fp32 (a bf16 is the top half of an fp32).
+static inline __m512 bf16x16(__m256i v)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+
 // GCC's tile loads (_tile_loadd) are asm statements that name no memory,
 // so the compiler may move stores past them: each buffer a tile load reads
 // is written, then this, then loaded (a compiler barrier; no instruction).
@@ -127,11 +133,8 @@ static void split_x(const struct cpu_mm *m, int r0, int mr, int K, uint16_t *xh,
             const __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
             _mm512_storeu_si512(h + k, hi);
             if (!l) continue;
-            // hi back in fp32: bf16 is the top half of an fp32.
-            const __m512 h0 =
-                _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
-            const __m512 h1 =
-                _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
+            // hi back in fp32.
+            const __m512 h0 = bf16x16(_mm512_castsi512_si256(hi)), h1 = bf16x16(_mm512_extracti64x4_epi64(hi, 1));
             // x - hi is exact; where x is not finite, lo is 0 (not NaN).
             const __m512 d0 = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(_mm512_abs_ps(x0), inf, _CMP_LT_OQ), x0, h0);
             const __m512 d1 = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(_mm512_abs_ps(x1), inf, _CMP_LT_OQ), x1, h1);
@@ -235,6 +238,23 @@ static void copy_xq(const struct cpu_mm *m, int r0, int mr, int K, uint16_t *xh)
     }
 }
 
+// x rows r0..r0+mr-1 as the tiles read them: split into hi and lo (xl not
+// NULL; row i at xh + i ld and xl + i ld), or in bf16, as the caller
+// rounded them (m->xq; ld is then K) or rounded here.
+static void tiles_x(const struct cpu_mm *m, int r0, int mr, int K, uint16_t *xh, uint16_t *xl, size_t ld)
+{
+    if (!xl && m->xq) copy_xq(m, r0, mr, K, xh);
+    else split_x(m, r0, mr, K, xh, xl, ld);
+}
+
+// A matmul of up to AMX_MR rows of packed weights is one tile of rows,
+// which reads the weights from memory and prefetches them (AMX_PF, by the
+// CPU's plan); more rows prefetch nothing.
+static enum cpu_pf tiles_pf(const struct cpu_mm *m)
+{
+    return m->w.packed && m->rows <= AMX_MR ? cpu_pf_mode(true, m->rows) : CPU_PF_NONE;
+}
+
 // Groups of up to AMX_X_FLOATS / K x rows (split once, or rounded), each
 // meeting the weights chunk by chunk, one tile of 16 rows at a time, four
 // blocks of outputs at a time. The first tile of a group reads a chunk from
@@ -259,14 +279,11 @@ static void tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch,
     if (chunk < AMX_NB) chunk = AMX_CHUNK_BYTES / bb >= 1 ? (int)(AMX_CHUNK_BYTES / bb) : 1;
     // Packed weights and one tile of rows: no chunk needs to stay in L2.
     if (m->w.packed && m->rows <= AMX_MR) chunk = b1 - b0;
-    // A matmul of up to AMX_MR rows is one tile, which reads the weights
-    // from memory and prefetches them (AMX_PF); more rows prefetch nothing.
-    const enum cpu_pf pf = m->w.packed && m->rows <= AMX_MR ? cpu_pf_mode(true, m->rows) : CPU_PF_NONE;
+    const enum cpu_pf pf = tiles_pf(m);
     int config_rows = 0;
     for (int g0 = 0; g0 < m->rows; g0 += group) {
         const int gn = m->rows - g0 < group ? m->rows - g0 : group;
-        if (!split && m->xq) copy_xq(m, g0, gn, K, xh);
-        else split_x(m, g0, gn, K, xh, xl, (size_t)K);
+        tiles_x(m, g0, gn, K, xh, xl, (size_t)K);
         tiles_after_stores();
         for (int cb = b0; cb < b1; cb += chunk) {
             const int ce = b1 - cb < chunk ? b1 : cb + chunk;
@@ -427,12 +444,6 @@ static void q4_apply(const char *h, int g, const float *c, int mr, bool split, c
     }
 }
 
-// 16 bf16 values as fp32 (a bf16 is the top half of an fp32).
-static inline __m512 bf16x16(const uint16_t *p)
-{
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-
 // The rows' group sums of the x the tiles read (hi + lo, or hi alone; in
 // 16 lanes, then across them), then each row permuted into the pairs of
 // the weight tiles (within every 8 k: 0, 4, 1, 5, 2, 6, 3, 7). Row i's hi
@@ -449,8 +460,8 @@ static void q4_prep_x(uint16_t *xa, size_t ld, bool split, int rows, int K, int 
             const int k1 = (g + 1) * G < K ? (g + 1) * G : K;
             __m512 sum = _mm512_setzero_ps();
             for (int k = g * G; k < k1; k += 16) {
-                sum = _mm512_add_ps(sum, bf16x16(h + k));
-                if (l) sum = _mm512_add_ps(sum, bf16x16(l + k));
+                sum = _mm512_add_ps(sum, bf16x16(_mm256_loadu_si256((const __m256i *)(h + k))));
+                if (l) sum = _mm512_add_ps(sum, bf16x16(_mm256_loadu_si256((const __m256i *)(l + k))));
             }
             xsum[(size_t)i * ng + g] = _mm512_reduce_add_ps(sum);
         }
@@ -487,14 +498,11 @@ static void q4_tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scrat
     float *xsum = (float *)(xa + 2 * (size_t)rg * K);       // (rg, ng)
     float *ys = xsum + ((size_t)rg * ng + 15) / 16 * 16;    // (AMX_NB, rg, 16)
     const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
-    // A matmul of up to AMX_MR rows reads each weight once, from memory:
-    // it prefetches as the bf16 tiles do.
-    const enum cpu_pf pf = m->rows <= AMX_MR ? cpu_pf_mode(true, m->rows) : CPU_PF_NONE;
+    const enum cpu_pf pf = tiles_pf(m);
     int config_rows = 0;
     for (int g0 = 0; g0 < m->rows; g0 += rg) {
         const int gn = m->rows - g0 < rg ? m->rows - g0 : rg;
-        if (!split && m->xq) copy_xq(m, g0, gn, K, xa);
-        else split_x(m, g0, gn, K, xa, split ? xa + K : NULL, ld);
+        tiles_x(m, g0, gn, K, xa, split ? xa + K : NULL, ld);
         q4_prep_x(xa, ld, split, gn, K, G, ng, xsum);
         tiles_after_stores();
         for (int b = b0; b < b1;) {
@@ -535,10 +543,21 @@ static void q4_tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scrat
     if (config_rows) _tile_release();
 }
 
+// The matrices the tile unit takes (bf16 and int4), and their matmul there.
+static bool tiles_take(const struct cpu_wmat *w)
+{
+    return cpu_kernels_amx_takes(w) || cpu_kernels_amx_takes_int4(w);
+}
+
+static void tiles_run(const struct cpu_mm *m, int o0, int o1, float *scratch, bool split)
+{
+    if (cpu_kernels_amx_takes(&m->w)) tiles_matmul(m, o0, o1, scratch, split);
+    else q4_tiles_matmul(m, o0, o1, scratch, split);
+}
+
 static void amx_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
 {
-    if (cpu_kernels_amx_takes(&m->w)) tiles_matmul(m, o0, o1, scratch, true);
-    else if (cpu_kernels_amx_takes_int4(&m->w)) q4_tiles_matmul(m, o0, o1, scratch, true);
+    if (tiles_take(&m->w)) tiles_run(m, o0, o1, scratch, true);
     else cpu_kernels_avx512_table()->matmul(m, o0, o1, scratch);
 }
 
@@ -547,8 +566,7 @@ static const struct cpu_kernels *bf16_base;
 
 static void amx_bf16_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
 {
-    if (cpu_kernels_amx_takes(&m->w)) tiles_matmul(m, o0, o1, scratch, false);
-    else if (cpu_kernels_amx_takes_int4(&m->w)) q4_tiles_matmul(m, o0, o1, scratch, false);
+    if (tiles_take(&m->w)) tiles_run(m, o0, o1, scratch, false);
     else bf16_base->matmul(m, o0, o1, scratch);
 }
 
@@ -556,8 +574,7 @@ static void amx_bf16_matmul(const struct cpu_mm *m, int o0, int o1, float *scrat
 // tiles take, and those the base path reads so (its VDPBF16PS one).
 static bool amx_bf16_wants_xq(const struct cpu_mm *m)
 {
-    return cpu_kernels_amx_takes(&m->w) || cpu_kernels_amx_takes_int4(&m->w) ||
-           (bf16_base->wants_xq && bf16_base->wants_xq(m));
+    return tiles_take(&m->w) || (bf16_base->wants_xq && bf16_base->wants_xq(m));
 }
 
 // A tile of 16 rows costs about what reading its weights does (on the
@@ -565,7 +582,7 @@ static bool amx_bf16_wants_xq(const struct cpu_mm *m)
 // the experts came out unequal: MoE phase 8% longer).
 static uint64_t amx_row_cost(const struct cpu_mm *m)
 {
-    if (!cpu_kernels_amx_takes(&m->w) && !cpu_kernels_amx_takes_int4(&m->w)) return (uint64_t)m->rows + 2;
+    if (!tiles_take(&m->w)) return (uint64_t)m->rows + 2;
     // (The bf16 path's tiles take half the products: it keeps the split
     // one's cost, which only balances the threads' shares.)
     return 2 + 2 * (((uint64_t)m->rows + AMX_MR - 1) / AMX_MR);
