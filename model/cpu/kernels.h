@@ -379,7 +379,7 @@ const struct cpu_kernels *cpu_kernels_avx512(void);
 const struct cpu_kernels *cpu_kernels_avx512_bf16(void);
 // That table with its path forced (fma: FMAs in VDPBF16PS's order; else
 // VDPBF16PS), for the tests and benchmarks that hold the paths side by side;
-// _tiles: its tile-unit path, NULL where cpu_kernels_amx() is.
+// _tiles: its tile-unit path, NULL where cpu_kernels_amx() is NULL.
 const struct cpu_kernels *cpu_kernels_avx512_bf16_path(bool fma);
 const struct cpu_kernels *cpu_kernels_avx512_bf16_tiles(void);
 // Also needs Linux to grant this process the tile state (arch_prctl).

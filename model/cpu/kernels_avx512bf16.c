@@ -448,8 +448,8 @@ static void bf16_table_init(void)
         bf16_tile_base.round_xq = bf_round_row;
         bf16_tiles = cpu_kernels_amx_bf16_table(&bf16_tile_base);
         bf16_table = *bf16_tiles;
-        ms_log(MS_LOG_INFO, "avx512_bf16 kernels: the bf16 matmuls run on the AMX tile unit (x in bf16, one tile "
-                            "product a k-block)");
+        ms_log(MS_LOG_INFO, "avx512_bf16 kernels: the bf16 and int4 matmuls run on the AMX tile unit (x in bf16, "
+                            "one tile product a k-block)");
     } else if (!dp) {
         ms_log(MS_LOG_INFO,
                "avx512_bf16 kernels: VDPBF16PS multiplies at %.2fx the FMA rate on this CPU, so the bf16 "

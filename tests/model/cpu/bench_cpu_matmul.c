@@ -69,8 +69,9 @@ static const struct shape shapes[] = {
     // on the ports the FMAs use).
     {"weights in L1 (the tiles' own ceiling)", 512, 128, 1200, 1, 1, false, false, QUANT_NONE},
     // The full-size Qwen3-30B-A3B's experts in int4 (--quantization int4,
-    // groups of 128, as every quantized shape here): a decode step's 8 of each layer, 48 layers from memory,
-    // and a 512-token prefill's 32 rows an expert; its q projection.
+    // groups of 128, as every quantized shape here): a decode step's 8 of
+    // each layer, 48 layers from memory, and a 512-token prefill's 32 rows
+    // an expert; its q projection.
     {"int4 experts gate/up (full size), 1 row, 48 layers x 8 (from memory)", 768, 2048, 1, 8, 48, false, false,
      QUANT_INT4},
     {"int4 experts down (full size), 1 row, 48 layers x 8 (from memory)", 2048, 768, 1, 8, 48, false, false,
