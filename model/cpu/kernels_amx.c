@@ -318,24 +318,31 @@ static void tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch,
 // full-size Qwen3-30B-A3B in int4 prefilled 30 tokens/s on two Sapphire
 // Rapids cores. Here a weight tile (32 k of a block of 16 outputs) becomes
 // bf16 once, in L1, and the tile unit multiplies it by up to 16 x rows a
-// product. What it becomes is q itself (0..15: exact in bf16); the scale
-// and zero point are applied per group, as the FMA path applies them:
-//   y = fma(s_g, C_g - z_g * xsum_g, y) over the groups g in order, from 0,
-// where C_g is the tile unit's sum of x_k q_k over group g (its own order,
-// as for bf16 weights) and xsum_g the sum of the group's x — the x the
-// tiles read: hi + lo (amx, within a few fp32 roundings of the fp32
-// matmul) or x rounded to bf16 (avx512_bf16, within its 2^-8 bound).
+// product. What it becomes is 16 + q (16..31: exact in bf16, below); the
+// scale and zero point are applied per group, as the FMA path applies them:
+//   y = fma(s_g, C_g - (z_g + 16) * xsum_g, y) over the groups g in order,
+// from 0, where C_g is the tile unit's sum of x_k (16 + q_k) over group g
+// (its own order, as for bf16 weights) and xsum_g the sum of the group's x
+// — the x the tiles read: hi + lo (amx, within a few fp32 roundings of the
+// fp32 matmul) or x rounded to bf16 (avx512_bf16, within its 2^-8 bound).
 //
-// The pairs: a packed dword holds 8 k of one output (k0 + i in bits 4i..);
-// shifted right by 4i and masked with 0x000F000F it holds k0 + i and k0 + i
-// + 4 in its halves, which VPERMW over a table of bf16(0..15) makes the
-// bf16 pair a tile row takes. So pair p = 4d + i of a k-block (dword d)
-// is (k0 + 8d + i, k0 + 8d + i + 4), and the x rows are permuted to match
-// once per call (q4_prep_x): under three instructions and a store per 32
-// weights, where the FMA path spends four on conversions and then one FMA
-// per weight and row. (fp8 and int8 measured slower that way at one row,
-// 25-40% behind their FMA path, one byte a weight and a conversion
-// through fp32: they stay on it.)
+// The pairs: a packed dword holds 8 k of one output (k0 + i in bits 4i..).
+// Shifted so that nibble i lands on bits 3..6 (left by 3, right by 1, 5,
+// 9), masked to those bits of each half and ORed with bf16(16) (0x4180:
+// exponent 4, its 7-bit mantissa in steps of 1/8, so q in the top four
+// bits is 16 + q), it holds the bf16 of k0 + i and k0 + i + 4 in its
+// halves: the pair a tile row takes, a shift and one VPTERNLOGD. (It was
+// bf16(q) by VPERMW over a table, a third instruction on the one port that
+// runs it: one row 20% slower from L2, `bench_cpu_matmul`'s "from L2"
+// shape, and the full-size model's 16-stream MoE phase 6% slower.) So pair
+// p = 4d + i of a k-block (dword d) is (k0 + 8d + i, k0 + 8d + i + 4), and
+// the x rows are permuted to match once per call (q4_prep_x): two
+// instructions and a store per 32 weights, where the FMA path spends four
+// on conversions and then one FMA per weight and row. The bias costs
+// precision only in the sums: their terms grow from 15 |x| to 31 |x| at
+// most. (fp8 and int8 measured slower on the tiles at one row, 25-40%
+// behind their FMA path, one byte a weight and a conversion through fp32:
+// they stay on it.)
 //
 // The split x: a row's hi and lo go in as two rows of one A tile (8 x
 // rows a tile), so that each weight tile takes one product whatever the
@@ -351,11 +358,11 @@ static void tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch,
 // the same fma chain whatever the rows around it.
 #define Q4_ROWS 64
 
-// bf16(q) for q = 0..15, the word table VPERMW reads (indices 16..31 unused).
-static const uint16_t q4_bf16[32] __attribute__((aligned(64))) = {
-    0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0,
-    0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170,
-};
+// The bias above, in fp32 and as bf16 in both halves of a dword.
+#define Q4_BIAS 16
+#define Q4_BF16_BIAS 0x41804180u
+#define Q4_MANT_MASK 0x00780078u // mantissa bits 3..6 of both halves
+#define Q4_TERNLOG_AND_OR 0xEA   // (a & b) | c
 
 // Weight tiles of nb blocks (block n at wp + n bb, its values H bytes in),
 // k-blocks [kb0, kb0 + nkb), into bq: block n's tile kb at bq + (n nkb + kb
@@ -364,7 +371,7 @@ static const uint16_t q4_bf16[32] __attribute__((aligned(64))) = {
 static inline __attribute__((always_inline)) void q4_dequant(const char *wp, size_t bb, size_t H, int nb, int kb0,
                                                              int nkb, uint16_t *bq, enum cpu_pf pf)
 {
-    const __m512i tab = _mm512_load_si512(q4_bf16), lo4 = _mm512_set1_epi32(0x000F000F);
+    const __m512i mask = _mm512_set1_epi32((int)Q4_MANT_MASK), bias = _mm512_set1_epi32((int)Q4_BF16_BIAS);
     for (int n = 0; n < nb; n++)
         for (int kb = 0; kb < nkb; kb++) {
             const size_t off = H + (size_t)(kb0 + kb) * 256;
@@ -372,13 +379,15 @@ static inline __attribute__((always_inline)) void q4_dequant(const char *wp, siz
             for (int d = 0; d < 4; d++) {
                 cpu_pf_tile(pf, wp, bb, AMX_NB, n, off + 64 * (size_t)d, AMX_PF);
                 const __m512i v = _mm512_loadu_si512(wp + (size_t)n * bb + off + 64 * (size_t)d);
-                _mm512_storeu_si512(t + (4 * d + 0) * 32, _mm512_permutexvar_epi16(_mm512_and_si512(v, lo4), tab));
-                _mm512_storeu_si512(t + (4 * d + 1) * 32,
-                                    _mm512_permutexvar_epi16(_mm512_and_si512(_mm512_srli_epi32(v, 4), lo4), tab));
-                _mm512_storeu_si512(t + (4 * d + 2) * 32,
-                                    _mm512_permutexvar_epi16(_mm512_and_si512(_mm512_srli_epi32(v, 8), lo4), tab));
-                _mm512_storeu_si512(t + (4 * d + 3) * 32,
-                                    _mm512_permutexvar_epi16(_mm512_and_si512(_mm512_srli_epi32(v, 12), lo4), tab));
+                // Nibble i (bits 4i..) and i + 4 (4i + 16..) to bits 3..6 of each half.
+                _mm512_storeu_si512(t + (4 * d + 0) * 32, _mm512_ternarylogic_epi32(_mm512_slli_epi32(v, 3), mask,
+                                                                                     bias, Q4_TERNLOG_AND_OR));
+                _mm512_storeu_si512(t + (4 * d + 1) * 32, _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 1), mask,
+                                                                                     bias, Q4_TERNLOG_AND_OR));
+                _mm512_storeu_si512(t + (4 * d + 2) * 32, _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 5), mask,
+                                                                                     bias, Q4_TERNLOG_AND_OR));
+                _mm512_storeu_si512(t + (4 * d + 3) * 32, _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 9), mask,
+                                                                                     bias, Q4_TERNLOG_AND_OR));
             }
         }
 }
@@ -428,14 +437,14 @@ static inline __attribute__((always_inline)) void q4_products(const int NB, cons
 }
 
 // A block's group g into its mr x rows' sums (ys[i * 16 + j]: row i,
-// output j): ys = fma(s, C - z * xsum, ys), the block's header at h, C
+// output j): ys = fma(s, C - (z + 16) * xsum, ys), the block's header at h, C
 // row i of c, or rows 2i + 2i + 1 (hi, lo) where split.
 static void q4_apply(const char *h, int g, const float *c, int mr, bool split, const float *xsum, int ng,
                      float *ys)
 {
     const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + (size_t)g * 48)));
-    const __m512 z =
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + (size_t)g * 48 + 32))));
+    const __m512 z = _mm512_cvtepi32_ps(_mm512_add_epi32(
+        _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + (size_t)g * 48 + 32))), _mm512_set1_epi32(Q4_BIAS)));
     for (int i = 0; i < mr; i++) {
         const __m512 ci = split ? _mm512_add_ps(_mm512_loadu_ps(c + 32 * i), _mm512_loadu_ps(c + 32 * i + 16))
                                 : _mm512_loadu_ps(c + 16 * i);
