@@ -358,11 +358,20 @@ static void tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch,
 // the same fma chain whatever the rows around it.
 #define Q4_ROWS 64
 
-// The bias above, in fp32 and as bf16 in both halves of a dword.
+// The bias above: added to the zero points, and as bf16 in both halves of
+// a dword.
 #define Q4_BIAS 16
 #define Q4_BF16_BIAS 0x41804180u
 #define Q4_MANT_MASK 0x00780078u // mantissa bits 3..6 of both halves
 #define Q4_TERNLOG_AND_OR 0xEA   // (a & b) | c
+
+// A dword vector shifted so that its two nibbles sit on bits 3..6 of each
+// half, as the bf16 pairs (16 + q, 16 + q').
+static inline __m512i q4_pairs(__m512i shifted)
+{
+    return _mm512_ternarylogic_epi32(shifted, _mm512_set1_epi32((int)Q4_MANT_MASK),
+                                     _mm512_set1_epi32((int)Q4_BF16_BIAS), Q4_TERNLOG_AND_OR);
+}
 
 // Weight tiles of nb blocks (block n at wp + n bb, its values H bytes in),
 // k-blocks [kb0, kb0 + nkb), into bq: block n's tile kb at bq + (n nkb + kb
@@ -371,7 +380,6 @@ static void tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch,
 static inline __attribute__((always_inline)) void q4_dequant(const char *wp, size_t bb, size_t H, int nb, int kb0,
                                                              int nkb, uint16_t *bq, enum cpu_pf pf)
 {
-    const __m512i mask = _mm512_set1_epi32((int)Q4_MANT_MASK), bias = _mm512_set1_epi32((int)Q4_BF16_BIAS);
     for (int n = 0; n < nb; n++)
         for (int kb = 0; kb < nkb; kb++) {
             const size_t off = H + (size_t)(kb0 + kb) * 256;
@@ -380,14 +388,10 @@ static inline __attribute__((always_inline)) void q4_dequant(const char *wp, siz
                 cpu_pf_tile(pf, wp, bb, AMX_NB, n, off + 64 * (size_t)d, AMX_PF);
                 const __m512i v = _mm512_loadu_si512(wp + (size_t)n * bb + off + 64 * (size_t)d);
                 // Nibble i (bits 4i..) and i + 4 (4i + 16..) to bits 3..6 of each half.
-                _mm512_storeu_si512(t + (4 * d + 0) * 32, _mm512_ternarylogic_epi32(_mm512_slli_epi32(v, 3), mask,
-                                                                                     bias, Q4_TERNLOG_AND_OR));
-                _mm512_storeu_si512(t + (4 * d + 1) * 32, _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 1), mask,
-                                                                                     bias, Q4_TERNLOG_AND_OR));
-                _mm512_storeu_si512(t + (4 * d + 2) * 32, _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 5), mask,
-                                                                                     bias, Q4_TERNLOG_AND_OR));
-                _mm512_storeu_si512(t + (4 * d + 3) * 32, _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 9), mask,
-                                                                                     bias, Q4_TERNLOG_AND_OR));
+                _mm512_storeu_si512(t + (4 * d + 0) * 32, q4_pairs(_mm512_slli_epi32(v, 3)));
+                _mm512_storeu_si512(t + (4 * d + 1) * 32, q4_pairs(_mm512_srli_epi32(v, 1)));
+                _mm512_storeu_si512(t + (4 * d + 2) * 32, q4_pairs(_mm512_srli_epi32(v, 5)));
+                _mm512_storeu_si512(t + (4 * d + 3) * 32, q4_pairs(_mm512_srli_epi32(v, 9)));
             }
         }
 }
