@@ -78,7 +78,7 @@ static const struct shape shapes[] = {
      QUANT_INT4},
     {"int4 experts gate/up (full size), 128 x 32 rows (prefill 512)", 768, 2048, 32, 128, 1, false, false,
      QUANT_INT4},
-    // Two of them from L2 (786 KiB a thread): what one row costs in
+    // Two of them from L2 (about 800 KiB a thread): what one row costs in
     // instructions alone, with the memory out of the way.
     {"int4 experts gate/up (full size), 1 row, 2 (from L2)", 768, 2048, 1, 2, 1, false, false, QUANT_INT4},
     {"int4 q projection (full size), 512 rows (prefill)", 4096, 2048, 512, 1, 1, false, false, QUANT_INT4},

@@ -273,7 +273,8 @@ static void quantized_matmul_matches_the_formula_on_every_table(void **state)
                         double want = acc ? (double)(r * out + o) * 0.25 : 0.0;
                         for (int k = 0; k < in; k++) want += (double)x[(size_t)r * in + k] * wf[(size_t)o * in + k];
                         // |x| <= 1: rounding of in products of size wmax, and of
-                        // the zero point's correction (int4: z <= 16 times the sum).
+                        // the zero point's correction (int4: z <= 16 times the sum,
+                        // z + 16 <= 31 on the tile path).
                         const double tol = 1e-6 * in * wmax * (qshapes[si].f == QUANT_INT4 ? 40 : 2) +
                                            1e-6 * fabs(want);
                         const double g = got[(size_t)r * out + o];
