@@ -519,6 +519,7 @@ static void q4_tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scrat
     int config_rows = 0;
     for (int g0 = 0; g0 < m->rows; g0 += rg) {
         const int gn = m->rows - g0 < rg ? m->rows - g0 : rg;
+        const bool fused = gn <= tr; // one tile of rows: each weight tile made as it is met
         tiles_x(m, g0, gn, K, xa, split ? xa + K : NULL, ld);
         q4_prep_x(xa, ld, split, gn, K, G, ng, xsum);
         tiles_after_stores();
@@ -529,7 +530,6 @@ static void q4_tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scrat
             const enum cpu_pf bpf = nb == AMX_NB ? pf : CPU_PF_NONE;
             for (int g = 0; g < ng; g++) {
                 const int nkb = ((g + 1) * G < K ? G : K - g * G) / KB;
-                const bool fused = gn <= tr;
                 if (!fused) {
                     q4_dequant(wp, bb, H, nb, g * nkg, nkb, bq, bpf);
                     tiles_after_stores();
