@@ -2082,6 +2082,10 @@ static void wake_all(struct http_server *s)
     free(all);
 }
 
+// How long no request may be in flight before a stopping server's MHD
+// stops (http_stop).
+#define STOP_QUIET_S 0.1
+
 void http_stop(struct http_server *s, double timeout_s)
 {
     if (!s) return;
@@ -2097,8 +2101,21 @@ void http_stop(struct http_server *s, double timeout_s)
     if (http_open_async(s))
         ms_log(MS_LOG_WARN, "http: %d responses still open at shutdown", http_open_async(s));
     // Answers queued since (503s to requests that came on kept-alive
-    // connections) go out before MHD stops and cuts the connections.
-    while (atomic_load(&s->n_requests) > 0 && ms_now() < end) usleep(5000);
+    // connections) go out before MHD stops and cuts the connections. A
+    // proxy's idle connections can each still bring one request (its answer
+    // closes the connection), in a burst as its next requests come: MHD
+    // stops once none has been in flight for STOP_QUIET_S, so that the
+    // burst is answered 503 rather than cut mid-request (seen: nginx sent
+    // two requests that got their 503 and a third, a millisecond later,
+    // that MHD's stop cut, logged "aborted").
+    double quiet_since = -1;
+    while (ms_now() < end) {
+        const double now = ms_now();
+        if (atomic_load(&s->n_requests) > 0) quiet_since = -1;
+        else if (quiet_since < 0) quiet_since = now;
+        else if (now - quiet_since >= STOP_QUIET_S) break;
+        usleep(5000);
+    }
     workers_stop(s);
     MHD_stop_daemon(s->d);
     atomic_store(&s->quit, true);

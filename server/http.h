@@ -92,7 +92,9 @@ int http_port(const struct http_server *s);
 // Streams and deferred responses still open.
 int http_open_async(struct http_server *s);
 // Ends what is still open (streams cut, deferred ones answered 503), waits up
-// to timeout_s for them to complete, then stops the daemon and frees s.
+// to timeout_s for them to complete and for the requests still coming on
+// kept-alive connections to be answered (until none has been in flight for
+// 0.1 s), then stops the daemon and frees s.
 void http_stop(struct http_server *s, double timeout_s);
 
 // ---- inside a handler (on an HTTP thread or a request worker) ----
