@@ -236,7 +236,9 @@ static void amx_probe(void)
 {
     unsigned a, b, c, d;
     if (!cpu_kernels_avx512()) return;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24))) return;
+    // AMX-BF16, AMX-TILE, and AVX512_VBMI (the fp8 tiles' byte tables).
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24)) || !(c & (1u << 1)))
+        return;
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return; // OSXSAVE
     unsigned lo, hi;
@@ -486,11 +488,11 @@ size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
     // floats, or one 16-row tile when K is larger), four C tiles.
     const size_t amx = (8 * kp > 65536 ? 8 * kp : 65536) + (16 * kp > 32768 ? 16 * kp : 32768) + 1024;
     if (mm < amx) mm = amx;
-    // Its int4 path: four blocks' weight tiles over a scale group of up to
+    // Its quantized path: four blocks' weight tiles over a scale group of up to
     // 256 inputs (8192 floats), four C tiles, and 64 x rows (hi and lo, a
     // group sum per 32 inputs at most, 64 output sums each).
-    const size_t amx_q4 = 8192 + 1024 + 16 + 64 * (kp + kp / 32 + 64);
-    if (mm < amx_q4) mm = amx_q4;
+    const size_t amx_q = 8192 + 1024 + 16 + 64 * (kp + kp / 32 + 64);
+    if (mm < amx_q) mm = amx_q;
     // The avx512_bf16 matmul: 256 KiB of packed blocks (or one block, 8
     // floats per k) for weights not packed at load, then CPU_BF16_ROWS x rows
     // rounded to bf16 pairs (half a float per k each), so that a matmul of

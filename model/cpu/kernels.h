@@ -385,20 +385,21 @@ const struct cpu_kernels *cpu_kernels_avx512_bf16_tiles(void);
 // Also needs Linux to grant this process the tile state (arch_prctl).
 const struct cpu_kernels *cpu_kernels_amx(void);
 // The bf16 matrices the amx table runs on the tile unit: those whose k fill
-// whole 32-value tile rows (the rest, and the quantized matrices but the
-// int4 ones below, go to its avx512 matmul).
+// whole 32-value tile rows (the rest, and the quantized matrices but those
+// below, go to its avx512 matmul).
 static inline bool cpu_kernels_amx_takes(const struct cpu_wmat *w)
 {
     return w->quant == QUANT_NONE && w->dtype == DTYPE_BF16 && w->in > 0 && w->in % 32 == 0 && w->out > 0;
 }
-// The int4 matrices the amx table (and avx512_bf16's tile path) run on the
-// tile unit, dequantized a tile at a time (kernels_amx.c): k and the scale
-// groups in whole tile rows of 32, groups of at most 256 inputs (GPTQ's and
+// The quantized matrices (int4 and fp8; int8 is faster on FMAs) the amx
+// table (and avx512_bf16's tile path) run on the tile unit, dequantized a
+// tile at a time (kernels_amx.c): k and the scale groups in whole tile
+// rows of 32, groups of at most 256 inputs (GPTQ's, FP8 checkpoints' and
 // --quantization's 128, and 32 and 64). Others stay on the FMA path.
-static inline bool cpu_kernels_amx_takes_int4(const struct cpu_wmat *w)
+static inline bool cpu_kernels_amx_takes_quant(const struct cpu_wmat *w)
 {
     const int G = w->group > 0 ? w->group : w->in;
-    return w->quant == QUANT_INT4 && w->packed && w->in > 0 && w->in % 32 == 0 && G % 32 == 0 && G <= 256 &&
+    return (w->quant == QUANT_INT4 || w->quant == QUANT_FP8) && w->packed && w->in > 0 && w->in % 32 == 0 && G % 32 == 0 && G <= 256 &&
            w->out > 0;
 }
 // The fastest fp32 table this CPU runs (amx, else avx512, else avx2, else

@@ -4,9 +4,9 @@
 // checked the CPU and got the kernel's permission to use tile state.
 //
 // Which matrices: bf16 with K a multiple of 32 — every matrix of the Qwen3
-// family — and int4 with K and its scale groups in whole 32s (below: each
-// weight tile dequantized into L1 first). The rest (f16, f32, odd K, fp8
-// and int8) keep the AVX-512 matmul. The choice
+// family — and int4 and fp8 with K and their scale groups in whole 32s
+// (below: each weight tile dequantized into L1 first). The rest (f16, f32,
+// odd K, int8) keep the AVX-512 matmul. The choice
 // depends on the matrix alone, never on the rows, so a row's outputs stay
 // the same in any batch.
 //
@@ -311,7 +311,7 @@ static void tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch,
     if (config_rows) _tile_release();
 }
 
-// ---- int4 weights on the tile unit -------------------------------------------------
+// ---- int4 and fp8 weights on the tile unit ------------------------------------------
 //
 // Why: the FMA path (kernels_simd.inc) turns every int4 weight into fp32
 // and does one FMA per weight and row, with 16 rows a tile at most: the
@@ -344,9 +344,11 @@ static void tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch,
 // (z + 16) xsum rather than z xsum, so about three times the rounding of
 // before for typical q (a simulated group of 128: 2.8 times the mean
 // error), far inside the tests' tolerance and the int4 rounding of the
-// weights themselves. (fp8 and int8 measured slower on the tiles at one
-// row, 25-40% behind their FMA path, one byte a weight and a conversion
-// through fp32: they stay on it.)
+// weights themselves.
+//
+// fp8 weights the same way with their own tiles (fp8_dequant: the bf16 of
+// each e4m3 value, exact) and y = fma(s_g, C_g, y), their FMA path's
+// formula; int8 stays on the FMA path (there, why).
 //
 // The split x: a row's hi and lo go in as two rows of one A tile (8 x
 // rows a tile), so that each weight tile takes one product whatever the
@@ -354,13 +356,13 @@ static void tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch,
 // a product here, measured); the row's C is then its two rows' sum. A
 // row's results do not depend on the rows beside it either way.
 //
-// The order: x rows in groups of up to Q4_ROWS (what the scratch holds);
+// The order: x rows in groups of up to QT_ROWS (what the scratch holds);
 // per group, four blocks of outputs at a time, per scale group their
 // weight tiles turned into bf16 (16 KiB at 128 inputs) and met by every
 // tile of x rows, whose C tiles are then scaled into fp32 sums kept in
 // scratch until the blocks end. Each output gets the same products and
 // the same fma chain whatever the rows around it.
-#define Q4_ROWS 64
+#define QT_ROWS 64
 
 // The bias above: added to the zero points, and as bf16 in both halves of
 // a dword.
@@ -400,14 +402,95 @@ static inline __attribute__((always_inline)) void q4_dequant(const char *wp, siz
         }
 }
 
+// The byte tables of fp8 weight tiles (fp8_dequant): 128 entries a table,
+// two registers, as VPERMI2B reads them. Set once, before either tile
+// table is handed out (fp8_tables_init).
+static struct {
+    uint8_t lo[128], hi[128]; // the bf16 of e4m3 magnitude c (its NaN code: 480, as quant.h reads it)
+    uint8_t pair[2][64];      // tile rows 2d and 2d + 1 from the low and high bytes of k 4d..4d+3
+} fp8_tab __attribute__((aligned(64)));
+
+static void fp8_tables_init(void)
+{
+    for (int c = 0; c < 128; c++) {
+        const uint16_t f = ms_f32_to_bf16(quant_fp8_to_f32((uint8_t)c)); // exact: 4 significant bits
+        fp8_tab.lo[c] = (uint8_t)f;
+        fp8_tab.hi[c] = (uint8_t)(f >> 8);
+    }
+    // Dword j of tile row 2d + r: the bf16 of k = 4d + 2r and 4d + 2r + 1 of
+    // output j, low bytes from the first register (index < 64), high bytes
+    // from the second.
+    for (int r = 0; r < 2; r++)
+        for (int j = 0; j < 16; j++) {
+            fp8_tab.pair[r][4 * j + 0] = (uint8_t)(32 * r + j);
+            fp8_tab.pair[r][4 * j + 1] = (uint8_t)(64 + 32 * r + j);
+            fp8_tab.pair[r][4 * j + 2] = (uint8_t)(32 * r + 16 + j);
+            fp8_tab.pair[r][4 * j + 3] = (uint8_t)(64 + 32 * r + 16 + j);
+        }
+}
+
+#define FP8_SIGN_OR 0xF8 // VPTERNLOGD: a | (b & c)
+
+// q4_dequant for fp8 weights. Their packed values are 16 bytes a k (byte
+// j: output j), so a 64-byte line is four k of a block and two rows of its
+// tile, pairs (k, k + 1) in order (the x rows need no permutation). A
+// byte's bf16 comes by table: its low and high bytes looked up by
+// VPERMI2B in 128 entries (the byte's low seven bits, the magnitude), the
+// sign bit ORed into the high byte, then one VPERMT2B a tile row lays the
+// two out as its pairs: five instructions and two stores a line, where a
+// conversion through fp32 (the FMA path's, then truncation) took twelve.
+//
+// Why not int8 as well: its bf16 needs all eight bits (two's complement:
+// no sign to OR in), so two table pairs and a pick by the sign, nine
+// instructions a line. On the tiles that way (measured, bench_cpu_matmul
+// and bench-offline on the mid model, 2 threads, alternating with the FMA
+// path): a 512-token prefill's experts 1.75 times as fast, but one row from
+// L2 at 32-35 GB/s against the FMA path's 71, the MoE phase of a decode
+// step 27-35% slower at 1 stream and 30-40% at 16. It stays on the FMA
+// path. fp8 the same way: one row 41-42 GB/s from L2 against 46-47 (28-32
+// from memory against 35-37), the experts of a 512-token prefill 2.2 times
+// as fast; in place, below.
+static inline __attribute__((always_inline)) void fp8_dequant(const char *wp, size_t bb, size_t H, int nb, int kb0,
+                                                              int nkb, uint16_t *bq, enum cpu_pf pf)
+{
+    const __m512i lo0 = _mm512_load_si512(fp8_tab.lo), lo1 = _mm512_load_si512(fp8_tab.lo + 64);
+    const __m512i hi0 = _mm512_load_si512(fp8_tab.hi), hi1 = _mm512_load_si512(fp8_tab.hi + 64);
+    const __m512i pair0 = _mm512_load_si512(fp8_tab.pair[0]), pair1 = _mm512_load_si512(fp8_tab.pair[1]);
+    const __m512i sign = _mm512_set1_epi8((char)0x80);
+    for (int n = 0; n < nb; n++)
+        for (int kb = 0; kb < nkb; kb++) {
+            const size_t off = H + (size_t)(kb0 + kb) * KB * CPU_PACK_OUTS;
+            uint16_t *t = bq + ((size_t)n * nkb + kb) * 512;
+            for (int d = 0; d < 8; d++) {
+                cpu_pf_tile(pf, wp, bb, AMX_NB, n, off + 64 * (size_t)d, AMX_PF);
+                const __m512i v = _mm512_loadu_si512(wp + (size_t)n * bb + off + 64 * (size_t)d);
+                const __m512i lo = _mm512_permutex2var_epi8(lo0, v, lo1);
+                const __m512i hi =
+                    _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, v, hi1), v, sign, FP8_SIGN_OR);
+                _mm512_storeu_si512(t + 64 * d, _mm512_permutex2var_epi8(lo, pair0, hi));
+                _mm512_storeu_si512(t + 64 * d + 32, _mm512_permutex2var_epi8(lo, pair1, hi));
+            }
+        }
+}
+
+// The weight tiles of format F (q4_dequant, fp8_dequant).
+static inline __attribute__((always_inline)) void qt_dequant(const enum quant_format F, const char *wp, size_t bb,
+                                                             size_t H, int nb, int kb0, int nkb, uint16_t *bq,
+                                                             enum cpu_pf pf)
+{
+    if (F == QUANT_INT4) q4_dequant(wp, bb, H, nb, kb0, nkb, bq, pf);
+    else fp8_dequant(wp, bb, H, nb, kb0, nkb, bq, pf);
+}
+
 // The C tiles of NB (4 or 1) blocks over nkb k-blocks of the A rows at xa
 // (row stride xs bytes), in order; st gets block n's at st + 256 n. The
-// weight tiles: q4_dequant's of those k-blocks at bq, or (FUSED: a
+// weight tiles: qt_dequant's of those k-blocks at bq, or (FUSED: a
 // matmul of one tile of rows, which meets each weight tile once) made
 // here a k-block at a time from the blocks at wp, into bq: 4 KiB in L1
 // where a group's took 16 (the group's made first ran 10-15% behind the
 // avx512 matmul on experts at one row; two buffers of them, 25-40%).
-static inline __attribute__((always_inline)) void q4_products(const int NB, const bool FUSED, uint16_t *bq, int nkb,
+static inline __attribute__((always_inline)) void qt_products(const enum quant_format F, const int NB,
+                                                              const bool FUSED, uint16_t *bq, int nkb,
                                                               const uint16_t *xa, size_t xs, float *st,
                                                               const char *wp, size_t bb, size_t H, int kb0,
                                                               enum cpu_pf pf)
@@ -421,7 +504,7 @@ static inline __attribute__((always_inline)) void q4_products(const int NB, cons
     }
     for (int kb = 0; kb < nkb; kb++) {
         if (FUSED) {
-            q4_dequant(wp, bb, H, NB, kb0 + kb, 1, bq, pf);
+            qt_dequant(F, wp, bb, H, NB, kb0 + kb, 1, bq, pf);
             tiles_after_stores();
         }
         const uint16_t *b = FUSED ? bq : bq + (size_t)kb * 512;
@@ -445,18 +528,23 @@ static inline __attribute__((always_inline)) void q4_products(const int NB, cons
 }
 
 // A block's group g into its mr x rows' sums (ys[i * 16 + j]: row i,
-// output j): ys = fma(s, C - (z + 16) * xsum, ys), the block's header at h, C
-// row i of c, or rows 2i + 2i + 1 (hi, lo) where split.
-static void q4_apply(const char *h, int g, const float *c, int mr, bool split, const float *xsum, int ng,
-                     float *ys)
+// output j), the block's header at h, C row i of c, or rows 2i + 2i + 1
+// (hi, lo) where split: ys = fma(s, C - (z + 16) * xsum, ys) for int4,
+// ys = fma(s, C, ys) for fp8 (as its FMA path).
+static void qt_apply(enum quant_format f, const char *h, int g, const float *c, int mr, bool split,
+                     const float *xsum, int ng, float *ys)
 {
-    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + (size_t)g * 48)));
-    const __m512 z = _mm512_cvtepi32_ps(_mm512_add_epi32(
-        _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + (size_t)g * 48 + 32))), _mm512_set1_epi32(Q4_BIAS)));
+    const bool q4 = f == QUANT_INT4;
+    const __m512 s = q4 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + (size_t)g * 48)))
+                        : _mm512_loadu_ps((const float *)(h + (size_t)g * 64));
+    const __m512 z = q4 ? _mm512_cvtepi32_ps(_mm512_add_epi32(
+                              _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + (size_t)g * 48 + 32))),
+                              _mm512_set1_epi32(Q4_BIAS)))
+                        : _mm512_setzero_ps();
     for (int i = 0; i < mr; i++) {
-        const __m512 ci = split ? _mm512_add_ps(_mm512_loadu_ps(c + 32 * i), _mm512_loadu_ps(c + 32 * i + 16))
-                                : _mm512_loadu_ps(c + 16 * i);
-        const __m512 t = _mm512_fnmadd_ps(z, _mm512_set1_ps(xsum[(size_t)i * ng + g]), ci);
+        __m512 t = split ? _mm512_add_ps(_mm512_loadu_ps(c + 32 * i), _mm512_loadu_ps(c + 32 * i + 16))
+                         : _mm512_loadu_ps(c + 16 * i);
+        if (q4) t = _mm512_fnmadd_ps(z, _mm512_set1_ps(xsum[(size_t)i * ng + g]), t);
         _mm512_storeu_ps(ys + 16 * i, _mm512_fmadd_ps(s, t, _mm512_loadu_ps(ys + 16 * i)));
     }
 }
@@ -489,26 +577,52 @@ static void q4_prep_x(uint16_t *xa, size_t ld, bool split, int rows, int K, int 
     }
 }
 
-// Outputs [o0, o1) of an int4 matrix (cpu_kernels_amx_takes_int4) on the
-// tile unit. split: x as hi and lo (amx), else rounded to bf16
+// The weight tiles of nb blocks over k-blocks [kb0, kb0 + nkb) into bq
+// (qt_dequant), for a group of x rows of more than one tile.
+static void qt_dequant_group(enum quant_format f, const char *wp, size_t bb, size_t H, int nb, int kb0, int nkb,
+                             uint16_t *bq, enum cpu_pf pf)
+{
+    if (f == QUANT_INT4) qt_dequant(QUANT_INT4, wp, bb, H, nb, kb0, nkb, bq, pf);
+    else qt_dequant(QUANT_FP8, wp, bb, H, nb, kb0, nkb, bq, pf);
+}
+
+// qt_products of format f, nb (AMX_NB or 1) blocks, fused or not: one
+// instance of each, the format and shape fixed inside.
+static void qt_products_run(enum quant_format f, int nb, bool fused, uint16_t *bq, int nkb, const uint16_t *xa,
+                            size_t xs, float *st, const char *wp, size_t bb, size_t H, int kb0, enum cpu_pf pf)
+{
+#define QT_SHAPES(F)                                                                                  \
+    do {                                                                                              \
+        if (fused && nb == AMX_NB) qt_products(F, AMX_NB, true, bq, nkb, xa, xs, st, wp, bb, H, kb0, pf); \
+        else if (fused) qt_products(F, 1, true, bq, nkb, xa, xs, st, wp, bb, H, kb0, pf);              \
+        else if (nb == AMX_NB) qt_products(F, AMX_NB, false, bq, nkb, xa, xs, st, wp, bb, H, kb0, pf);  \
+        else qt_products(F, 1, false, bq, nkb, xa, xs, st, wp, bb, H, kb0, pf);                         \
+    } while (0)
+    if (f == QUANT_INT4) QT_SHAPES(QUANT_INT4);
+    else QT_SHAPES(QUANT_FP8);
+#undef QT_SHAPES
+}
+
+// Outputs [o0, o1) of a quantized matrix (cpu_kernels_amx_takes_quant) on
+// the tile unit. split: x as hi and lo (amx), else rounded to bf16
 // (avx512_bf16's tile path, from m->xq where the caller rounded it).
-static void q4_tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch, bool split)
+static void qt_tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch, bool split)
 {
     if (o1 <= o0 || m->rows <= 0) return;
     const int K = m->w.in, G = m->w.group > 0 ? m->w.group : K, ng = quant_groups(K, G), nkg = G / KB;
-    const size_t bb = quant_block_bytes(QUANT_INT4, K, m->w.group);
-    const size_t H = quant_block_header_bytes(QUANT_INT4, K, m->w.group);
+    const enum quant_format f = m->w.quant;
+    const size_t bb = quant_block_bytes(f, K, m->w.group), H = quant_block_header_bytes(f, K, m->w.group);
     // x rows a tile: 16, or 8 split (their hi and lo, 16 A rows).
     const int tr = split ? AMX_MR / 2 : AMX_MR, ar = split ? 2 : 1;
     const size_t ld = (size_t)ar * K, xs = (size_t)K * 2; // an A tile row: hi, lo, hi of the next row, ...
     // Scratch: the weight tiles of four blocks over one scale group, four C
     // tiles, then per x row its hi (and lo), its group sums and the sums of
     // four blocks' outputs (cpu_kernels_scratch_floats leaves room for
-    // Q4_ROWS of them; at least a tile whatever K).
+    // QT_ROWS of them; at least a tile whatever K).
     const size_t fixed = (size_t)AMX_NB * nkg * 256 + 1024 + 16, per_row = (size_t)K + (size_t)ng + AMX_NB * 16;
     const size_t have = cpu_kernels_scratch_floats(K, 1, 1);
     int rg = have > fixed + AMX_MR * per_row ? (int)((have - fixed) / per_row) / AMX_MR * AMX_MR : AMX_MR;
-    if (rg > Q4_ROWS) rg = Q4_ROWS;
+    if (rg > QT_ROWS) rg = QT_ROWS;
     uint16_t *bq = (uint16_t *)scratch;                     // (AMX_NB, nkg, 512) bf16
     float *st = scratch + (size_t)AMX_NB * nkg * 256;
     uint16_t *xa = (uint16_t *)(st + 1024);                 // (rg, ar K) bf16
@@ -521,7 +635,7 @@ static void q4_tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scrat
         const int gn = m->rows - g0 < rg ? m->rows - g0 : rg;
         const bool fused = gn <= tr; // one tile of rows: each weight tile made as it is met
         tiles_x(m, g0, gn, K, xa, split ? xa + K : NULL, ld);
-        q4_prep_x(xa, ld, split, gn, K, G, ng, xsum);
+        if (f == QUANT_INT4) q4_prep_x(xa, ld, split, gn, K, G, ng, xsum);
         tiles_after_stores();
         for (int b = b0; b < b1;) {
             const int nb = b1 - b >= AMX_NB ? AMX_NB : 1;
@@ -531,7 +645,7 @@ static void q4_tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scrat
             for (int g = 0; g < ng; g++) {
                 const int nkb = ((g + 1) * G < K ? G : K - g * G) / KB;
                 if (!fused) {
-                    q4_dequant(wp, bb, H, nb, g * nkg, nkb, bq, bpf);
+                    qt_dequant_group(f, wp, bb, H, nb, g * nkg, nkb, bq, bpf);
                     tiles_after_stores();
                 }
                 for (int t0 = 0; t0 < gn; t0 += tr) {
@@ -541,12 +655,9 @@ static void q4_tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scrat
                         config_rows = mr * ar;
                     }
                     const uint16_t *xt = xa + (size_t)t0 * ld + (size_t)g * G;
-                    if (fused && nb == AMX_NB) q4_products(AMX_NB, true, bq, nkb, xt, xs, st, wp, bb, H, g * nkg, bpf);
-                    else if (fused) q4_products(1, true, bq, nkb, xt, xs, st, wp, bb, H, g * nkg, bpf);
-                    else if (nb == AMX_NB) q4_products(AMX_NB, false, bq, nkb, xt, xs, st, wp, bb, H, 0, bpf);
-                    else q4_products(1, false, bq, nkb, xt, xs, st, wp, bb, H, 0, bpf);
+                    qt_products_run(f, nb, fused, bq, nkb, xt, xs, st, wp, bb, H, fused ? g * nkg : 0, bpf);
                     for (int n = 0; n < nb; n++)
-                        q4_apply(wp + (size_t)n * bb, g, st + 256 * n, mr, split, xsum + (size_t)t0 * ng, ng,
+                        qt_apply(f, wp + (size_t)n * bb, g, st + 256 * n, mr, split, xsum + (size_t)t0 * ng, ng,
                                  ys + ((size_t)n * gn + t0) * 16);
                 }
             }
@@ -560,16 +671,16 @@ static void q4_tiles_matmul(const struct cpu_mm *m, int o0, int o1, float *scrat
     if (config_rows) _tile_release();
 }
 
-// The matrices the tile unit takes (bf16 and int4), and their matmul there.
+// The matrices the tile unit takes (bf16 and quantized), and their matmul there.
 static bool tiles_take(const struct cpu_wmat *w)
 {
-    return cpu_kernels_amx_takes(w) || cpu_kernels_amx_takes_int4(w);
+    return cpu_kernels_amx_takes(w) || cpu_kernels_amx_takes_quant(w);
 }
 
 static void tiles_run(const struct cpu_mm *m, int o0, int o1, float *scratch, bool split)
 {
     if (cpu_kernels_amx_takes(&m->w)) tiles_matmul(m, o0, o1, scratch, split);
-    else q4_tiles_matmul(m, o0, o1, scratch, split);
+    else qt_tiles_matmul(m, o0, o1, scratch, split);
 }
 
 static void amx_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
@@ -607,8 +718,16 @@ static uint64_t amx_row_cost(const struct cpu_mm *m)
 
 static struct cpu_kernels amx_table;
 
+// The byte tables of fp8 tiles, set by whichever tile table is made first.
+static void fp8_tables_once(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, fp8_tables_init);
+}
+
 static void amx_table_init(void)
 {
+    fp8_tables_once();
     amx_table = *cpu_kernels_avx512_table();
     amx_table.name = "amx";
     amx_table.matmul = amx_matmul;
@@ -630,6 +749,7 @@ static struct cpu_kernels amx_bf16_table;
 // where cpu_kernels_amx() found the unit usable.
 const struct cpu_kernels *cpu_kernels_amx_bf16_table(const struct cpu_kernels *base)
 {
+    fp8_tables_once();
     bf16_base = base;
     amx_bf16_table = *base;
     amx_bf16_table.matmul = amx_bf16_matmul;

@@ -5,7 +5,7 @@
 // cpu_kernels_avx512_bf16() checked the CPU, and only by name
 // (MOESERVE_CPU_KERNELS=avx512_bf16): the fp32 tables stay the reference and
 // the default. Everything but the bf16 matmuls (f16, f32 and quantized
-// weights — but int4 on the tile unit, below —, attention, norms, the
+// weights — but int4 and fp8 on the tile unit, below —, attention, norms, the
 // sampler's passes) is the avx512 table's.
 //
 // Why it pays: the packed bf16 layout (kernels.h) holds in each dword the
@@ -26,8 +26,8 @@
 //
 // Where the AMX tile unit is usable (Sapphire Rapids and later), the table's
 // bf16 matrices that the tiles take go to it instead (kernels_amx.c: the same
-// rounded x, one tile product a k-block), and so do the int4 ones amx takes
-// (there this table's int4 results are over bf16 x too, within the same
+// rounded x, one tile product a k-block), and so do the int4 and fp8 ones amx
+// takes (there this table's results for them are over bf16 x too, within the same
 // bound; elsewhere they are avx512's): two to four times the FMA path's
 // speed on prefill, within the same bound below, but in the unit's own order
 // of sums rather than one chain per output (bf16_table_init says which path
@@ -448,7 +448,7 @@ static void bf16_table_init(void)
         bf16_tile_base.round_xq = bf_round_row;
         bf16_tiles = cpu_kernels_amx_bf16_table(&bf16_tile_base);
         bf16_table = *bf16_tiles;
-        ms_log(MS_LOG_INFO, "avx512_bf16 kernels: the bf16 and int4 matmuls run on the AMX tile unit (x in bf16, "
+        ms_log(MS_LOG_INFO, "avx512_bf16 kernels: the bf16, int4 and fp8 matmuls run on the AMX tile unit (x in bf16, "
                             "one tile product a k-block)");
     } else if (!dp) {
         ms_log(MS_LOG_INFO,

@@ -95,6 +95,14 @@ static const struct shape shapes[] = {
      QUANT_INT8},
     {"int8 experts gate/up (full size), 128 x 32 rows (prefill 512)", 768, 2048, 32, 128, 1, false, false,
      QUANT_INT8},
+    {"fp8 experts gate/up (full size), 1 row, 2 (from L2)", 768, 2048, 1, 2, 1, false, false, QUANT_FP8},
+    {"int8 experts gate/up (full size), 1 row, 2 (from L2)", 768, 2048, 1, 2, 1, false, false, QUANT_INT8},
+    // A 16-stream decode step's experts: nearly all 128 of a layer, 2 rows
+    // each, 4 layers (805 MB in fp8 and int8) from memory.
+    {"fp8 experts gate/up (full size), 128 x 2 rows, 4 layers (from memory)", 768, 2048, 2, 128, 4, false, false,
+     QUANT_FP8},
+    {"int8 experts gate/up (full size), 128 x 2 rows, 4 layers (from memory)", 768, 2048, 2, 128, 4, false, false,
+     QUANT_INT8},
 };
 
 // Matrix e of the shape's bf16 weights w quantized and packed into dst

@@ -176,8 +176,11 @@ struct qmat {
     struct quant_rows r;   // (out, in) canonical
 };
 
+static void qmat_pack(struct qmat *q);
+
 static void qmat_make(struct qmat *q, enum quant_format f, int out, int in, int group)
 {
+    q->w.packed = NULL;
     q->rows_buf = xmalloc(quant_rows_bytes(out, in, f, group));
     quant_rows_init(&q->r, q->rows_buf, out, in, f, group);
     for (size_t i = 0; i < (size_t)out * in; i++) {
@@ -195,6 +198,15 @@ static void qmat_make(struct qmat *q, enum quant_format f, int out, int in, int 
         q->r.scale[i] = s;
         q->r.zero[i] = f == QUANT_INT4 ? (uint8_t)(i % 17) : 0;
     }
+    qmat_pack(q);
+}
+
+// q->r packed into blocks (q->w), after its values were set or changed.
+static void qmat_pack(struct qmat *q)
+{
+    const enum quant_format f = q->r.format;
+    const int out = q->r.n, in = q->r.cols, group = q->r.group;
+    free((void *)q->w.packed);
     q->w = (struct cpu_wmat){.dtype = DTYPE_BF16, .out = out, .in = in, .quant = f, .group = group};
     const size_t bb = quant_block_bytes(f, in, group);
     char *packed = xmalloc((size_t)((out + 15) / 16) * bb);
@@ -236,6 +248,10 @@ static const struct {
     // (64), a last scale group shorter than the others, blocks past the
     // last four
     {QUANT_INT4, 70, 320, 83, 128}, {QUANT_INT4, 9, 256, 64, 256},  {QUANT_INT4, 16, 96, 40, 32},
+    // fp8 the amx table takes (the same rules), and int8 of such shapes
+    // (which it leaves to its FMA path)
+    {QUANT_FP8, 70, 320, 83, 128},  {QUANT_INT8, 9, 256, 64, 256},  {QUANT_INT8, 16, 96, 40, 32},
+    {QUANT_FP8, 1, 2048, 96, 128},  {QUANT_INT8, 1, 2048, 96, 128}, {QUANT_INT8, 70, 320, 83, 128},
 };
 
 // The packed blocks dequantize to the canonical rows' formula values, and
@@ -292,12 +308,60 @@ static void quantized_matmul_matches_the_formula_on_every_table(void **state)
     }
 }
 
+// Every byte an fp8 or int8 weight can hold (int8's -128 and fp8's NaN
+// codes too, which the formats' own writers never store) reads as
+// quant.h's formula on every table, the tile unit's byte tables included:
+// a one-hot x row picks one weight, so each output is exactly s * w. Row
+// o's k-th weight is byte (16 o + k) mod 256, the scales powers of two and
+// not.
+static void every_fp8_and_int8_byte_reads_as_its_formula(void **state)
+{
+    (void)state;
+    const struct cpu_kernels *tables[6] = {cpu_kernels_scalar(), NULL, NULL, NULL, NULL, NULL};
+    int nt = 1;
+    for (int t = 0; t < n_simd; t++) tables[nt++] = simd_tables[t];
+    if (cpu_kernels_avx512_bf16_tiles()) tables[nt++] = cpu_kernels_avx512_bf16_tiles();
+    const enum quant_format fs[] = {QUANT_FP8, QUANT_INT8};
+    const int out = 16, in = 256, rows = 256;
+    float *x = xmalloc((size_t)rows * in * 4), *y = xmalloc((size_t)rows * out * 4), *w = xmalloc((size_t)in * 4);
+    memset(x, 0, (size_t)rows * in * 4);
+    for (int r = 0; r < rows; r++) x[(size_t)r * in + r] = 1.0f;
+    for (int fi = 0; fi < 2; fi++) {
+        struct qmat q;
+        qmat_make(&q, fs[fi], out, in, 128);
+        for (int o = 0; o < out; o++) {
+            for (int k = 0; k < in; k++) q.r.q[(size_t)o * in + k] = (uint8_t)(16 * o + k);
+            q.r.scale[o * 2] = o % 2 ? 0.375f : 1.0f;
+            q.r.scale[o * 2 + 1] = 0x1p-7f * (float)(o + 1);
+        }
+        qmat_pack(&q);
+        for (int t = 0; t < nt; t++) {
+            run_matmul(tables[t], &q.w, x, rows, y, false);
+            for (int o = 0; o < out; o++) {
+                cpu_qpack_dequant_row(&q.w, o, w);
+                for (int k = 0; k < in; k++) {
+                    const float want = quant_rows_value(&q.r, o, k), got = y[(size_t)k * out + o];
+                    assert_true(w[k] == want);
+                    if (got != want)
+                        fail_msg("%s %s: byte 0x%02x (output %d, k %d) reads %.9g, the formula %.9g",
+                                 tables[t]->name, quant_format_name(fs[fi]), q.r.q[(size_t)o * in + k], o, k, got,
+                                 want);
+                }
+            }
+        }
+        qmat_free(&q);
+    }
+    free(x);
+    free(y);
+    free(w);
+}
+
 // As for plain weights: a row's quantized outputs are bit-identical alone,
 // in any batch, gathered, or in any split of the outputs (starting inside
 // a block of 16 too). 200 outputs (13 blocks, the last one partial): a row
 // alone meets the wide one-row tile (Q_NB1 blocks), then a Q_NB-wide one,
-// then single blocks. int4 of 320 inputs goes to the tile unit where the
-// amx table (or avx512_bf16's tile path) runs: 70 rows, two groups of x
+// then single blocks. int4 and fp8 of 320 inputs go to the tile unit where
+// the amx table (or avx512_bf16's tile path) runs: 70 rows, two groups of x
 // rows; alone, one row meets each weight tile as it is made.
 static void quantized_outputs_do_not_depend_on_batch_or_split(void **state)
 {
@@ -306,10 +370,10 @@ static void quantized_outputs_do_not_depend_on_batch_or_split(void **state)
     int nt = 1;
     for (int t = 0; t < n_simd; t++) tables[nt++] = simd_tables[t];
     if (cpu_kernels_avx512_bf16_tiles()) tables[nt++] = cpu_kernels_avx512_bf16_tiles();
-    const enum quant_format fs[] = {QUANT_INT4, QUANT_INT8, QUANT_FP8, QUANT_INT4};
+    const enum quant_format fs[] = {QUANT_INT4, QUANT_INT8, QUANT_FP8, QUANT_INT4, QUANT_INT8, QUANT_FP8};
     for (int t = 0; t < nt; t++)
-        for (int fi = 0; fi < 4; fi++) {
-            const int in = fi == 0 ? 264 : fi == 3 ? 320 : 77, out = 200, rows = fi == 3 ? 70 : 23;
+        for (int fi = 0; fi < 6; fi++) {
+            const int in = fi == 0 ? 264 : fi >= 3 ? 320 : 77, out = 200, rows = fi >= 3 ? 70 : 23;
             struct qmat q;
             qmat_make(&q, fs[fi], out, in, 128);
             float *x = random_floats((size_t)rows * in);
@@ -1162,7 +1226,8 @@ static void bf16_matmul_is_fp32_over_bf16_activations(void **state)
 }
 
 // Only bf16 weights take bf16 activations: f16, f32 and quantized matrices
-// give exactly the avx512 table's outputs.
+// give exactly the avx512 table's outputs (but the quantized ones the tile
+// unit takes where it is usable: an int8 matrix of groups of 48 it leaves).
 static void bf16_table_leaves_other_weights_to_avx512(void **state)
 {
     (void)state;
@@ -1180,8 +1245,9 @@ static void bf16_table_leaves_other_weights_to_avx512(void **state)
                 w = (struct cpu_wmat){.data = random_weights(dts[d], (size_t)out * in), .dtype = dts[d], .out = out,
                                       .in = in};
             } else {
-                qmat_make(&q, QUANT_INT8, out, in, 32);
+                qmat_make(&q, QUANT_INT8, out, in, 48);
                 w = q.w;
+                assert_false(cpu_kernels_amx_takes_quant(&w));
             }
             float *x = random_floats((size_t)rows * in);
             float *a = xmalloc((size_t)rows * out * 4), *b = xmalloc((size_t)rows * out * 4);
@@ -1198,24 +1264,27 @@ static void bf16_table_leaves_other_weights_to_avx512(void **state)
 }
 
 // Where the tile unit is usable, the avx512_bf16 table's tile path takes
-// the int4 matrices amx takes, over the same rounded x as its bf16 ones:
+// the quantized matrices amx takes, over the same rounded x as its bf16 ones:
 // within 2^-8 * sum |w x| of the fp32 matmul on the dequantized weights,
 // the same bits from rows the caller rounded (m->xq) as from rows it
 // rounds itself, and further from fp32 than fp32 rounding somewhere (or
 // the rows were not rounded). An int4 matrix it does not take (264
-// inputs) gives the avx512 table's bits.
-static void bf16_tile_path_takes_int4_over_rounded_rows(void **state)
+// inputs) gives the avx512 table's bits, and so does int8 (on FMAs always).
+static void bf16_tile_path_takes_quantized_weights_over_rounded_rows(void **state)
 {
     (void)state;
     const struct cpu_kernels *k = cpu_kernels_avx512_bf16_tiles();
     if (!k) skip();
-    const int shapes_q[][4] = {{1, 2048, 96, 128}, {70, 320, 83, 128}, {9, 256, 64, 256}, {16, 96, 40, 32}};
+    const int shapes_q[][5] = {{QUANT_INT4, 1, 2048, 96, 128}, {QUANT_INT4, 70, 320, 83, 128},
+                               {QUANT_INT4, 9, 256, 64, 256},  {QUANT_INT4, 16, 96, 40, 32},
+                               {QUANT_FP8, 1, 2048, 96, 128},  {QUANT_FP8, 70, 320, 83, 128},
+                               {QUANT_FP8, 9, 256, 64, 256},   {QUANT_FP8, 16, 96, 40, 32}};
     int rounded_apart = 0;
     for (size_t c = 0; c < sizeof shapes_q / sizeof shapes_q[0]; c++) {
-        const int rows = shapes_q[c][0], in = shapes_q[c][1], out = shapes_q[c][2], np = (in + 1) / 2;
+        const int rows = shapes_q[c][1], in = shapes_q[c][2], out = shapes_q[c][3], np = (in + 1) / 2;
         struct qmat q;
-        qmat_make(&q, QUANT_INT4, out, in, shapes_q[c][3]);
-        assert_true(cpu_kernels_amx_takes_int4(&q.w));
+        qmat_make(&q, (enum quant_format)shapes_q[c][0], out, in, shapes_q[c][4]);
+        assert_true(cpu_kernels_amx_takes_quant(&q.w));
         assert_true(k->wants_xq(&(struct cpu_mm){.w = q.w}));
         float *x = random_floats((size_t)rows * in), *ref = xmalloc((size_t)rows * out * 4);
         float *got = xmalloc((size_t)rows * out * 4), *viaq = xmalloc((size_t)rows * out * 4);
@@ -1235,8 +1304,9 @@ static void bf16_tile_path_takes_int4_over_rounded_rows(void **state)
                     mag += fabs((double)x[(size_t)r * in + kk] * quant_rows_value(&q.r, o, kk));
                 const size_t i = (size_t)r * out + o;
                 if (fabs(got[i] - ref[i]) > 0x1p-8 * mag + 1e-6)
-                    fail_msg("rows %d in %d out %d: [%d][%d] %.9g is further than 2^-8 * %.6g from the fp32 "
-                             "reference %.9g", rows, in, out, r, o, got[i], mag, ref[i]);
+                    fail_msg("%s rows %d in %d out %d: [%d][%d] %.9g is further than 2^-8 * %.6g from the "
+                             "fp32 reference %.9g", quant_format_name(q.r.format), rows, in, out, r, o, got[i],
+                             mag, ref[i]);
                 if (fabs(got[i] - ref[i]) > 1e-5 * mag + 1e-6) rounded_apart++;
             }
         free(x);
@@ -1248,17 +1318,20 @@ static void bf16_tile_path_takes_int4_over_rounded_rows(void **state)
         qmat_free(&q);
     }
     assert_true(rounded_apart > 0);
-    struct qmat q;
-    qmat_make(&q, QUANT_INT4, 70, 264, 128);
-    assert_false(cpu_kernels_amx_takes_int4(&q.w));
-    float *x = random_floats((size_t)9 * 264), *a = xmalloc((size_t)9 * 70 * 4), *b = xmalloc((size_t)9 * 70 * 4);
-    run_matmul(cpu_kernels_avx512(), &q.w, x, 9, a, false);
-    run_matmul(k, &q.w, x, 9, b, false);
-    assert_memory_equal(a, b, (size_t)9 * 70 * 4);
-    free(x);
-    free(a);
-    free(b);
-    qmat_free(&q);
+    for (int c = 0; c < 2; c++) {
+        struct qmat q;
+        qmat_make(&q, c ? QUANT_INT8 : QUANT_INT4, 70, c ? 256 : 264, 128);
+        assert_false(cpu_kernels_amx_takes_quant(&q.w));
+        const int in = q.w.in;
+        float *x = random_floats((size_t)9 * in), *a = xmalloc((size_t)9 * 70 * 4), *b = xmalloc((size_t)9 * 70 * 4);
+        run_matmul(cpu_kernels_avx512(), &q.w, x, 9, a, false);
+        run_matmul(k, &q.w, x, 9, b, false);
+        assert_memory_equal(a, b, (size_t)9 * 70 * 4);
+        free(x);
+        free(a);
+        free(b);
+        qmat_free(&q);
+    }
 }
 
 // The table's two paths (VDPBF16PS, and FMAs in its order where it runs at
@@ -1574,7 +1647,8 @@ int main(void)
         cmocka_unit_test(avx512_interleave_puts_row_r_value_i_at_i_rows_plus_r),
         cmocka_unit_test(quantized_matmul_matches_the_formula_on_every_table),
         cmocka_unit_test(quantized_outputs_do_not_depend_on_batch_or_split),
-        cmocka_unit_test(bf16_tile_path_takes_int4_over_rounded_rows),
+        cmocka_unit_test(bf16_tile_path_takes_quantized_weights_over_rounded_rows),
+        cmocka_unit_test(every_fp8_and_int8_byte_reads_as_its_formula),
         cmocka_unit_test(simd_attention_matches_scalar),
         cmocka_unit_test(simd_silu_mul_matches_scalar_and_ignores_where_n_ends),
         cmocka_unit_test(simd_rope_matches_scalar_bit_for_bit),
