@@ -84,6 +84,7 @@ static inline __m256 vexp(__m256 x)
 // The quantized matmul's pieces (kernels_simd.inc): 4 rows x one block of
 // 16 outputs (two vectors) per tile fills the 16 registers.
 #define Q_MR 4
+#define Q_MRB 6 // the tiles over weights made fp32 once a chunk (kernels_simd.inc): 2-5% over 4 rows
 #define Q_NB 1
 #define VI __m256i
 #define VLOADI(p) _mm256_loadu_si256((const __m256i *)(p))

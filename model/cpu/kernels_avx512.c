@@ -82,6 +82,7 @@ static inline __m512 vexp(__m512 x)
 // The quantized matmul's pieces (kernels_simd.inc): 4 rows x 4 blocks of
 // 16 outputs per tile, 16 chains in registers beside the weight vectors.
 #define Q_MR 4
+#define Q_MRB 4 // the tiles over weights made fp32 once a chunk (kernels_simd.inc): 6 rows ran 0-7% slower
 #define Q_NB 4
 #define Q_NB1 8 // one row: 8 chains, the FMA latency times its two pipes
 #define VI __m512i
