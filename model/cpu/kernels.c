@@ -224,9 +224,11 @@ const struct cpu_kernels *cpu_kernels_avx512_bf16_tiles(void)
     return cpu_kernels_avx512_bf16() ? cpu_kernels_avx512_bf16_tiles_table() : NULL;
 }
 
-// CPUID.(7,0).EDX: AMX-BF16 (bit 22), AMX-TILE (bit 24); CPUID.(7,1).EAX:
-// AVX512-BF16 (bit 5); XCR0 bits 17-18: the OS saves tile state. Linux
-// then hands out the 8 KiB of tile data per thread only on request.
+// CPUID.(7,0).EDX: AMX-BF16 (bit 22), AMX-TILE (bit 24); CPUID.(7,0).ECX:
+// AVX512_VBMI (bit 1, the fp8 tiles' byte tables; every AMX CPU has it);
+// CPUID.(7,1).EAX: AVX512-BF16 (bit 5); XCR0 bits 17-18: the OS saves tile
+// state. Linux then hands out the 8 KiB of tile data per thread only on
+// request.
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
@@ -236,7 +238,6 @@ static void amx_probe(void)
 {
     unsigned a, b, c, d;
     if (!cpu_kernels_avx512()) return;
-    // AMX-BF16, AMX-TILE, and AVX512_VBMI (the fp8 tiles' byte tables).
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24)) || !(c & (1u << 1)))
         return;
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return;
@@ -493,6 +494,10 @@ size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
     // group sum per 32 inputs at most, 64 output sums each).
     const size_t amx_q = 8192 + 1024 + 16 + 64 * (kp + kp / 32 + 64);
     if (mm < amx_q) mm = amx_q;
+    // (The FMA path's quantized matmuls of many rows use what is left of
+    // this beyond their x rows for a chunk of weights in fp32, at most 512
+    // KiB, when four blocks (avx512) or one (avx2) fit: K up to 2048 or
+    // 8192 with the terms above. Wider matrices take their direct path.)
     // The avx512_bf16 matmul: 256 KiB of packed blocks (or one block, 8
     // floats per k) for weights not packed at load, then CPU_BF16_ROWS x rows
     // rounded to bf16 pairs (half a float per k each), so that a matmul of

@@ -382,7 +382,9 @@ const struct cpu_kernels *cpu_kernels_avx512_bf16(void);
 // _tiles: its tile-unit path, NULL where cpu_kernels_amx() is NULL.
 const struct cpu_kernels *cpu_kernels_avx512_bf16_path(bool fma);
 const struct cpu_kernels *cpu_kernels_avx512_bf16_tiles(void);
-// Also needs Linux to grant this process the tile state (arch_prctl).
+// AMX-BF16 and AMX-TILE, with AVX512_VBMI and AVX512_BF16 (every CPU with
+// the tile unit has both); also needs Linux to grant this process the tile
+// state (arch_prctl).
 const struct cpu_kernels *cpu_kernels_amx(void);
 // The bf16 matrices the amx table runs on the tile unit: those whose k fill
 // whole 32-value tile rows (the rest, and the quantized matrices but those

@@ -1,7 +1,8 @@
 // kernels_amx: the AVX-512 table with its bf16 matmuls on the AMX tile unit
 // (Sapphire Rapids and later). Compiled with the avx512 flags plus
-// -mamx-tile -mamx-bf16 -mavx512bf16; reached only after cpu_kernels_amx()
-// checked the CPU and got the kernel's permission to use tile state.
+// -mamx-tile -mamx-bf16 -mavx512bf16 -mavx512vbmi; reached only after
+// cpu_kernels_amx() checked the CPU and got the kernel's permission to use
+// tile state.
 //
 // Which matrices: bf16 with K a multiple of 32 — every matrix of the Qwen3
 // family — and int4 and fp8 with K and their scale groups in whole 32s

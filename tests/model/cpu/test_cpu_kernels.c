@@ -313,7 +313,8 @@ static void quantized_matmul_matches_the_formula_on_every_table(void **state)
 // quant.h's formula on every table, the tile unit's byte tables included:
 // a one-hot x row picks one weight, so each output is exactly s * w. Row
 // o's k-th weight is byte (16 o + k) mod 256, the scales powers of two and
-// not.
+// not. The 256 one-hot rows as one batch, and each alone (the one-row
+// paths: the FMA path's wide tile, the tiles made as they are met).
 static void every_fp8_and_int8_byte_reads_as_its_formula(void **state)
 {
     (void)state;
@@ -335,17 +336,22 @@ static void every_fp8_and_int8_byte_reads_as_its_formula(void **state)
             q.r.scale[o * 2 + 1] = 0x1p-7f * (float)(o + 1);
         }
         qmat_pack(&q);
-        for (int t = 0; t < nt; t++) {
-            run_matmul(tables[t], &q.w, x, rows, y, false);
+        for (int t = 0; t < nt * 2; t++) {
+            const bool alone = t >= nt;
+            if (alone)
+                for (int r = 0; r < rows; r++)
+                    run_matmul(tables[t - nt], &q.w, x + (size_t)r * in, 1, y + (size_t)r * out, false);
+            else
+                run_matmul(tables[t], &q.w, x, rows, y, false);
             for (int o = 0; o < out; o++) {
                 cpu_qpack_dequant_row(&q.w, o, w);
                 for (int k = 0; k < in; k++) {
                     const float want = quant_rows_value(&q.r, o, k), got = y[(size_t)k * out + o];
                     assert_true(w[k] == want);
                     if (got != want)
-                        fail_msg("%s %s: byte 0x%02x (output %d, k %d) reads %.9g, the formula %.9g",
-                                 tables[t]->name, quant_format_name(fs[fi]), q.r.q[(size_t)o * in + k], o, k, got,
-                                 want);
+                        fail_msg("%s %s%s: byte 0x%02x (output %d, k %d) reads %.9g, the formula %.9g",
+                                 tables[alone ? t - nt : t]->name, quant_format_name(fs[fi]),
+                                 alone ? " (rows alone)" : "", q.r.q[(size_t)o * in + k], o, k, got, want);
                 }
             }
         }
@@ -1227,7 +1233,7 @@ static void bf16_matmul_is_fp32_over_bf16_activations(void **state)
 
 // Only bf16 weights take bf16 activations: f16, f32 and quantized matrices
 // give exactly the avx512 table's outputs (but the quantized ones the tile
-// unit takes where it is usable: an int8 matrix of groups of 48 it leaves).
+// unit takes where it is usable, int4 and fp8: int8 it never takes).
 static void bf16_table_leaves_other_weights_to_avx512(void **state)
 {
     (void)state;
@@ -1245,7 +1251,7 @@ static void bf16_table_leaves_other_weights_to_avx512(void **state)
                 w = (struct cpu_wmat){.data = random_weights(dts[d], (size_t)out * in), .dtype = dts[d], .out = out,
                                       .in = in};
             } else {
-                qmat_make(&q, QUANT_INT8, out, in, 48);
+                qmat_make(&q, QUANT_INT8, out, in, 32);
                 w = q.w;
                 assert_false(cpu_kernels_amx_takes_quant(&w));
             }
