@@ -308,6 +308,19 @@ static void quantized_matmul_matches_the_formula_on_every_table(void **state)
     }
 }
 
+// The tables whose quantized matmuls the tests hold side by side: scalar,
+// the SIMD ones, and avx512_bf16's tile path where the tile unit is usable
+// (the only path of that table with its own quantized kernels). Returns
+// how many.
+static int quant_tables(const struct cpu_kernels *tables[6])
+{
+    int nt = 0;
+    tables[nt++] = cpu_kernels_scalar();
+    for (int t = 0; t < n_simd; t++) tables[nt++] = simd_tables[t];
+    if (cpu_kernels_avx512_bf16_tiles()) tables[nt++] = cpu_kernels_avx512_bf16_tiles();
+    return nt;
+}
+
 // Every byte an fp8 or int8 weight can hold (int8's -128 and fp8's NaN
 // codes too, which the formats' own writers never store) reads as
 // quant.h's formula on every table, the tile unit's byte tables included:
@@ -318,10 +331,8 @@ static void quantized_matmul_matches_the_formula_on_every_table(void **state)
 static void every_fp8_and_int8_byte_reads_as_its_formula(void **state)
 {
     (void)state;
-    const struct cpu_kernels *tables[6] = {cpu_kernels_scalar(), NULL, NULL, NULL, NULL, NULL};
-    int nt = 1;
-    for (int t = 0; t < n_simd; t++) tables[nt++] = simd_tables[t];
-    if (cpu_kernels_avx512_bf16_tiles()) tables[nt++] = cpu_kernels_avx512_bf16_tiles();
+    const struct cpu_kernels *tables[6];
+    const int nt = quant_tables(tables);
     const enum quant_format fs[] = {QUANT_FP8, QUANT_INT8};
     const int out = 16, in = 256, rows = 256;
     float *x = xmalloc((size_t)rows * in * 4), *y = xmalloc((size_t)rows * out * 4), *w = xmalloc((size_t)in * 4);
@@ -372,10 +383,8 @@ static void every_fp8_and_int8_byte_reads_as_its_formula(void **state)
 static void quantized_outputs_do_not_depend_on_batch_or_split(void **state)
 {
     (void)state;
-    const struct cpu_kernels *tables[6] = {cpu_kernels_scalar(), NULL, NULL, NULL, NULL, NULL};
-    int nt = 1;
-    for (int t = 0; t < n_simd; t++) tables[nt++] = simd_tables[t];
-    if (cpu_kernels_avx512_bf16_tiles()) tables[nt++] = cpu_kernels_avx512_bf16_tiles();
+    const struct cpu_kernels *tables[6];
+    const int nt = quant_tables(tables);
     const enum quant_format fs[] = {QUANT_INT4, QUANT_INT8, QUANT_FP8, QUANT_INT4, QUANT_INT8, QUANT_FP8};
     for (int t = 0; t < nt; t++)
         for (int fi = 0; fi < 6; fi++) {
