@@ -206,9 +206,11 @@ part_full() {
     --random-output-len 64)
   c16=$(serve_bench "$work/full-c16.json" 16 16 --endpoint /v1/chat/completions --random-input-len 32 \
     --random-output-len 64)
-  # The first token of a 512-token prompt (prefill), one request at a time.
+  # The first token of a 512-token prompt (prefill), one request at a time;
+  # without the initial test request, which sends the first prompt once
+  # before the timed ones (it would then come from the prefix cache).
   local ttft
-  "$bin" bench --base-url "$srv_url" --max-concurrency 1 --num-prompts 2 --ignore-eos --no-progress \
+  "$bin" bench --base-url "$srv_url" --max-concurrency 1 --num-prompts 2 --ignore-eos --no-progress --no-initial-test \
     --save-result "$work/full-ttft.json" --endpoint /v1/completions --random-input-len 512 \
     --random-output-len 4 >"$work/full-ttft.txt" 2>&1 || true
   ttft=$([ -s "$work/full-ttft.json" ] && fmt "$(field "$work/full-ttft.json" mean_ttft_ms)" 0 || echo "-")
