@@ -70,6 +70,13 @@ int kv_pool_create(struct backend *b, const struct model_config *cfg, enum dtype
     return 0;
 }
 
+int kv_pool_prefault(struct backend *b, struct kv_pool *kv, char *err, size_t errlen)
+{
+    if (!b->ops->kv_prefault) return 0;
+    const int rc = b->ops->kv_prefault(b, kv);
+    return rc ? ms_err(err, errlen, rc, "%s", b->err) : 0;
+}
+
 void kv_pool_destroy(struct backend *b, struct kv_pool *kv)
 {
     if (!kv) return;

@@ -7,6 +7,7 @@
 // when it returns, its results are in memory.
 #include "model/cpu/backend_cpu.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -689,6 +690,54 @@ static int cpu_kv_alloc(struct backend *b, struct kv_pool *kv)
     return 0;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 // Linux 5.14; older kernels say EINVAL
+#endif
+
+// The pool's K and V in 2 MiB pieces (whole pages of the mappings),
+// faulted in by the threads side by side: a fault's cost is the kernel's
+// (and on a VM its host's) work on one page, which the threads share.
+struct kv_prefault_ctx {
+    char *map[2];
+    size_t bytes, per; // each mapping's bytes; pieces per mapping
+    _Atomic int err;   // the first errno
+};
+
+static void kv_prefault_piece(void *arg, int tid, int n_threads)
+{
+    struct kv_prefault_ctx *c = arg;
+    int begin, end;
+    threadpool_range((int)(2 * c->per), tid, n_threads, &begin, &end);
+    for (int i = begin; i < end && !atomic_load(&c->err); i++) {
+        const size_t off = (size_t)(i % (int)c->per) << 21;
+        char *p = c->map[i / (int)c->per] + off;
+        const size_t len = c->bytes - off < ((size_t)1 << 21) ? c->bytes - off : (size_t)1 << 21;
+        if (madvise(p, len, MADV_POPULATE_WRITE) == 0) continue;
+        if (errno != EINVAL) {
+            int none = 0;
+            atomic_compare_exchange_strong(&c->err, &none, errno);
+            return;
+        }
+        // A kernel without MADV_POPULATE_WRITE: a write to each 4 KiB
+        // page (of zeroed memory nothing reads yet) faults it in.
+        for (size_t o = 0; o < len; o += 4096) ((volatile char *)p)[o] = 0;
+    }
+}
+
+static int cpu_kv_prefault(struct backend *b, struct kv_pool *kv)
+{
+    struct kv_prefault_ctx c = {.map = {kv->k, kv->v}, .bytes = kv_bytes(kv)};
+    c.per = (c.bytes + ((size_t)1 << 21) - 1) >> 21;
+    if (c.per > INT_MAX / 2)
+        return backend_fail(b, MS_ENOFIT, "a KV pool of %zu bytes is too large to fault in", c.bytes);
+    threadpool_run(cpu_of(b)->pool, kv_prefault_piece, &c);
+    const int e = atomic_load(&c.err);
+    if (e)
+        return backend_fail(b, MS_ENOMEM, "cannot make the KV pool's %.1f MiB resident (%s): free memory "
+                            "or lower --kv-cache-memory", 2.0 * (double)c.bytes / (1 << 20), strerror(e));
+    return 0;
+}
+
 static void cpu_kv_free(struct backend *b, struct kv_pool *kv)
 {
     (void)b;
@@ -1303,6 +1352,7 @@ static const struct backend_ops cpu_ops = {
     .release_weights = cpu_release_weights,
     .kv_alloc = cpu_kv_alloc,
     .kv_free = cpu_kv_free,
+    .kv_prefault = cpu_kv_prefault,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm_op,
     .matmul = cpu_matmul_op,

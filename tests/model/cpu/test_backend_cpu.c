@@ -7,7 +7,8 @@
 // projections quantized at load are packed blocks for every table; the
 // weights cache file is written, mapped, and rebuilt when stale or corrupt,
 // and read again into 2 MiB pages when the page cache holds it in small ones;
-// a step's RoPE angles, kept for its other layers, follow its positions.
+// a step's RoPE angles, kept for its other layers, follow its positions;
+// kv_pool_prefault makes every page of the pool resident, still all zeros.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -550,6 +551,48 @@ static void the_weights_cache_is_read_again_into_huge_pages(void **state)
     model_destroy(m);
 }
 
+// Pages of [p, p + bytes) resident now (mincore).
+static size_t resident_pages(const void *p, size_t bytes)
+{
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE), n = (bytes + pg - 1) / pg;
+    unsigned char *v = malloc(n);
+    assert_non_null(v);
+    assert_int_equal(mincore((void *)p, bytes, v), 0);
+    size_t r = 0;
+    for (size_t i = 0; i < n; i++) r += v[i] & 1;
+    free(v);
+    return r;
+}
+
+// A pool of 40 blocks is mapped lazily: no page is resident until a step
+// writes one. After kv_pool_prefault every page of K and V is,
+// every byte still zero.
+static void kv_prefault_makes_every_page_of_the_pool_resident(void **state)
+{
+    (void)state;
+    char err[512];
+    struct model *m;
+    assert_int_equal(model_load(dir, &m, err, sizeof err), 0);
+    const struct model_config *c = &m->cfg;
+    struct backend *b;
+    struct kv_pool *kv;
+    assert_int_equal(backend_cpu_create(2, NULL, &b, err, sizeof err), 0);
+    assert_int_equal(kv_pool_create(b, c, DTYPE_BF16, 40, &kv, err, sizeof err), 0);
+    const size_t bytes = kv->layer_elems * (size_t)kv->n_layers * dtype_size(kv->dtype);
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE), pages = (bytes + pg - 1) / pg;
+    assert_int_equal(resident_pages(kv->k, bytes), 0);
+    assert_int_equal(resident_pages(kv->v, bytes), 0);
+    assert_int_equal(kv_pool_prefault(b, kv, err, sizeof err), 0);
+    assert_int_equal(resident_pages(kv->k, bytes), pages);
+    assert_int_equal(resident_pages(kv->v, bytes), pages);
+    for (size_t i = 0; i < bytes; i++) {
+        if (((const unsigned char *)kv->k)[i] || ((const unsigned char *)kv->v)[i]) fail_msg("byte %zu is not 0", i);
+    }
+    kv_pool_destroy(b, kv);
+    b->ops->destroy(b);
+    model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -560,6 +603,7 @@ int main(void)
         cmocka_unit_test(the_weights_cache_is_written_mapped_and_rebuilt_when_stale_or_corrupt),
         cmocka_unit_test(the_weights_cache_is_read_again_into_huge_pages),
         cmocka_unit_test(rope_angles_follow_the_step_positions),
+        cmocka_unit_test(kv_prefault_makes_every_page_of_the_pool_resident),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
