@@ -223,13 +223,14 @@ start_ours() {
     local table=$1
     local log=$OUT_DIR/ours-$table-r$2.log
     check_port_free "$P_OURS"
-    # --kv-cache-prefault: the KV pool resident before the server says ready,
-    # as llama-server's is (it clears its KV buffer at start). Without it
-    # the loads paid each 2 MiB page's first touch, 10-15 ms on these VMs
-    # (their host takes back free memory): 3-6% of the 64-stream load.
+    # --prefault-memory: the KV pool (and the step workspace) resident before
+    # the server says ready, as llama-server's KV buffer is (it clears it at
+    # start). Without it the loads paid each 2 MiB page's first touch, 10-15
+    # ms on these VMs (their host takes back free memory): 3-6% of the
+    # 64-stream load, up to a third of the first 2048-token step.
     # shellcheck disable=SC2086
     MOESERVE_CPU_KERNELS=${ENTRY_TABLE[$table]} "${ENTRY_MS[$table]}" serve "$MODEL_DIR" --host 127.0.0.1 --port "$P_OURS" \
-        --threads "$THREADS" --max-num-seqs 64 --max-model-len 2048 --cache-dir none --kv-cache-prefault \
+        --threads "$THREADS" --max-num-seqs 64 --max-model-len 2048 --cache-dir none --prefault-memory \
         --disable-uvicorn-access-log $OURS_ARGS >"$log" 2>&1 &
     SERVER_PID=$!
     wait_ready "$P_OURS" "$log"

@@ -1324,7 +1324,7 @@ static const struct backend_ops cuda_ops = {
     cu_release_weights,
     cu_kv_alloc,
     cu_kv_free,
-    nullptr, // kv_prefault: cudaMalloc's memory is resident already
+    nullptr, // prefault: cudaMalloc's memory is resident already
     cu_embed,
     cu_rmsnorm,
     cu_matmul,

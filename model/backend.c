@@ -72,9 +72,11 @@ int kv_pool_create(struct backend *b, const struct model_config *cfg, enum dtype
 
 int kv_pool_prefault(struct backend *b, struct kv_pool *kv, char *err, size_t errlen)
 {
-    if (!b->ops->kv_prefault) return 0;
-    const int rc = b->ops->kv_prefault(b, kv);
-    return rc ? ms_err(err, errlen, rc, "%s", b->err) : 0;
+    if (!b->ops->prefault) return 0;
+    const size_t bytes = kv->layer_elems * (size_t)kv->n_layers * dtype_size(kv->dtype); // each of K, V
+    int rc = b->ops->prefault(b, kv->k, bytes);
+    if (!rc) rc = b->ops->prefault(b, kv->v, bytes);
+    return rc ? ms_err(err, errlen, rc, "the KV pool: %s", b->err) : 0;
 }
 
 void kv_pool_destroy(struct backend *b, struct kv_pool *kv)

@@ -287,9 +287,11 @@ struct backend_ops {
     // fills in k and v).
     int (*kv_alloc)(struct backend *b, struct kv_pool *kv);
     void (*kv_free)(struct backend *b, struct kv_pool *kv);
-    // Makes every page of the pool resident now (kv_pool_prefault). NULL on
-    // a backend whose kv_alloc already commits its memory (cudaMalloc).
-    int (*kv_prefault)(struct backend *b, struct kv_pool *kv);
+    // Makes [p, p + bytes) of memory from alloc or kv_alloc resident now
+    // (kv_pool_prefault, rank_prefault): where those map pages lazily, a
+    // step otherwise pays each page's first touch. NULL on a backend whose
+    // memory is committed when allocated (cudaMalloc).
+    int (*prefault)(struct backend *b, void *p, size_t bytes);
 
     // ---- ops over batches of rows ---------------------------------------------
     // ids (n) -> x (n, hidden): rows of the embedding, in fp32.
@@ -401,12 +403,12 @@ size_t kv_block_bytes(const struct model_config *cfg, enum dtype dtype);
 int kv_pool_create(struct backend *b, const struct model_config *cfg, enum dtype dtype,
                    int n_blocks, struct kv_pool **out, char *err, size_t errlen);
 void kv_pool_destroy(struct backend *b, struct kv_pool *kv);
-// Faults in every page of the pool now, as llama.cpp's server clears its KV
-// buffer at start: where kv_alloc maps memory lazily (the CPU), the first
-// steps otherwise pay each page's first touch (on VMs whose host takes back
-// free guest memory, 2 MiB of it cost 10-15 ms) and a machine short of
-// memory kills the server mid-request instead of refusing to start.
-// MS_ENOMEM with a sentence when the memory is not there.
+// Faults in every page of the pool now (ops->prefault), as llama.cpp's
+// server clears its KV buffer at start: where kv_alloc maps memory lazily
+// (the CPU), the first steps otherwise pay each page's first touch (on VMs
+// whose host takes back free guest memory, 2 MiB of it cost 10-15 ms) and a
+// machine short of memory kills the server mid-request instead of refusing
+// to start. MS_ENOMEM with a sentence when the memory is not there.
 int kv_pool_prefault(struct backend *b, struct kv_pool *kv, char *err, size_t errlen);
 
 #endif

@@ -399,6 +399,13 @@ fail:
     return rc;
 }
 
+int rank_prefault(struct rank *r, char *err, size_t errlen)
+{
+    if (!r->b->ops->prefault) return 0;
+    const int rc = r->b->ops->prefault(r->b, r->ws, r->ws_bytes);
+    return rc ? ms_err(err, errlen, rc, "the step workspace: %s", r->b->err) : 0;
+}
+
 void rank_destroy(struct rank *r)
 {
     if (!r) return;

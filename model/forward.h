@@ -54,6 +54,10 @@ struct rank;
 int rank_create(const struct model *m, struct backend *b, struct kv_pool *kv,
                 const struct rank_opts *o, struct rank **out, char *err, size_t errlen);
 void rank_destroy(struct rank *r);
+// Faults in the rank's step workspace now (its backend's ops->prefault),
+// which the first steps of the largest sizes would otherwise touch afresh
+// (kv_pool_prefault says why that matters). MS_ENOMEM with a sentence.
+int rank_prefault(struct rank *r, char *err, size_t errlen);
 void rank_expert_range(const struct rank *r, int *begin, int *end);
 
 struct fwd_seq {

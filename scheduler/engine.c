@@ -996,12 +996,6 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
         struct rank_slot *r = &e->ranks[i];
         rc = kv_pool_create(r->b, cfg, o->kv_dtype, (int)n_blocks, &r->kv, err, errlen);
         if (rc) goto fail;
-        if (o->kv_cache_prefault) {
-            const double t0 = ms_now();
-            if ((rc = kv_pool_prefault(r->b, r->kv, err, errlen))) goto fail;
-            ms_log(MS_LOG_INFO, "rank %d: KV pool resident (%.1f MiB) in %.2f s", i,
-                   (double)r->kv->block_bytes * (double)(n_blocks + 1) / (1 << 20), ms_now() - t0);
-        }
         rc = kvb_create((int)n_blocks, o->enable_prefix_caching, &r->blocks, err, errlen);
         if (rc) goto fail;
         struct rank_opts ro = {
@@ -1015,6 +1009,13 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
         };
         rc = rank_create(m, r->b, r->kv, &ro, &r->rank, err, errlen);
         if (rc) goto fail;
+        if (o->prefault_memory) {
+            const double t0 = ms_now();
+            if ((rc = kv_pool_prefault(r->b, r->kv, err, errlen)) || (rc = rank_prefault(r->rank, err, errlen)))
+                goto fail;
+            ms_log(MS_LOG_INFO, "rank %d: KV pool (%.1f MiB) and step workspace resident in %.2f s", i,
+                   (double)r->kv->block_bytes * (double)(n_blocks + 1) / (1 << 20), ms_now() - t0);
+        }
         size_t logit_bytes = (size_t)max_rows * (size_t)e->vocab * sizeof *r->logits;
         if ((rc = r->b->ops->alloc(r->b, logit_bytes, (void **)&r->logits))) {
             rc = ms_err(err, errlen, rc, "rank %d's logits (%d rows of %d): %s", i, max_rows,

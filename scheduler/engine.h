@@ -33,8 +33,9 @@ struct engine_opts {
     bool enable_prefix_caching;  // true
     bool enable_chunked_prefill; // true
     int max_waiting_requests;    // submit fails with MS_EBUSY beyond this (0: unbounded)
-    bool kv_cache_prefault;      // fault the KV pools' pages in at start (kv_pool_prefault), not
-                                 // as the first steps reach them (false)
+    bool prefault_memory;        // fault in the KV pools and step workspaces at start
+                                 // (kv_pool_prefault, rank_prefault), not as the first steps
+                                 // reach their pages (false)
     bool enforce_eager;          // vLLM's --enforce-eager: decode steps never replay graphs (on a
                                  // backend that records them, CUDA; else nothing changes)
     struct metrics *metrics;     // fed every step and at each request's milestones (NULL: none)

@@ -49,10 +49,11 @@ void engine_flags_usage(FILE *out)
         "  --gpu-memory-utilization F    the share of each GPU's memory to use, in (0, 1]; the KV\n"
         "                                cache gets what weights and workspace leave (0.9)\n"
         "  --kv-cache-dtype D            auto (the checkpoint's), bfloat16, float16 or float32 (auto)\n"
-        "  --kv-cache-prefault           make the KV cache's memory resident at start, as llama.cpp\n"
-        "                                does: no first-touch stalls in the first requests, and too\n"
-        "                                little memory fails the start, not a request (off: pages\n"
-        "                                are faulted in as sequences first reach them)\n"
+        "  --prefault-memory             make the KV cache and the step workspace resident at start\n"
+        "                                (llama.cpp clears its KV cache at start): no first-touch\n"
+        "                                stalls in the first requests, and too little memory fails\n"
+        "                                the start, not a request (off: pages are faulted in as the\n"
+        "                                first steps reach them)\n"
         "  --max-num-seqs N              running sequences at most (256)\n"
         "  --max-num-batched-tokens N    tokens per step at most (2048)\n"
         "  --max-model-len N             prompt + output tokens at most, e.g. 32K (the config's)\n"
@@ -133,8 +134,8 @@ int engine_flags_parse_one(struct engine_flags *f, int argc, char **argv, int *i
         if (rc > 0) o->enable_expert_parallel = false;
         DONE();
     }
-    if (MATCH("--kv-cache-prefault", false)) {
-        if (rc > 0) o->kv_cache_prefault = true;
+    if (MATCH("--prefault-memory", false)) {
+        if (rc > 0) o->prefault_memory = true;
         DONE();
     }
     if (MATCH("--enforce-eager", false)) {

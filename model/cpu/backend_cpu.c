@@ -694,23 +694,23 @@ static int cpu_kv_alloc(struct backend *b, struct kv_pool *kv)
 #define MADV_POPULATE_WRITE 23 // Linux 5.14; older kernels say EINVAL
 #endif
 
-// The pool's K and V in 2 MiB pieces (whole pages of the mappings),
-// faulted in by the threads side by side: a fault's cost is the kernel's
-// (and on a VM its host's) work on one page, which the threads share.
-struct kv_prefault_ctx {
-    char *map[2];
-    size_t bytes, per; // each mapping's bytes; pieces per mapping
-    _Atomic int err;   // the first errno
+// The range's whole pages in 2 MiB pieces, faulted in by the threads side
+// by side: a fault's cost is the kernel's (and on a VM its host's) work on
+// one page, which the threads share.
+struct prefault_ctx {
+    char *start;
+    size_t bytes, pieces;
+    _Atomic int err; // the first errno
 };
 
-static void kv_prefault_piece(void *arg, int tid, int n_threads)
+static void prefault_pieces(void *arg, int tid, int n_threads)
 {
-    struct kv_prefault_ctx *c = arg;
+    struct prefault_ctx *c = arg;
     int begin, end;
-    threadpool_range((int)(2 * c->per), tid, n_threads, &begin, &end);
+    threadpool_range((int)c->pieces, tid, n_threads, &begin, &end);
     for (int i = begin; i < end && !atomic_load(&c->err); i++) {
-        const size_t off = (size_t)(i % (int)c->per) << 21;
-        char *p = c->map[i / (int)c->per] + off;
+        const size_t off = (size_t)i << 21;
+        char *p = c->start + off;
         const size_t len = c->bytes - off < ((size_t)1 << 21) ? c->bytes - off : (size_t)1 << 21;
         if (madvise(p, len, MADV_POPULATE_WRITE) == 0) continue;
         if (errno != EINVAL) {
@@ -718,23 +718,30 @@ static void kv_prefault_piece(void *arg, int tid, int n_threads)
             atomic_compare_exchange_strong(&c->err, &none, errno);
             return;
         }
-        // A kernel without MADV_POPULATE_WRITE: a write to each 4 KiB
-        // page (of zeroed memory nothing reads yet) faults it in.
-        for (size_t o = 0; o < len; o += 4096) ((volatile char *)p)[o] = 0;
+        // A kernel without MADV_POPULATE_WRITE: each 4 KiB page's first
+        // byte written with the value it holds faults the page in.
+        for (size_t o = 0; o < len; o += 4096) {
+            volatile char *q = (volatile char *)p + o;
+            *q = *q;
+        }
     }
 }
 
-static int cpu_kv_prefault(struct backend *b, struct kv_pool *kv)
+static int cpu_prefault(struct backend *b, void *p, size_t bytes)
 {
-    struct kv_prefault_ctx c = {.map = {kv->k, kv->v}, .bytes = kv_bytes(kv)};
-    c.per = (c.bytes + ((size_t)1 << 21) - 1) >> 21;
-    if (c.per > INT_MAX / 2)
-        return backend_fail(b, MS_ENOFIT, "a KV pool of %zu bytes is too large to fault in", c.bytes);
-    threadpool_run(cpu_of(b)->pool, kv_prefault_piece, &c);
+    if (!p || bytes == 0) return 0;
+    // Whole pages: every page the range touches belongs to its mapping.
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p;
+    const uintptr_t lo = a / pg * pg, hi = (a + bytes + pg - 1) / pg * pg;
+    struct prefault_ctx c = {.start = (char *)lo, .bytes = hi - lo};
+    c.pieces = (c.bytes + ((size_t)1 << 21) - 1) >> 21;
+    if (c.pieces > INT_MAX)
+        return backend_fail(b, MS_ENOFIT, "%zu bytes are too many to fault in", bytes);
+    threadpool_run(cpu_of(b)->pool, prefault_pieces, &c);
     const int e = atomic_load(&c.err);
     if (e)
-        return backend_fail(b, MS_ENOMEM, "cannot make the KV pool's %.1f MiB resident (%s): free memory "
-                            "or lower --kv-cache-memory", 2.0 * (double)c.bytes / (1 << 20), strerror(e));
+        return backend_fail(b, MS_ENOMEM, "cannot make %.1f MiB resident (%s): free memory, or lower "
+                            "--kv-cache-memory or --max-num-batched-tokens", (double)bytes / (1 << 20), strerror(e));
     return 0;
 }
 
@@ -1352,7 +1359,7 @@ static const struct backend_ops cpu_ops = {
     .release_weights = cpu_release_weights,
     .kv_alloc = cpu_kv_alloc,
     .kv_free = cpu_kv_free,
-    .kv_prefault = cpu_kv_prefault,
+    .prefault = cpu_prefault,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm_op,
     .matmul = cpu_matmul_op,

@@ -300,7 +300,7 @@ static void greedy_is_the_same_after_preemption_and_recompute(void **state)
     o.max_model_len = 24 * KV_BLOCK_TOKENS;
     for (int pc = 0; pc < 2; pc++) {
         o.enable_prefix_caching = pc == 1;
-        o.kv_cache_prefault = pc == 1; // its pool made resident at start: the same tokens
+        o.prefault_memory = pc == 1; // its pool and workspace resident at start: the same tokens
         struct engine *e = make_engine(&o);
         struct h_batch *got = run_work(e, &w, false, NULL);
         assert_same_tokens(ref, got, pc ? "preempted, prefix cache on, pool faulted in" : "preempted");

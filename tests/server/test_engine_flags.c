@@ -31,14 +31,14 @@ static void every_engine_flag_is_parsed(void **state)
                     "--max-num-seqs", "64", "--max-num-batched-tokens=4K", "--max-model-len",
                     "32K", "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
                     "--max-waiting-requests", "100", "--gpu-memory-utilization", "0.75",
-                    "--enforce-eager", "--kv-cache-prefault"};
+                    "--enforce-eager", "--prefault-memory"};
     char err[256] = "";
     assert_true(f.opts.gpu_memory_utilization == 0.9); // vLLM's default
     assert_false(f.opts.enforce_eager);                // graphs where the backend has them
-    assert_false(f.opts.kv_cache_prefault);            // pages faulted in as steps reach them
+    assert_false(f.opts.prefault_memory);              // pages faulted in as steps reach them
     assert_int_equal(parse_all(&f, 21, argv, err, sizeof err), 0);
     assert_true(f.opts.enforce_eager);
-    assert_true(f.opts.kv_cache_prefault);
+    assert_true(f.opts.prefault_memory);
     assert_true(f.opts.gpu_memory_utilization == 0.75);
     assert_int_equal(f.opts.data_parallel_size, 2);
     assert_true(f.opts.enable_expert_parallel);

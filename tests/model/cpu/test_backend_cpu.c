@@ -8,7 +8,8 @@
 // weights cache file is written, mapped, and rebuilt when stale or corrupt,
 // and read again into 2 MiB pages when the page cache holds it in small ones;
 // a step's RoPE angles, kept for its other layers, follow its positions;
-// kv_pool_prefault makes every page of the pool resident, still all zeros.
+// prefault (kv_pool_prefault for the pool) makes every page of the pool and
+// of an allocation resident, their bytes as they were.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -564,10 +565,11 @@ static size_t resident_pages(const void *p, size_t bytes)
     return r;
 }
 
-// A pool of 40 blocks is mapped lazily: no page is resident until a step
-// writes one. After kv_pool_prefault every page of K and V is,
-// every byte still zero.
-static void kv_prefault_makes_every_page_of_the_pool_resident(void **state)
+// A pool of 40 blocks and a 5 MiB allocation (a workspace: it starts 64
+// bytes into its mapping, past the length header) are mapped lazily: no
+// page is resident until a step writes one (but the header's). After the prefaults every page
+// of K, V and the allocation is, every byte still zero.
+static void prefault_makes_every_page_of_the_pool_and_an_allocation_resident(void **state)
 {
     (void)state;
     char err[512];
@@ -588,6 +590,17 @@ static void kv_prefault_makes_every_page_of_the_pool_resident(void **state)
     for (size_t i = 0; i < bytes; i++) {
         if (((const unsigned char *)kv->k)[i] || ((const unsigned char *)kv->v)[i]) fail_msg("byte %zu is not 0", i);
     }
+    const size_t ws_bytes = (size_t)5 << 20;
+    unsigned char *ws;
+    assert_int_equal(b->ops->alloc(b, ws_bytes, (void **)&ws), 0);
+    const uintptr_t lo = (uintptr_t)ws / pg * pg, hi = ((uintptr_t)ws + ws_bytes + pg - 1) / pg * pg;
+    // Only the page that took the header: 2 MiB of the 5 (one huge page).
+    assert_true(resident_pages((void *)lo, hi - lo) <= ((size_t)2 << 20) / pg);
+    assert_int_equal(b->ops->prefault(b, ws, ws_bytes), 0);
+    assert_int_equal(resident_pages((void *)lo, hi - lo), (hi - lo) / pg);
+    for (size_t i = 0; i < ws_bytes; i++)
+        if (ws[i]) fail_msg("byte %zu of the allocation is not 0", i);
+    b->ops->free(b, ws);
     kv_pool_destroy(b, kv);
     b->ops->destroy(b);
     model_destroy(m);
@@ -603,7 +616,7 @@ int main(void)
         cmocka_unit_test(the_weights_cache_is_written_mapped_and_rebuilt_when_stale_or_corrupt),
         cmocka_unit_test(the_weights_cache_is_read_again_into_huge_pages),
         cmocka_unit_test(rope_angles_follow_the_step_positions),
-        cmocka_unit_test(kv_prefault_makes_every_page_of_the_pool_resident),
+        cmocka_unit_test(prefault_makes_every_page_of_the_pool_and_an_allocation_resident),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
