@@ -406,9 +406,10 @@ void kv_pool_destroy(struct backend *b, struct kv_pool *kv);
 // Faults in every page of the pool now (ops->prefault), as llama.cpp's
 // server clears its KV buffer at start: where kv_alloc maps memory lazily
 // (the CPU), the first steps otherwise pay each page's first touch (on VMs
-// whose host takes back free guest memory, 2 MiB of it cost 10-15 ms) and a
-// machine short of memory kills the server mid-request instead of refusing
-// to start. MS_ENOMEM with a sentence when the memory is not there.
+// whose host takes back free guest memory, 2 MiB of it cost 10-15 ms), and
+// on a machine short of memory the kernel's OOM killer acts mid-request
+// instead of while the server starts. MS_ENOMEM with a sentence where the
+// kernel says the memory is not there (it often kills a process first).
 int kv_pool_prefault(struct backend *b, struct kv_pool *kv, char *err, size_t errlen);
 
 #endif

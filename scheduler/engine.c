@@ -1009,18 +1009,22 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
         };
         rc = rank_create(m, r->b, r->kv, &ro, &r->rank, err, errlen);
         if (rc) goto fail;
-        if (o->prefault_memory) {
-            const double t0 = ms_now();
-            if ((rc = kv_pool_prefault(r->b, r->kv, err, errlen)) || (rc = rank_prefault(r->rank, err, errlen)))
-                goto fail;
-            ms_log(MS_LOG_INFO, "rank %d: KV pool (%.1f MiB) and step workspace resident in %.2f s", i,
-                   (double)r->kv->block_bytes * (double)(n_blocks + 1) / (1 << 20), ms_now() - t0);
-        }
         size_t logit_bytes = (size_t)max_rows * (size_t)e->vocab * sizeof *r->logits;
         if ((rc = r->b->ops->alloc(r->b, logit_bytes, (void **)&r->logits))) {
             rc = ms_err(err, errlen, rc, "rank %d's logits (%d rows of %d): %s", i, max_rows,
                         e->vocab, r->b->err);
             goto fail;
+        }
+        if (o->prefault_memory) { // the pool, the workspace and the logits: what steps write
+            const double t0 = ms_now();
+            if ((rc = kv_pool_prefault(r->b, r->kv, err, errlen)) || (rc = rank_prefault(r->rank, err, errlen)))
+                goto fail;
+            if (r->b->ops->prefault && (rc = r->b->ops->prefault(r->b, r->logits, logit_bytes))) {
+                rc = ms_err(err, errlen, rc, "rank %d's logits: %s", i, r->b->err);
+                goto fail;
+            }
+            ms_log(MS_LOG_INFO, "rank %d: KV pool (%.1f MiB), step workspace and logits resident in %.2f s", i,
+                   (double)r->kv->block_bytes * (double)(n_blocks + 1) / (1 << 20), ms_now() - t0);
         }
         r->rows = calloc((size_t)max_rows, sizeof *r->rows);
         r->row_out = calloc((size_t)max_rows, sizeof *r->row_out);

@@ -33,7 +33,7 @@ struct engine_opts {
     bool enable_prefix_caching;  // true
     bool enable_chunked_prefill; // true
     int max_waiting_requests;    // submit fails with MS_EBUSY beyond this (0: unbounded)
-    bool prefault_memory;        // fault in the KV pools and step workspaces at start
+    bool prefault_memory;        // fault in the KV pools, step workspaces and logits at start
                                  // (kv_pool_prefault, rank_prefault), not as the first steps
                                  // reach their pages (false)
     bool enforce_eager;          // vLLM's --enforce-eager: decode steps never replay graphs (on a

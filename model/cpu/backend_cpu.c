@@ -691,7 +691,7 @@ static int cpu_kv_alloc(struct backend *b, struct kv_pool *kv)
 }
 
 #ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23 // Linux 5.14; older kernels say EINVAL
+#define MADV_POPULATE_WRITE 23 // Linux 5.14
 #endif
 
 // The range's whole pages in 2 MiB pieces, faulted in by the threads side
@@ -700,6 +700,7 @@ static int cpu_kv_alloc(struct backend *b, struct kv_pool *kv)
 struct prefault_ctx {
     char *start;
     size_t bytes, pieces;
+    bool populate;   // the kernel knows MADV_POPULATE_WRITE
     _Atomic int err; // the first errno
 };
 
@@ -712,18 +713,17 @@ static void prefault_pieces(void *arg, int tid, int n_threads)
         const size_t off = (size_t)i << 21;
         char *p = c->start + off;
         const size_t len = c->bytes - off < ((size_t)1 << 21) ? c->bytes - off : (size_t)1 << 21;
-        if (madvise(p, len, MADV_POPULATE_WRITE) == 0) continue;
-        if (errno != EINVAL) {
+        if (c->populate) {
+            if (madvise(p, len, MADV_POPULATE_WRITE) == 0) continue;
             int none = 0;
             atomic_compare_exchange_strong(&c->err, &none, errno);
             return;
         }
-        // A kernel without MADV_POPULATE_WRITE: each 4 KiB page's first
-        // byte written with the value it holds faults the page in.
-        for (size_t o = 0; o < len; o += 4096) {
-            volatile char *q = (volatile char *)p + o;
-            *q = *q;
-        }
+        // A kernel without it (before 5.14): an atomic add of 0 to each 4
+        // KiB page writes without reading first. A read first would map
+        // the shared zero page, and a write to that splits a 2 MiB range
+        // into 4 KiB pages on the kernels of that age (5.8 on).
+        for (size_t o = 0; o < len; o += 4096) __atomic_fetch_add(p + o, 0, __ATOMIC_RELAXED);
     }
 }
 
@@ -733,7 +733,10 @@ static int cpu_prefault(struct backend *b, void *p, size_t bytes)
     // Whole pages: every page the range touches belongs to its mapping.
     const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p;
     const uintptr_t lo = a / pg * pg, hi = (a + bytes + pg - 1) / pg * pg;
-    struct prefault_ctx c = {.start = (char *)lo, .bytes = hi - lo};
+    // Zero bytes: 0 where the kernel knows the advice, EINVAL where not (any
+    // later EINVAL is an error: a mapping it cannot populate).
+    struct prefault_ctx c = {.start = (char *)lo, .bytes = hi - lo,
+                             .populate = madvise((void *)lo, 0, MADV_POPULATE_WRITE) == 0};
     c.pieces = (c.bytes + ((size_t)1 << 21) - 1) >> 21;
     if (c.pieces > INT_MAX)
         return backend_fail(b, MS_ENOFIT, "%zu bytes are too many to fault in", bytes);
