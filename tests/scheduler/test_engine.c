@@ -3,7 +3,8 @@
 // in 7-token prefill chunks, after preemption, on a prefix-cache hit and on 2
 // expert-parallel ranks; seeded sampling is batch-independent; admission
 // limits, cancel and drain behave; blocks are all accounted for after
-// thousands of random submits and cancels.
+// thousands of random submits and cancels; prefault_memory makes the KV pool
+// resident as the engine starts.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -734,6 +735,41 @@ static void a_full_waiting_queue_refuses_with_busy(void **state)
 // caching (so preemption, sharing and eviction all happen); the engine checks
 // its block accounting after every step (MOESERVE_CHECK_BLOCKS), and at the
 // end every block is free or cached and every request got exactly one end.
+// This process's resident bytes (/proc/self/statm).
+static size_t resident_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    assert_non_null(f);
+    unsigned long size = 0, res = 0;
+    assert_int_equal(fscanf(f, "%lu %lu", &size, &res), 2);
+    fclose(f);
+    return (size_t)res * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+// An engine with a 64 MiB pool grows the process by what it prepares
+// (weights, workspace) plus, with prefault_memory, the whole pool: without
+// it no step has touched a page of the pool yet.
+static void prefault_memory_makes_the_pool_resident_at_start(void **state)
+{
+    (void)state;
+    struct engine_opts o;
+    base_opts(&o);
+    const size_t block = kv_block_bytes(&g_model->cfg, DTYPE_F32), pool = ((size_t)64 << 20) / block * block;
+    o.kv_cache_bytes = pool;
+    size_t grew[2];
+    for (int pf = 0; pf < 2; pf++) {
+        o.prefault_memory = pf == 1;
+        const size_t before = resident_bytes();
+        struct engine *e = make_engine(&o);
+        const size_t after = resident_bytes();
+        grew[pf] = after > before ? after - before : 0;
+        engine_destroy(e);
+    }
+    if (grew[1] < grew[0] + pool / 10 * 9)
+        fail_msg("the engine grew the process by %zu bytes with prefault_memory, %zu without: the %zu-byte "
+                 "pool is not resident", grew[1], grew[0], pool);
+}
+
 static void block_accounting_survives_random_submits_and_cancels(void **state)
 {
     (void)state;
@@ -819,6 +855,7 @@ int main(void)
         cmocka_unit_test(drain_lets_requests_finish_then_aborts_at_the_deadline),
         cmocka_unit_test(a_full_waiting_queue_refuses_with_busy),
         cmocka_unit_test(block_accounting_survives_random_submits_and_cancels),
+        cmocka_unit_test(prefault_memory_makes_the_pool_resident_at_start),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
