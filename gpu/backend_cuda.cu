@@ -585,7 +585,7 @@ fail:
 static int cu_kv_alloc(struct backend *b, struct kv_pool *kv)
 {
     struct cuda_backend *c = cuda_of(b);
-    const size_t bytes = kv->layer_elems * (size_t)kv->n_layers * dtype_size(kv->dtype);
+    const size_t bytes = kv_pool_bytes(kv);
     int rc = cu_alloc(b, bytes, &kv->k);
     if (rc) return rc;
     if ((rc = cu_alloc(b, bytes, &kv->v))) {

@@ -70,13 +70,18 @@ int kv_pool_create(struct backend *b, const struct model_config *cfg, enum dtype
     return 0;
 }
 
-int kv_pool_prefault(struct backend *b, struct kv_pool *kv, char *err, size_t errlen)
+int backend_prefault(struct backend *b, void *p, size_t bytes, const char *what, char *err,
+                     size_t errlen)
 {
     if (!b->ops->prefault) return 0;
-    const size_t bytes = kv->layer_elems * (size_t)kv->n_layers * dtype_size(kv->dtype); // each of K, V
-    int rc = b->ops->prefault(b, kv->k, bytes);
-    if (!rc) rc = b->ops->prefault(b, kv->v, bytes);
-    return rc ? ms_err(err, errlen, rc, "the KV pool: %s", b->err) : 0;
+    const int rc = b->ops->prefault(b, p, bytes);
+    return rc ? ms_err(err, errlen, rc, "%s: %s", what, b->err) : 0;
+}
+
+int kv_pool_prefault(struct backend *b, struct kv_pool *kv, char *err, size_t errlen)
+{
+    int rc = backend_prefault(b, kv->k, kv_pool_bytes(kv), "the KV pool's keys", err, errlen);
+    return rc ? rc : backend_prefault(b, kv->v, kv_pool_bytes(kv), "the KV pool's values", err, errlen);
 }
 
 void kv_pool_destroy(struct backend *b, struct kv_pool *kv)

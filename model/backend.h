@@ -403,6 +403,16 @@ size_t kv_block_bytes(const struct model_config *cfg, enum dtype dtype);
 int kv_pool_create(struct backend *b, const struct model_config *cfg, enum dtype dtype,
                    int n_blocks, struct kv_pool **out, char *err, size_t errlen);
 void kv_pool_destroy(struct backend *b, struct kv_pool *kv);
+// Bytes of the pool's K, and of its V: what kv_alloc allocates for each.
+static inline size_t kv_pool_bytes(const struct kv_pool *kv)
+{
+    return kv->layer_elems * (size_t)kv->n_layers * dtype_size(kv->dtype);
+}
+// [p, p + bytes) of b's memory resident now (ops->prefault; nothing where
+// b has none: its memory is committed when allocated). On failure the
+// sentence names what (the KV pool, a rank's workspace, ...).
+int backend_prefault(struct backend *b, void *p, size_t bytes, const char *what, char *err,
+                     size_t errlen);
 // Faults in every page of the pool now (ops->prefault), as llama.cpp's
 // server clears its KV buffer at start: where kv_alloc maps memory lazily
 // (the CPU), the first steps otherwise pay each page's first touch (on VMs

@@ -401,9 +401,7 @@ fail:
 
 int rank_prefault(struct rank *r, char *err, size_t errlen)
 {
-    if (!r->b->ops->prefault) return 0;
-    const int rc = r->b->ops->prefault(r->b, r->ws, r->ws_bytes);
-    return rc ? ms_err(err, errlen, rc, "the step workspace: %s", r->b->err) : 0;
+    return backend_prefault(r->b, r->ws, r->ws_bytes, "the step workspace", err, errlen);
 }
 
 void rank_destroy(struct rank *r)

@@ -1017,14 +1017,11 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
         }
         if (o->prefault_memory) { // the pool, the workspace and the logits: what steps write
             const double t0 = ms_now();
-            if ((rc = kv_pool_prefault(r->b, r->kv, err, errlen)) || (rc = rank_prefault(r->rank, err, errlen)))
+            if ((rc = kv_pool_prefault(r->b, r->kv, err, errlen)) || (rc = rank_prefault(r->rank, err, errlen)) ||
+                (rc = backend_prefault(r->b, r->logits, logit_bytes, "the logits", err, errlen)))
                 goto fail;
-            if (r->b->ops->prefault && (rc = r->b->ops->prefault(r->b, r->logits, logit_bytes))) {
-                rc = ms_err(err, errlen, rc, "rank %d's logits: %s", i, r->b->err);
-                goto fail;
-            }
             ms_log(MS_LOG_INFO, "rank %d: KV pool (%.1f MiB), step workspace and logits resident in %.2f s", i,
-                   (double)r->kv->block_bytes * (double)(n_blocks + 1) / (1 << 20), ms_now() - t0);
+                   2.0 * (double)kv_pool_bytes(r->kv) / (1 << 20), ms_now() - t0);
         }
         r->rows = calloc((size_t)max_rows, sizeof *r->rows);
         r->row_out = calloc((size_t)max_rows, sizeof *r->row_out);

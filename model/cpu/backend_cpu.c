@@ -670,7 +670,7 @@ static void cpu_release_weights(struct backend *b, struct backend_weights *w)
 // prompts on the mid model took 104,000 faults, 13,400 on 2 MiB pages.
 static size_t kv_bytes(const struct kv_pool *kv)
 {
-    const size_t n = kv->layer_elems * (size_t)kv->n_layers * dtype_size(kv->dtype);
+    const size_t n = kv_pool_bytes(kv);
     return n ? n : 1;
 }
 
