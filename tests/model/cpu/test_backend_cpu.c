@@ -580,7 +580,7 @@ static void prefault_makes_every_page_of_the_pool_and_an_allocation_resident(voi
     struct kv_pool *kv;
     assert_int_equal(backend_cpu_create(2, NULL, &b, err, sizeof err), 0);
     assert_int_equal(kv_pool_create(b, c, DTYPE_BF16, 40, &kv, err, sizeof err), 0);
-    const size_t bytes = kv->layer_elems * (size_t)kv->n_layers * dtype_size(kv->dtype);
+    const size_t bytes = kv_pool_bytes(kv);
     const size_t pg = (size_t)sysconf(_SC_PAGESIZE), pages = (bytes + pg - 1) / pg;
     assert_int_equal(resident_pages(kv->k, bytes), 0);
     assert_int_equal(resident_pages(kv->v, bytes), 0);
