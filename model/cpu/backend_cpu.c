@@ -719,11 +719,17 @@ static void prefault_pieces(void *arg, int tid, int n_threads)
             atomic_compare_exchange_strong(&c->err, &none, errno);
             return;
         }
-        // A kernel without it (before 5.14): an atomic add of 0 to each 4
-        // KiB page writes without reading first. A read first would map
-        // the shared zero page, and a write to that splits a 2 MiB range
-        // into 4 KiB pages on the kernels of that age (5.8 on).
-        for (size_t o = 0; o < len; o += 4096) __atomic_fetch_add(p + o, 0, __ATOMIC_RELAXED);
+        // A kernel without it (before 5.14): a write to each 4 KiB page
+        // that neither reads first nor changes a byte, a compare-exchange
+        // of 0 for 0 (x86's LOCK CMPXCHG writes whether or not it matches).
+        // A read first would map the shared zero page, and a write to that
+        // splits a 2 MiB range into 4 KiB pages on the kernels of that age
+        // (5.8 on). Not an atomic add of 0: clang makes that a plain load
+        // (with or without volatile), GCC kept it.
+        for (size_t o = 0; o < len; o += 4096) {
+            char zero = 0;
+            __atomic_compare_exchange_n(p + o, &zero, 0, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+        }
     }
 }
 
