@@ -18,6 +18,7 @@
 #define OA_MAX_LOGPROBS 20      // top_logprobs / logprobs at most (vLLM's max_logprobs)
 #define OA_MAX_N 128            // choices per prompt (OpenAI's bound)
 #define OA_MAX_STOP 16          // stop strings per request
+#define OA_MAX_STOP_BYTES 1024  // bytes per stop string: the engine's STOP_MAX_STRING_BYTES
 #define OA_MAX_STOP_TOKEN_IDS 64
 #define OA_MAX_LOGIT_BIAS 1024  // entries in logit_bias
 #define OA_MAX_PROMPTS 1024     // prompts in one /v1/completions request

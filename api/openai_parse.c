@@ -87,12 +87,16 @@ static int want_number(struct parser *p, const char *key, json_t *v, double lo, 
 {
     if (!json_is_number(v)) return type_error(p, key, "a number", v);
     double d = json_number_value(v);
-    if (!isfinite(d) || d > hi || d < lo || (lo_open && d == lo)) {
+    // Checked as the float the engine gets too: 1e-50 is above 0 as a
+    // double but 0 as a float, which the engine would refuse under another
+    // parameter's name.
+    const float f = (float)d;
+    if (!isfinite(d) || d > hi || d < lo || (lo_open && d == lo) || !isfinite(f) || (lo_open && f <= (float)lo)) {
         return oa_errorf(p->e, MS_EINVAL, "invalid_value", key,
                          "'%s' must be %s %g and at most %g, got %.17g", key,
                          lo_open ? "greater than" : "at least", lo, hi, d);
     }
-    *out = (float)d;
+    *out = f;
     return 0;
 }
 
@@ -141,8 +145,8 @@ static int want_token_id(struct parser *p, const char *key, json_t *v, int32_t *
     if (rc) {
         if (p->e->code && !strcmp(p->e->code, "invalid_value"))
             oa_errorf(p->e, MS_EINVAL, "invalid_value", key,
-                      "'%s' is %lld, not a token id of this model (0 to %lld)", key,
-                      json_is_integer(v) ? (long long)json_integer_value(v) : 0LL, hi);
+                      "'%s' is %.17g, not a token id of this model (0 to %lld)", key,
+                      json_number_value(v), hi);
         return rc;
     }
     *out = (int32_t)x;
@@ -212,6 +216,9 @@ static int f_stop(struct parser *p, const char *k, json_t *v, void *dst)
         if (rc) return rc;
         if (!list[0][0])
             return oa_errorf(p->e, MS_EINVAL, "invalid_value", k, "'stop' must not be empty");
+        if (json_string_length(v) > OA_MAX_STOP_BYTES)
+            return oa_errorf(p->e, MS_EINVAL, "invalid_value", k, "'stop' may be at most %d bytes, got %zu",
+                             OA_MAX_STOP_BYTES, json_string_length(v));
         p->gen->stop = list;
         p->gen->n_stop = 1;
         return 0;
@@ -229,6 +236,9 @@ static int f_stop(struct parser *p, const char *k, json_t *v, void *dst)
         if (rc) return rc;
         if (!list[i][0])
             return oa_errorf(p->e, MS_EINVAL, "invalid_value", key, "'%s' must not be empty", key);
+        if (json_string_length(json_array_get(v, i)) > OA_MAX_STOP_BYTES)
+            return oa_errorf(p->e, MS_EINVAL, "invalid_value", key, "'%s' may be at most %d bytes, got %zu", key,
+                             OA_MAX_STOP_BYTES, json_string_length(json_array_get(v, i)));
     }
     p->gen->stop = list;
     p->gen->n_stop = (int)n;

@@ -12,8 +12,12 @@
 #include "base/arena.h"
 #include "base/base.h"
 #include "grammar/grammar.h"
+#include "scheduler/stop.h"
 #include "server/app_state.h"
 #include "server/job.h"
+
+// The front ends refuse a stop string the engine would, under its own name.
+_Static_assert(OA_MAX_STOP_BYTES == STOP_MAX_STRING_BYTES, "api/openai.h and scheduler/stop.h disagree");
 
 // The request as parsed: exactly one of cr (chat) and pr (completions)
 // holds it; g, served and param point into it or at static strings.

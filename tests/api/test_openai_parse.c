@@ -203,6 +203,8 @@ static void out_of_range_values_are_refused(void **state)
         {"temperature", "1e308"},
         {"top_p", "0"},
         {"top_p", "1.01"},
+        {"top_p", "1e-50"}, // above 0, but 0 as the float the engine takes
+        {"repetition_penalty", "1e-50"},
         {"top_k", "-2"},
         {"top_k", "9999999999"},
         {"min_p", "1.5"},
@@ -227,6 +229,24 @@ static void out_of_range_values_are_refused(void **state)
         expect_chat_error(body, 400, cases[i].param);
     }
     expect_chat_error("{" MSGS ", \"stop\": [\"\"]}", 400, "stop[0]");
+    // A stop string longer than the engine takes, named here rather than
+    // refused by the engine under the messages' name.
+    char longstop[OA_MAX_STOP_BYTES + 2], body[OA_MAX_STOP_BYTES + 256];
+    memset(longstop, 'a', sizeof longstop - 1);
+    longstop[sizeof longstop - 1] = 0;
+    snprintf(body, sizeof body, "{" MSGS ", \"stop\": [\"x\", \"%s\"]}", longstop);
+    expect_chat_error(body, 400, "stop[1]");
+    snprintf(body, sizeof body, "{" MSGS ", \"stop\": \"%s\"}", longstop);
+    expect_chat_error(body, 400, "stop");
+    longstop[OA_MAX_STOP_BYTES] = 0; // exactly the limit: taken
+    snprintf(body, sizeof body, "{" MSGS ", \"stop\": [\"%s\"]}", longstop);
+    struct arena *a = arena_create(4096);
+    struct oa_chat_request r;
+    struct oa_error e;
+    assert_int_equal(chat(body, &r, &e, a, NULL), 0);
+    assert_int_equal(r.gen.n_stop, 1);
+    oa_chat_request_release(&r);
+    arena_destroy(a);
     expect_chat_error("{" MSGS ", \"logit_bias\": {\"1000\": 1}}", 400, "logit_bias[1000]");
     expect_chat_error("{" MSGS ", \"logit_bias\": {\"-1\": 1}}", 400, "logit_bias[-1]");
     expect_chat_error("{" MSGS ", \"logit_bias\": {\"abc\": 1}}", 400, "logit_bias[abc]");
@@ -687,6 +707,11 @@ static void tokenize_and_detokenize_bodies(void **state)
     const char *d2 = "{\"tokens\": [1, 5000]}";
     assert_int_not_equal(oa_parse_detokenize(d2, strlen(d2), &limits, a, &d, &e), 0);
     assert_string_equal(e.param, "tokens[1]");
+    // The id as sent, also when written as a real.
+    const char *d2r = "{\"tokens\": [1, 5e12]}";
+    assert_int_not_equal(oa_parse_detokenize(d2r, strlen(d2r), &limits, a, &d, &e), 0);
+    assert_string_equal(e.param, "tokens[1]");
+    if (!strstr(e.message, "5000000000000")) fail_msg("message: %s", e.message);
     const char *d3 = "{\"tokens\": \"abc\"}";
     assert_int_not_equal(oa_parse_detokenize(d3, strlen(d3), &limits, a, &d, &e), 0);
     assert_string_equal(e.param, "tokens");
