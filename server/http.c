@@ -1355,11 +1355,19 @@ static struct http_async *take_by_id(struct http_server *s, uint64_t id, bool ha
 // proxies do once the request is sent). That alone is no hang-up: send
 // something harmless now, so that a peer which closed its socket answers
 // with a reset (EPOLLHUP/EPOLLERR) and one still reading reads on.
-static void async_half_closed(struct http_async *a)
+// Returns true where nothing harmless can be sent: an HTTP/1.0 client
+// awaiting one whole answer (1xx responses are not for it), whose end of
+// input then counts as gone, as vLLM and llama-server count it for every
+// client; otherwise its request would run to max_tokens for nobody.
+static bool async_half_closed(struct http_async *a)
 {
     pthread_mutex_lock(&a->mu);
     a->half_closed = true;
     bool resume = false;
+    if (!a->streaming && !a->http11) {
+        pthread_mutex_unlock(&a->mu);
+        return true;
+    }
     if (a->streaming) {
         a->keepalive_due = true; // the reader writes an SSE comment
         resume = a->suspended && !a->closed;
@@ -1371,6 +1379,7 @@ static void async_half_closed(struct http_async *a)
     }
     pthread_mutex_unlock(&a->mu);
     if (resume) MHD_resume_connection(a->c);
+    return false;
 }
 
 static void keepalive_scan(struct http_server *s)
@@ -1429,11 +1438,9 @@ static void *watcher_main(void *arg)
             bool hangup = ev[i].events & (EPOLLHUP | EPOLLERR);
             struct http_async *a = take_by_id(s, ev[i].data.u64, hangup);
             if (!a) continue;
-            if (hangup) {
+            if (hangup || async_half_closed(a)) {
                 async_notify_gone(a);
                 http_async_wake(a);
-            } else {
-                async_half_closed(a);
             }
             http_async_unref(a);
         }

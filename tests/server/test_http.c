@@ -1178,6 +1178,31 @@ static void a_closed_client_is_noticed_while_deferred(void **state)
     wait_counter(&g_gone, before + 1);
 }
 
+// An HTTP/1.0 client that shuts its sending side while its one answer is
+// awaited is gone: nothing it understands (no 1xx) could tell a closed
+// socket from one still reading, so its request is not run for nobody.
+// Keeping its socket open changes nothing. An HTTP/1.1 one is probed
+// instead, and still reading, is not gone (a_half_closed_client_gets_its_whole_answer).
+static void an_http10_client_that_half_closes_while_deferred_is_gone(void **state)
+{
+    (void)state;
+    int before = atomic_load(&g_gone);
+    int fd = connect_raw();
+    send_all(fd, "GET /never HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer k\r\n\r\n");
+    shutdown(fd, SHUT_WR);
+    wait_counter(&g_gone, before + 1);
+    close(fd);
+
+    before = atomic_load(&g_gone);
+    fd = connect_raw();
+    send_all(fd, "GET /never HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n\r\n");
+    shutdown(fd, SHUT_WR);
+    usleep(300000);
+    assert_int_equal(atomic_load(&g_gone), before);
+    close(fd);
+    wait_counter(&g_gone, before + 1);
+}
+
 static void *post_block(void *arg)
 {
     struct resp *r = arg;
@@ -1265,6 +1290,7 @@ int main(void)
         cmocka_unit_test(bodies_must_be_declared_json),
         cmocka_unit_test(only_allowed_host_names_are_answered),
         cmocka_unit_test(a_half_closed_client_gets_its_whole_answer),
+        cmocka_unit_test(an_http10_client_that_half_closes_while_deferred_is_gone),
         cmocka_unit_test(a_closed_client_is_noticed_while_deferred),
         cmocka_unit_test(slow_handlers_do_not_stall_streams),
     };
