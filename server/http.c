@@ -175,6 +175,8 @@ struct http_request {
     bool too_large, responded, dispatched;
     bool settled;                // the final call returned once before dispatching (on_access)
     bool busy, busy_per_client;  // the body went over a budget while arriving (503)
+    bool late;                   // refused from its head, answered once its body is dropped
+    struct oa_error late_err;
     size_t declared;             // Content-Length, when one was sent
     // On a worker: the connection is suspended and responses are built into
     // pending, queued by the connection's thread once the worker resumes it.
@@ -966,9 +968,39 @@ static void respond_too_large(struct http_request *r)
                              r->s->o.max_body);
 }
 
+// A refusal known from the head of a request with a body. Answered now, a
+// client that sends its body at once (no Expect: 100-continue, as most
+// SDKs) is still sending when the connection closes after the answer, and
+// the close resets the connection: the client sees a broken pipe, and the
+// reset can destroy the answer before it is read. So, where the body is
+// chunked or declared within BODY_DISCARD_MAX, the answer is kept and sent
+// once the body has been read and dropped (nothing of it is buffered or
+// counted against the budgets); otherwise it goes now. Returns true when
+// kept (the caller reads on), false after answering.
+static bool refuse_after_body(struct http_request *r, bool drain, int http, const char *code,
+                              const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static bool refuse_after_body(struct http_request *r, bool drain, int http, const char *code,
+                              const char *fmt, ...)
+{
+    char msg[sizeof r->late_err.message];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (!drain) {
+        respond_simple_error(r, http, code, "%s", msg);
+        return false;
+    }
+    memset(&r->late_err, 0, sizeof r->late_err);
+    oa_error_http(&r->late_err, http, code, NULL, "%s", msg);
+    r->late = true;
+    return true;
+}
+
 // The checks that need only the request line and headers, in the order a
 // client fixes them: a broken path, a host we do not serve, the route, the
-// key, the body's type and size. Returns false after answering.
+// key, the body's type and size. Returns false after answering, true to
+// read on (a refusal kept until the body is in: refuse_after_body).
 static bool head_acceptable(struct http_request *r, const char *url, const char *method)
 {
     struct http_server *s = r->s;
@@ -997,27 +1029,6 @@ static bool head_acceptable(struct http_request *r, const char *url, const char 
         else respond_simple_error(r, st, "cors_refused", "%s", msg);
         return false;
     }
-    bool known;
-    char allow[128];
-    r->route = find_route(s, method, url, &known, allow, sizeof allow);
-    if (!r->route) {
-        if (known) {
-            http_add_header(r, "Allow", allow);
-            respond_simple_error(r, 405, "method_not_allowed", "%s is not allowed on %s; use %s",
-                                 method, url, allow);
-        } else {
-            respond_simple_error(r, 404, "not_found", "no such endpoint: %s %s", method, url);
-        }
-        return false;
-    }
-    if (!authorized(r)) {
-        http_add_header(r, "WWW-Authenticate", "Bearer");
-        respond_simple_error(r, 401, "invalid_api_key",
-                             "missing or wrong API key: send the header 'Authorization: Bearer "
-                             "<key>' (or 'x-api-key: <key>') with the key the server was started "
-                             "with");
-        return false;
-    }
     const char *cl = http_header(r, MHD_HTTP_HEADER_CONTENT_LENGTH);
     const char *te = http_header(r, MHD_HTTP_HEADER_TRANSFER_ENCODING);
     unsigned long long n = 0;
@@ -1028,23 +1039,38 @@ static bool head_acceptable(struct http_request *r, const char *url, const char 
         if (errno || end == cl) n = ULLONG_MAX;
     }
     bool has_body = te || n > 0;
+    r->declared = cl ? (size_t)n : 0;
+    const char *expect = http_header(r, MHD_HTTP_HEADER_EXPECT);
+    const bool waits = expect && !strcasecmp(expect, "100-continue");
+    // Refusals below drop a body of up to this much first (refuse_after_body).
+    const bool drain = has_body && !waits && (te || n <= BODY_DISCARD_MAX);
+    bool known;
+    char allow[128];
+    r->route = find_route(s, method, url, &known, allow, sizeof allow);
+    if (!r->route) {
+        if (known) {
+            http_add_header(r, "Allow", allow);
+            return refuse_after_body(r, drain, 405, "method_not_allowed", "%s is not allowed on %s; use %s",
+                                     method, url, allow);
+        }
+        return refuse_after_body(r, drain, 404, "not_found", "no such endpoint: %s %s", method, url);
+    }
+    if (!authorized(r)) {
+        http_add_header(r, "WWW-Authenticate", "Bearer");
+        return refuse_after_body(r, drain, 401, "invalid_api_key",
+                                 "missing or wrong API key: send the header 'Authorization: Bearer "
+                                 "<key>' (or 'x-api-key: <key>') with the key the server was started "
+                                 "with");
+    }
     if (has_body && !is_json_type(http_header(r, MHD_HTTP_HEADER_CONTENT_TYPE))) {
         const char *ct = http_header(r, MHD_HTTP_HEADER_CONTENT_TYPE);
-        respond_simple_error(r, 415, "unsupported_media_type",
-                             "the body must be JSON sent with 'Content-Type: application/json'%s%.80s%s",
-                             ct ? " (got '" : " (no Content-Type was sent)", ct ? ct : "",
-                             ct ? "')" : "");
-        return false;
+        return refuse_after_body(r, drain, 415, "unsupported_media_type",
+                                 "the body must be JSON sent with 'Content-Type: application/json'%s%.80s%s",
+                                 ct ? " (got '" : " (no Content-Type was sent)", ct ? ct : "",
+                                 ct ? "')" : "");
     }
-    r->declared = cl ? (size_t)n : 0;
     if (cl && n > s->o.max_body) {
-        // Answered now, a client that sends its body at once (no Expect:
-        // 100-continue, as most SDKs) is still sending when the connection
-        // closes, and the close resets the connection, which can destroy the
-        // answer before the client reads it. Within BODY_DISCARD_MAX past the
-        // limit, the body is read and dropped first, and the 413 follows it.
-        const char *expect = http_header(r, MHD_HTTP_HEADER_EXPECT);
-        bool waits = expect && !strcasecmp(expect, "100-continue");
+        // As refuse_after_body, within BODY_DISCARD_MAX past the limit.
         if (!waits && n - s->o.max_body <= BODY_DISCARD_MAX) {
             r->too_large = true;
             return true;
@@ -1097,7 +1123,7 @@ static enum MHD_Result first_call(struct http_server *s, struct MHD_Connection *
 static enum MHD_Result take_upload(struct http_request *r, const char *data, size_t n)
 {
     struct http_server *s = r->s;
-    if (r->responded || r->too_large || r->busy) return MHD_YES; // discarded
+    if (r->responded || r->too_large || r->busy || r->late) return MHD_YES; // discarded
     size_t need;
     if (ms_add_overflow(r->body.len, n, &need) || need > s->o.max_body) {
         r->too_large = true;
@@ -1226,6 +1252,10 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         return after_handler(r);
     }
     if (r->responded) return MHD_YES;
+    if (r->late) {
+        http_respond_error(r, &r->late_err);
+        return MHD_YES;
+    }
     if (r->too_large) {
         respond_too_large(r);
         return MHD_YES;

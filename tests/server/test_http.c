@@ -1,5 +1,5 @@
 // Pins the HTTP layer on loopback with libcurl and raw sockets: routing,
-// 404/405/401/413, deferred and streamed responses woken from other
+// 404/405/401/413 (after a body sent at once), deferred and streamed responses woken from other
 // threads, hang-up detection while suspended, keep-alive comments, bodies
 // sent slowly, malformed HTTP (answered in the error envelope by the front
 // gate), and many concurrent streams on few threads; then what one hostile
@@ -540,6 +540,60 @@ static void bodies_arrive_whole_and_oversized_ones_get_413(void **state)
     client_read_until(fd, buf, sizeof buf, "\r\n\r\n");
     assert_non_null(strstr(buf, " 413 "));
     close(fd);
+}
+
+// A POST refused from its head (no such path, a method the path does not
+// take, no key, not JSON) with a body sent at once (no Expect: 100-continue,
+// as SDKs send): the client can send it all and then reads the refusal,
+// every time (answered before the body, the close reset the connection
+// mid-send: a broken pipe where the answer should be). With Expect:
+// 100-continue the refusal comes at once, before any of the body.
+static void head_refusals_of_a_post_come_after_its_body(void **state)
+{
+    (void)state;
+    static char body[600000];
+    memset(body, ' ', sizeof body);
+    const struct {
+        const char *line, *auth, *type, *want;
+    } cases[] = {
+        {"POST /nope HTTP/1.1", "Authorization: Bearer k\r\n", "application/json", " 404 "},
+        {"PUT /echo HTTP/1.1", "Authorization: Bearer k\r\n", "application/json", " 405 "},
+        {"POST /echo HTTP/1.1", "", "application/json", " 401 "},
+        {"POST /echo HTTP/1.1", "Authorization: Bearer k\r\n", "text/plain", " 415 "},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int k = 0; k < 3; k++) {
+            int fd = connect_raw();
+            char head[512];
+            snprintf(head, sizeof head, "%s\r\nHost: x\r\n%sContent-Type: %s\r\nContent-Length: %zu\r\n\r\n",
+                     cases[i].line, cases[i].auth, cases[i].type, sizeof body);
+            send_all(fd, head);
+            struct timeval tv = {.tv_sec = 5};
+            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+            size_t left = sizeof body;
+            for (const char *p = body; left;) {
+                ssize_t w = send(fd, p, left, MSG_NOSIGNAL);
+                if (w <= 0) break;
+                p += w;
+                left -= (size_t)w;
+            }
+            char buf[4096];
+            client_read_until(fd, buf, sizeof buf, "}}");
+            close(fd);
+            if (left) fail_msg("%s (%s): cut with %zu bytes of the body unsent", cases[i].line, cases[i].want, left);
+            if (!strstr(buf, cases[i].want) || !strstr(buf, "\"error\""))
+                fail_msg("%s: wanted%sin the error envelope, got: %.300s", cases[i].line, cases[i].want, buf);
+        }
+    int fd = connect_raw();
+    char head[256];
+    snprintf(head, sizeof head, "POST /nope HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
+                                "Content-Type: application/json\r\nContent-Length: %zu\r\nExpect: 100-continue\r\n\r\n",
+             sizeof body);
+    send_all(fd, head);
+    char buf[4096];
+    client_read_until(fd, buf, sizeof buf, "}}");
+    close(fd);
+    if (!strstr(buf, " 404 ")) fail_msg("with Expect: 100-continue: %.300s", buf);
 }
 
 static void deferred_responses_wait_without_a_thread(void **state)
@@ -1270,6 +1324,7 @@ int main(void)
         cmocka_unit_test(prefix_routes_keys_beside_bearer_and_error_shapes_per_route),
         cmocka_unit_test(root_path_and_cors),
         cmocka_unit_test(bodies_arrive_whole_and_oversized_ones_get_413),
+        cmocka_unit_test(head_refusals_of_a_post_come_after_its_body),
         cmocka_unit_test(deferred_responses_wait_without_a_thread),
         cmocka_unit_test(streams_deliver_every_event_in_order),
         cmocka_unit_test(hangup_while_streaming_is_noticed),
