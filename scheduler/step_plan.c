@@ -162,6 +162,16 @@ static void schedule_chunk(struct sched_rank *r, struct sched_seq *q, int chunk)
     batch_add(r, q, chunk, rows, sample);
 }
 
+// The most recently admitted running sequence on rank, or NULL: the one a
+// shortage of that rank's blocks preempts first (preempting one on another
+// rank frees nothing there).
+static struct sched_seq *youngest_on_rank(const struct sched *s, int rank)
+{
+    struct sched_seq *v = s->running.tail;
+    while (v && v->rank != rank) v = v->prev;
+    return v;
+}
+
 // The rank with the most free blocks (then the fewest sequences).
 static int pick_rank(const struct sched *s)
 {
@@ -185,41 +195,46 @@ int sched_plan(struct sched *s)
     for (struct sched_seq *q = s->running.head; q; q = q->next) q->sched_new = 0;
 
     // 1. One decode token for every running sequence past its prefill,
-    // oldest first. When blocks run out the most recently admitted sequence
-    // is preempted, which may be this one.
+    // oldest first. When its rank's blocks run out the most recently
+    // admitted sequence there is preempted, which may be this one. Victims
+    // are younger than q (q is on their rank), so they come after it in the
+    // list: its successor is read once they are gone.
     for (struct sched_seq *q = s->running.head, *next; q && budget > 0; q = next) {
         next = q->next;
         if (q->n_tokens - q->n_computed != 1) continue;
         struct sched_rank *r = &s->ranks[q->rank];
         bool preempted_self = false;
         while (kvb_reserve(r->blocks, &q->table, q->n_computed + 1)) {
-            struct sched_seq *victim = s->running.tail;
-            if (victim == next) next = NULL; // the loop must not visit it
-            preempt(s, victim);
+            struct sched_seq *victim = youngest_on_rank(s, q->rank); // q at the latest
             if (victim == q) {
+                next = q->next;
+                preempt(s, q);
                 preempted_self = true;
                 break;
             }
+            preempt(s, victim);
         }
-        if (preempted_self) break; // q was the youngest: nothing after it runs
+        if (preempted_self) continue; // the younger ones of its rank went before it
+        next = q->next;
         batch_add(r, q, 1, 1, true);
         budget--;
         n_sched++;
     }
 
     // 2. Chunks of running sequences still in their prefill, oldest first. One
-    // that finds no block may preempt younger ones not yet scheduled.
+    // that finds no block may preempt younger ones of its rank not yet
+    // scheduled (victims come after q: its successor is read after them).
     for (struct sched_seq *q = s->running.head, *next; q && budget > 0; q = next) {
         next = q->next;
         if (q->sched_new || q->n_tokens - q->n_computed <= 1) continue;
         struct sched_rank *r = &s->ranks[q->rank];
         int chunk;
         while ((chunk = fit_chunk(s, r, q, budget)) < 0) {
-            struct sched_seq *victim = s->running.tail;
+            struct sched_seq *victim = youngest_on_rank(s, q->rank);
             if (victim == q || victim->sched_new) break;
-            if (victim == next) next = NULL;
             preempt(s, victim);
         }
+        next = q->next;
         if (chunk <= 0) continue;
         schedule_chunk(r, q, chunk);
         budget -= chunk;

@@ -1,7 +1,8 @@
 // step_plan: step planning over the sequences of every rank — the waiting queue,
 // the running list in admission order, rank placement, the per-step token
 // budget with decodes first and chunked prefills after, and preemption of the
-// most recently admitted sequence when KV blocks run out. No model, no
+// most recently admitted sequence of a rank when that rank's KV blocks run
+// out (another rank's blocks would not help it). No model, no
 // threads: the engine runs what sched_plan decides. Its names keep the
 // short `sched_` prefix (struct sched is the engine's planner state).
 #ifndef MOESERVE_SCHEDULER_STEP_PLAN_H

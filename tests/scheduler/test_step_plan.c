@@ -1,6 +1,7 @@
 // Pins the step planner without a model: the token budget, decodes before
-// prefills, chunked prefill, preemption of the youngest only, progress on
-// every step, placement on the rank with the most free blocks, and block
+// prefills, chunked prefill, preemption of the youngest of the rank short of
+// blocks only, progress on every step, placement on the rank with the most
+// free blocks, and block
 // accounting through thousands of random arrivals, finishes and cancels.
 #include <setjmp.h>
 #include <stdarg.h>
@@ -106,20 +107,25 @@ static int sim_step(struct sim *m, uint64_t *rng)
     struct sched *s = &m->s;
     struct sched_seq *before[512];
     uint64_t adm[512];
+    int rank_of[512];
     int n_before = 0;
     for (struct sched_seq *q = s->running.head; q; q = q->next) {
         adm[n_before] = q->admission;
+        rank_of[n_before] = q->rank;
         before[n_before++] = q;
     }
     bool had_work = s->running.n + s->waiting.n > 0;
     int n = sched_plan(s);
     if (had_work) assert_true(n > 0);
-    // Preempted sequences were the youngest: those of `before` still
-    // running form a prefix of it.
-    bool gone = false;
-    for (int i = 0; i < n_before; i++) {
-        if (!before[i]->running || before[i]->admission != adm[i]) gone = true;
-        else if (gone) fail_msg("an older sequence was preempted before a younger one");
+    // Preempted sequences were the youngest of their rank: on each rank,
+    // those of `before` still running form a prefix of its sequences.
+    for (int rk = 0; rk < m->n_ranks; rk++) {
+        bool gone = false;
+        for (int i = 0; i < n_before; i++) {
+            if (rank_of[i] != rk) continue;
+            if (!before[i]->running || before[i]->admission != adm[i]) gone = true;
+            else if (gone) fail_msg("rank %d: an older sequence was preempted before a younger one", rk);
+        }
     }
     int tokens = 0, sched = 0;
     bool prefill_scheduled = false, decode_left_out = false;
@@ -227,6 +233,36 @@ static void the_youngest_is_preempted_and_recomputed(void **state)
     sim_free(&m);
 }
 
+// A rank short of blocks preempts its own youngest, never a younger
+// sequence of another rank (whose blocks would not help it).
+static void a_rank_short_of_blocks_preempts_only_its_own(void **state)
+{
+    (void)state;
+    struct sim m;
+    sim_init(&m, 2, 6, 8, 400, true, false, 4);
+    uint64_t rng = 6;
+    // Placed by free blocks: A rank 0, B rank 1, C rank 0 (a tie: fewer
+    // running), D rank 1. Rank 0's 6 blocks then hold A and C whole.
+    sim_add(&m, 0, 48, 20, 1, -1); // A
+    sim_add(&m, 1, 48, 20, 2, -1); // B
+    sim_add(&m, 2, 48, 20, 3, -1); // C
+    sim_add(&m, 3, 16, 20, 4, -1); // D, the youngest
+    sim_step(&m, &rng);
+    const int want_rank[4] = {0, 1, 0, 1};
+    for (int i = 0; i < 4; i++) {
+        assert_true(m.seqs[i].q.running);
+        assert_int_equal(m.seqs[i].q.rank, want_rank[i]);
+    }
+    assert_int_equal(kvb_num_free(m.blocks[0]), 0);
+    // A's 49th token needs a fourth block on rank 0: C goes, D stays.
+    sim_step(&m, &rng);
+    assert_int_equal(m.s.n_preemptions, 1);
+    assert_false(m.seqs[2].q.running);
+    assert_true(m.seqs[0].q.running && m.seqs[1].q.running && m.seqs[3].q.running);
+    while (m.s.running.n + m.s.waiting.n) sim_step(&m, &rng);
+    sim_free(&m);
+}
+
 static void new_sequences_go_to_the_rank_with_most_free_blocks(void **state)
 {
     (void)state;
@@ -316,6 +352,7 @@ int main(void)
         cmocka_unit_test(the_budget_splits_a_long_prompt_into_chunks),
         cmocka_unit_test(decodes_are_scheduled_before_new_prefills),
         cmocka_unit_test(the_youngest_is_preempted_and_recomputed),
+        cmocka_unit_test(a_rank_short_of_blocks_preempts_only_its_own),
         cmocka_unit_test(new_sequences_go_to_the_rank_with_most_free_blocks),
         cmocka_unit_test(without_chunked_prefill_prompts_run_whole),
         cmocka_unit_test(random_workloads_keep_the_invariants_and_finish),
