@@ -1,8 +1,8 @@
 // Pins the step planner without a model: the token budget, decodes before
 // prefills, chunked prefill, preemption of the youngest of the rank short of
 // blocks only, progress on every step, placement on the rank with the most
-// free blocks, and block
-// accounting through thousands of random arrivals, finishes and cancels.
+// free blocks, and block accounting through thousands of random arrivals,
+// finishes and cancels.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
