@@ -136,6 +136,7 @@ struct gx *gx_json_string_char(struct gbuild *b); // one character of a JSON str
 #define GRAMMAR_MAX_REPEAT (10000 / GRAMMAR_LIMIT_SCALE)        // {m,n} bounds
 #define GRAMMAR_MAX_MINIMIZE_WORK (50000000ull / GRAMMAR_LIMIT_SCALE) // signature entries over all refinement rounds
 #define GRAMMAR_MAX_WALK_STEPS (80000000ull / GRAMMAR_LIMIT_SCALE) // vocabulary-trie steps while precomputing
+#define GRAMMAR_MAX_KEY_BYTES 1024      // a property name beside additionalProperties (a level of recursion a code point)
 #define GRAMMAR_MAX_STACK_DEPTH 1024    // nested rule calls at run time
 #define GRAMMAR_MAX_TOPS 4096           // simultaneous stacks at run time
 

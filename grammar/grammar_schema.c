@@ -438,6 +438,7 @@ static struct gx *string_expr(struct sc *s, json_t *sch)
 static struct gx *key_not_in(struct sc *s, const char **names, size_t n, size_t depth_off)
 {
     struct gbuild *b = s->b;
+    if (b->status) return NULL; // a limit hit deeper down: stop descending
     struct cp_class plain = {0}, taken = {0};
     struct gx_list alts = {0};
     bool is_name = false;
@@ -575,6 +576,17 @@ static struct gx *object_expr(struct sc *s, json_t *sch, int depth)
     }
     struct gx *extra = NULL;
     if (addl && !json_is_false(addl)) {
+        // key_not_in descends one level a code point of the longest name.
+        for (size_t i = 0; i < n_names; i++)
+            if (strlen(names[i]) > GRAMMAR_MAX_KEY_BYTES) {
+                free(members);
+                free(opt);
+                free(names);
+                char msg[120];
+                snprintf(msg, sizeof msg, "a property name over %d bytes beside additionalProperties is not supported",
+                         GRAMMAR_MAX_KEY_BYTES);
+                return fail(s, MS_ENOFIT, "%s", msg);
+            }
         struct gx *value = json_is_true(addl) ? any_value(s) : sc_value(s, addl, depth + 1);
         struct gx *k = gx_seq2(b, gx_byte(b, '"'), key_not_in(s, names, n_names, 0));
         extra = gx_seq3(b, k, punct(s, ':'), value);
@@ -740,13 +752,18 @@ static int value_types(json_t *v)
 }
 
 // The JSON types a schema can produce (for oneOf's disjointness check).
-static int schema_types(struct sc *s, json_t *sch, int depth)
+// *budget bounds the schemas visited: $refs and alternatives are followed
+// without a memo, and eight alternatives each referring back to the root
+// would otherwise take 8^depth visits; past it, any type (so such a oneOf
+// is refused as possibly overlapping).
+#define SCHEMA_TYPES_BUDGET 4096
+static int schema_types(struct sc *s, json_t *sch, int depth, int *budget)
 {
-    if (depth > GRAMMAR_MAX_JSON_DEPTH || !json_is_object(sch)) return T_ANY;
+    if (depth > GRAMMAR_MAX_JSON_DEPTH || !json_is_object(sch) || --*budget < 0) return T_ANY;
     json_t *ref = json_object_get(sch, "$ref");
     if (json_is_string(ref)) {
         json_t *t = resolve_ref(s, json_string_value(ref));
-        return t ? schema_types(s, t, depth + 1) : T_ANY;
+        return t ? schema_types(s, t, depth + 1, budget) : T_ANY;
     }
     json_t *en = json_object_get(sch, "enum"), *c = json_object_get(sch, "const");
     if (c) return value_types(c);
@@ -769,7 +786,7 @@ static int schema_types(struct sc *s, json_t *sch, int depth)
         int t = 0;
         size_t i;
         json_t *v;
-        json_array_foreach(alts, i, v) t |= schema_types(s, v, depth + 1);
+        json_array_foreach(alts, i, v) t |= schema_types(s, v, depth + 1, budget);
         return t;
     }
     return T_ANY;
@@ -887,7 +904,8 @@ static struct gx *alternatives_expr(struct sc *s, json_t *sch, const char *kw, i
         size_t i;
         json_t *v;
         json_array_foreach(alts, i, v) {
-            int t = schema_types(s, v, depth + 1);
+            int budget = SCHEMA_TYPES_BUDGET;
+            int t = schema_types(s, v, depth + 1, &budget);
             if (s->b->status) return NULL;
             if (t & seen)
                 return fail(s, MS_EUNSUPPORTED,

@@ -329,6 +329,42 @@ static void schema_refuses_unsupported_keywords_by_name(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) refused(GRAMMAR_JSON_SCHEMA, cases[i].schema, cases[i].code, cases[i].word);
 }
 
+// Schemas that cost a compiler without bounds are refused: a oneOf whose
+// alternatives refer back to the root eight times over (8^depth visits to
+// learn its types, hours), and a property name of 200000 bytes beside
+// additionalProperties (a level of recursion a byte: the stack overflowed).
+static void schema_refuses_what_would_exhaust_the_compiler(void **state)
+{
+    (void)state;
+    refused(GRAMMAR_JSON_SCHEMA,
+            "{\"oneOf\":[{\"anyOf\":[{\"$ref\":\"#\"},{\"$ref\":\"#\"},{\"$ref\":\"#\"},{\"$ref\":\"#\"},"
+            "{\"$ref\":\"#\"},{\"$ref\":\"#\"},{\"$ref\":\"#\"},{\"$ref\":\"#\"}]},{\"type\":\"null\"}]}",
+            MS_EUNSUPPORTED, "oneOf");
+    const size_t lens[] = {GRAMMAR_MAX_KEY_BYTES + 1, 200000};
+    for (size_t i = 0; i < 2; i++) {
+        char *sch = malloc(lens[i] + 200);
+        assert_non_null(sch);
+        int n = sprintf(sch, "{\"type\":\"object\",\"properties\":{\"");
+        memset(sch + n, 'a', lens[i]);
+        sprintf(sch + n + lens[i], "\":{\"type\":\"string\"}},\"additionalProperties\":true}");
+        // The longer one meets the expression-node budget first (its key's
+        // literal): refused all the same, with that sentence.
+        refused(GRAMMAR_JSON_SCHEMA, sch, MS_ENOFIT, i == 0 ? "property name" : "");
+        free(sch);
+    }
+    // A name of 40 bytes compiles, and other keys are still taken. (Names
+    // of a few hundred bytes meet the automaton's budget; past the limit
+    // above they are refused before the trie's recursion starts.)
+    char *sch = malloc(300);
+    int n = sprintf(sch, "{\"type\":\"object\",\"properties\":{\"");
+    memset(sch + n, 'a', 40);
+    sprintf(sch + n + 40, "\":{\"type\":\"string\"}},\"additionalProperties\":true}");
+    struct grammar *g = must_compile(GRAMMAR_JSON_SCHEMA, sch);
+    ACCEPTS(g, "{\"b\":1}");
+    grammar_unref(g);
+    free(sch);
+}
+
 // ---- tokens ----
 
 // Every id's mask bit against allows(), which runs the id's bytes through
@@ -768,6 +804,7 @@ int main(void)
         cmocka_unit_test(gbnf_refuses_malformed_and_left_recursive_grammars),
         cmocka_unit_test(schema_accepts_valid_and_refuses_invalid_documents),
         cmocka_unit_test(schema_refuses_unsupported_keywords_by_name),
+        cmocka_unit_test(schema_refuses_what_would_exhaust_the_compiler),
         cmocka_unit_test(masks_agree_with_token_by_token_checks),
         cmocka_unit_test(a_token_not_allowed_is_refused_and_changes_nothing),
         cmocka_unit_test(compacting_the_frame_pool_changes_no_mask),
