@@ -389,6 +389,10 @@ static void seq_accept_token(struct engine *e, struct seq *s)
     int32_t stop_id;
     enum engine_finish fin = stop_check_token(&s->stop, id, n_out, s->q.n_tokens,
                                               e->max_model_len, &stop_id);
+    // A grammar that took EOS is complete: the answer ends there, also with
+    // ignore_eos, which would sample on into a mask of EOS alone and then
+    // abort on a token after the grammar's end.
+    if (fin == FINISH_NONE && s->gm && s->gm_active && grammar_matcher_is_terminated(s->gm)) fin = FINISH_STOP;
     ms_buf_reset(&e->text);
     const char *stop_str = NULL;
     int matched = -1;
