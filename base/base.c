@@ -2,11 +2,13 @@
 #include "base/base.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/utf8.h"
 
@@ -211,9 +213,16 @@ int ms_read_file(const char *path, size_t max_bytes, char **out, size_t *len,
 {
     *out = NULL;
     if (len) *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return ms_err(err, errlen, errno == ENOENT ? MS_ENOTFOUND : MS_EIO,
-                          "cannot open %s: %s", path, strerror(errno));
+    // Non-blocking: opening a FIFO (or a device) to read would wait for a
+    // writer forever, before the check below could refuse it. Reads of a
+    // regular file are the same either way.
+    const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) {
+        const int e = errno;
+        if (fd >= 0) close(fd);
+        return ms_err(err, errlen, e == ENOENT ? MS_ENOTFOUND : MS_EIO, "cannot open %s: %s", path, strerror(e));
+    }
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
         fclose(f);

@@ -187,7 +187,9 @@ static int load_file(struct safetensors *st, const char *path, const char *label
     if (!f->name) return ms_err(err, errlen, MS_ENOMEM, "out of memory");
     st->n_files++;
 
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    // Non-blocking: a FIFO would wait for a writer in open, before the
+    // regular-file check could refuse it.
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return ms_err(err, errlen, errno == ENOENT ? MS_ENOTFOUND : MS_EIO, "cannot open %s: %s",
                       path, strerror(errno));

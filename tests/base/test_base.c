@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <errno.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/arena.h"
@@ -172,6 +173,24 @@ static void huge_mappings_are_aligned_zeroed_and_shared(void **state)
     assert_int_equal(errno, ENOMEM);
 }
 
+// A FIFO where a file is expected (a config.json, say) is refused at once:
+// opening one to read would wait for a writer forever.
+static void reading_a_fifo_is_refused_not_waited_on(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/moeserve-fifo-XXXXXX", path[64], err[256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    char *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(ms_read_file(path, 1 << 20, &buf, &len, err, sizeof err), MS_EIO);
+    assert_non_null(strstr(err, "not a regular file"));
+    assert_null(buf);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -182,6 +201,7 @@ int main(void)
         cmocka_unit_test(huge_mappings_are_aligned_zeroed_and_shared),
         cmocka_unit_test(err_fills_buffer_and_returns_code),
         cmocka_unit_test(log_lines_cannot_be_forged),
+        cmocka_unit_test(reading_a_fifo_is_refused_not_waited_on),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -189,6 +190,16 @@ static void truncated_and_absurd_lengths_are_refused(void **state)
     path_in(path, sizeof path, "missing.safetensors", NULL);
     assert_int_equal(safetensors_open_file(path, &st, err, sizeof err), MS_ENOTFOUND);
     assert_null(st);
+
+    // A FIFO in a shard's place: refused at once (an open to read would
+    // wait for a writer forever).
+    path_in(path, sizeof path, "fifo.safetensors", NULL);
+    unlink(path);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    assert_int_equal(safetensors_open_file(path, &st, err, sizeof err), MS_EIO);
+    assert_non_null(strstr(err, "not a regular file"));
+    assert_null(st);
+    unlink(path);
 }
 
 static void malformed_headers_are_refused(void **state)
