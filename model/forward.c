@@ -47,6 +47,7 @@ struct rank {
 
     // Sizes the workspace was carved for.
     int max_tokens, max_seqs, max_pairs, max_recv, mlp_rows, mlp_width, max_bt;
+    int max_len;                         // positions a sequence may reach (rank_opts.max_seq_len)
     int all_tokens, all_pairs;  // rows and pairs a padded expert-parallel step routes: every rank's
     int route_rows;             // rows moe_route's index lists hold
     int bucket_cap;             // the largest decode bucket (0: decode steps are not padded)
@@ -312,14 +313,17 @@ int rank_create(const struct model *m, struct backend *b, struct kv_pool *kv,
     r->max_tokens = o->max_batch_tokens;
     r->max_seqs = o->max_batch_seqs;
     long long pairs = (long long)r->max_tokens * r->topk, recv = pairs * (r->comm ? r->R : 1);
-    // Every sequence of a step may hold a whole context's block table.
-    long long bt = (long long)r->max_seqs *
-                   ((cfg->max_position_embeddings + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+    // Every sequence of a step may hold a whole context's block table: the
+    // engine's max_model_len, not the model's max_position_embeddings (a
+    // config may claim a million positions that no request will reach).
+    r->max_len = o->max_seq_len > 0 && o->max_seq_len < cfg->max_position_embeddings ? o->max_seq_len
+                                                                                    : cfg->max_position_embeddings;
+    long long bt = (long long)r->max_seqs * ((r->max_len + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
     if (recv > INT32_MAX / 2 || bt > INT32_MAX / 2 ||
         (long long)r->max_tokens * r->R > INT32_MAX / 2) {
         ms_err(err, errlen, MS_ENOFIT, "max_batch_tokens %d x top-k %d x %d ranks (or %d sequences "
-               "of %d positions) is too large for one step", r->max_tokens, r->topk, r->R,
-               r->max_seqs, cfg->max_position_embeddings);
+               "of %d positions) is too large for one step: lower --max-num-batched-tokens, "
+               "--max-num-seqs or --max-model-len", r->max_tokens, r->topk, r->R, r->max_seqs, r->max_len);
         goto fail;
     }
     r->max_pairs = (int)pairs;
@@ -458,10 +462,10 @@ static int check_batch(const struct rank *r, const struct fwd_batch *b, const fl
         if (q->n_new < 1 || !q->tokens)
             return ms_err(err, errlen, MS_EINVAL, "sequence %d of the step has %d new tokens; each "
                           "needs at least one", s, q->n_new);
-        if (q->n_past < 0 || (long long)q->n_past + q->n_new > cfg->max_position_embeddings)
-            return ms_err(err, errlen, MS_ETOOLONG, "sequence %d reaches position %lld, beyond "
-                          "max_position_embeddings %d", s, (long long)q->n_past + q->n_new,
-                          cfg->max_position_embeddings);
+        if (q->n_past < 0 || (long long)q->n_past + q->n_new > r->max_len)
+            return ms_err(err, errlen, MS_ETOOLONG, "sequence %d reaches position %lld, beyond the "
+                          "%d positions this rank was sized for (max_model_len, at most the model's "
+                          "max_position_embeddings)", s, (long long)q->n_past + q->n_new, r->max_len);
         if (q->n_logits < 0 || q->n_logits > q->n_new)
             return ms_err(err, errlen, MS_EINVAL, "sequence %d asks logits for %d of its %d new "
                           "tokens", s, q->n_logits, q->n_new);

@@ -40,6 +40,8 @@ struct rank_opts {
     struct comm *comm;     // NULL when n_ranks == 1: every expert is local
     int max_batch_tokens;  // most new tokens in one step on this rank (sizes the workspace)
     int max_batch_seqs;    // most sequences in one step on this rank
+    int max_seq_len;       // longest sequence a step may reach (sizes the block tables; the
+                           // engine's max_model_len); 0 or above it: max_position_embeddings
     enum fwd_decode decode; // every rank of a group the same
     int max_logit_rows;    // rows every logits buffer handed to rank_forward holds: padded steps
                            // write a row per bucket row (0: decode steps are never padded)

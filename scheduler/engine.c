@@ -1018,6 +1018,7 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
             .comm = n_ranks > 1 ? e->comms[i] : NULL,
             .max_batch_tokens = o->max_num_batched_tokens,
             .max_batch_seqs = o->max_num_seqs,
+            .max_seq_len = max_len,
             .decode = graphs ? FWD_DECODE_GRAPHS : FWD_DECODE_EAGER,
             .max_logit_rows = max_rows,
         };

@@ -75,7 +75,7 @@ static void malformed_steps_are_refused_and_empty_steps_are_fine(void **state)
         {{.tokens = toks, .n_new = 0, .blocks = blocks}, 1, MS_EINVAL, "at least one"},
         {{.tokens = toks, .n_new = 1, .n_past = -1, .blocks = blocks}, 1, MS_ETOOLONG, "position"},
         {{.tokens = toks, .n_new = 1, .n_past = 4096, .blocks = blocks}, 1, MS_ETOOLONG,
-         "max_position_embeddings"},
+         "4096 positions"},
         {{.tokens = toks, .n_new = 2, .blocks = blocks, .n_logits = 3}, 1, MS_EINVAL, "logits for 3"},
         {{.tokens = toks, .n_new = 1, .blocks = bad_blocks}, 1, MS_EINVAL, "blocks 0..7"},
         {{.tokens = toks, .n_new = 17, .blocks = blocks}, 1, MS_EINVAL, "max_batch_tokens"},
@@ -97,6 +97,18 @@ static void malformed_steps_are_refused_and_empty_steps_are_fine(void **state)
     assert_int_equal(harness_forward(&h, &b, NULL, err, sizeof err), MS_EINVAL);
     struct fwd_batch empty = {.n_seqs = 0};
     assert_int_equal(harness_forward(&h, &empty, NULL, err, sizeof err), 0);
+    // A rank sized for 32 positions (the engine's max_model_len, below the
+    // model's 4096): its block tables hold 2 blocks a sequence, and a step
+    // past position 32 is refused, not written past them.
+    rank_destroy(h.r);
+    struct rank_opts o = {.rank = 0, .n_ranks = 1, .max_batch_tokens = 16, .max_batch_seqs = 2, .max_seq_len = 32};
+    assert_int_equal(rank_create(h.m, h.b, h.kv, &o, &h.r, err, sizeof err), 0);
+    toks[0] = 1;
+    s = (struct fwd_seq){.tokens = toks, .n_new = 1, .n_past = 31, .blocks = blocks, .n_logits = 1};
+    assert_int_equal(harness_forward(&h, &b, logits, err, sizeof err), 0);
+    s.n_past = 32;
+    assert_int_equal(harness_forward(&h, &b, logits, err, sizeof err), MS_ETOOLONG);
+    assert_non_null(strstr(err, "32 positions"));
     free(logits);
     harness_close(&h);
 }
