@@ -211,9 +211,12 @@ static int make_choices(struct app *a, struct job *j, const struct parsed *q, st
 // ---- agents: the grammar of a structured output or a forced tool call ----------
 
 // Local references of a tool's parameters, moved under the call schema's
-// root: "#/$defs/X" and "#/definitions/X" become "#/$defs/<prefix>X" and "#"
-// (the parameters themselves) "#/$defs/<prefix>", so that several tools'
-// definitions cannot collide. Rewrites v in place (a copy).
+// root: "#/$defs/X" and "#/definitions/X" become "#/$defs/<prefix>X", "#"
+// (the parameters themselves) "#/$defs/<prefix>", and any other "#/Y" (a
+// pointer into the parameters, such as "#/properties/name")
+// "#/$defs/<prefix>/Y", so that several tools' definitions cannot collide
+// and no pointer lands in the call's own wrapper. Rewrites v in place (a
+// copy).
 static void rewrite_refs(json_t *v, const char *prefix)
 {
     if (json_is_array(v)) {
@@ -227,13 +230,18 @@ static void rewrite_refs(json_t *v, const char *prefix)
     json_t *x;
     json_object_foreach(v, k, x) {
         if (!strcmp(k, "$ref") && json_is_string(x)) {
-            const char *r = json_string_value(x), *name = NULL;
-            if (!strncmp(r, "#/$defs/", 8)) name = r + 8;
-            else if (!strncmp(r, "#/definitions/", 14)) name = r + 14;
-            else if (strcmp(r, "#")) continue; // not local: the grammar engine says so
-            char buf[512];
-            snprintf(buf, sizeof buf, "#/$defs/%s%s", prefix, name ? name : "");
+            const char *r = json_string_value(x), *rest;
+            if (!strncmp(r, "#/$defs/", 8)) rest = r + 8;
+            else if (!strncmp(r, "#/definitions/", 14)) rest = r + 14;
+            else if (!strcmp(r, "#")) rest = "";
+            else if (!strncmp(r, "#/", 2)) rest = r + 1; // "/Y...": under the parameters' own entry
+            else continue; // not local: the grammar engine says so
+            const int n = snprintf(NULL, 0, "#/$defs/%s%s", prefix, rest);
+            char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+            if (!buf) continue; // left as it was: the grammar engine refuses what it cannot resolve
+            snprintf(buf, (size_t)n + 1, "#/$defs/%s%s", prefix, rest);
             json_object_set_new(v, "$ref", json_string(buf));
+            free(buf);
         } else {
             rewrite_refs(x, prefix);
         }

@@ -49,6 +49,13 @@ const schemas = {
     properties: { a: { $ref: '#/$defs/point' }, b: { $ref: '#/$defs/point' } },
     required: ['a', 'b'],
   },
+  // A pointer into the schema itself (not $defs): for a forced tool call it
+  // must keep pointing into the parameters, not the call's wrapper.
+  property_ref: {
+    type: 'object',
+    properties: { name: { enum: ['north', 'south'] }, alias: { $ref: '#/properties/name' } },
+    required: ['name', 'alias'],
+  },
   optional_const: {
     type: 'object',
     properties: { kind: { const: 'event' }, day: { type: 'string', format: 'date' },
