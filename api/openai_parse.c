@@ -38,6 +38,7 @@ enum seen {
     SEEN_PROMPT = 1 << 10,
     SEEN_MESSAGES = 1 << 11,
     SEEN_TOKENS = 1 << 12,
+    SEEN_N_PREDICT = 1 << 13,
 };
 
 struct parser {
@@ -49,7 +50,7 @@ struct parser {
     struct oa_gen_params *gen; // NULL for tokenize/detokenize
     unsigned seen;             // enum seen
     // Values seen in the pass, resolved against each other afterwards.
-    int max_tokens, max_completion_tokens;
+    int max_tokens, max_completion_tokens, n_predict;
     bool chat_logprobs;
     int top_logprobs;
     json_t *stream_options;
@@ -744,8 +745,8 @@ static int f_n_predict(struct parser *p, const char *k, json_t *v, void *dst)
     if (x == 0)
         return oa_errorf(p->e, MS_EINVAL, "invalid_value", k, "'n_predict' must be -1 or at least 1");
     if (x > 0) {
-        p->max_tokens = (int)x;
-        p->seen |= SEEN_MAX_TOKENS;
+        p->n_predict = (int)x;
+        p->seen |= SEEN_N_PREDICT;
     }
     return 0;
 }
@@ -1223,8 +1224,14 @@ static int gen_finish(struct parser *p)
         .repetition_penalty = p->seen & SEEN_REPETITION_PENALTY};
     sampling_params_merge_defaults(&g->sampling, &set, p->lim->gen);
     // max_completion_tokens is the newer name; when both come, it wins (as in vLLM).
+    // llama-server's n_predict beside either would be a guess at its order.
+    if ((p->seen & SEEN_N_PREDICT) && (p->seen & (SEEN_MAX_TOKENS | SEEN_MAX_COMPLETION_TOKENS)))
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", "n_predict",
+                         "'n_predict' and '%s' both set the output's length; give one of them",
+                         p->seen & SEEN_MAX_COMPLETION_TOKENS ? "max_completion_tokens" : "max_tokens");
     if (p->seen & SEEN_MAX_COMPLETION_TOKENS) g->max_tokens = p->max_completion_tokens;
     else if (p->seen & SEEN_MAX_TOKENS) g->max_tokens = p->max_tokens;
+    else if (p->seen & SEEN_N_PREDICT) g->max_tokens = p->n_predict;
 
     if (p->stream_options) {
         if (!g->stream)

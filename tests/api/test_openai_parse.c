@@ -634,6 +634,18 @@ static void cross_field_rules(void **state)
                       "stream_options.other");
     expect_chat_error("{" MSGS ", \"top_logprobs\": 3}", 400, "top_logprobs");
     expect_chat_error("{" MSGS ", \"logprobs\": false, \"top_logprobs\": 3}", 400, "top_logprobs");
+    // llama-server's n_predict beside max_tokens: which one wins would hang
+    // on the order of the keys, so neither does; alone it sets the length.
+    expect_chat_error("{" MSGS ", \"n_predict\": 5, \"max_tokens\": 7}", 400, "n_predict");
+    expect_chat_error("{" MSGS ", \"max_tokens\": 7, \"n_predict\": 5}", 400, "n_predict");
+    struct arena *a = arena_create(4096);
+    struct oa_chat_request r;
+    struct oa_error e;
+    const char *b = "{" MSGS ", \"n_predict\": 5}";
+    assert_int_equal(chat(b, &r, &e, a, NULL), 0);
+    assert_int_equal(r.gen.max_tokens, 5);
+    oa_chat_request_release(&r);
+    arena_destroy(a);
 }
 
 static void completion_prompts_in_every_shape(void **state)
