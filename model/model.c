@@ -120,6 +120,16 @@ static int bind_fp8(struct binder *b, struct tensor *out, const struct st_tensor
                       "implies [%lld, %lld]", base, got, (long long)rows, (long long)cols);
     }
     snprintf(why, sizeof why, "weight_block_size [%d, %d]", br, bc);
+    if (!s && !blocks) {
+        // Per-tensor scales: say which config key is missing when block
+        // scales are what the file holds.
+        if (find_part(b, base, "weight_scale_inv"))
+            return ms_err(err, errlen, MS_EFORMAT, "tensor %s.weight_scale_inv holds block scales, but "
+                          "config.json's quantization_config has no weight_block_size: add it (FP8 "
+                          "checkpoints such as Qwen's use [128, 128])", base);
+        return ms_err(err, errlen, MS_EFORMAT, "tensor %s.weight_scale is missing: an FP8 checkpoint "
+                      "without weight_block_size needs one scale per tensor", base);
+    }
     if (!s) return check_part(s, base, part, "F32", 2, (const int64_t[]){sr, sc}, why, err, errlen);
     const char *sd = s->dtype_str;
     if (strcmp(sd, "F32") && strcmp(sd, "BF16") && strcmp(sd, "F16"))
@@ -128,10 +138,14 @@ static int bind_fp8(struct binder *b, struct tensor *out, const struct st_tensor
     if (blocks) {
         if ((rc = check_part(s, base, part, sd, 2, (const int64_t[]){sr, sc}, why, err, errlen)))
             return rc;
-    } else if (!(s->ndim == 0 || (s->ndim == 1 && s->shape[0] == 1))) {
-        return ms_err(err, errlen, MS_EFORMAT, "tensor %s.%s holds %zu values; a checkpoint "
-                      "without weight_block_size has one scale per tensor", base, part,
-                      s->nbytes / (strcmp(sd, "F32") ? 2 : 4));
+    } else {
+        // One value in any shape: [], [1], [1, 1].
+        int64_t n = 1;
+        for (int i = 0; i < s->ndim; i++) n = s->shape[i] == 1 ? n : s->shape[i] == 0 ? 0 : 2;
+        if (n != 1)
+            return ms_err(err, errlen, MS_EFORMAT, "tensor %s.%s holds %zu values; a checkpoint "
+                          "without weight_block_size has one scale per tensor", base, part,
+                          s->nbytes / (strcmp(sd, "F32") ? 2 : 4));
     }
     out->data = t->data;
     out->quant = (struct tensor_quant){.format = QUANT_FP8, .source = QUANT_SRC_FP8, .group = bc,

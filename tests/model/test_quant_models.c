@@ -512,6 +512,10 @@ static void inconsistent_checkpoints_are_refused_with_expected_and_actual(void *
          QUANT_NONE, {"F8_E4M3", "quantization_config", NULL}},
         {C_FP8, {"none", NULL, NULL, 0, {0}, false}, NULL, NULL, QUANT_INT4,
          {"FP8", "--quantization int4", NULL}},
+        // Block scales in the file, no weight_block_size in the config: the
+        // missing key is named (not a [1, 1] shape for a size never given).
+        {C_FP8, {"none", NULL, NULL, 0, {0}, false}, "\"weight_block_size\"", "\"x_weight_block_size\"",
+         QUANT_NONE, {"weight_scale_inv holds block scales", "no weight_block_size", NULL}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char sub[32], what[64];
