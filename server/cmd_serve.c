@@ -17,6 +17,7 @@
 #include "server/commands.h"
 #include "server/engine_flags.h"
 #include "server/http.h"
+#include "server/notify.h"
 #include "server/vllm_flags.h"
 
 #define MAX_SERVED 16
@@ -412,6 +413,11 @@ int cmd_serve(int argc, char **argv)
     char hostbuf[300];
     snprintf(hostbuf, sizeof hostbuf, shown, o.host);
     ms_log(MS_LOG_INFO, "listening on http://%s:%d (loading %s)", hostbuf, http_port(srv), o.model_dir);
+    // Under systemd (Type=notify): the state as it goes; READY=1 only once
+    // requests can be served, which is what ends `systemctl start`'s wait.
+    char status[600];
+    snprintf(status, sizeof status, "loading %s", o.model_dir);
+    notify_status(status);
 
     struct app_opts ao = {
         .model_dir = o.model_dir,
@@ -444,11 +450,14 @@ int cmd_serve(int argc, char **argv)
            o.api_key ? ", API key required" : "");
 
     atomic_store(&sc.loaded, true);
+    snprintf(status, sizeof status, "serving %s on port %d", o.n_served ? o.served[0] : o.model_dir, http_port(srv));
+    notify_ready(status);
     char b;
     while (read(sp[0], &b, 1) != 1) {
     }
     ms_log(MS_LOG_INFO, "%s: draining (running requests get %.0fs; a second signal quits at once)",
            atomic_load(&sc.which) == SIGINT ? "SIGINT" : "SIGTERM", o.shutdown_timeout);
+    notify_stopping("draining");
     app_drain(app, o.shutdown_timeout);
     // The engine is done; let the last chunks and bodies reach their clients.
     double end = ms_now() + 10;

@@ -1,7 +1,8 @@
 // Pins the server's life cycle: the API key (flag and environment) guards
 // everything but /health; SIGTERM/SIGINT turn /health and new requests to
 // 503, let running requests finish within --shutdown-timeout, abort the rest
-// with finish_reason abort, and exit 0.
+// with finish_reason abort, and exit 0; under systemd it says READY=1 once
+// serving and STOPPING=1 when draining.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,13 +10,17 @@
 #include <cmocka.h>
 
 #include <curl/curl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include "moeserve_build.h"
 #include "tests/server/harness.h"
 
 static void api_key_guards_everything_but_health(void **state)
@@ -157,6 +162,61 @@ static void sigint_lets_running_requests_finish(void **state)
     assert_int_equal(srv_stop(&s, 0, 60), 0);
 }
 
+// One datagram from the notify socket within timeout_s, into buf; false if none.
+static bool notify_recv(int fd, char *buf, size_t cap, double timeout_s)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, (int)(timeout_s * 1000)) != 1) return false;
+    ssize_t n = recv(fd, buf, cap - 1, 0);
+    if (n < 0) return false;
+    buf[n] = 0;
+    return true;
+}
+
+// Under systemd (Type=notify, $NOTIFY_SOCKET): STATUS while loading, READY=1
+// once requests are served (and not before: /health says 200 by then), and
+// STOPPING=1 when a signal starts the drain. Without READY=1 systemd kills
+// the unit after TimeoutStartSec and starts it again, forever.
+static void systemd_is_told_ready_then_stopping(void **state)
+{
+    (void)state;
+#if MOESERVE_HAVE_SYSTEMD
+    char path[108];
+    snprintf(path, sizeof path, "/tmp/moeserve-notify-%d", (int)getpid());
+    unlink(path);
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    setenv("NOTIFY_SOCKET", path, 1);
+    struct srv s;
+    const int started = srv_start(&s, NULL);
+    unsetenv("NOTIFY_SOCKET");
+    assert_int_equal(started, 0);
+    char msg[1024];
+    bool ready = false, loading = false;
+    while (!ready && notify_recv(fd, msg, sizeof msg, 30)) {
+        loading |= strstr(msg, "STATUS=loading") != NULL;
+        ready = strstr(msg, "READY=1") != NULL;
+    }
+    assert_true(loading);
+    assert_true(ready);
+    struct resp r = srv_request(&s, "GET", "/health", NULL, 0, NULL);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    kill(s.pid, SIGTERM);
+    bool stopping = false;
+    while (!stopping && notify_recv(fd, msg, sizeof msg, 30)) stopping = strstr(msg, "STOPPING=1") != NULL;
+    assert_true(stopping);
+    assert_int_equal(srv_stop(&s, 0, 30), 0);
+    close(fd);
+    unlink(path);
+#else
+    skip();
+#endif
+}
+
 static void a_full_waiting_queue_gets_503_with_retry_after(void **state)
 {
     (void)state;
@@ -212,6 +272,7 @@ int main(void)
         cmocka_unit_test(sigterm_aborts_what_outlives_the_timeout_and_exits_zero),
         cmocka_unit_test(sigint_lets_running_requests_finish),
         cmocka_unit_test(a_full_waiting_queue_gets_503_with_retry_after),
+        cmocka_unit_test(systemd_is_told_ready_then_stopping),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
