@@ -169,27 +169,88 @@ static bool nfc_unchanged(const uint8_t *s, size_t n)
     return true;
 }
 
+static uint8_t ccc(utf8proc_int32_t cp) { return (uint8_t)utf8proc_get_property(cp)->combining_class; }
+
+// The canonical ordering of a run of combining marks (class > 0), stable:
+// by counting over the 255 classes, linear in the run. (utf8proc_map orders
+// them with adjacent swaps, quadratic in a run of marks of mixed classes: a
+// 160 KB prompt of alternating U+0316 U+0301 took 10 s to tokenize.)
+static void order_marks(utf8proc_int32_t *run, size_t n, utf8proc_int32_t *tmp)
+{
+    if (n < 2) return;
+    size_t at[257] = {0};
+    for (size_t i = 0; i < n; i++) at[ccc(run[i]) + 1]++;
+    for (int c = 1; c <= 256; c++) at[c] += at[c - 1];
+    for (size_t i = 0; i < n; i++) tmp[at[ccc(run[i])]++] = run[i];
+    memcpy(run, tmp, n * sizeof *run);
+}
+
+// s (valid UTF-8 or MS_EFORMAT) in normalization form kind: each code point
+// decomposed, the marks canonically ordered (order_marks), then composed
+// (NFC, NFKC) and encoded by utf8proc: what utf8proc_map gives, in linear
+// time.
 static int normalize_step(enum tok_norm kind, const uint8_t *s, size_t n, struct tok_buf *out)
 {
     out->len = 0;
     bool same = all_ascii(s, n) || (kind == TOK_NORM_NFC && nfc_unchanged(s, n));
     if (same) return tok_buf_push(out, s, n);
-    if (n > (size_t)PTRDIFF_MAX / 8) return MS_ENOMEM;
-    int opt = UTF8PROC_STABLE;
-    switch (kind) {
-    case TOK_NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
-    case TOK_NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
-    case TOK_NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-    case TOK_NORM_NFKD: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+    // Code points out: at most 18 a code point in (utf8proc's longest
+    // decomposition), as 4-byte words, twice (the sort's scratch).
+    if (n > (size_t)PTRDIFF_MAX / 256) return MS_ENOMEM;
+    const bool compose = kind == TOK_NORM_NFC || kind == TOK_NORM_NFKC;
+    const bool compat = kind == TOK_NORM_NFKC || kind == TOK_NORM_NFKD;
+    const utf8proc_option_t dopt = (utf8proc_option_t)(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | (compat ? UTF8PROC_COMPAT : 0));
+    size_t cap = 4 * n + 32, len = 0;
+    utf8proc_int32_t *cps = malloc(cap * sizeof *cps);
+    if (!cps) return MS_ENOMEM;
+    for (size_t i = 0; i < n;) {
+        utf8proc_int32_t cp;
+        const utf8proc_ssize_t k = utf8proc_iterate(s + i, (utf8proc_ssize_t)(n - i), &cp);
+        if (k <= 0) {
+            free(cps);
+            return MS_EFORMAT;
+        }
+        i += (size_t)k;
+        for (;;) {
+            const utf8proc_ssize_t w = utf8proc_decompose_char(cp, cps + len, (utf8proc_ssize_t)(cap - len), dopt, NULL);
+            if (w < 0) {
+                free(cps);
+                return w == UTF8PROC_ERROR_NOMEM ? MS_ENOMEM : MS_EFORMAT;
+            }
+            if ((size_t)w <= cap - len) {
+                len += (size_t)w;
+                break;
+            }
+            utf8proc_int32_t *g = realloc(cps, 2 * cap * sizeof *cps);
+            if (!g) {
+                free(cps);
+                return MS_ENOMEM;
+            }
+            cps = g;
+            cap *= 2;
+        }
     }
-    utf8proc_uint8_t *dst = NULL;
-    utf8proc_ssize_t r = utf8proc_map(s, (utf8proc_ssize_t)n, &dst, (utf8proc_option_t)opt);
-    if (r < 0) {
-        free(dst);
-        return r == UTF8PROC_ERROR_NOMEM ? MS_ENOMEM : MS_EFORMAT;
+    utf8proc_int32_t *tmp = malloc((len ? len : 1) * sizeof *tmp);
+    // utf8proc_reencode writes the UTF-8 over the words: up to 4 bytes each.
+    if (!tmp) {
+        free(cps);
+        return MS_ENOMEM;
     }
-    int rc = tok_buf_push(out, dst, (size_t)r);
-    free(dst);
+    for (size_t i = 0; i < len;) {
+        if (ccc(cps[i]) == 0) {
+            i++;
+            continue;
+        }
+        size_t j = i;
+        while (j < len && ccc(cps[j]) != 0) j++;
+        order_marks(cps + i, j - i, tmp);
+        i = j;
+    }
+    free(tmp);
+    const utf8proc_ssize_t r = utf8proc_reencode(cps, (utf8proc_ssize_t)len,
+                                                 (utf8proc_option_t)(UTF8PROC_STABLE | (compose ? UTF8PROC_COMPOSE : 0)));
+    int rc = r < 0 ? (r == UTF8PROC_ERROR_NOMEM ? MS_ENOMEM : MS_EFORMAT) : tok_buf_push(out, cps, (size_t)r);
+    free(cps);
     return rc;
 }
 

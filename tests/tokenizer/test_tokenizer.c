@@ -399,6 +399,72 @@ static void nfc_fast_path_skips_only_characters_nfc_never_touches(void **state)
     assert_true(inert > 40000);
 }
 
+// utf8proc_map's normalization of s by kind, the reference (quadratic on
+// long runs of marks of mixed classes; fine at these sizes).
+static void utf8proc_reference(enum tok_norm kind, const uint8_t *s, size_t n, utf8proc_uint8_t **out, size_t *len)
+{
+    const int opt = UTF8PROC_STABLE | (kind == TOK_NORM_NFC || kind == TOK_NORM_NFKC ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE) |
+                    (kind == TOK_NORM_NFKC || kind == TOK_NORM_NFKD ? UTF8PROC_COMPAT : 0);
+    utf8proc_ssize_t r = utf8proc_map(s, (utf8proc_ssize_t)n, out, (utf8proc_option_t)opt);
+    assert_true(r >= 0);
+    *len = (size_t)r;
+}
+
+// The normalizers give utf8proc_map's bytes (its canonical ordering done in
+// linear time instead): random strings of letters, precomposed and
+// compatibility characters, Hangul, and combining marks of mixed classes,
+// in all four forms; then one long run of alternating marks (classes 220
+// and 230), the input that took utf8proc_map quadratic time.
+static void normalization_matches_utf8proc_in_every_form(void **state)
+{
+    (void)state;
+    const uint32_t alpha[] = {'a', 'e', 'A', ' ', 0xe9, 0xc5, 0x212b, 0x1e0b, 0x0323, 0x0307, 0x0301, 0x0316,
+                              0x0300, 0x0327, 0x0345, 0x05b0, 0x0e38, 0x302a, 0xac00, 0xd4db, 0x1100, 0x1161,
+                              0x11a8, 0xfb01, 0x2460, 0xff76, 0x3099, 0x304b, 0x00bd, 0x4e2d, 0x1f600, 0x0344};
+    const enum tok_norm kinds[] = {TOK_NORM_NFC, TOK_NORM_NFD, TOK_NORM_NFKC, TOK_NORM_NFKD};
+    uint64_t x = 12345;
+    uint8_t buf[4 * 64];
+    for (int it = 0; it < 3000; it++) {
+        size_t n = 0;
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        const int len = 1 + (int)(x >> 58);
+        for (int i = 0; i < len; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            n += utf8_encode(alpha[(x >> 33) % (sizeof alpha / sizeof alpha[0])], buf + n);
+        }
+        for (int k = 0; k < 4; k++) {
+            struct tok_buf got = {0};
+            assert_int_equal(tok_normalize(&kinds[k], 1, buf, n, &got), 0);
+            utf8proc_uint8_t *want;
+            size_t wl;
+            utf8proc_reference(kinds[k], buf, n, &want, &wl);
+            if (got.len != wl || memcmp(got.p, want, wl)) fail_msg("form %d differs from utf8proc on string %d", k, it);
+            free(want);
+            free(got.p);
+        }
+    }
+    enum { PAIRS = 3000 };
+    uint8_t *big = malloc(1 + 4 * PAIRS);
+    size_t n = 0;
+    big[n++] = 'a';
+    for (int i = 0; i < PAIRS; i++) {
+        n += utf8_encode(0x0316, big + n);
+        n += utf8_encode(0x0301, big + n);
+    }
+    for (int k = 0; k < 4; k++) {
+        struct tok_buf got = {0};
+        assert_int_equal(tok_normalize(&kinds[k], 1, big, n, &got), 0);
+        utf8proc_uint8_t *want;
+        size_t wl;
+        utf8proc_reference(kinds[k], big, n, &want, &wl);
+        assert_int_equal(got.len, wl);
+        assert_memory_equal(got.p, want, wl);
+        free(want);
+        free(got.p);
+    }
+    free(big);
+}
+
 static void regexes_read_backslash_s_as_oniguruma_does(void **state)
 {
     (void)state;
@@ -852,6 +918,7 @@ int main(void)
         cmocka_unit_test(threads_sharing_one_tokenizer_get_the_same_ids),
         cmocka_unit_test(long_runs_encode_and_round_trip),
         cmocka_unit_test(nfc_fast_path_skips_only_characters_nfc_never_touches),
+        cmocka_unit_test(normalization_matches_utf8proc_in_every_form),
         cmocka_unit_test(regexes_read_backslash_s_as_oniguruma_does),
         cmocka_unit_test(split_behaviours_follow_the_hugging_face_examples),
         cmocka_unit_test(tiny_tokenizer_loads_and_encodes),
