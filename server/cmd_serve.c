@@ -217,6 +217,10 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
         } else if (!rc && (v = flag_value("--health-timeout", argc, argv, &i, &rc, err, errlen))) {
             rc = cli_parse_double("--health-timeout", v, 0, MAX_SECONDS, &o->health_timeout, err,
                                   errlen);
+            // 0 would read as "the default" further on (app_load takes
+            // values above 0), not as "never": refused rather than ignored.
+            if (!rc && o->health_timeout <= 0)
+                rc = ms_err(err, errlen, MS_EINVAL, "--health-timeout must be above 0 seconds (got %s)", v);
         } else if (!rc && (v = flag_value("--reasoning-parser", argc, argv, &i, &rc, err, errlen))) {
             if (strcmp(v, "auto") && strcmp(v, "qwen3") && strcmp(v, "none") && strcmp(v, "deepseek_r1"))
                 rc = ms_err(err, errlen, MS_EINVAL,
@@ -438,12 +442,19 @@ int cmd_serve(int argc, char **argv)
         .default_chat_template_kwargs = o.default_kwargs,
     };
     double t0 = ms_now();
-    if (app_load(app, &ao, err, sizeof err)) {
+    const int lrc = app_load(app, &ao, err, sizeof err);
+    if (lrc) {
         fprintf(stderr, "moeserve serve: %s\n", err);
         http_stop(srv, 1);
         app_destroy(app);
         cors_destroy(cors);
-        return 1;
+        // 2, as for a bad flag, where starting again cannot help (a model
+        // that is not there, malformed or does not fit, a setting refused):
+        // the unit's RestartPreventExitStatus=2 stops there. 1 for the rest
+        // (out of memory, a failing disk), which a restart may get past.
+        const bool lasting = lrc == MS_EINVAL || lrc == MS_ENOTFOUND || lrc == MS_EFORMAT ||
+                             lrc == MS_ENOFIT || lrc == MS_EUNSUPPORTED || lrc == MS_ETOOLONG;
+        return lasting ? 2 : 1;
     }
     ms_log(MS_LOG_INFO, "ready: serving %s as \"%s\" on http://%s:%d (loaded in %.1fs)%s", o.model_dir,
            o.n_served ? o.served[0] : o.model_dir, hostbuf, http_port(srv), ms_now() - t0,

@@ -18,7 +18,8 @@ if grep -q "moeserve.service" <<<"$out"; then echo "$out" >&2; exit 1; fi
 
 for want in Type=notify DynamicUser=yes NoNewPrivileges=yes ProtectSystem=strict ProtectHome=yes \
             PrivateTmp=yes ReadOnlyPaths= Restart=on-failure TimeoutStopSec= LimitNOFILE= \
-            EnvironmentFile=/etc/moeserve/moeserve.env; do
+            EnvironmentFile=/etc/moeserve/moeserve.env CacheDirectory=moeserve \
+            Environment=XDG_CACHE_HOME=/var/cache RestartPreventExitStatus=2; do
   grep -q "^$want" "$unit" || { echo "moeserve.service lacks $want" >&2; exit 1; }
 done
 stop="$(sed -n 's/^TimeoutStopSec=\([0-9]*\)s\{0,1\}$/\1/p' "$unit")"

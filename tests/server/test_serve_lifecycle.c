@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include <curl/curl.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -18,6 +19,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "moeserve_build.h"
@@ -217,6 +219,41 @@ static void systemd_is_told_ready_then_stopping(void **state)
 #endif
 }
 
+// `moeserve serve ARGS...` run to its exit: the status (128 + signal if killed).
+static int serve_exit_status(const char *const *args)
+{
+    const char *argv[16] = {getenv("MOESERVE_BIN"), "serve"};
+    int n = 2;
+    for (int i = 0; args[i] && n < 15; i++) argv[n++] = args[i];
+    argv[n] = NULL;
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        const int null = open("/dev/null", O_WRONLY);
+        if (null >= 0) dup2(null, 2);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+// A start that cannot succeed however often it is tried (no such model, a
+// KV cache too small for one sequence, a bad flag) exits 2, which the
+// systemd unit's RestartPreventExitStatus=2 does not restart.
+static void a_start_that_cannot_succeed_exits_2(void **state)
+{
+    (void)state;
+    const char *model = getenv("MOESERVE_TINY_MODEL");
+    const char *missing[] = {"/nonexistent/model", "--port", "0", NULL};
+    assert_int_equal(serve_exit_status(missing), 2);
+    const char *no_fit[] = {model, "--port", "0", "--kv-cache-memory", "1", NULL};
+    assert_int_equal(serve_exit_status(no_fit), 2);
+    const char *bad_flag[] = {model, "--port", "0", "--health-timeout", "0", NULL};
+    assert_int_equal(serve_exit_status(bad_flag), 2);
+}
+
 static void a_full_waiting_queue_gets_503_with_retry_after(void **state)
 {
     (void)state;
@@ -273,6 +310,7 @@ int main(void)
         cmocka_unit_test(sigint_lets_running_requests_finish),
         cmocka_unit_test(a_full_waiting_queue_gets_503_with_retry_after),
         cmocka_unit_test(systemd_is_told_ready_then_stopping),
+        cmocka_unit_test(a_start_that_cannot_succeed_exits_2),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
