@@ -193,13 +193,15 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
         } else if (!rc && (v = flag_value("--port", argc, argv, &i, &rc, err, errlen))) {
             rc = cli_parse_int("--port", v, 0, 65535, &o->port, err, errlen);
         } else if (!rc && (v = flag_value("--served-model-name", argc, argv, &i, &rc, err, errlen))) {
-            // vLLM takes several names after one flag.
+            // vLLM takes several names after one flag: the words after it
+            // are names once the model is known (MODEL_DIR or --model
+            // before it), else the first is the MODEL_DIR.
             for (;;) {
                 if (o->n_served == MAX_SERVED)
                     return ms_err(err, errlen, MS_EINVAL, "at most %d served model names", MAX_SERVED);
                 if (!v[0]) return ms_err(err, errlen, MS_EINVAL, "--served-model-name must not be empty");
                 o->served[o->n_served++] = v;
-                if (i + 1 < argc && argv[i + 1][0] != '-' && o->model_dir) v = argv[++i];
+                if (i + 1 < argc && argv[i + 1][0] != '-' && (o->model_dir || o->vf.model)) v = argv[++i];
                 else break;
             }
         } else if (!rc && (v = flag_value("--api-key", argc, argv, &i, &rc, err, errlen))) {

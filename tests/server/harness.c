@@ -71,7 +71,9 @@ int srv_start(struct srv *s, const char *const *extra)
     int n = 0;
     argv[n++] = bin;
     argv[n++] = "serve";
-    argv[n++] = model;
+    bool by_flag = false; // extra names the model with --model: no MODEL_DIR then
+    for (int i = 0; extra && extra[i]; i++) by_flag |= !strcmp(extra[i], "--model");
+    if (!by_flag) argv[n++] = model;
     const char *defaults[] = {"--port", "0", "--kv-cache-memory", "64MiB", "--max-model-len", "2048",
                               "--threads", "1", "--http-threads", "2", NULL};
     for (int i = 0; defaults[i]; i++) argv[n++] = defaults[i];

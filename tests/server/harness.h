@@ -19,7 +19,8 @@ struct srv {
 
 // Starts the server on the tiny model (MOESERVE_TINY_MODEL) with small test
 // defaults (--port 0, a small KV cache, --max-model-len 2048, one thread)
-// plus extra (NULL-terminated). Waits for its "ready" line. 0 or -1.
+// plus extra (NULL-terminated; an extra "--model DIR" replaces the
+// MODEL_DIR). Waits for its "ready" line. 0 or -1.
 int srv_start(struct srv *s, const char *const *extra);
 // Sends sig, waits up to timeout_s for the exit; returns the exit status,
 // 128+signal when killed by one, or -1 when it did not exit (then SIGKILLed).

@@ -735,8 +735,10 @@ static int setup(void **state)
 {
     (void)state;
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    const char *extra[] = {"--served-model-name", "tiny", "tiny-alias", "--max-request-body", "1MiB",
-                           NULL};
+    // The model by vLLM's --model, then two names after one flag (the
+    // second was once read as a second model).
+    const char *extra[] = {"--model", getenv("MOESERVE_TINY_MODEL"), "--served-model-name", "tiny", "tiny-alias",
+                           "--max-request-body", "1MiB", NULL};
     return srv_start(&S, extra);
 }
 
