@@ -341,6 +341,7 @@ int cmd_bench_offline(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    engine_flags_end(&fl);
     if (n_conc == 0) conc[n_conc++] = n_prompts;
     struct model *m;
     const struct model_load_opts lo = engine_flags_load_opts(&fl);

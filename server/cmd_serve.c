@@ -281,6 +281,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
         }
         if (rc) return rc;
     }
+    engine_flags_end(&o->ef);
     if (o->vf.model && o->model_dir && strcmp(o->vf.model, o->model_dir))
         return ms_err(err, errlen, MS_EINVAL, "two models: MODEL_DIR \"%s\" and --model \"%s\"",
                       o->model_dir, o->vf.model);

@@ -15,6 +15,13 @@ void engine_flags_init(struct engine_flags *f)
     f->kv_dtype_auto = true;
 }
 
+void engine_flags_end(struct engine_flags *f)
+{
+    if (!f->kv_per_rank) return;
+    const size_t ranks = f->opts.data_parallel_size > 0 ? (size_t)f->opts.data_parallel_size : 1;
+    f->opts.kv_cache_bytes = f->kv_per_rank > SIZE_MAX / ranks ? SIZE_MAX : f->kv_per_rank * ranks;
+}
+
 void engine_flags_finish(struct engine_flags *f, const struct model_config *cfg)
 {
     if (f->kv_dtype_auto) f->opts.kv_dtype = cfg->torch_dtype == DTYPE_F32 ? DTYPE_F32 : DTYPE_BF16;
@@ -46,6 +53,7 @@ void engine_flags_usage(FILE *out)
         "  --threads T                   compute threads in all, split between ranks (all cores)\n"
         "  --kv-cache-memory SIZE        KV cache in all, split between ranks: bytes, 4GiB, 4G,\n"
         "                                512MiB, 4GB, 4g (default: a quarter of free RAM, at most 4 GiB)\n"
+        "  --kv-cache-memory-bytes SIZE  KV cache per rank (vLLM's, per GPU): SIZE x the ranks in all\n"
         "  --gpu-memory-utilization F    the share of each GPU's memory to use, in (0, 1]; the KV\n"
         "                                cache gets what weights and workspace leave (0.9)\n"
         "  --kv-cache-dtype D            auto (the checkpoint's), bfloat16, float16 or float32 (auto)\n"
@@ -176,11 +184,17 @@ int engine_flags_parse_one(struct engine_flags *f, int argc, char **argv, int *i
         if ((rc = int_value("--threads", val, 1, 4096, &o->n_threads, err, errlen))) return rc;
         DONE();
     }
-    if (MATCH("--kv-cache-memory", true) || MATCH("--kv-cache-memory-bytes", true)) {
+    if (MATCH("--kv-cache-memory", true)) {
         if (rc < 0) return rc;
         size_t b;
         if ((rc = cli_parse_bytes("--kv-cache-memory", val, 1, &b, err, errlen))) return rc;
         o->kv_cache_bytes = b;
+        f->kv_per_rank = 0; // the later one counts
+        DONE();
+    }
+    if (MATCH("--kv-cache-memory-bytes", true)) {
+        if (rc < 0) return rc;
+        if ((rc = cli_parse_bytes("--kv-cache-memory-bytes", val, 1, &f->kv_per_rank, err, errlen))) return rc;
         DONE();
     }
     if (MATCH("--gpu-memory-utilization", true)) {

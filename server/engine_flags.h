@@ -18,6 +18,7 @@ struct engine_flags {
     enum load_format load_format; // --load-format auto | dummy
     enum quant_format quantization; // --quantization fp8 | int8 | int4 (QUANT_NONE: as stored)
     const char *cache_dir;        // --cache-dir DIR | none (NULL: the default); points into argv
+    size_t kv_per_rank;           // --kv-cache-memory-bytes (vLLM's, per GPU): resolved by engine_flags_end
 };
 
 // The model load the flags ask for (--load-format, --quantization, --cache-dir).
@@ -31,6 +32,11 @@ void engine_flags_init(struct engine_flags *f);
 // with a sentence naming the flag, the value and what is accepted.
 int engine_flags_parse_one(struct engine_flags *f, int argc, char **argv, int *i, char *err,
                            size_t errlen);
+
+// After the last flag: what depends on several of them. vLLM's
+// --kv-cache-memory-bytes is per GPU, so per rank here: the engine's total
+// (--kv-cache-memory) is it times --data-parallel-size.
+void engine_flags_end(struct engine_flags *f);
 
 // Resolves what depends on the model: `auto` KV dtype becomes float32 for a
 // float32 checkpoint and bfloat16 otherwise.

@@ -66,6 +66,31 @@ static void every_engine_flag_is_parsed(void **state)
     assert_int_equal(f.opts.kv_dtype, DTYPE_F32);
 }
 
+// vLLM's --kv-cache-memory-bytes is per GPU: per rank here, so the total
+// is it times the ranks, whichever flag comes first; --kv-cache-memory (the
+// total) given later wins, and the other way round.
+static void kv_cache_memory_bytes_is_per_rank(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    struct engine_flags f;
+    engine_flags_init(&f);
+    char *a[] = {"--kv-cache-memory-bytes", "1GiB", "--data-parallel-size", "4"};
+    assert_int_equal(parse_all(&f, 4, a, err, sizeof err), 0);
+    engine_flags_end(&f);
+    assert_true(f.opts.kv_cache_bytes == 4ull << 30);
+    engine_flags_init(&f);
+    char *b[] = {"-dp", "2", "--kv-cache-memory-bytes=3G", "--kv-cache-memory", "1G"};
+    assert_int_equal(parse_all(&f, 5, b, err, sizeof err), 0);
+    engine_flags_end(&f);
+    assert_true(f.opts.kv_cache_bytes == 1ull << 30);
+    engine_flags_init(&f);
+    char *c[] = {"--kv-cache-memory", "1G", "--kv-cache-memory-bytes", "2G"};
+    assert_int_equal(parse_all(&f, 4, c, err, sizeof err), 0);
+    engine_flags_end(&f);
+    assert_true(f.opts.kv_cache_bytes == 2ull << 30);
+}
+
 static void other_arguments_are_left_alone(void **state)
 {
     (void)state;
@@ -119,6 +144,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_engine_flag_is_parsed),
+        cmocka_unit_test(kv_cache_memory_bytes_is_per_rank),
         cmocka_unit_test(other_arguments_are_left_alone),
         cmocka_unit_test(malformed_values_are_refused),
     };
