@@ -472,6 +472,27 @@ static void api_key_is_required_except_on_public_routes(void **state)
     free(r.body);
 }
 
+// Sends head, then the whole body at once (as SDKs do, no waiting for a
+// 100 Continue), then reads the answer up to its JSON's end into buf.
+// Returns the bytes of the body the connection would not take (0: all sent).
+static size_t send_whole_then_read(const char *head, const char *body, size_t n, char *buf, size_t cap)
+{
+    int fd = connect_raw();
+    send_all(fd, head);
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    size_t left = n;
+    for (const char *p = body; left;) {
+        ssize_t w = send(fd, p, left, MSG_NOSIGNAL);
+        if (w <= 0) break;
+        p += w;
+        left -= (size_t)w;
+    }
+    client_read_until(fd, buf, cap, "}}");
+    close(fd);
+    return left;
+}
+
 static void bodies_arrive_whole_and_oversized_ones_get_413(void **state)
 {
     (void)state;
@@ -499,25 +520,12 @@ static void bodies_arrive_whole_and_oversized_ones_get_413(void **state)
     static char over[600000];
     memset(over, 'z', sizeof over);
     for (int k = 0; k < 10; k++) {
-        int fd = connect_raw();
-        char head[256];
+        char head[256], buf[4096];
         snprintf(head, sizeof head,
                  "POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
                  "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
                  sizeof over);
-        send_all(fd, head);
-        struct timeval tv = {.tv_sec = 5};
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        size_t left = sizeof over;
-        for (const char *p = over; left;) {
-            ssize_t w = send(fd, p, left, MSG_NOSIGNAL);
-            if (w <= 0) break;
-            p += w;
-            left -= (size_t)w;
-        }
-        char buf[4096];
-        client_read_until(fd, buf, sizeof buf, "}}");
-        close(fd);
+        const size_t left = send_whole_then_read(head, over, sizeof over, buf, sizeof buf);
         if (left) fail_msg("try %d: the connection was cut with %zu bytes of the body unsent", k, left);
         if (!strstr(buf, " 413 ") || !strstr(buf, "600000 bytes"))
             fail_msg("try %d: wanted the 413 in the error envelope, got: %.300s", k, buf);
@@ -563,23 +571,10 @@ static void head_refusals_of_a_post_come_after_its_body(void **state)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int k = 0; k < 3; k++) {
-            int fd = connect_raw();
-            char head[512];
+            char head[512], buf[4096];
             snprintf(head, sizeof head, "%s\r\nHost: x\r\n%sContent-Type: %s\r\nContent-Length: %zu\r\n\r\n",
                      cases[i].line, cases[i].auth, cases[i].type, sizeof body);
-            send_all(fd, head);
-            struct timeval tv = {.tv_sec = 5};
-            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-            size_t left = sizeof body;
-            for (const char *p = body; left;) {
-                ssize_t w = send(fd, p, left, MSG_NOSIGNAL);
-                if (w <= 0) break;
-                p += w;
-                left -= (size_t)w;
-            }
-            char buf[4096];
-            client_read_until(fd, buf, sizeof buf, "}}");
-            close(fd);
+            const size_t left = send_whole_then_read(head, body, sizeof body, buf, sizeof buf);
             if (left) fail_msg("%s (%s): cut with %zu bytes of the body unsent", cases[i].line, cases[i].want, left);
             if (!strstr(buf, cases[i].want) || !strstr(buf, "\"error\""))
                 fail_msg("%s: wanted%sin the error envelope, got: %.300s", cases[i].line, cases[i].want, buf);
