@@ -452,11 +452,11 @@ int cmd_serve(int argc, char **argv)
         app_destroy(app);
         cors_destroy(cors);
         // 2, as for a bad flag, where starting again cannot help (a model
-        // that is not there, malformed or does not fit, a setting refused):
-        // the unit's RestartPreventExitStatus=2 stops there. 1 for the rest
-        // (out of memory, a failing disk), which a restart may get past.
-        const bool lasting = lrc == MS_EINVAL || lrc == MS_ENOTFOUND || lrc == MS_EFORMAT ||
-                             lrc == MS_ENOFIT || lrc == MS_EUNSUPPORTED || lrc == MS_ETOOLONG;
+        // that does not fit, a malformed checkpoint, a setting refused): the
+        // unit's RestartPreventExitStatus=2 stops there. 1 for the rest,
+        // which a restart may get past: a model directory or GPU not there
+        // yet (a mount, a driver still loading at boot), out of memory.
+        const bool lasting = lrc == MS_EINVAL || lrc == MS_EFORMAT || lrc == MS_ENOFIT || lrc == MS_ETOOLONG;
         return lasting ? 2 : 1;
     }
     ms_log(MS_LOG_INFO, "ready: serving %s as \"%s\" on http://%s:%d (loaded in %.1fs)%s", o.model_dir,
