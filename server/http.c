@@ -987,12 +987,12 @@ static bool refuse_after_body(struct http_request *r, bool drain, int http, cons
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (!drain) {
-        respond_simple_error(r, http, code, "%s", msg);
-        return false;
-    }
     memset(&r->late_err, 0, sizeof r->late_err);
     oa_error_http(&r->late_err, http, code, NULL, "%s", msg);
+    if (!drain) {
+        http_respond_error(r, &r->late_err);
+        return false;
+    }
     r->late = true;
     return true;
 }

@@ -231,7 +231,6 @@ static int normalize_step(enum tok_norm kind, const uint8_t *s, size_t n, struct
         }
     }
     utf8proc_int32_t *tmp = malloc((len ? len : 1) * sizeof *tmp);
-    // utf8proc_reencode writes the UTF-8 over the words: up to 4 bytes each.
     if (!tmp) {
         free(cps);
         return MS_ENOMEM;
@@ -247,6 +246,8 @@ static int normalize_step(enum tok_norm kind, const uint8_t *s, size_t n, struct
         i = j;
     }
     free(tmp);
+    // utf8proc_reencode composes, then writes the UTF-8 over the words (at
+    // most 4 bytes a word, so in place).
     const utf8proc_ssize_t r = utf8proc_reencode(cps, (utf8proc_ssize_t)len,
                                                  (utf8proc_option_t)(UTF8PROC_STABLE | (compose ? UTF8PROC_COMPOSE : 0)));
     int rc = r < 0 ? (r == UTF8PROC_ERROR_NOMEM ? MS_ENOMEM : MS_EFORMAT) : tok_buf_push(out, cps, (size_t)r);
