@@ -388,7 +388,9 @@ static int try_call(struct output_parser *p, const char *s, size_t n)
     if (json_is_object(root) && json_is_string(name) && json_is_object(args) && name_len > 0 &&
         name_len <= OUTPUT_PARSER_MAX_NAME && !memchr(json_string_value(name), 0, name_len) &&
         member_span(s, n, "arguments", &a0, &a1)) {
-        rc = keep_call(p, json_string_value(name), name_len, s + a0, a1 - a0);
+        // Past max_calls the call is consumed as a kept one would be, and dropped.
+        if (p->o.max_calls <= 0 || p->n_calls < p->o.max_calls)
+            rc = keep_call(p, json_string_value(name), name_len, s + a0, a1 - a0);
         if (!rc) rc = 1;
     }
     json_decref(root);

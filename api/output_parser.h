@@ -27,6 +27,10 @@
 //   object, not a re-serialisation. A call that fails any of this is content:
 //   the "<tool_call>", its body and its "</tool_call>" as raw text (a
 //   "<tool_call>" inside that raw text opens nothing).
+// - With opts.max_calls > 0 (parallel_tool_calls false) a call that would be
+//   kept after max_calls were kept is dropped whole, tags, body and the
+//   whitespace before it: what vLLM does, which keeps only the first call.
+//   A later block that does not parse stays content, as above.
 // - Whitespace (space, tab, CR, LF) right before a kept call is dropped, and
 //   so is whitespace at the end of the output once a call was kept; otherwise
 //   content keeps the model's bytes.
@@ -50,6 +54,7 @@ struct output_parser_opts {
     bool start_in_reasoning; // the prompt ended inside <think> (output_parser_prompt_in_reasoning)
     bool tools;              // parse <tool_call> blocks (false when no tools or tool_choice "none")
     size_t max_call_bytes;   // a longer call body is content; 0: OUTPUT_PARSER_DEFAULT_MAX_CALL
+    int max_calls;           // calls kept at most, later ones dropped; 0: any number
     // Writes the id of call `index` (0, 1, ... in this choice) as a NUL-
     // terminated string of at most cap bytes, "call_" + something unique (the
     // server passes random digits). NULL: "call_<index>", unique only within

@@ -200,7 +200,8 @@ static int make_choices(struct app *a, struct job *j, const struct parsed *q, st
     j->parse_output = q->chat && (a->reasoning_parser || q->tools);
     j->parse_opts = (struct output_parser_opts){.reasoning = a->reasoning_parser,
                                                 .start_in_reasoning = q->prompt_in_reasoning,
-                                                .tools = q->tools};
+                                                .tools = q->tools,
+                                                .max_calls = q->tools && !q->cr.parallel_tool_calls};
     j->include_reasoning = q->chat && q->cr.include_reasoning;
     j->include_usage = g->include_usage;
     // vLLM sends usage on every chunk only when include_usage asks for usage at all.

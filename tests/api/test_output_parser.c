@@ -160,6 +160,8 @@ static const struct output_parser_opts OPTION_SETS[] = {
     {.reasoning = true, .tools = true},
     {.reasoning = true, .start_in_reasoning = true, .tools = true},
     {.reasoning = true, .start_in_reasoning = true, .tools = true, .max_call_bytes = 24},
+    {.tools = true, .max_calls = 1},
+    {.reasoning = true, .tools = true, .max_calls = 1},
 };
 
 static void every_split_of_every_text_gives_the_whole_answer(void **state)
@@ -300,6 +302,39 @@ static void hermes_calls_become_tool_calls_with_the_models_argument_bytes(void *
     // no calls: the text is the model's, whitespace included
     p = parse_whole(&TOOLS_ONLY, "  plain\n");
     assert_content(p, "  plain\n");
+    output_parser_destroy(p);
+}
+
+// parallel_tool_calls false: the first call is kept, later ones vanish
+// whole (vLLM's rule); text between them and broken blocks stay content.
+static void calls_past_max_calls_are_dropped_whole(void **state)
+{
+    (void)state;
+    static const struct output_parser_opts ONE = {.reasoning = true, .tools = true, .max_calls = 1};
+    const char *text = "<think>two cities</think>Checking.\n\n" CALL("get_weather", "{\"city\": \"Paris\"}")
+                       "\n" CALL("get_weather", "{\"city\": \"Rome\"}") "\nthen\n"
+                       "<tool_call>{\"name\": \"f\"}</tool_call>\n" CALL("g", "{}") "\n";
+    struct output_parser *p = parse_whole(&ONE, text);
+    assert_reasoning(p, "two cities");
+    assert_content(p, "Checking.\nthen\n<tool_call>{\"name\": \"f\"}</tool_call>");
+    assert_int_equal(output_parser_n_calls(p), 1);
+    assert_call(p, 0, "get_weather", "{\"city\": \"Paris\"}");
+    assert_string_equal(output_parser_finish_reason(p, "stop"), "tool_calls");
+    output_parser_destroy(p);
+    check_every_split(&ONE, text, strlen(text), false);
+
+    // the same text with any number of calls keeps all three
+    p = parse_whole(&QWEN3, text);
+    assert_int_equal(output_parser_n_calls(p), 3);
+    assert_call(p, 2, "g", "{}");
+    output_parser_destroy(p);
+
+    // two allowed: the third goes
+    static const struct output_parser_opts TWO = {.tools = true, .max_calls = 2};
+    p = parse_whole(&TWO, CALL("a", "{}") CALL("b", "{}") CALL("c", "{}") " end");
+    assert_int_equal(output_parser_n_calls(p), 2);
+    assert_call(p, 1, "b", "{}");
+    assert_content(p, " end");
     output_parser_destroy(p);
 }
 
@@ -829,6 +864,7 @@ int main(void)
         cmocka_unit_test(qwen3_token_pieces_give_the_whole_answer),
         cmocka_unit_test(qwen3_reasoning_goes_to_reasoning_and_the_rest_to_content),
         cmocka_unit_test(hermes_calls_become_tool_calls_with_the_models_argument_bytes),
+        cmocka_unit_test(calls_past_max_calls_are_dropped_whole),
         cmocka_unit_test(arguments_keep_escapes_nesting_and_the_last_duplicate),
         cmocka_unit_test(calls_that_do_not_parse_stay_raw_content),
         cmocka_unit_test(malformed_tags_and_bytes_are_content_never_a_crash),

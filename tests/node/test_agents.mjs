@@ -183,6 +183,29 @@ test('reasoning: text up to </think> is reasoning_content and reasoning; include
   assert.equal(m.reasoning_content, undefined);
 });
 
+// A forced output that spells two Hermes calls, with tool_choice auto:
+// parallel_tool_calls false keeps the first (vLLM's rule), streamed and not.
+test('parallel_tool_calls false keeps only the first of the calls the model writes', async () => {
+  const two = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n' +
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>';
+  const tools = [{ type: 'function', function: { name: 'get_weather',
+    parameters: { type: 'object', properties: { city: { type: 'string' } } } } }];
+  const params = { ...base, tools, tool_choice: 'auto', structured_outputs: { choice: [two] } };
+  for (const parallel of [undefined, true, false]) {
+    const p = parallel === undefined ? params : { ...params, parallel_tool_calls: parallel };
+    const want = parallel === false ? ['Paris'] : ['Paris', 'Rome'];
+    const r = await client.chat.completions.create(p);
+    const c = r.choices[0];
+    assert.equal(c.finish_reason, 'tool_calls');
+    assert.equal(c.message.content, null);
+    assert.deepEqual(c.message.tool_calls.map((t) => JSON.parse(t.function.arguments).city), want,
+      `parallel_tool_calls ${parallel}`);
+    const s = await collect(p);
+    assert.deepEqual(s.calls.map((t) => JSON.parse(t.arguments).city), want, `streamed, ${parallel}`);
+    assert.equal(s.content, '');
+  }
+});
+
 test('the SDK\'s chat.completions.parse() gets a parsed object', async () => {
   const schema = { ...schemas.nested, additionalProperties: false };
   schema.properties.user = { ...schema.properties.user, additionalProperties: false };
