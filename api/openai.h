@@ -54,7 +54,11 @@ json_t *oa_error_json(const struct oa_error *e);
 // What validation needs to know about the model being served.
 struct oa_limits {
     const struct gen_defaults *gen; // generation_config.json's defaults, or NULL (vLLM's neutral ones)
-    int vocab_size;                 // token ids (prompts, logit_bias, stop_token_ids) must be below it
+    int vocab_size;                 // token ids (logit_bias, stop_token_ids) must be below it: the model's logits
+    // Prompt and detokenize ids must be below it: the ids that have text, the
+    // tokenizer's (a model's padded rows past them have none; vLLM refuses
+    // such a prompt as out of vocabulary). 0: vocab_size.
+    int text_vocab_size;
     int max_model_len;              // for messages that quote it; 0 when unknown
     bool logprobs_capped;           // max_logprobs applies (else OA_MAX_LOGPROBS alone)
     int max_logprobs;               // logprobs / top_logprobs at most (--max-logprobs)

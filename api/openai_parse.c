@@ -137,11 +137,11 @@ static int want_string(struct parser *p, const char *key, json_t *v, const char 
     return 0;
 }
 
-// A token id for key (already formatted with its index).
-static int want_token_id(struct parser *p, const char *key, json_t *v, int32_t *out)
+// A token id for key (already formatted with its index), below bound (0: any).
+static int want_token_id(struct parser *p, const char *key, json_t *v, int bound, int32_t *out)
 {
     long long x;
-    long long hi = p->lim->vocab_size > 0 ? p->lim->vocab_size - 1 : INT32_MAX;
+    long long hi = bound > 0 ? bound - 1 : INT32_MAX;
     int rc = want_int(p, key, v, 0, hi, &x);
     if (rc) {
         if (p->e->code && !strcmp(p->e->code, "invalid_value"))
@@ -154,8 +154,15 @@ static int want_token_id(struct parser *p, const char *key, json_t *v, int32_t *
     return 0;
 }
 
-// An array of token ids; "what[i]" names each in errors.
-static int ids_array(struct parser *p, const char *what, json_t *arr, int32_t **ids, int *n_ids)
+// Ids that stand for text (prompts, detokenize) end where the tokenizer's do.
+static int text_bound(const struct parser *p)
+{
+    return p->lim->text_vocab_size > 0 ? p->lim->text_vocab_size : p->lim->vocab_size;
+}
+
+// An array of token ids below bound; "what[i]" names each in errors.
+static int ids_array(struct parser *p, const char *what, json_t *arr, int bound, int32_t **ids,
+                     int *n_ids)
 {
     char key[96];
     size_t n = json_array_size(arr);
@@ -164,7 +171,7 @@ static int ids_array(struct parser *p, const char *what, json_t *arr, int32_t **
     if (!out) return oom(p);
     for (size_t i = 0; i < n; i++) {
         snprintf(key, sizeof key, "%s[%zu]", what, i);
-        int rc = want_token_id(p, key, json_array_get(arr, i), &out[i]);
+        int rc = want_token_id(p, key, json_array_get(arr, i), bound, &out[i]);
         if (rc) return rc;
     }
     *ids = out;
@@ -255,7 +262,7 @@ static int f_stop_token_ids(struct parser *p, const char *k, json_t *v, void *ds
         return oa_errorf(p->e, MS_EINVAL, "invalid_value", k,
                          "'stop_token_ids' may hold at most %d ids, got %zu",
                          OA_MAX_STOP_TOKEN_IDS, n);
-    return ids_array(p, k, v, &p->gen->stop_token_ids, &p->gen->n_stop_token_ids);
+    return ids_array(p, k, v, p->lim->vocab_size, &p->gen->stop_token_ids, &p->gen->n_stop_token_ids);
 }
 
 static int f_seed(struct parser *p, const char *k, json_t *v, void *dst)
@@ -816,7 +823,7 @@ static int f_prompt_completion(struct parser *p, const char *k, json_t *v, void 
         if (!r->prompts) return oom(p);
         r->n_prompts = 1;
         int32_t *ids;
-        int rc = ids_array(p, "prompt", v, &ids, &r->prompts[0].n_ids);
+        int rc = ids_array(p, "prompt", v, text_bound(p), &ids, &r->prompts[0].n_ids);
         r->prompts[0].ids = ids;
         return rc;
     }
@@ -843,7 +850,7 @@ static int f_prompt_completion(struct parser *p, const char *k, json_t *v, void 
                 return oa_errorf(p->e, MS_EINVAL, "invalid_value", key,
                                  "'%s' must not be empty", key);
             int32_t *ids;
-            rc = ids_array(p, key, e, &ids, &r->prompts[i].n_ids);
+            rc = ids_array(p, key, e, text_bound(p), &ids, &r->prompts[i].n_ids);
             r->prompts[i].ids = ids;
         }
         if (rc) return rc;
@@ -860,7 +867,7 @@ static int f_tokens(struct parser *p, const char *k, json_t *v, void *dst)
 {
     (void)dst;
     if (!json_is_array(v)) return type_error(p, k, "an array of token ids", v);
-    return ids_array(p, "tokens", v, &p->detok->tokens, &p->detok->n_tokens);
+    return ids_array(p, "tokens", v, text_bound(p), &p->detok->tokens, &p->detok->n_tokens);
 }
 
 // ---- the field tables ----------------------------------------------------------------

@@ -321,8 +321,9 @@ int app_load(struct app *a, const struct app_opts *o, char *err, size_t errlen)
     a->limits.gen = &a->gen;
     a->limits.logprobs_capped = o->max_logprobs >= 0;
     a->limits.max_logprobs = o->max_logprobs;
-    a->limits.vocab_size = tok_vocab_size(a->tok);
-    if (a->model->cfg.vocab_size > a->limits.vocab_size) a->limits.vocab_size = a->model->cfg.vocab_size;
+    a->limits.vocab_size = a->model->cfg.vocab_size;
+    a->limits.text_vocab_size = tok_vocab_size(a->tok);
+    if (a->limits.text_vocab_size > a->limits.vocab_size) a->limits.text_vocab_size = a->limits.vocab_size;
     a->limits.max_model_len = a->max_model_len;
     a->max_bytes_per_id = tok_max_bytes_per_id(a->tok);
     if ((rc = load_agents(a, o, err, errlen))) return rc;

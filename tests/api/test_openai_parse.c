@@ -188,6 +188,37 @@ static void wrong_types_in_completions(void **state)
     expect_completion_error("{\"prompt\": \"a\", \"suffix\": \"b\"}", 400, "suffix");
 }
 
+// A model's vocabulary is padded past the tokenizer's (Qwen3: 151936 rows,
+// 151669 ids with text): prompt and detokenize ids must have text, while
+// logit_bias and stop_token_ids may name any row of the logits.
+static void prompt_ids_must_have_text_while_logit_ids_may_be_padding(void **state)
+{
+    (void)state;
+    const struct oa_limits padded = {.vocab_size = 1000, .text_vocab_size = 900, .max_model_len = 512};
+    struct arena *a = arena_create(4096);
+    assert_non_null(a);
+    struct oa_completion_request r;
+    struct oa_detokenize_request d;
+    struct oa_error e;
+    const char *ok = "{\"prompt\": [1, 899], \"logit_bias\": {\"950\": 5}, \"stop_token_ids\": [999]}";
+    assert_int_equal(oa_parse_completion(ok, strlen(ok), &padded, a, &r, &e), 0);
+    assert_int_equal(r.prompts[0].ids[1], 899);
+    const char *bad[][2] = {
+        {"{\"prompt\": [1, 900]}", "prompt[1]"},
+        {"{\"prompt\": [[1], [2, 950]]}", "prompt[1][1]"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_not_equal(oa_parse_completion(bad[i][0], strlen(bad[i][0]), &padded, a, &r, &e), 0);
+        assert_int_equal(e.http, 400);
+        assert_string_equal(e.param, bad[i][1]);
+        if (!strstr(e.message, "0 to 899")) fail_msg("message: %s", e.message);
+    }
+    const char *dt = "{\"tokens\": [950]}";
+    assert_int_not_equal(oa_parse_detokenize(dt, strlen(dt), &padded, a, &d, &e), 0);
+    assert_string_equal(e.param, "tokens[0]");
+    arena_destroy(a);
+}
+
 static void out_of_range_values_are_refused(void **state)
 {
     (void)state;
@@ -799,6 +830,7 @@ int main(void)
         cmocka_unit_test(invalid_utf8_is_refused),
         cmocka_unit_test(wrong_types_name_the_parameter),
         cmocka_unit_test(wrong_types_in_completions),
+        cmocka_unit_test(prompt_ids_must_have_text_while_logit_ids_may_be_padding),
         cmocka_unit_test(out_of_range_values_are_refused),
         cmocka_unit_test(max_tokens_beyond_context_says_both_numbers),
         cmocka_unit_test(messages_are_validated),

@@ -157,6 +157,13 @@ test('BadRequestError names the parameter', async () => {
     (e) => e instanceof OpenAI.BadRequestError && e.param === 'messages');
   await assert.rejects(client.chat.completions.create({ model: 'tiny', messages, response_format: { type: 'yaml' } }),
     (e) => e instanceof OpenAI.BadRequestError && e.param === 'response_format.type');
+  // Ids past the tokenizer's 151669 are the model's padded rows: no text,
+  // so no prompt (vLLM: out of vocabulary), though logit_bias may name them.
+  await assert.rejects(client.completions.create({ model: 'tiny', prompt: [9707, 151700], max_tokens: 1 }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'prompt[1]' && /0 to 151668/.test(e.message));
+  const c = await client.completions.create({ model: 'tiny', prompt: [9707, 151668], max_tokens: 1,
+    logit_bias: { 151935: -100 }, echo: true });
+  assert.ok(c.choices[0].text.startsWith('Hello</think>'), c.choices[0].text);
 });
 
 test('AuthenticationError for a wrong key', async () => {
