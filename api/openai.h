@@ -99,6 +99,7 @@ struct oa_gen_params {
     int32_t *stop_token_ids;        // (n_stop_token_ids)
     int n_stop_token_ids;
     bool ignore_eos;
+    bool add_special_tokens;        // the tokenizer's BOS/EOS around the prompt: false for chat, true for completions (vLLM)
     bool skip_special_tokens;       // true
 
     int n;                          // [1, OA_MAX_N]

@@ -987,7 +987,7 @@ struct field {
 
 // The sampling, stopping and output fields chat and completions share.
 static const struct field gen_fields[] = {
-    BOOL_FIELD("add_special_tokens", SEEN(SEEN_ADD_SPECIAL_TOKENS)), // accepted; see tokenize
+    BOOL_FIELD("add_special_tokens", GEN(add_special_tokens)),
     SAMPLING_FIELD("frequency_penalty", GEN(sampling.frequency_penalty)),
     BOOL_FIELD("ignore_eos", GEN(ignore_eos)),
     CUSTOM_FIELD("logit_bias", f_logit_bias),
@@ -1047,8 +1047,7 @@ static const struct field completion_fields[] = {
 
 static const struct field tokenize_fields[] = {
     BOOL_FIELD("add_generation_prompt", REQ(oa_tokenize_request, add_generation_prompt)),
-    // Our tokenizer adds what the checkpoint's post-processor says (nothing,
-    // for Qwen3), so the flag is accepted in both forms.
+    // The checkpoint's post-processor ids (none for Qwen3), as for generation.
     BOOL_FIELD("add_special_tokens", REQ(oa_tokenize_request, add_special_tokens),
                SEEN(SEEN_ADD_SPECIAL_TOKENS)),
     CUSTOM_FIELD("chat_template_kwargs", f_kwargs, REQ(oa_tokenize_request, chat_template_kwargs)),
@@ -1359,6 +1358,7 @@ int oa_parse_completion(const char *body, size_t len, const struct oa_limits *li
     parser_init(&p, EP_COMPLETION, lim, a, e);
     memset(out, 0, sizeof *out);
     gen_init(&out->gen);
+    out->gen.add_special_tokens = true; // a raw prompt; a rendered chat already has its tokens
     p.cmpl = out;
     p.req = out;
     p.gen = &out->gen;

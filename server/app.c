@@ -93,9 +93,10 @@ int app_refuse_bytes(struct app *a, size_t bytes, const char *param, struct oa_e
                      a->max_model_len, bytes, bytes / a->max_bytes_per_id);
 }
 
-int app_encode(struct app *a, const char *text, size_t len, const char *param, bool bounded,
+int app_encode(struct app *a, const char *text, size_t len, const char *param, unsigned flags,
                int32_t **ids_out, int *n_ids, struct oa_error *e)
 {
+    bool bounded = flags & APP_ENCODE_BOUNDED;
     char err[256];
     size_t n = 0;
     int32_t *ids = NULL;
@@ -104,8 +105,8 @@ int app_encode(struct app *a, const char *text, size_t len, const char *param, b
     // context: huge prompts cost at most one context's worth of tokenizing.
     int rc = bounded ? app_refuse_bytes(a, len, param, e) : 0;
     if (rc) return rc;
-    rc = tok_encode_max(a->tok, text, len, bounded ? (size_t)a->max_model_len : SIZE_MAX, &ids, &n,
-                        err, sizeof err);
+    rc = tok_encode_max(a->tok, text, len, bounded ? (size_t)a->max_model_len : SIZE_MAX,
+                        flags & APP_ENCODE_SPECIAL, &ids, &n, err, sizeof err);
     if (rc == MS_ETOOLONG)
         return oa_errorf(e, rc, "context_length_exceeded", param,
                          "This model's maximum context length is %d tokens, and the prompt is "

@@ -79,11 +79,18 @@ int app_render_chat(struct app *a, json_t *messages, json_t *tools, bool add_gen
 // then the request's, then enable_thinking from reasoning_effort when thinking
 // is 0 or 1 (-1: leave it). A new reference, or NULL when out of memory.
 json_t *app_chat_kwargs(struct app *a, json_t *request_kwargs, int thinking);
+// How app_encode tokenizes.
+enum app_encode_flags {
+    // A prompt to generate from: text whose bytes alone cannot fit
+    // max_model_len tokens is refused before tokenizing, and tokenizing stops
+    // with context_length_exceeded past max_model_len tokens.
+    APP_ENCODE_BOUNDED = 1,
+    // add_special_tokens: the tokenizer's post-processor ids (a BOS) around
+    // the text; vLLM's default for a raw prompt, not for a rendered chat.
+    APP_ENCODE_SPECIAL = 2,
+};
 // Tokenizes text into *ids (malloc'd, *n_ids of them); errors name param.
-// bounded (a prompt to generate from): text whose bytes alone cannot fit
-// max_model_len tokens is refused before tokenizing, and tokenizing stops
-// with context_length_exceeded past max_model_len tokens.
-int app_encode(struct app *a, const char *text, size_t len, const char *param, bool bounded,
+int app_encode(struct app *a, const char *text, size_t len, const char *param, unsigned flags,
                int32_t **ids, int *n_ids, struct oa_error *e);
 // context_length_exceeded when `bytes` of text cannot be max_model_len
 // tokens or fewer (checked before a template renders messages); else 0.

@@ -13,10 +13,13 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: moeserve tokenize MODEL_DIR [--decode [--skip-special-tokens] [--stream]]\n"
+            "usage: moeserve tokenize MODEL_DIR [--no-add-special-tokens]\n"
+            "       moeserve tokenize MODEL_DIR --decode [--skip-special-tokens] [--stream]\n"
             "       moeserve tokenize MODEL_DIR --bench FILE [--chunk BYTES] [--seconds S]\n\n"
             "Reads one JSON string per line on standard input and prints one JSON array\n"
-            "of token ids per line. With --decode, reads one JSON array of ids per line\n"
+            "of token ids per line (--no-add-special-tokens: without the ids the\n"
+            "tokenizer's post-processor puts around the text, as add_special_tokens=False).\n"
+            "With --decode, reads one JSON array of ids per line\n"
             "and prints one JSON string per line; --stream decodes through the streaming\n"
             "decoder instead (same text). MODEL_DIR holds tokenizer.json (and optionally\n"
             "tokenizer_config.json).\n\n"
@@ -34,7 +37,7 @@ static int print_json(json_t *v)
     return rc;
 }
 
-static int encode_lines(struct tokenizer *t)
+static int encode_lines(struct tokenizer *t, bool add_special)
 {
     char *line = NULL;
     size_t cap = 0;
@@ -55,8 +58,8 @@ static int encode_lines(struct tokenizer *t)
         int32_t *ids;
         size_t n_ids;
         char err[512];
-        int rc = tok_encode(t, json_string_value(v), json_string_length(v), &ids, &n_ids, err,
-                            sizeof err);
+        int rc = tok_encode_max(t, json_string_value(v), json_string_length(v), SIZE_MAX,
+                                add_special, &ids, &n_ids, err, sizeof err);
         json_decref(v);
         if (rc) {
             fprintf(stderr, "moeserve tokenize: line %zu: %s\n", lineno, err);
@@ -298,7 +301,7 @@ fail:
 int cmd_tokenize(int argc, char **argv)
 {
     const char *dir = NULL, *bench_file = NULL;
-    bool decode = false, skip = false, stream = false;
+    bool decode = false, skip = false, stream = false, add_special = true;
     size_t chunk = 4096;
     double seconds = 1.0;
     char err[1024];
@@ -311,6 +314,8 @@ int cmd_tokenize(int argc, char **argv)
             decode = true;
         } else if (!strcmp(a, "--skip-special-tokens")) {
             skip = true;
+        } else if (!strcmp(a, "--no-add-special-tokens")) {
+            add_special = false;
         } else if (!strcmp(a, "--stream")) {
             stream = true;
         } else if (!strcmp(a, "--bench") && i + 1 < argc) {
@@ -335,7 +340,7 @@ int cmd_tokenize(int argc, char **argv)
             dir = a;
         }
     }
-    if (!dir || ((skip || stream) && !decode)) {
+    if (!dir || ((skip || stream) && !decode) || (!add_special && (decode || bench_file))) {
         usage(stderr);
         return 2;
     }
@@ -346,7 +351,7 @@ int cmd_tokenize(int argc, char **argv)
     }
     int rc = bench_file ? bench(t, bench_file, chunk, seconds)
              : decode   ? decode_lines(t, skip, stream)
-                        : encode_lines(t);
+                        : encode_lines(t, add_special);
     tok_destroy(t);
     return rc;
 }

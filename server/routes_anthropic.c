@@ -48,7 +48,7 @@ void routes_anthropic_count_tokens(void *app, struct http_request *r)
         rc = kw ? app_render_chat(a, cr.messages, cr.tools, true, kw, &text, &tl, &e)
                 : oa_errorf(&e, MS_ENOMEM, "internal_error", NULL, "out of memory");
         json_decref(kw);
-        if (!rc) rc = app_encode(a, text, tl, "messages", false, &ids, &n_ids, &e);
+        if (!rc) rc = app_encode(a, text, tl, "messages", 0, &ids, &n_ids, &e); // a rendered chat
         free(text);
     }
     if (rc) {

@@ -89,7 +89,8 @@ static int chat_prompt(struct app *a, struct parsed *q, struct job_prompt *p, st
     if (rc) return rc;
     q->prompt_in_reasoning = output_parser_prompt_in_reasoning(text, tl);
     q->tools = q->cr.tools && q->cr.tool_choice != OA_TOOL_NONE;
-    rc = app_encode(a, text, tl, q->param, true, &p->ids, &p->n_ids, e);
+    unsigned flags = APP_ENCODE_BOUNDED | (q->g->add_special_tokens ? APP_ENCODE_SPECIAL : 0);
+    rc = app_encode(a, text, tl, q->param, flags, &p->ids, &p->n_ids, e);
     free(text);
     return rc;
 }
@@ -99,7 +100,8 @@ static int completion_prompt(struct app *a, const struct parsed *q, bool echo,
                              const struct oa_prompt *op, struct job_prompt *p, struct oa_error *e)
 {
     if (op->text) {
-        int rc = app_encode(a, op->text, op->text_len, q->param, true, &p->ids, &p->n_ids, e);
+        unsigned flags = APP_ENCODE_BOUNDED | (q->g->add_special_tokens ? APP_ENCODE_SPECIAL : 0);
+        int rc = app_encode(a, op->text, op->text_len, q->param, flags, &p->ids, &p->n_ids, e);
         if (rc) return rc;
         if (echo) {
             p->text = malloc(op->text_len + 1);

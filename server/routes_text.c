@@ -75,11 +75,13 @@ void routes_text_tokenize(void *app, struct http_request *r)
                     : oa_errorf(&e, MS_ENOMEM, "internal_error", NULL, "out of memory");
             json_decref(kw);
             if (!rc) {
-                rc = app_encode(a, text, tl, "messages", false, &ids, &n_ids, &e);
+                rc = app_encode(a, text, tl, "messages", t.add_special_tokens ? APP_ENCODE_SPECIAL : 0,
+                                &ids, &n_ids, &e);
                 free(text);
             }
         } else {
-            rc = app_encode(a, t.prompt, t.prompt_len, "prompt", false, &ids, &n_ids, &e);
+            rc = app_encode(a, t.prompt, t.prompt_len, "prompt",
+                            t.add_special_tokens ? APP_ENCODE_SPECIAL : 0, &ids, &n_ids, &e);
         }
     }
     if (rc) {

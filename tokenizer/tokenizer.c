@@ -201,11 +201,11 @@ static int encode_piece(struct enc *e, const uint8_t *s, size_t n)
 int tok_encode(const struct tokenizer *t, const char *text, size_t len, int32_t **ids,
                size_t *n_ids, char *err, size_t errlen)
 {
-    return tok_encode_max(t, text, len, SIZE_MAX, ids, n_ids, err, errlen);
+    return tok_encode_max(t, text, len, SIZE_MAX, true, ids, n_ids, err, errlen);
 }
 
 int tok_encode_max(const struct tokenizer *t, const char *text, size_t len, size_t max_ids,
-                   int32_t **ids, size_t *n_ids, char *err, size_t errlen)
+                   bool add_special, int32_t **ids, size_t *n_ids, char *err, size_t errlen)
 {
     *ids = NULL;
     *n_ids = 0;
@@ -220,7 +220,7 @@ int tok_encode_max(const struct tokenizer *t, const char *text, size_t len, size
     struct enc e = {.t = t, .err = err, .errlen = errlen, .max_ids = max_ids};
     struct tok_pieces pieces = {0};
     int rc = 0;
-    for (size_t i = 0; i < t->n_post_prefix && rc == 0; i++)
+    for (size_t i = 0; add_special && i < t->n_post_prefix && rc == 0; i++)
         rc = tok_ids_push(&e.ids, t->post_prefix[i]) ? enc_nomem(&e) : 0;
     if (rc == 0 && tok_added_split(&t->trie_raw, t->added, s, len, &pieces)) rc = enc_nomem(&e);
     for (size_t i = 0; i < pieces.len && rc == 0; i++) {
@@ -229,7 +229,7 @@ int tok_encode_max(const struct tokenizer *t, const char *text, size_t len, size
         else rc = encode_piece(&e, s + p.off, p.len);
         if (rc == 0) rc = enc_over(&e);
     }
-    for (size_t i = 0; i < t->n_post_suffix && rc == 0; i++)
+    for (size_t i = 0; add_special && i < t->n_post_suffix && rc == 0; i++)
         rc = tok_ids_push(&e.ids, t->post_suffix[i]) ? enc_nomem(&e) : 0;
     if (rc == 0) rc = enc_over(&e);
     free(pieces.p);

@@ -21,9 +21,12 @@ void tok_destroy(struct tokenizer *t);
 int tok_encode(const struct tokenizer *t, const char *text, size_t len,
                int32_t **ids, size_t *n_ids, char *err, size_t errlen);
 // The same, giving up with MS_ETOOLONG as soon as more than max_ids ids are
-// out: a prompt far over a context costs only the work up to it.
+// out: a prompt far over a context costs only the work up to it. With
+// add_special false the post-processor's ids (a BOS, an EOS) are left out, as
+// tokenizer(text, add_special_tokens=False) does: a rendered chat template
+// already holds them.
 int tok_encode_max(const struct tokenizer *t, const char *text, size_t len, size_t max_ids,
-                   int32_t **ids, size_t *n_ids, char *err, size_t errlen);
+                   bool add_special, int32_t **ids, size_t *n_ids, char *err, size_t errlen);
 // The most bytes of input text one id can stand for: no text of L bytes
 // encodes to fewer than L / tok_max_bytes_per_id ids. The longest token's
 // bytes, times 3 when a normalizer may compose characters first.

@@ -693,6 +693,18 @@ static void completion_prompts_in_every_shape(void **state)
     assert_true(r.echo);
     assert_int_equal(r.gen.logprobs, 2);
     assert_int_equal(r.gen.n, 2);
+    assert_true(r.gen.add_special_tokens); // vLLM's default for a raw prompt
+    const char *b1n = "{\"prompt\": \"hello\", \"add_special_tokens\": false}";
+    assert_int_equal(oa_parse_completion(b1n, strlen(b1n), &limits, a, &r, &e), 0);
+    assert_false(r.gen.add_special_tokens);
+    struct oa_chat_request c;
+    const char *c1 = "{" MSGS "}", *c2 = "{" MSGS ", \"add_special_tokens\": true}";
+    assert_int_equal(oa_parse_chat(c1, strlen(c1), &limits, a, &c, &e), 0);
+    assert_false(c.gen.add_special_tokens); // and not for a rendered chat
+    oa_chat_request_release(&c);
+    assert_int_equal(oa_parse_chat(c2, strlen(c2), &limits, a, &c, &e), 0);
+    assert_true(c.gen.add_special_tokens);
+    oa_chat_request_release(&c);
     const char *b2 = "{\"prompt\": [\"a\", \"bc\", \"\"]}";
     assert_int_equal(oa_parse_completion(b2, strlen(b2), &limits, a, &r, &e), 0);
     assert_int_equal(r.n_prompts, 3);

@@ -11,7 +11,7 @@ import { spawn } from 'node:child_process';
 // for a command line that gives its own.
 export async function startServer(extraArgs = [], opts = {}) {
   const bin = process.env.MOESERVE_BIN;
-  const modelDir = process.env.MOESERVE_TINY_MODEL;
+  const modelDir = opts.modelDir ?? process.env.MOESERVE_TINY_MODEL;
   if (!bin || !modelDir) {
     console.error('MOESERVE_BIN and MOESERVE_TINY_MODEL must be set (meson test sets them)');
     process.exit(1);

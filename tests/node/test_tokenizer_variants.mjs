@@ -83,19 +83,23 @@ let passed = 0, failed = 0;
 fs.mkdirSync(workDir, { recursive: true });
 const cfg = JSON.parse(fs.readFileSync(path.join(modelDir, 'tokenizer_config.json'), 'utf8'));
 delete cfg.added_tokens_decoder; // the variants change added tokens
-for (const [name, change] of Object.entries(variants)) {
+// Each variant as tokenizer(text) encodes; the post-processor's one also with
+// add_special_tokens=False (what a rendered chat template is encoded with).
+const runs = Object.entries(variants).map(([name, change]) => [name, change, true]);
+runs.push(['template_processing', variants.template_processing, false]);
+for (const [name, change, special] of runs) {
   const dir = path.join(workDir, name);
   fs.mkdirSync(dir, { recursive: true });
   fs.writeFileSync(path.join(dir, 'tokenizer.json'), JSON.stringify({ ...base, ...change }));
   fs.writeFileSync(path.join(dir, 'tokenizer_config.json'), JSON.stringify(cfg));
   const hf = loadRef('hf', dir);
-  const out = execFileSync(bin, ['tokenize', dir], {
+  const out = execFileSync(bin, ['tokenize', dir, ...(special ? [] : ['--no-add-special-tokens'])], {
     input: strings.map((s) => JSON.stringify(s)).join('\n') + '\n',
     maxBuffer: 1 << 30,
   }).toString().split('\n').filter((l) => l.length).map((l) => JSON.parse(l));
   let bad = 0;
   for (let i = 0; i < strings.length; i++) {
-    const h = await hf.encode(strings[i]);
+    const h = await hf.encode(strings[i], special);
     if (JSON.stringify(h) === JSON.stringify(out[i])) {
       passed++;
       continue;
@@ -105,7 +109,7 @@ for (const [name, change] of Object.entries(variants)) {
       console.log(`FAIL ${name}: ${JSON.stringify(strings[i]).slice(0, 100)}: ours ${JSON.stringify(out[i])} ` +
                   `reference ${JSON.stringify(h)} (pieces ${JSON.stringify(hf.preTokenize(strings[i])).slice(0, 300)})`);
   }
-  console.log(`# ${name}: ${strings.length - bad} of ${strings.length} agree`);
+  console.log(`# ${name}${special ? '' : ', add_special_tokens false'}: ${strings.length - bad} of ${strings.length} agree`);
 }
 console.log(`${passed} passed, ${failed} failed`);
 process.exit(failed ? 1 : 0);

@@ -182,6 +182,46 @@ async function test(name, fn) {
 }
 
 // ---- what cannot be honoured is refused, with a sentence ----------------------------------
+// ---- add_special_tokens, on a tokenizer whose post-processor adds a BOS ---------------------
+// Llama-style checkpoints put a BOS through TemplateProcessing (Qwen3's adds
+// nothing): vLLM adds it to a raw prompt (completions, /tokenize prompt) and
+// not to a rendered chat, whose template writes its own; the request's
+// add_special_tokens overrides either way.
+{
+  const bosDir = path.join(dir, 'bos-model');
+  fs.mkdirSync(bosDir);
+  for (const f of fs.readdirSync(modelDir)) if (f !== 'tokenizer.json') fs.symlinkSync(path.join(modelDir, f), path.join(bosDir, f));
+  const tj = JSON.parse(fs.readFileSync(path.join(modelDir, 'tokenizer.json'), 'utf8'));
+  const BOS = 151643; // <|endoftext|>
+  tj.post_processor = { type: 'TemplateProcessing',
+    single: [{ SpecialToken: { id: '<|endoftext|>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }],
+    pair: [{ Sequence: { id: 'A', type_id: 0 } }, { Sequence: { id: 'B', type_id: 1 } }],
+    special_tokens: { '<|endoftext|>': { id: '<|endoftext|>', ids: [BOS], tokens: ['<|endoftext|>'] } } };
+  fs.writeFileSync(path.join(bosDir, 'tokenizer.json'), JSON.stringify(tj));
+  const server = await startServer([], { modelDir: bosDir });
+  const base = `http://127.0.0.1:${server.port}`;
+  const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries: 0 });
+  await test('add_special_tokens: a BOS on raw prompts, none on chats, unless the request says otherwise', async () => {
+    const tokenize = async (body) => (await (await fetch(`${base}/tokenize`, { method: 'POST',
+      headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ model: 'tiny', ...body }) })).json()).tokens;
+    const messages = [{ role: 'user', content: 'Hi' }];
+    const raw = await tokenize({ prompt: 'Hi' });
+    assert.equal(raw[0], BOS);
+    assert.deepEqual(await tokenize({ prompt: 'Hi', add_special_tokens: false }), raw.slice(1));
+    const chat = await tokenize({ messages });
+    assert.notEqual(chat[0], BOS);
+    assert.deepEqual(await tokenize({ messages, add_special_tokens: true }), [BOS, ...chat]);
+    const used = async (create, p) => (await create(p)).usage.prompt_tokens;
+    const cmpl = (p) => client.completions.create({ model: 'tiny', prompt: 'Hi', max_tokens: 1, ...p });
+    assert.equal(await used(cmpl, {}), raw.length);
+    assert.equal(await used(cmpl, { add_special_tokens: false }), raw.length - 1);
+    const chatc = (p) => client.chat.completions.create({ model: 'tiny', messages, max_tokens: 1, ...p });
+    assert.equal(await used(chatc, {}), chat.length);
+    assert.equal(await used(chatc, { add_special_tokens: true }), chat.length + 1);
+  });
+  await server.stop();
+}
+
 await test('flags whose meaning moeserve cannot honour are refused with a sentence', async () => {
   const cases = [
     [['-tp', '2'], /--tensor-parallel-size 2 cannot be honoured: .*--data-parallel-size 2 --enable-expert-parallel/],

@@ -31,7 +31,7 @@ export function loadRef(kind, modelDir) {
     const t = hf.Tokenizer.fromFile(tokPath);
     return {
       kind,
-      encode: async (s) => Array.from((await t.encode(s, null, { addSpecialTokens: true })).getIds()),
+      encode: async (s, addSpecialTokens = true) => Array.from((await t.encode(s, null, { addSpecialTokens })).getIds()),
       decode: async (ids, skip) => t.decode(ids, skip),
       preTokenize: (s) => t.getPreTokenizer().preTokenizeString(s).map((x) => x[0]),
     };

@@ -887,11 +887,11 @@ static void encoding_stops_at_a_limit_and_bytes_bound_the_ids(void **state)
     size_t n, m;
     char err[256];
     assert_int_equal(tok_encode(qwen, text, strlen(text), &all, &n, err, sizeof err), 0);
-    assert_int_equal(tok_encode_max(qwen, text, strlen(text), n, &some, &m, err, sizeof err), 0);
+    assert_int_equal(tok_encode_max(qwen, text, strlen(text), n, true, &some, &m, err, sizeof err), 0);
     assert_int_equal(m, n);
     assert_memory_equal(all, some, n * sizeof *all);
     free(some);
-    assert_int_equal(tok_encode_max(qwen, text, strlen(text), n - 1, &some, &m, err, sizeof err),
+    assert_int_equal(tok_encode_max(qwen, text, strlen(text), n - 1, true, &some, &m, err, sizeof err),
                      MS_ETOOLONG);
     assert_non_null(strstr(err, "more than"));
     free(all);
