@@ -484,10 +484,24 @@ struct gx *gx_json_string_char(struct gbuild *b)
     }
     struct gx *plain = gx_utf8_class(b, &c);
     cp_class_free(&c);
-    uint8_t hex[32] = {0}, esc[32] = {0};
+    uint8_t hex[32] = {0}, esc[32] = {0}, not_d[32] = {0}, d[32] = {0}, below_8[32] = {0},
+            high[32] = {0}, low[32] = {0};
     for (const char *p = "0123456789abcdefABCDEF"; *p; p++) gx_cls_set(hex, (uint8_t)*p);
+    for (const char *p = "0123456789abcefABCEF"; *p; p++) gx_cls_set(not_d, (uint8_t)*p);
+    for (const char *p = "dD"; *p; p++) gx_cls_set(d, (uint8_t)*p);
+    for (const char *p = "01234567"; *p; p++) gx_cls_set(below_8, (uint8_t)*p);
+    for (const char *p = "89abAB"; *p; p++) gx_cls_set(high, (uint8_t)*p);
+    for (const char *p = "cdefCDEF"; *p; p++) gx_cls_set(low, (uint8_t)*p);
     for (const char *p = "\"\\/bfnrt"; *p; p++) gx_cls_set(esc, (uint8_t)*p);
-    struct gx *u = gx_seq2(b, gx_byte(b, 'u'), gx_repeat(b, gx_class(b, hex), 4, 4));
+    // \uXXXX outside D800-DFFF, or \uD8xx-\uDBxx followed by \uDCxx-\uDFxx.
+    struct gx *bmp = gx_alt2(b, gx_seq2(b, gx_class(b, not_d), gx_repeat(b, gx_class(b, hex), 3, 3)),
+                             gx_seq3(b, gx_class(b, d), gx_class(b, below_8),
+                                     gx_repeat(b, gx_class(b, hex), 2, 2)));
+    struct gx *pair = gx_seq3(b, gx_seq2(b, gx_class(b, d), gx_class(b, high)),
+                              gx_repeat(b, gx_class(b, hex), 2, 2),
+                              gx_seq3(b, gx_str(b, "\\u"), gx_seq2(b, gx_class(b, d), gx_class(b, low)),
+                                      gx_repeat(b, gx_class(b, hex), 2, 2)));
+    struct gx *u = gx_seq2(b, gx_byte(b, 'u'), gx_alt2(b, bmp, pair));
     struct gx *escape = gx_seq2(b, gx_byte(b, '\\'), gx_alt2(b, gx_class(b, esc), u));
     return gx_alt2(b, plain, escape);
 }

@@ -115,7 +115,11 @@ bool gx_read_uint(const uint8_t **p, const uint8_t *end, uint32_t *v);
 bool gx_read_hex(const uint8_t **p, const uint8_t *end, int n, uint32_t *v);
 
 // Expressions shared by the compilers.
-struct gx *gx_json_string_char(struct gbuild *b); // one character of a JSON string body, escapes included
+// One character of a JSON string body, escapes included: a code point, so
+// an escaped surrogate pair is one character (JSON Schema's minLength and
+// maxLength count code points) and a lone escaped surrogate is none (it is
+// not Unicode, and jansson, the server's own parser, refuses it).
+struct gx *gx_json_string_char(struct gbuild *b);
 
 // ---- Limits (hostile input) ----
 // The fuzz build (tests/fuzz/run.sh) scales the compile-time budgets down

@@ -284,7 +284,27 @@ static void schema_accepts_valid_and_refuses_invalid_documents(void **state)
     REFUSES(g, "\"ab\"");
     grammar_unref(g);
 
+    // Lengths count code points, as JSON Schema (and Ajv) do: an escaped
+    // surrogate pair is one, a lone escaped surrogate is not a character.
+    g = must_compile(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"minLength\":2,\"maxLength\":2}");
+    ACCEPTS(g, "\"ab\"");
+    ACCEPTS(g, "\"a\\uD83D\\ude00\"");       // a + U+1F600
+    ACCEPTS(g, "\"\\ud7ff\\uE000\"");        // both sides of the surrogates
+    ACCEPTS(g, "\"\xf0\x9f\x98\x80\\n\"");    // raw U+1F600 and an escape
+    REFUSES(g, "\"\\ud83d\\ude00\"");          // one character, not two
+    REFUSES(g, "\"\\ud83dx\"");                // a lone high surrogate
+    REFUSES(g, "\"x\\ude00\"");                // a lone low surrogate
+    REFUSES(g, "\"\\ude00\\ud83d\"");          // low before high
+    REFUSES(g, "\"\\ud83d\\ud83d\"");          // two highs
+    grammar_unref(g);
+    g = must_compile(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"maxLength\":1}");
+    ACCEPTS(g, "\"\\uDBFF\\uDFFF\"");          // U+10FFFF, one character
+    REFUSES(g, "\"\\udbff\"");
+    grammar_unref(g);
+
     g = must_compile(GRAMMAR_JSON_OBJECT, NULL);
+    ACCEPTS(g, "{\"a\\ud83d\\ude00\":\"\\u0041\"}");
+    REFUSES(g, "{\"a\":\"\\ud83d\"}");
     ACCEPTS(g, "{\"a\":[1,-2.5e3,true,null,{\"b\":\"c\"}],\"a\":{}}");
     REFUSES(g, "[1]");
     REFUSES(g, "{\"a\":01}");

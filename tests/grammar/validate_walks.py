@@ -38,6 +38,8 @@ def main():
                 raise ValueError("prefix or suffix missing")
             body = text[len(prefix):len(text) - len(suffix)]
             value = json.loads(body)
+            # Python's json takes a lone escaped surrogate; Unicode (and jansson) do not.
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
             schema = {"type": "object"} if e.get("json_object") else e["schema"]
             cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
             cls(schema, format_checker=cls.FORMAT_CHECKER).validate(value)
