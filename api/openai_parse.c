@@ -498,10 +498,12 @@ static int f_kwargs(struct parser *p, const char *k, json_t *v, void *dst)
 // ---- agents: tools, tool_choice, reasoning and structured output ----------------
 
 #define OA_MAX_TOOLS 128
-#define OA_MAX_TOOL_NAME 64
+#define OA_MAX_TOOL_NAME 128
 
-// OpenAI's function names: letters, digits, '_', '-' (and '.', which some
-// clients use for namespaces), 1 to 64 of them.
+// Function names: letters, digits, '_', '-' (and '.', which some clients use
+// for namespaces), 1 to 128 of them: OpenAI allows 64, Anthropic 128, and
+// MCP tools as Claude Code names them (mcp__server__tool) often need more
+// than 64.
 static bool tool_name_ok(const char *s)
 {
     size_t n = strlen(s);
@@ -587,7 +589,7 @@ static int f_tool_choice(struct parser *p, const char *k, json_t *v, void *dst)
 static int f_reasoning_effort(struct parser *p, const char *k, json_t *v, void *dst)
 {
     (void)dst;
-    static const char *const levels[] = {"none", "minimal", "low", "medium", "high"};
+    static const char *const levels[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max"};
     if (!json_is_string(v)) return type_error(p, k, "a string", v);
     for (size_t i = 0; i < sizeof levels / sizeof levels[0]; i++)
         if (!strcmp(json_string_value(v), levels[i])) {
@@ -595,7 +597,7 @@ static int f_reasoning_effort(struct parser *p, const char *k, json_t *v, void *
             return 0;
         }
     return oa_errorf(p->e, MS_EINVAL, "invalid_value", k,
-                     "'reasoning_effort' must be none, minimal, low, medium or high, got \"%.40s\"",
+                     "'reasoning_effort' must be none, minimal, low, medium, high, xhigh or max, got \"%.40s\"",
                      json_string_value(v));
 }
 

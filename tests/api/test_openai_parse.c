@@ -584,6 +584,25 @@ static void agent_fields_are_parsed_and_checked(void **state)
     assert_int_equal(r.thinking, -1);
     assert_int_equal(r.gen.structured.kind, OA_SO_NONE);
     oa_chat_request_release(&r);
+    // The SDK's newer efforts think; names as long as Anthropic's (128) pass.
+    assert_int_equal(chat("{" MSGS ", \"reasoning_effort\": \"xhigh\"}", &r, &e, a, NULL), 0);
+    assert_int_equal(r.thinking, 1);
+    oa_chat_request_release(&r);
+    assert_int_equal(chat("{" MSGS ", \"reasoning_effort\": \"max\"}", &r, &e, a, NULL), 0);
+    assert_int_equal(r.thinking, 1);
+    oa_chat_request_release(&r);
+    char longname[400], n128[129], n129[130];
+    memset(n128, 'a', 128);
+    n128[128] = 0;
+    memset(n129, 'a', 129);
+    n129[129] = 0;
+    snprintf(longname, sizeof longname, "{" MSGS ", \"tools\": [{\"type\": \"function\", \"function\": "
+             "{\"name\": \"%s\"}}]}", n128);
+    assert_int_equal(chat(longname, &r, &e, a, NULL), 0);
+    oa_chat_request_release(&r);
+    snprintf(longname, sizeof longname, "{" MSGS ", \"tools\": [{\"type\": \"function\", \"function\": "
+             "{\"name\": \"%s\"}}]}", n129);
+    expect_chat_error(longname, 400, "tools[0].function.name");
     const struct {
         const char *field;
         enum oa_structured_kind kind;
