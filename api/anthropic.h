@@ -2,13 +2,16 @@
 // /v1/messages/count_tokens), as Claude Code and other Anthropic clients
 // speak it. The body (system, messages with text, tool_use, tool_result and
 // thinking blocks, tools with input_schema, tool_choice auto|any|tool|none,
-// max_tokens, stop_sequences, temperature/top_p/top_k, thinking) becomes an
+// max_tokens, stop_sequences, temperature/top_p/top_k, thinking (absent:
+// off), output_config.format / output_format into response_format,
+// context_management's clearing edits as no-ops) becomes an
 // OpenAI chat request, so it runs as the same engine request as
 // /v1/chat/completions; the output parser's events become the Message object
 // and Anthropic's stream (message_start, content_block_start/delta/stop with
 // text_delta, thinking_delta and input_json_delta, message_delta,
 // message_stop). Errors take Anthropic's shape: {"type": "error", "error":
-// {"type", "message"}}.
+// {"type", "message"}}, plus "details" {error_code, unsupported} for a
+// refused thread, as the SDK reads it.
 #ifndef MOESERVE_API_ANTHROPIC_H
 #define MOESERVE_API_ANTHROPIC_H
 

@@ -37,6 +37,13 @@ json_t *an_error_json(const struct oa_error *e)
                                 error_type(e->http), "message", msg)
                     : NULL;
     json_decref(oa);
+    // What the SDK reads off a refused thread (ThreadState's unsupportedFeatures).
+    if (r && e->code && !strcmp(e->code, "thread_unsupported_request") &&
+        json_object_set_new(json_object_get(r, "error"), "details",
+                            json_pack("{s:s, s:[s]}", "error_code", e->code, "unsupported", e->param))) {
+        json_decref(r);
+        return NULL;
+    }
     return r;
 }
 

@@ -14,6 +14,8 @@ struct an_parse {
     json_t *system, *messages;       // borrowed from the body
     bool count_only;
     bool has_max_tokens;
+    bool has_thinking;
+    const char *format_key;          // where a JSON output format came from, to name in errors
 };
 
 static struct an_parse *S(struct tr *t)
@@ -141,11 +143,98 @@ static int f_thinking(struct tr *t, const char *k, json_t *v)
     if (budget && !json_is_null(budget) && !json_is_integer(budget))
         return tr_type_error(t, "thinking.budget_tokens", "an integer", budget);
     const char *ty = json_string_value(type);
+    S(t)->has_thinking = true;
     if (!strcmp(ty, "disabled")) return tr_set(t, "reasoning_effort", json_string("none"));
     if (!strcmp(ty, "enabled") || !strcmp(ty, "adaptive"))
         return tr_set(t, "reasoning_effort", json_string("medium"));
     return oa_errorf(t->e, MS_EINVAL, "invalid_value", "thinking.type",
                      "'thinking.type' must be enabled, disabled or adaptive, got \"%.40s\"", ty);
+}
+
+// A JSON output format ({type: "json_schema", schema}) as chat's
+// response_format: the answer is held to the schema (Anthropic's structured
+// outputs; the SDK's messages.parse()).
+static int output_format(struct tr *t, const char *k, json_t *v)
+{
+    char key[64];
+    if (!json_is_object(v)) return tr_type_error(t, k, "an object", v);
+    json_t *type = json_object_get(v, "type"), *schema = json_object_get(v, "schema");
+    snprintf(key, sizeof key, "%s.type", k);
+    if (!json_is_string(type)) return type ? tr_type_error(t, key, "a string", type) : tr_missing(t, key);
+    if (strcmp(json_string_value(type), "json_schema"))
+        return oa_errorf(t->e, MS_EINVAL, "invalid_value", key, "'%s' must be \"json_schema\", got \"%.40s\"",
+                         key, json_string_value(type));
+    snprintf(key, sizeof key, "%s.schema", k);
+    if (!json_is_object(schema)) return schema ? tr_type_error(t, key, "an object", schema) : tr_missing(t, key);
+    S(t)->format_key = !strcmp(k, "output_format") ? "output_format.schema" : "output_config.format.schema";
+    return tr_set(t, "response_format", json_pack("{s:s, s:{s:s, s:O}}", "type", "json_schema", "json_schema",
+                                                  "name", "output", "schema", schema));
+}
+
+// output_config: {format, effort}. effort (low to max) weighs how hard
+// Claude works; Qwen3 has no such dial (thinking is 'thinking'), so it is
+// checked and changes nothing.
+static int f_output_config(struct tr *t, const char *k, json_t *v)
+{
+    static const char *const efforts[] = {"low", "medium", "high", "xhigh", "max"};
+    if (!json_is_object(v)) return tr_type_error(t, k, "an object", v);
+    json_t *effort = json_object_get(v, "effort"), *format = json_object_get(v, "format");
+    if (effort && !json_is_null(effort)) {
+        bool ok = false;
+        for (size_t i = 0; json_is_string(effort) && i < sizeof efforts / sizeof efforts[0]; i++)
+            ok |= !strcmp(json_string_value(effort), efforts[i]);
+        if (!ok)
+            return oa_errorf(t->e, MS_EINVAL, "invalid_value", "output_config.effort",
+                             "'output_config.effort' must be low, medium, high, xhigh or max");
+    }
+    return format && !json_is_null(format) ? output_format(t, "output_config.format", format) : 0;
+}
+
+static int f_output_format(struct tr *t, const char *k, json_t *v)
+{
+    return output_format(t, k, v);
+}
+
+// context_management: {edits: [...]}: Claude Code sends
+// clear_thinking_* edits whenever thinking is on, and the API may send
+// clear_tool_uses_* ones. Both only drop old turns' content from what the
+// model sees, which here is already so for thinking (Qwen3's template keeps
+// no earlier turn's reasoning) and, for tool uses, only ever applies past a
+// size this server's context does not reach first; they are taken as
+// no-ops. Other edits are refused by type.
+static int f_context_management(struct tr *t, const char *k, json_t *v)
+{
+    if (!json_is_object(v)) return tr_type_error(t, k, "an object", v);
+    json_t *edits = json_object_get(v, "edits");
+    if (!edits || json_is_null(edits)) return 0;
+    if (!json_is_array(edits)) return tr_type_error(t, "context_management.edits", "an array", edits);
+    size_t i;
+    json_t *ed;
+    json_array_foreach(edits, i, ed) {
+        char key[64];
+        json_t *type = json_object_get(ed, "type");
+        snprintf(key, sizeof key, "context_management.edits[%zu].type", i);
+        if (!json_is_string(type)) return type ? tr_type_error(t, key, "a string", type) : tr_missing(t, key);
+        const char *ty = json_string_value(type);
+        if (strncmp(ty, "clear_thinking_", 15) && strncmp(ty, "clear_tool_uses_", 16))
+            return tr_unsupported(t, key, "'%s' is \"%.40s\": moeserve takes clear_thinking_* and "
+                                  "clear_tool_uses_* edits only", key, ty);
+    }
+    return 0;
+}
+
+// thread: server-side message threads (the SDK's toolRunner sends
+// {type: "create"}, then only new messages with {type: "continue"}). Nothing
+// here stores a conversation, so a thread is refused in the shape the SDK
+// reads (an_error_json's details), which it can answer by sending the whole
+// history (unsupportedRequestBehavior: 'continue_unthreaded'); ignoring it
+// would answer a continue without its history.
+static int f_thread(struct tr *t, const char *k, json_t *v)
+{
+    (void)v;
+    return oa_errorf(t->e, MS_EUNSUPPORTED, "thread_unsupported_request", k,
+                     "'thread' is not served by moeserve: it stores no conversation, so send the whole "
+                     "history in 'messages' and leave 'thread' out");
 }
 
 static int f_metadata(struct tr *t, const char *k, json_t *v)
@@ -189,7 +278,10 @@ static const struct tr_field an_fields[] = {
     {"service_tier", NULL, f_accept},
     {"container", NULL, f_unserved},
     {"mcp_servers", NULL, f_unserved},
-    {"context_management", NULL, f_unserved},
+    {"context_management", NULL, f_context_management},
+    {"output_config", NULL, f_output_config},
+    {"output_format", NULL, f_output_format},
+    {"thread", NULL, f_thread},
     // vLLM's chat extras, for benchmarks and forced outputs
     {"ignore_eos", "ignore_eos", NULL},
     {"structured_outputs", "structured_outputs", NULL},
@@ -399,7 +491,10 @@ static const struct tr_rename an_renames[] = {
     {"tools[].function", "tools[]"},
     {"tool_choice.function.name", "tool_choice.name"},
     {"reasoning_effort", "thinking"},
+    {"response_format.json_schema.schema", "output_config.format.schema"},
+    {"response_format", "output_config.format"},
 };
+
 
 static int parse(const char *body, size_t len, const struct oa_limits *lim, struct arena *a,
                  bool count_only, struct oa_chat_request *out, struct oa_error *e)
@@ -415,8 +510,12 @@ static int parse(const char *body, size_t len, const struct oa_limits *lim, stru
     if (!rc) rc = tr_fields(&t, root, an_fields, sizeof an_fields / sizeof an_fields[0]);
     if (!rc && !count_only && !s.has_max_tokens) rc = tr_missing(&t, "max_tokens");
     if (!rc && !json_object_get(root, "model")) rc = tr_missing(&t, "model");
+    // Anthropic's default is no thinking; Qwen3's template thinks unless told.
+    if (!rc && !s.has_thinking) rc = tr_set(&t, "reasoning_effort", json_string("none"));
     if (!rc) rc = all_messages(&t);
     if (!rc) rc = tr_finish(&t, an_renames, sizeof an_renames / sizeof an_renames[0], lim, out);
+    // output_format (the beta's spelling) is not the rename's output_config.format.
+    if (!rc && s.format_key) out->gen.structured.param = s.format_key;
     json_decref(root);
     tr_release(&t);
     return rc;

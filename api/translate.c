@@ -206,6 +206,21 @@ int tr_finish(struct tr *t, const struct tr_rename *rows, size_t n, const struct
     int rc = oa_parse_chat_json(t->chat, lim, t->a, out, t->e);
     if (!rc) {
         out->ignored = t->ignored_len ? arena_strndup(t->a, t->ignored, t->ignored_len) : NULL;
+        // The structured output's schema compiles later (the route), and its
+        // refusals name this field: the API's name for it.
+        struct oa_structured *so = &out->gen.structured;
+        struct oa_error named = {0};
+        for (size_t i = 0; so->param && i < n; i++) {
+            snprintf(named.param, sizeof named.param, "%s", so->param);
+            if (!rename_row(&named, &rows[i])) continue;
+            const char *api = arena_strdup(t->a, named.param);
+            if (!api) {
+                oa_chat_request_release(out);
+                return tr_oom(t);
+            }
+            so->param = api;
+            break;
+        }
         return 0;
     }
     struct oa_error *e = t->e;

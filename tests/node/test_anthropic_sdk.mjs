@@ -181,6 +181,55 @@ test('stop_sequences end the answer with stop_reason stop_sequence', async () =>
   assert.ok(text(m).length < t.length);
 });
 
+// What Claude Code and the SDK's helpers send beside the basics.
+test('no thinking unless asked, as Anthropic\'s default; context_management edits; long MCP tool names', async () => {
+  const count = async (extra) => (await client.messages.countTokens({ model: 'tiny', messages, ...extra })).input_tokens;
+  // Leaving thinking out renders as thinking disabled (Qwen3's empty think block), not as enabled.
+  assert.equal(await count({}), await count({ thinking: { type: 'disabled' } }));
+  assert.notEqual(await count({}), await count({ thinking: { type: 'enabled', budget_tokens: 1024 } }));
+  // With thinking on, Claude Code asks to clear old thinking: a no-op here.
+  const m = await client.messages.create({ ...greedy, messages, max_tokens: 4,
+    thinking: { type: 'enabled', budget_tokens: 1024 },
+    context_management: { edits: [{ type: 'clear_thinking_20251015', keep: 'all' },
+      { type: 'clear_tool_uses_20250919' }] } });
+  assert.equal(m.usage.output_tokens, 4);
+  await assert.rejects(client.messages.create({ ...greedy, messages, max_tokens: 4, context_management: { edits: [{ type: 'rewrite_history' }] } }),
+    (e) => e instanceof Anthropic.BadRequestError && /context_management\.edits\[0\]\.type/.test(e.error.error.message));
+  const mcp = { ...weather, name: 'mcp__github_enterprise_server__list_pull_request_review_comments_for_repo' };
+  const named = await client.messages.create({ model: 'tiny', messages, tools: [mcp],
+    tool_choice: { type: 'tool', name: mcp.name }, temperature: 1, seed: 2, max_tokens: 300 });
+  assert.equal(named.content.find((b) => b.type === 'tool_use').name, mcp.name);
+});
+
+test('output_config.format holds the answer to its schema (messages.parse); a bad schema names the field', async () => {
+  const schema = { type: 'object', properties: { answer: { type: 'integer', minimum: 0, maximum: 99 },
+    unit: { enum: ['m', 'km'] } }, required: ['answer', 'unit'], additionalProperties: false };
+  for (const seed of [1, 2]) {
+    const r = await client.messages.parse({ model: 'tiny', messages, max_tokens: 300, temperature: 1, seed,
+      output_config: { format: { type: 'json_schema', schema }, effort: 'low' } });
+    validate(schema, r.parsed_output, `seed ${seed}`);
+  }
+  const beta = await client.messages.create({ model: 'tiny', messages, max_tokens: 300, temperature: 1, seed: 3,
+    output_format: { type: 'json_schema', schema } });
+  validate(schema, JSON.parse(text(beta)), 'output_format');
+  for (const [field, body] of [['output_config.format.schema', { output_config: { format: { type: 'json_schema', schema: { $ref: '#' } } } }],
+    ['output_format.schema', { output_format: { type: 'json_schema', schema: { $ref: '#' } } }]])
+    await assert.rejects(client.messages.create({ model: 'tiny', messages, max_tokens: 4, ...body }),
+      (e) => e instanceof Anthropic.BadRequestError && e.error.error.message.includes(`'${field}'`), field);
+});
+
+// The SDK's toolRunner threads by default; a refused thread comes back in the
+// shape it reads, so it can fall back to sending the whole history.
+test('thread is refused with the details the SDK reads (thread_unsupported_request)', async () => {
+  const r = await fetch(`${baseURL}/v1/messages?beta=true`, { method: 'POST',
+    headers: { 'content-type': 'application/json', 'x-api-key': KEY, 'anthropic-version': '2023-06-01' },
+    body: JSON.stringify({ model: 'tiny', max_tokens: 3, messages, thread: { type: 'create' } }) });
+  assert.equal(r.status, 400);
+  const body = await r.json();
+  assert.equal(body.type, 'error');
+  assert.deepEqual(body.error.details, { error_code: 'thread_unsupported_request', unsupported: ['thread'] });
+});
+
 test('errors come in Anthropic\'s shape with the SDK\'s classes', async () => {
   await assert.rejects(client.messages.create({ model: 'tiny', messages }), // no max_tokens
     (e) => e instanceof Anthropic.BadRequestError && e.error.type === 'error' &&

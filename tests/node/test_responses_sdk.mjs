@@ -203,6 +203,8 @@ test('what is not served is a 400 naming the parameter', async () => {
     [{ input: [{ type: 'item_reference', id: 'x' }] }, 'input[0].type'],
     [{ tools: [weather], tool_choice: { type: 'function', name: 'nope' } }, 'tool_choice.name'],
     [{ text: { format: { type: 'json_schema', name: 'x', schema: 'nope' } } }, 'text.format.schema'],
+    // a schema that parses but cannot be enforced (refused when it compiles)
+    [{ text: { format: { type: 'json_schema', name: 'x', schema: { $ref: '#' } } } }, 'text.format.schema'],
   ];
   for (const [extra, param] of cases) {
     await assert.rejects(client.responses.create({ model: 'tiny', input: 'Hi', max_output_tokens: 4, ...extra }),
