@@ -239,6 +239,7 @@ static const char *stop_reason(const struct es_result *r)
     } map[] = {{"tool_calls", "tool_use"}, {"length", "max_tokens"}, {"stop", "end_turn"},
                {"abort", "end_turn"}};
     if (!strcmp(r->finish, "stop") && r->stop_str) return "stop_sequence";
+    if (r->context_full) return "model_context_window_exceeded";
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
         if (!strcmp(map[i].finish, r->finish)) return map[i].reason;
     return "end_turn";

@@ -34,6 +34,7 @@ struct es_result {
     const char *stop_str;        // the stop string that ended it, or NULL
     struct oa_usage usage;
     int reasoning_tokens;        // output tokens before the end of reasoning
+    bool context_full;           // "length" at the end of the context, max_tokens cut to fit it
 };
 
 // Receives one event; takes the reference to data (NULL data: out of memory,

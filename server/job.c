@@ -275,6 +275,7 @@ static void es_result_of(struct job *j, const struct job_choice *c, struct es_re
     r->finish = output_parser_finish_reason(c->parser, c->finish ? c->finish : "abort");
     r->stop_str = c->stop_str;
     r->reasoning_tokens = reasoning_tokens(j, c);
+    r->context_full = j->prompts[c->prompt].max_cut && !strcmp(r->finish, "length");
 }
 
 static void es_error(struct job_choice *c, struct oa_error *e)

@@ -30,6 +30,7 @@ struct job_prompt {
     char *text;                      // for echo: the prompt as text (malloc'd)
     size_t text_len;
     struct oa_token *echo_tokens;    // (n_ids) when echo; logprobs filled from the engine
+    bool max_cut;                    // its choices' max_tokens cut to the room it leaves (a front's)
 };
 
 struct job_choice;                   // one choice's output and streaming progress (job.c)

@@ -15,6 +15,7 @@ static const struct generate_front messages_front = {
     .id_prefix = "msg_",
     .call_id_prefix = "toolu_",
     .max_param = "max_tokens",
+    .max_within_context = true,
     .parse = an_parse,
     .stream_create = an_stream_create,
     .ops = &an_stream_ops,

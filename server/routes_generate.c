@@ -344,7 +344,7 @@ static int make_grammar(struct app *a, struct parsed *q, struct oa_error *e)
                      "'%s' cannot be enforced: %s", param, err);
 }
 
-static void fill_engine_request(struct app *a, const struct parsed *q, const struct job_prompt *p,
+static void fill_engine_request(struct app *a, const struct parsed *q, struct job_prompt *p,
                                 int choice_in_prompt, bool want_prompt_lp,
                                 struct engine_request *er)
 {
@@ -367,6 +367,10 @@ static void fill_engine_request(struct app *a, const struct parsed *q, const str
     if (max == 0) {
         max = room;
         if (a->gen.max_new_tokens > 0 && a->gen.max_new_tokens < max) max = a->gen.max_new_tokens;
+    }
+    if (q->front && q->front->max_within_context && max > room && room > 0) {
+        max = room;
+        p->max_cut = true;
     }
     st->max_tokens = max;
     st->ignore_eos = g->ignore_eos;
@@ -434,6 +438,15 @@ static void handle_generate(struct app *a, struct http_request *r, bool chat,
     if (!rc) rc = make_grammar(a, &q, &e);
     if (!rc) rc = submit_choices(a, j, &q, &e);
     for (int i = 0; !rc && i < j->n_prompts; i++) metrics_observe_params(a->metrics, q.g->n, q.g->max_tokens);
+    if (rc && front && front->max_within_context && e.code && !strcmp(e.code, "context_length_exceeded")) {
+        // Anthropic's wording, which its clients key their recovery on. With
+        // max_tokens cut to fit, only the prompt itself can be too long.
+        int n = j->n_prompts > 0 && j->prompts[0].n_ids > 0 ? j->prompts[0].n_ids : 0;
+        if (n) oa_errorf(&e, e.status, e.code, q.param, "prompt is too long: %d tokens > %d maximum", n,
+                         a->max_model_len - 1);
+        else oa_errorf(&e, e.status, e.code, q.param, "prompt is too long: more than %d tokens > %d maximum",
+                       a->max_model_len, a->max_model_len - 1);
+    }
     grammar_unref(q.grammar); // each engine request holds its own
     if (!rc && job_respond(j, r)) rc = oa_errorf(&e, MS_ENOMEM, "internal_error", NULL, "out of memory");
     if (chat) oa_chat_request_release(&q.cr);

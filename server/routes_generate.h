@@ -22,6 +22,11 @@ struct generate_front {
     const char *id_prefix;           // "resp_", "msg_"
     const char *call_id_prefix;      // tool call ids: "call_", "toolu_"
     const char *max_param;           // the output bound's name: "max_output_tokens", "max_tokens"
+    // Anthropic's: a max_tokens past the room the prompt leaves is cut to it
+    // (not a 400), and an answer that then fills the context says so
+    // (es_result.context_full: stop_reason model_context_window_exceeded);
+    // a prompt that alone is too long is refused as "prompt is too long".
+    bool max_within_context;
     // The body into a chat request and the fields the answer repeats (*echo, or NULL).
     int (*parse)(const char *body, size_t len, const struct oa_limits *lim, struct arena *a,
                  struct oa_chat_request *out, json_t **echo, struct oa_error *e);

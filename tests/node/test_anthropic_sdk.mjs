@@ -218,6 +218,28 @@ test('output_config.format holds the answer to its schema (messages.parse); a ba
       (e) => e instanceof Anthropic.BadRequestError && e.error.error.message.includes(`'${field}'`), field);
 });
 
+// Claude Code asks for 32k-64k tokens on top of a long prompt: as the API
+// does, the answer runs to the end of the context and says so; only a prompt
+// that alone is too long is refused, in Anthropic's words.
+test('max_tokens past the context runs to its end (model_context_window_exceeded); too long a prompt is refused', async () => {
+  const ask = (k) => [{ role: 'user', content: 'x' + ' a'.repeat(k) }];
+  const base = (await client.messages.countTokens({ model: 'tiny', messages: ask(0) })).input_tokens;
+  const k = 2048 - 6 - base;
+  assert.equal((await client.messages.countTokens({ model: 'tiny', messages: ask(k) })).input_tokens, 2042);
+  const m = await client.messages.create({ ...greedy, messages: ask(k), max_tokens: 16000 }); // the SDK streams above ~21k
+  assert.equal(m.stop_reason, 'model_context_window_exceeded');
+  assert.equal(m.usage.output_tokens, 6);
+  const s = await client.messages.stream({ ...greedy, messages: ask(k), max_tokens: 64000 }).finalMessage();
+  assert.equal(s.stop_reason, 'model_context_window_exceeded');
+  // A max_tokens that fits ends as max_tokens.
+  assert.equal((await client.messages.create({ ...greedy, messages: ask(k), max_tokens: 5 })).stop_reason, 'max_tokens');
+  await assert.rejects(client.messages.create({ ...greedy, messages: ask(k + 6), max_tokens: 100 }),
+    (e) => e instanceof Anthropic.BadRequestError && /^prompt is too long: 2048 tokens > 2047 maximum$/.test(e.error.error.message),
+    'the prompt alone fills the context');
+  await assert.rejects(client.messages.create({ ...greedy, messages: ask(3000), max_tokens: 100 }),
+    (e) => e instanceof Anthropic.BadRequestError && /^prompt is too long: /.test(e.error.error.message));
+});
+
 // The SDK's toolRunner threads by default; a refused thread comes back in the
 // shape it reads, so it can fall back to sending the whole history.
 test('thread is refused with the details the SDK reads (thread_unsupported_request)', async () => {
