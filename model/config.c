@@ -161,32 +161,77 @@ static int parse_dtype_name(const char *s, enum dtype *out)
     return 0;
 }
 
+// A rotation over only part of each head (transformers builds a shorter
+// one; we rotate the whole head_dim): 1 or absent only.
+static int check_partial_rotary(const json_t *obj, const char *where, char *err, size_t errlen)
+{
+    bool has;
+    double f = 1.0;
+    int rc = get_num(obj, "config.json", "partial_rotary_factor", &has, &f, err, errlen);
+    if (rc || !has || f == 1.0) return rc;
+    return ms_err(err, errlen, MS_EUNSUPPORTED, "config.json field %spartial_rotary_factor is %g; "
+                  "moeserve rotates the whole head_dim", where, f);
+}
+
 // rope_scaling (and rope_parameters, its successor in newer transformers)
 // must be absent, null or of type "default": we implement plain RoPE only.
-static int check_rope(const json_t *root, const char *key, struct model_config *cfg, char *err,
-                      size_t errlen)
+// transformers 5 may key rope_parameters by layer type ({"full_attention":
+// {...}}): every layer here is full attention, so that entry is the one.
+// *theta_given: a rope_theta was read so far (the top level's, or an
+// earlier key's).
+static int check_rope(const json_t *root, const char *key, struct model_config *cfg, bool *theta_given,
+                      char *err, size_t errlen)
 {
     json_t *v = json_object_get(root, key);
+    char where[64];
+    snprintf(where, sizeof where, "%s", key);
     if (!v || json_is_null(v)) return 0;
     if (!json_is_object(v))
         return ms_err(err, errlen, MS_EUNSUPPORTED,
                       "config.json field %s is %s; only null or {\"rope_type\": \"default\"} is "
                       "supported", key, json_kind(v));
-    json_t *t = json_object_get(v, "rope_type");
-    if (!t) t = json_object_get(v, "type");
-    if (t && !json_is_string(t))
-        return ms_err(err, errlen, MS_EFORMAT, "config.json field %s.rope_type must be a string",
-                      key);
+    json_t *by_type = json_object_get(v, "full_attention");
+    if (json_is_object(by_type)) {
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x)
+            if (strcmp(k, "full_attention"))
+                return ms_err(err, errlen, MS_EUNSUPPORTED, "config.json field %s is keyed by layer "
+                              "type and has \"%.40s\"; moeserve runs full attention only", key, k);
+        v = by_type;
+        snprintf(where, sizeof where, "%s.full_attention", key);
+    }
+    json_t *rt = json_object_get(v, "rope_type"), *ty = json_object_get(v, "type");
+    if ((rt && !json_is_null(rt) && !json_is_string(rt)) || (ty && !json_is_null(ty) && !json_is_string(ty)))
+        return ms_err(err, errlen, MS_EFORMAT, "config.json field %s.rope_type must be a string", where);
+    // transformers 4 copies "type" over "rope_type"; a file where they differ says two things.
+    if (json_is_string(rt) && json_is_string(ty) && strcmp(json_string_value(rt), json_string_value(ty)))
+        return ms_err(err, errlen, MS_EFORMAT, "config.json field %s has rope_type \"%.40s\" but type "
+                      "\"%.40s\"; which RoPE the model was trained with is unclear", where,
+                      json_string_value(rt), json_string_value(ty));
+    json_t *t = json_is_string(rt) ? rt : json_is_string(ty) ? ty : NULL;
     const char *type = t ? json_string_value(t) : "default";
     if (strcmp(type, "default") != 0)
         return ms_err(err, errlen, MS_EUNSUPPORTED,
                       "config.json field %s has rope_type \"%s\"; only plain RoPE (null or "
-                      "\"default\") is supported", key, type);
+                      "\"default\") is supported", where, type);
+    char pre[80];
+    snprintf(pre, sizeof pre, "%s.", where);
+    int rc = check_partial_rotary(v, pre, err, errlen);
+    if (rc) return rc;
     bool has_theta;
     double theta = cfg->rope_theta;
-    int rc = get_num(v, "config.json", "rope_theta", &has_theta, &theta, err, errlen);
-    if (rc) return rc;
-    if (has_theta) cfg->rope_theta = theta;
+    if ((rc = get_num(v, "config.json", "rope_theta", &has_theta, &theta, err, errlen))) return rc;
+    // rope_parameters' own theta is the one (transformers 5 puts the top
+    // level's in only where it has none). rope_scaling's: transformers 4
+    // ignores it, 5 takes it: where it and the top level's differ, refused.
+    if (has_theta && *theta_given && theta != cfg->rope_theta && !strcmp(key, "rope_scaling"))
+        return ms_err(err, errlen, MS_EFORMAT, "config.json has rope_theta %g but %s.rope_theta %g; "
+                      "which one the model was trained with is unclear", cfg->rope_theta, where, theta);
+    if (has_theta) {
+        cfg->rope_theta = theta;
+        *theta_given = true;
+    }
     return 0;
 }
 
@@ -212,6 +257,16 @@ static int parse_quant(const json_t *q, struct quant_config *out, char *err, siz
                           "FP8 weights in e4m3 only", F, json_is_string(fmt) ? "\"" : "",
                           json_is_string(fmt) ? json_string_value(fmt) : json_kind(fmt),
                           json_is_string(fmt) ? "\"" : "");
+        // Static activations come with an input_scale a kernel must apply
+        // to its activations (vLLM does); ours stay unquantized, so such a
+        // file would compute something else than it was calibrated for.
+        const json_t *as = json_object_get(q, "activation_scheme");
+        if (as && !json_is_null(as) && (!json_is_string(as) || strcmp(json_string_value(as), "dynamic")))
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field activation_scheme is %s%s%s; moeserve "
+                          "reads \"dynamic\" FP8 checkpoints only (it computes activations unquantized "
+                          "and has no use for an input_scale)", F, json_is_string(as) ? "\"" : "",
+                          json_is_string(as) ? json_string_value(as) : json_kind(as),
+                          json_is_string(as) ? "\"" : "");
         const json_t *bs = json_object_get(q, "weight_block_size");
         if (bs && !json_is_null(bs)) {
             if (!json_is_array(bs) || json_array_size(bs) != 2)
@@ -249,14 +304,33 @@ static int parse_quant(const json_t *q, struct quant_config *out, char *err, siz
         if ((rc = get_bool(q, F, "sym", &out->sym, err, errlen)) ||
             (rc = get_bool(q, F, "desc_act", &out->desc_act, err, errlen)))
             return rc;
-        const json_t *cf = json_object_get(q, "checkpoint_format");
-        if (cf && !json_is_null(cf)) {
+        // The zero points' convention: AutoGPTQ 0.8 and GPTQModel write it as
+        // "format", older files as "checkpoint_format" (GPTQModel now both).
+        // v1 stores each zero minus one, v2 as it is: read wrong, every
+        // weight is off by a step of its scale, with nothing to say so.
+        const char *fmt = NULL;
+        static const char *const fmt_keys[] = {"checkpoint_format", "format"};
+        for (int i = 0; i < 2; i++) {
+            const json_t *cf = json_object_get(q, fmt_keys[i]);
+            if (!cf || json_is_null(cf)) continue;
             const char *s = json_is_string(cf) ? json_string_value(cf) : "";
-            if (!strcmp(s, "gptq_v2")) out->zero_offset = 0;
-            else if (strcmp(s, "gptq") != 0)
-                return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field checkpoint_format is "
-                              "\"%.40s\"; moeserve reads \"gptq\" and \"gptq_v2\"", F, s);
+            if (strcmp(s, "gptq_v2") && strcmp(s, "gptq"))
+                return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field %s is \"%.40s\"; moeserve reads "
+                              "\"gptq\" and \"gptq_v2\"", F, fmt_keys[i], s);
+            if (fmt && strcmp(fmt, s))
+                return ms_err(err, errlen, MS_EFORMAT, "%s says checkpoint_format \"%s\" but format "
+                              "\"%s\"; which zero points the file holds is unclear", F, fmt, s);
+            fmt = s;
         }
+        if (fmt && !strcmp(fmt, "gptq_v2")) out->zero_offset = 0;
+        const json_t *marlin = json_object_get(q, "is_marlin_format");
+        if (json_is_true(marlin))
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field is_marlin_format is true; moeserve "
+                          "reads GPTQ's own layout (qweight, qzeros, scales), not Marlin's", F);
+        const json_t *dyn = json_object_get(q, "dynamic");
+        if (dyn && !json_is_null(dyn) && !(json_is_object(dyn) && !json_object_size(dyn)))
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field dynamic sets per-module overrides; "
+                          "moeserve reads one bits and group_size for every module", F);
         return 0;
     }
     return ms_err(err, errlen, MS_EUNSUPPORTED,
@@ -322,7 +396,8 @@ static int parse_root(json_t *root, struct model_config *cfg, char *err, size_t 
     if (act && !json_is_null(act)) {
         if (!json_is_string(act))
             return ms_err(err, errlen, MS_EFORMAT, "config.json field hidden_act must be a string");
-        if (strcmp(json_string_value(act), "silu") != 0)
+        // transformers' ACT2FN maps "swish" to the same SiLU.
+        if (strcmp(json_string_value(act), "silu") && strcmp(json_string_value(act), "swish"))
             return ms_err(err, errlen, MS_EUNSUPPORTED,
                           "config.json field hidden_act is \"%s\"; only \"silu\" is supported",
                           json_string_value(act));
@@ -339,6 +414,13 @@ static int parse_root(json_t *root, struct model_config *cfg, char *err, size_t 
         return ms_err(err, errlen, MS_EUNSUPPORTED,
                       "config.json field use_sliding_window is true; only full attention is "
                       "supported");
+    // transformers' per-layer attribute overrides: every layer here reads
+    // the one set of values above.
+    json_t *plc = json_object_get(root, "per_layer_config");
+    if (plc && !json_is_null(plc) && !((json_is_object(plc) && !json_object_size(plc)) ||
+                                      (json_is_array(plc) && !json_array_size(plc))))
+        return ms_err(err, errlen, MS_EUNSUPPORTED, "config.json field per_layer_config overrides "
+                      "settings layer by layer; moeserve reads one value of each for every layer");
     json_t *lt = json_object_get(root, "layer_types");
     if (lt && json_is_array(lt)) {
         size_t i;
@@ -397,9 +479,20 @@ static int parse_root(json_t *root, struct model_config *cfg, char *err, size_t 
     // ---- MLP / MoE ----
     cfg->decoder_sparse_step = 1;
     if (cfg->arch == ARCH_QWEN3_MOE) {
-        if ((rc = get_int(root, F, "num_experts", true, 0, CONFIG_MAX_EXPERTS, &cfg->n_experts,
+        // Newer transformers may save num_experts under its attribute_map
+        // name, num_local_experts.
+        int local = -1;
+        if ((rc = get_int(root, F, "num_local_experts", false, 0, CONFIG_MAX_EXPERTS, &local, err,
+                          errlen)))
+            return rc;
+        bool named = json_object_get(root, "num_experts") && !json_is_null(json_object_get(root, "num_experts"));
+        if ((rc = get_int(root, F, "num_experts", local < 0 || named, 0, CONFIG_MAX_EXPERTS, &cfg->n_experts,
                           err, errlen)))
             return rc;
+        if (!named) cfg->n_experts = local;
+        else if (local >= 0 && local != cfg->n_experts)
+            return ms_err(err, errlen, MS_EFORMAT, "config.json has num_experts %d but num_local_experts "
+                          "%d; which is the model's is unclear", cfg->n_experts, local);
         if ((rc = get_int(root, F, "decoder_sparse_step", false, 1, CONFIG_MAX_LAYERS,
                           &cfg->decoder_sparse_step, err, errlen)))
             return rc;
@@ -456,9 +549,11 @@ static int parse_root(json_t *root, struct model_config *cfg, char *err, size_t 
                       "in (0, 1)", x);
     cfg->rms_norm_eps = (float)x;
     cfg->rope_theta = 10000.0; // the transformers default
-    if ((rc = get_num(root, F, "rope_theta", NULL, &cfg->rope_theta, err, errlen))) return rc;
-    if ((rc = check_rope(root, "rope_scaling", cfg, err, errlen))) return rc;
-    if ((rc = check_rope(root, "rope_parameters", cfg, err, errlen))) return rc;
+    bool theta_given = false;
+    if ((rc = get_num(root, F, "rope_theta", &theta_given, &cfg->rope_theta, err, errlen))) return rc;
+    if ((rc = check_partial_rotary(root, "", err, errlen))) return rc;
+    if ((rc = check_rope(root, "rope_scaling", cfg, &theta_given, err, errlen))) return rc;
+    if ((rc = check_rope(root, "rope_parameters", cfg, &theta_given, err, errlen))) return rc;
     if (!(cfg->rope_theta > 1))
         return ms_err(err, errlen, MS_EFORMAT, "config.json field rope_theta is %g; it must be "
                       "greater than 1", cfg->rope_theta);

@@ -190,6 +190,9 @@ static int bind_gptq(struct binder *b, struct tensor *out, const struct st_tenso
                               "with desc_act false", base, (long long)k, (int)g[k], (long long)k,
                               (long long)(k / G));
         b->bound++;
+    } else if (qc->desc_act) {
+        return ms_err(err, errlen, MS_EFORMAT, "quantization_config says desc_act true but %s.g_idx, "
+                      "which says each input's group under act-order, is missing", base);
     }
     out->data = qw->data;
     out->quant = (struct tensor_quant){.format = QUANT_INT4, .source = QUANT_SRC_GPTQ, .group = G,
@@ -258,10 +261,24 @@ static int bind(struct binder *b, struct tensor *out, enum weight_role role, int
     char want[128], got[128];
     shape_str(want, sizeof want, ndim, shape);
     const struct st_tensor *t = safetensors_find(b->st, name);
-    if (!t)
+    if (!t) {
+        // GPTQ tensors where config.json says nothing of them: older tools
+        // wrote quantize_config.json beside it, which transformers does not
+        // read either.
+        char qname[270];
+        const size_t nl = strlen(name);
+        if (b->m->cfg.quant.method == QUANT_METHOD_NONE && nl > 7 && !strcmp(name + nl - 7, ".weight") &&
+            snprintf(qname, sizeof qname, "%.*s.qweight", (int)(nl - 7), name) < (int)sizeof qname &&
+            safetensors_find(b->st, qname))
+            return ms_err(err, errlen, MS_EUNSUPPORTED,
+                          "the checkpoint holds %s, a GPTQ tensor, but config.json has no "
+                          "quantization_config to say how to read it (a quantize_config.json beside "
+                          "it is not read): put its settings in config.json as quantization_config "
+                          "with \"quant_method\": \"gptq\"", qname);
         return ms_err(err, errlen, MS_ENOTFOUND,
                       "the checkpoint has no tensor %s, which config.json implies with shape %s "
                       "(%s)", name, want, why);
+    }
     if (!t->supported)
         return ms_err(err, errlen, MS_EUNSUPPORTED,
                       "tensor %s is stored as %s; moeserve computes with BF16, F16 or F32 weights%s",

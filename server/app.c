@@ -266,6 +266,23 @@ int app_load(struct app *a, const struct app_opts *o, char *err, size_t errlen)
     if (rc) return rc;
     rc = tok_load(o->model_dir, &a->tok, err, errlen);
     if (rc) return rc;
+    // No end-of-sequence id inside the vocabulary in config.json or
+    // generation_config.json: the tokenizer's eos_token, as vLLM falls back
+    // to it (answers, grammars and stop reasons need one).
+    struct model_config *cfg = &a->model->cfg;
+    if (cfg->n_eos == 0) {
+        const char *eos = tok_eos_token(a->tok);
+        const int32_t id = eos ? tok_find_token(a->tok, eos) : -1;
+        if (id < 0 || id >= cfg->vocab_size)
+            return ms_err(err, errlen, MS_EFORMAT, "%s: config.json and generation_config.json name no "
+                          "eos_token_id inside the vocabulary (%d ids), and tokenizer_config.json no "
+                          "eos_token that is a token: nothing would tell where an answer ends; add "
+                          "eos_token_id to generation_config.json", o->model_dir, cfg->vocab_size);
+        cfg->eos_ids[0] = id;
+        cfg->n_eos = 1;
+        ms_log(MS_LOG_WARN, "%s: no eos_token_id in config.json or generation_config.json; using the "
+               "tokenizer's eos_token \"%.64s\" (id %d)", o->model_dir, eos, (int)id);
+    }
     char *own_src = NULL;
     if (o->chat_template && (rc = chat_template_source(o->chat_template, &own_src, err, errlen)))
         return rc;

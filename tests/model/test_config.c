@@ -162,6 +162,23 @@ static void unimplemented_settings_are_refused_by_name(void **state)
          " \"checkpoint_format\": \"marlin\"}", "checkpoint_format", "marlin"},
         {"layer_types", "[\"full_attention\", \"sliding_attention\"]", "layer_types[1]",
          "sliding_attention"},
+        // what transformers would honour and we cannot: refused, never run as something else
+        {"quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128,"
+         " \"format\": \"marlin\"}", "format", "marlin"},
+        {"quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128,"
+         " \"is_marlin_format\": true}", "is_marlin_format", "Marlin"},
+        {"quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128,"
+         " \"dynamic\": {\"-:.*mlp.*\": {}}}", "dynamic", "per-module"},
+        {"quantization_config", "{\"quant_method\": \"fp8\", \"activation_scheme\": \"static\"}",
+         "activation_scheme", "static"},
+        {"partial_rotary_factor", "0.5", "partial_rotary_factor", "0.5"},
+        {"rope_parameters", "{\"rope_type\": \"default\", \"partial_rotary_factor\": 0.25}",
+         "rope_parameters.partial_rotary_factor", "0.25"},
+        {"rope_parameters", "{\"full_attention\": {\"rope_type\": \"yarn\", \"factor\": 4.0}}",
+         "rope_parameters.full_attention", "yarn"},
+        {"rope_parameters", "{\"full_attention\": {\"rope_type\": \"default\"}, \"sliding_attention\": "
+         "{\"rope_type\": \"default\"}}", "rope_parameters", "sliding_attention"},
+        {"per_layer_config", "{\"1\": {\"num_experts_per_tok\": 1}}", "per_layer_config", "layer by layer"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct model_config c;
@@ -184,6 +201,38 @@ static void default_rope_and_explicit_nulls_are_accepted(void **state)
                                   "{\"rope_type\": \"default\", \"rope_theta\": 5000000.0}", &c,
                                   err, sizeof err), 0);
     assert_true(c.rope_theta == 5e6);
+    // transformers 5 keys rope_parameters by layer type; ours are all full attention.
+    assert_int_equal(parse_edited("rope_parameters", "{\"full_attention\": {\"rope_type\": \"default\", "
+                                  "\"rope_theta\": 1000000.0}}", &c, err, sizeof err), 0);
+    assert_true(c.rope_theta == 1e6);
+    assert_int_equal(parse_edited("rope_parameters", "{\"rope_type\": \"default\", \"partial_rotary_factor\": 1.0}",
+                                  &c, err, sizeof err), 0);
+    // Two answers to one question are a format error, not a guess.
+    assert_int_equal(parse_edited("rope_scaling", "{\"rope_type\": \"default\", \"type\": \"yarn\"}", &c,
+                                  err, sizeof err), MS_EFORMAT);
+    assert_non_null(strstr(err, "yarn"));
+    assert_int_equal(parse_edited("rope_scaling", "{\"rope_type\": \"default\", \"rope_theta\": 10000.0}",
+                                  &c, err, sizeof err), MS_EFORMAT);
+    assert_non_null(strstr(err, "rope_theta 1e+06"));
+    assert_int_equal(parse_edited("hidden_act", "\"swish\"", &c, err, sizeof err), 0); // SiLU's other name
+    // num_local_experts, the name newer transformers may save num_experts under.
+    assert_int_equal(parse_edited("num_local_experts", "128", &c, err, sizeof err), 0);
+    assert_int_equal(parse_edited("num_local_experts", "64", &c, err, sizeof err), MS_EFORMAT);
+    assert_non_null(strstr(err, "num_local_experts 64"));
+    json_t *root = json_loads(A3B, 0, NULL);
+    assert_non_null(root);
+    json_object_del(root, "num_experts");
+    json_object_set_new(root, "num_local_experts", json_integer(128));
+    char *text = json_dumps(root, 0);
+    assert_int_equal(config_parse(text, strlen(text), &c, err, sizeof err), 0);
+    assert_int_equal(c.n_experts, 128);
+    json_object_del(root, "num_local_experts");
+    free(text);
+    text = json_dumps(root, 0);
+    assert_int_equal(config_parse(text, strlen(text), &c, err, sizeof err), MS_EFORMAT);
+    assert_non_null(strstr(err, "num_experts"));
+    free(text);
+    json_decref(root);
     assert_int_equal(parse_edited("use_sliding_window", "false", &c, err, sizeof err), 0);
     assert_int_equal(parse_edited("torch_dtype", "\"float32\"", &c, err, sizeof err), 0);
     assert_int_equal(c.torch_dtype, DTYPE_F32);
@@ -222,6 +271,20 @@ static void fp8_and_gptq_quantization_configs_parse(void **state)
     assert_int_equal(c.quant.group, 0); // one group over all inputs
     assert_false(c.quant.sym);
     assert_int_equal(c.quant.zero_offset, 0);
+    // GPTQModel and AutoGPTQ 0.8 name it "format"; newer files write both.
+    assert_int_equal(parse_edited("quantization_config",
+                                  "{\"bits\": 4, \"group_size\": 128, \"quant_method\": \"gptq\", "
+                                  "\"format\": \"gptq_v2\"}", &c, err, sizeof err), 0);
+    assert_int_equal(c.quant.zero_offset, 0);
+    assert_int_equal(parse_edited("quantization_config",
+                                  "{\"bits\": 4, \"group_size\": 128, \"quant_method\": \"gptq\", "
+                                  "\"format\": \"gptq\", \"checkpoint_format\": \"gptq\"}", &c, err, sizeof err), 0);
+    assert_int_equal(c.quant.zero_offset, 1);
+    assert_int_equal(parse_edited("quantization_config",
+                                  "{\"bits\": 4, \"group_size\": 128, \"quant_method\": \"gptq\", "
+                                  "\"format\": \"gptq_v2\", \"checkpoint_format\": \"gptq\"}", &c, err,
+                                  sizeof err), MS_EFORMAT);
+    assert_non_null(strstr(err, "gptq_v2"));
     assert_int_equal(parse_edited("quantization_config", NULL, &c, err, sizeof err), 0);
     assert_int_equal(c.quant.method, QUANT_METHOD_NONE);
     // Malformed pieces are format errors naming the field.

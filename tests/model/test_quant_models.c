@@ -490,6 +490,12 @@ static void inconsistent_checkpoints_are_refused_with_expected_and_actual(void *
         // gate_proj (32 x 64): two groups, so swapping entries reorders them.
         {C_GPTQ, {G0 ".g_idx", NULL, NULL, 0, {0}, true}, NULL, NULL, QUANT_NONE,
          {G0 ".g_idx", "desc_act", NULL}},
+        // act-order said, and no g_idx to say each input's group.
+        {C_GPTQ, {G0 ".g_idx", "", NULL, 0, {0}, false}, "\"desc_act\": false", "\"desc_act\": true",
+         QUANT_NONE, {"desc_act true", G0 ".g_idx", "missing", NULL}},
+        // GPTQ tensors and no quantization_config (an old quantize_config.json's file).
+        {C_GPTQ, {"none", NULL, NULL, 0, {0}, false}, "\"quantization_config\"", "\"x_quantization_config\"",
+         QUANT_NONE, {".qweight", "a GPTQ tensor", "no quantization_config", NULL}},
         // A group size the tensors were not made with.
         {C_GPTQ, {"none", NULL, NULL, 0, {0}, false}, "\"group_size\": 32", "\"group_size\": 16",
          QUANT_NONE, {"group_size 16", "qzeros", "[2, 8]", "[4, 8]"}},

@@ -222,6 +222,36 @@ async function test(name, fn) {
   await server.stop();
 }
 
+// ---- a checkpoint whose config files name no eos_token_id ---------------------------------
+// vLLM falls back to the tokenizer's eos_token; so does moeserve (answers,
+// grammars and stop reasons need one), saying so in the log.
+{
+  const noEos = path.join(dir, 'no-eos-model');
+  fs.mkdirSync(noEos);
+  for (const f of fs.readdirSync(modelDir)) {
+    if (f === 'config.json' || f === 'generation_config.json') {
+      const c = JSON.parse(fs.readFileSync(path.join(modelDir, f), 'utf8'));
+      delete c.eos_token_id;
+      fs.writeFileSync(path.join(noEos, f), JSON.stringify(c));
+    } else {
+      fs.symlinkSync(path.join(modelDir, f), path.join(noEos, f));
+    }
+  }
+  const server = await startServer([], { modelDir: noEos });
+  const client = new OpenAI({ baseURL: `http://127.0.0.1:${server.port}/v1`, apiKey: 'unused', maxRetries: 0 });
+  await test('no eos_token_id in the config files: the tokenizer\'s eos_token ends answers', async () => {
+    assert.match(server.log(), /no eos_token_id .*using the tokenizer's eos_token "<\|im_end\|>" \(id 151645\)/);
+    const r = await client.chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content: 'Hi' }],
+      max_tokens: 5, logit_bias: { 151645: 100 } });
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    assert.equal(r.usage.completion_tokens, 1);
+    const j = await client.chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content: 'Hi' }],
+      max_tokens: 200, seed: 1, temperature: 1, reasoning_effort: 'none', response_format: { type: 'json_object' } });
+    assert.equal(typeof JSON.parse(j.choices[0].message.content), 'object');
+  });
+  await server.stop();
+}
+
 await test('flags whose meaning moeserve cannot honour are refused with a sentence', async () => {
   const cases = [
     [['-tp', '2'], /--tensor-parallel-size 2 cannot be honoured: .*--data-parallel-size 2 --enable-expert-parallel/],
