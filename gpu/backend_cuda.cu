@@ -717,8 +717,11 @@ static int cu_grouped_matmul(struct backend *b, const struct backend_gmm *jobs, 
         const int per_tile = small ? 8 : 64;
         if (small) max_group = 8;
         const int cap = padded ? 0 : plan_group_tiles_bound(j->n_groups, j->max_rows, per_tile);
-        int rc = padded ? 0 : dbuf_need(c, &c->tiles, (size_t)cap * sizeof(int2) + sizeof(int),
-                                        "matmul tiles");
+        // Only the counted (expert-parallel prefill) path has a tile list,
+        // and no graph records it: c->tiles is no_graph.
+        int rc = padded ? 0 : not_while_recording(c, "a grouped matmul's tile list");
+        if (!rc && !padded)
+            rc = dbuf_need(c, &c->tiles, (size_t)cap * sizeof(int2) + sizeof(int), "matmul tiles");
         if (rc) return rc;
         struct cuda_mm m;
         memset(&m, 0, sizeof m);
@@ -1395,9 +1398,10 @@ int backend_cuda_create(int device_index, int rank, struct backend **out, char *
     c->b.impl = c;
     c->dev = device_index;
     // Buffers no recorded op reads (sampling; a prefill's attention plan and
-    // partials; an uploaded matrix table): growing them keeps the graphs.
+    // partials; an uploaded matrix table; a counted grouped matmul's tile
+    // list): growing them keeps the graphs.
     c->stab.no_graph = c->swork.no_graph = c->sout.no_graph = true;
-    c->plan.no_graph = c->parts.no_graph = c->ptrs.no_graph = true;
+    c->plan.no_graph = c->parts.no_graph = c->ptrs.no_graph = c->tiles.no_graph = true;
     c->parts.max = c->dparts.max = ATTN_PARTS_BUF; // as scratch_bytes reports them
     cudaError_t e;
     if ((e = cudaSetDevice(device_index)) != cudaSuccess ||

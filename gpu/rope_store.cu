@@ -53,6 +53,13 @@ cudaError_t cuda_rope_store(cudaStream_t s, const struct cuda_rope *p)
     if (p->n_tokens <= 0) return cudaSuccess;
     dim3 grid((unsigned)p->n_tokens, ceil_div_u((size_t)(p->n_heads + p->n_kv_heads), ROPE_WARPS));
     const size_t smem = (size_t)ROPE_WARPS * p->head_dim * sizeof(float);
+    // Past 48 KiB (head_dim above 3072, which config.json may give) only
+    // with the opt-in, as attention.cu does.
+    if (smem > 48 * 1024) {
+        cudaError_t e = cudaFuncSetAttribute(rope_store_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)smem);
+        if (e != cudaSuccess) return e;
+    }
     rope_store_kernel<<<grid, ROPE_WARPS * 32, smem, s>>>(*p);
     return launch_status();
 }

@@ -796,12 +796,11 @@ static int moe_exchange(struct rank *r, char *err, size_t errlen)
         rb[p] = n * row;
         at += n * row;
     }
-    op(r, b->ops->gather_rows(b, r->xn, (size_t)r->cfg->hidden_size, r->exp_x, r->h.exp_off[E],
-                              r->cfg->hidden_size, r->send));
-    if ((rc = comm_timed_a2a(r, r->send, sb, so, r->recv, rb, ro)))
-        return ms_err(err, errlen, rc, "rank %d: sending MoE rows to their experts failed (%s)", me,
-                      ms_status_name(rc));
-    // Local rows grouped by expert, then by source rank, in arrival order.
+    // Local rows grouped by expert, then by source rank, in arrival order:
+    // known from the counts, and uploaded before the send is queued (on a
+    // GPU an upload from pageable memory queued behind a pending NCCL
+    // exchange can hold this thread inside the driver until the peers
+    // arrive; cu_download's comment has the same hazard).
     const int nl = r->e_end - r->e_begin;
     int32_t *off = r->h.local_off; // (nl + 1) offsets of the local experts
     off[0] = 0;
@@ -818,6 +817,11 @@ static int moe_exchange(struct rank *r, char *err, size_t errlen)
     }
     op(r, b->ops->upload(b, r->local_off, off, (size_t)(nl + 1) * i4));
     op(r, b->ops->upload(b, r->exp_y, r->h.exp_y, (size_t)off[nl] * i4));
+    op(r, b->ops->gather_rows(b, r->xn, (size_t)r->cfg->hidden_size, r->exp_x, r->h.exp_off[E],
+                              r->cfg->hidden_size, r->send));
+    if ((rc = comm_timed_a2a(r, r->send, sb, so, r->recv, rb, ro)))
+        return ms_err(err, errlen, rc, "rank %d: sending MoE rows to their experts failed (%s)", me,
+                      ms_status_name(rc));
     const struct expert_pass ep = {.x = r->recv, .x_rows = r->exp_y, .mid = off[nl], .y = r->res,
                                    .y_rows = r->exp_y, .e0 = r->e_begin, .n = nl,
                                    .off = r->local_off, .h_off = off, .pad = 1, .rows = off[nl]};

@@ -130,7 +130,13 @@ TENSOR_FN float tensor_dummy_value(const struct tensor *t, uint64_t i)
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     z ^= z >> 31;
     const float u = (float)(int64_t)(z >> 40) * (1.0f / 8388608.0f) - 1.0f; // [-1, 1)
+#ifdef __CUDA_ARCH__
+    // nvcc contracts a * b + c into one FMA by default (the C side builds
+    // with -ffp-contract=off): rounded apart, as the CPU does.
+    if (t->init == TENSOR_INIT_NORM) return __fadd_rn(t->init_scale, __fmul_rn(0.1f, u));
+#else
     if (t->init == TENSOR_INIT_NORM) return t->init_scale + 0.1f * u;
+#endif
     return t->init_scale * 1.7320508f * u; // uniform on [-a, a] has std a / sqrt(3)
 }
 
