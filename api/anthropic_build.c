@@ -100,20 +100,22 @@ static void an_destroy(void *st)
     free(s);
 }
 
-// Anthropic counts cache reads apart from input_tokens.
+// Anthropic counts cache reads apart from input_tokens. The fields the SDK
+// types as present but nullable come as null (a client's === null checks).
 static json_t *usage_json(const struct oa_usage *u)
 {
-    return json_pack("{s:i, s:i, s:i, s:i}", "input_tokens", u->prompt_tokens - u->cached_tokens,
+    return json_pack("{s:i, s:i, s:i, s:i, s:n, s:n, s:s}", "input_tokens", u->prompt_tokens - u->cached_tokens,
                      "cache_creation_input_tokens", 0, "cache_read_input_tokens", u->cached_tokens,
-                     "output_tokens", u->completion_tokens);
+                     "output_tokens", u->completion_tokens, "cache_creation", "server_tool_use",
+                     "service_tier", "standard");
 }
 
 static json_t *message_json(const struct an_stream *s, json_t *content)
 {
-    return json_pack("{s:s, s:s, s:s, s:s, s:o, s:s?, s:s?, s:o}", "id", s->id, "type", "message",
+    return json_pack("{s:s, s:s, s:s, s:s, s:o, s:s?, s:s?, s:n, s:n, s:o}", "id", s->id, "type", "message",
                      "role", "assistant", "model", s->model, "content", content, "stop_reason",
-                     s->stop_reason, "stop_sequence", s->stop_sequence, "usage",
-                     usage_json(&s->usage));
+                     s->stop_reason, "stop_sequence", s->stop_sequence, "stop_details", "container",
+                     "usage", usage_json(&s->usage));
 }
 
 // ---- events ---------------------------------------------------------------------------
@@ -258,8 +260,9 @@ static int an_finish(void *st, const struct es_result *r, es_emit_fn emit, void 
     s->usage = r->usage;
     if (!emit) return 0;
     int rc = send(s, emit, ctx, "message_delta",
-                  json_pack("{s:{s:s, s:s?}, s:o}", "delta", "stop_reason", s->stop_reason,
-                            "stop_sequence", s->stop_sequence, "usage", usage_json(&s->usage)));
+                  json_pack("{s:{s:s, s:s?, s:n}, s:o}", "delta", "stop_reason", s->stop_reason,
+                            "stop_sequence", s->stop_sequence, "stop_details", "usage",
+                            usage_json(&s->usage)));
     return rc ? rc : send(s, emit, ctx, "message_stop", json_object());
 }
 

@@ -2,8 +2,10 @@
 // over the loaded app (see routes_text.h); each answers at once.
 #include "server/routes_text.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "api/openai.h"
 #include "base/arena.h"
@@ -137,12 +139,19 @@ void routes_text_detokenize(void *app, struct http_request *r)
     arena_destroy(ar);
 }
 
-// One served name as vLLM's model card lists it.
+// One served name as vLLM's model card lists it, with the keys Anthropic's
+// SDK reads of one (type, display_name, created_at) beside them.
 static json_t *model_json(const struct app *a, int i)
 {
-    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i, s:[]}", "id", a->names[i], "object",
+    char created[32];
+    const time_t t = (time_t)a->created;
+    struct tm tm;
+    if (!gmtime_r(&t, &tm) || !strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tm))
+        snprintf(created, sizeof created, "1970-01-01T00:00:00Z");
+    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i, s:[], s:s, s:s, s:s}", "id", a->names[i], "object",
                      "model", "created", (json_int_t)a->created, "owned_by", "moeserve", "root",
-                     a->model->dir, "parent", "max_model_len", a->max_model_len, "permission");
+                     a->model->dir, "parent", "max_model_len", a->max_model_len, "permission", "type",
+                     "model", "display_name", a->names[i], "created_at", created);
 }
 
 void routes_text_models(void *app, struct http_request *r)
@@ -154,7 +163,9 @@ void routes_text_models(void *app, struct http_request *r)
     }
     json_t *data = json_array();
     for (int i = 0; i < a->n_names; i++) json_array_append_new(data, model_json(a, i));
-    http_respond_json(r, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
+    // Anthropic's page keys beside OpenAI's list.
+    http_respond_json(r, 200, json_pack("{s:s, s:o, s:b, s:s, s:s}", "object", "list", "data", data, "has_more", 0,
+                                        "first_id", a->names[0], "last_id", a->names[a->n_names - 1]));
 }
 
 // GET /v1/models/{id}: the card of one served name, or 404 model_not_found.

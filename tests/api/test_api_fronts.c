@@ -546,7 +546,8 @@ static void anthropic_events_come_in_order_and_add_up_to_the_body(void **state)
                 "{\"type\":\"tool_use\",\"id\":\"call_abc\",\"name\":\"f\",\"input\":{}}");
     assert_json(json_object_get(data_at(&c, 10), "delta"), "{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"a\\\":\"}");
     assert_int_equal(json_integer_value(json_object_get(data_at(&c, 12), "index")), 2);
-    assert_json(json_object_get(data_at(&c, 13), "delta"), "{\"stop_reason\":\"tool_use\",\"stop_sequence\":null}");
+    assert_json(json_object_get(data_at(&c, 13), "delta"),
+                "{\"stop_reason\":\"tool_use\",\"stop_sequence\":null,\"stop_details\":null}");
     json_t *body = an_stream_ops.body(st);
     assert_json(json_object_get(body, "content"),
                 "[{\"type\":\"thinking\",\"thinking\":\"thinking\",\"signature\":\"\"},"
@@ -554,7 +555,12 @@ static void anthropic_events_come_in_order_and_add_up_to_the_body(void **state)
                 "{\"type\":\"tool_use\",\"id\":\"call_abc\",\"name\":\"f\",\"input\":{\"a\":1}}]");
     // Anthropic counts cache reads apart from input_tokens.
     assert_json(json_object_get(body, "usage"), "{\"input_tokens\":8,\"cache_creation_input_tokens\":0,"
-                                                "\"cache_read_input_tokens\":3,\"output_tokens\":9}");
+                                                "\"cache_read_input_tokens\":3,\"output_tokens\":9,"
+                                                "\"cache_creation\":null,\"server_tool_use\":null,"
+                                                "\"service_tier\":\"standard\"}");
+    // Present though null, as the SDK types them.
+    assert_true(json_is_null(json_object_get(body, "stop_details")));
+    assert_true(json_is_null(json_object_get(body, "container")));
     assert_string_equal(json_string_value(json_object_get(body, "stop_reason")), "tool_use");
     json_decref(body);
     an_stream_ops.destroy(st);

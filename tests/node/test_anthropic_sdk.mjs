@@ -252,6 +252,22 @@ test('thread is refused with the details the SDK reads (thread_unsupported_reque
   assert.deepEqual(body.error.details, { error_code: 'thread_unsupported_request', unsupported: ['thread'] });
 });
 
+test('models.list and models.retrieve give Anthropic\'s model info; the Message carries its null fields', async () => {
+  const page = await client.models.list();
+  assert.equal(page.data.length, 1);
+  const info = page.data[0];
+  assert.equal(info.type, 'model');
+  assert.equal(info.id, 'tiny');
+  assert.equal(info.display_name, 'tiny');
+  assert.ok(Math.abs(Date.parse(info.created_at) - Date.now()) < 3600e3, info.created_at);
+  assert.equal(page.has_more, false);
+  assert.deepEqual(await client.models.retrieve('tiny'), info);
+  const m = await client.messages.create({ ...greedy, messages, max_tokens: 2 });
+  for (const k of ['stop_details', 'container']) assert.equal(m[k], null, k);
+  const final = await client.messages.stream({ ...greedy, messages, max_tokens: 2 }).finalMessage();
+  assert.equal(final.stop_details, null);
+});
+
 test('errors come in Anthropic\'s shape with the SDK\'s classes', async () => {
   await assert.rejects(client.messages.create({ model: 'tiny', messages }), // no max_tokens
     (e) => e instanceof Anthropic.BadRequestError && e.error.type === 'error' &&
