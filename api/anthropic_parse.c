@@ -491,6 +491,7 @@ static const struct tr_rename an_renames[] = {
     {"tools[].function", "tools[]"},
     {"tool_choice.function.name", "tool_choice.name"},
     {"reasoning_effort", "thinking"},
+    {"continue_final_message", "messages"},
     {"response_format.json_schema.schema", "output_config.format.schema"},
     {"response_format", "output_config.format"},
 };
@@ -513,6 +514,12 @@ static int parse(const char *body, size_t len, const struct oa_limits *lim, stru
     // Anthropic's default is no thinking; Qwen3's template thinks unless told.
     if (!rc && !s.has_thinking) rc = tr_set(&t, "reasoning_effort", json_string("none"));
     if (!rc) rc = all_messages(&t);
+    // A final assistant message is a prefill: the answer continues it.
+    const json_t *last = json_array_get(s.messages, json_array_size(s.messages) - 1);
+    if (!rc && json_is_string(json_object_get(last, "role")) &&
+        !strcmp(json_string_value(json_object_get(last, "role")), "assistant") &&
+        !(rc = tr_set(&t, "continue_final_message", json_true())))
+        rc = tr_set(&t, "add_generation_prompt", json_false());
     if (!rc) rc = tr_finish(&t, an_renames, sizeof an_renames / sizeof an_renames[0], lim, out);
     // output_format (the beta's spelling) is not the rename's output_config.format.
     if (!rc && s.format_key) out->gen.structured.param = s.format_key;

@@ -124,6 +124,9 @@ struct oa_chat_request {
     const char *model;              // NULL when omitted (the first served name)
     json_t *messages;               // owned: a copy with every content a string
     bool add_generation_prompt;     // true
+    // vLLM's continue_final_message: the answer goes on from the final
+    // message (the assistant's), rendered open, with no generation prompt.
+    bool continue_final_message;
     json_t *chat_template_kwargs;   // owned object, or NULL
     struct oa_gen_params gen;
     json_t *tools;                  // owned array of {type: "function", function: {name, ...}}, or NULL
@@ -160,6 +163,7 @@ struct oa_tokenize_request {
     size_t prompt_len;
     json_t *messages;               // owned, when is_chat
     bool add_generation_prompt;     // true
+    bool continue_final_message;    // as chat's
     json_t *chat_template_kwargs;   // owned, or NULL
     json_t *tools;                  // owned, or NULL (rendered into the template as chat does)
     bool add_special_tokens;        // true for prompt, false for messages (vLLM)

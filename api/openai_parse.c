@@ -775,6 +775,27 @@ static int f_modalities(struct parser *p, const char *k, json_t *v, void *dst)
 
 // The cross-field rules of tools: a named choice names a tool; a forced call
 // needs tools and leaves no room for another output format.
+// continue_final_message as vLLM takes it: not beside a generation prompt
+// (vLLM's default add_generation_prompt true makes a client say false), and
+// only after an assistant message, the one the answer goes on from.
+static int continue_final_check(struct parser *p, bool cont, bool add_generation_prompt, json_t *messages)
+{
+    if (!cont) return 0;
+    if (add_generation_prompt)
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", "continue_final_message",
+                         "'continue_final_message' and 'add_generation_prompt' cannot both be true: the "
+                         "answer either continues the final message or starts a new one; set "
+                         "'add_generation_prompt' to false");
+    const char *role = json_string_value(json_object_get(json_array_get(messages, json_array_size(messages) - 1),
+                                                         "role"));
+    if (!role || strcmp(role, "assistant"))
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", "continue_final_message",
+                         "'continue_final_message' continues the final message, which must be the "
+                         "assistant's; it is %s%.40s%s", role ? "\"" : "", role ? role : "missing",
+                         role ? "\"" : "");
+    return 0;
+}
+
 static int chat_tools_finish(struct parser *p)
 {
     struct oa_chat_request *r = p->chat;
@@ -908,7 +929,6 @@ static const struct unsupported unsupported_common[] = {
 static const struct unsupported unsupported_chat[] = {
     {"audio", N_NULL},
     {"chat_template", N_NULL},
-    {"continue_final_message", N_FALSE},
     {"documents", N_NULL},
     {"echo", N_FALSE},
     {"function_call", N_STR_NONE},
@@ -925,7 +945,6 @@ static const struct unsupported unsupported_completion[] = {
 
 static const struct unsupported unsupported_tokenize[] = {
     {"chat_template", N_NULL},
-    {"continue_final_message", N_FALSE},
     {"mm_processor_kwargs", N_NULL},
 };
 
@@ -1024,6 +1043,7 @@ static const struct field gen_fields[] = {
 
 static const struct field chat_fields[] = {
     BOOL_FIELD("add_generation_prompt", REQ(oa_chat_request, add_generation_prompt)),
+    BOOL_FIELD("continue_final_message", REQ(oa_chat_request, continue_final_message)),
     CUSTOM_FIELD("chat_template_kwargs", f_kwargs, REQ(oa_chat_request, chat_template_kwargs)),
     BOOL_FIELD("logprobs", PARSER(chat_logprobs)),
     CUSTOM_FIELD("max_completion_tokens", f_max_tokens, PARSER(max_completion_tokens),
@@ -1049,6 +1069,7 @@ static const struct field completion_fields[] = {
 
 static const struct field tokenize_fields[] = {
     BOOL_FIELD("add_generation_prompt", REQ(oa_tokenize_request, add_generation_prompt)),
+    BOOL_FIELD("continue_final_message", REQ(oa_tokenize_request, continue_final_message)),
     // The checkpoint's post-processor ids (none for Qwen3), as for generation.
     BOOL_FIELD("add_special_tokens", REQ(oa_tokenize_request, add_special_tokens),
                SEEN(SEEN_ADD_SPECIAL_TOKENS)),
@@ -1327,6 +1348,7 @@ static int chat_parse_root(struct parser *p, json_t *root)
                        "'messages' is required");
     if (!rc) rc = gen_finish(p);
     if (!rc) rc = chat_tools_finish(p);
+    if (!rc) rc = continue_final_check(p, out->continue_final_message, out->add_generation_prompt, out->messages);
     if (!rc) out->ignored = finish_ignored(p);
     if (rc) oa_chat_request_release(out);
     return rc;
@@ -1401,6 +1423,8 @@ int oa_parse_tokenize(const char *body, size_t len, const struct oa_limits *lim,
         // vLLM's defaults: special tokens added to a raw prompt, not to a rendered chat.
         if (!(p.seen & SEEN_ADD_SPECIAL_TOKENS)) out->add_special_tokens = !out->is_chat;
     }
+    if (!rc && out->is_chat)
+        rc = continue_final_check(&p, out->continue_final_message, out->add_generation_prompt, out->messages);
     json_decref(root);
     if (rc) oa_tokenize_request_release(out);
     return rc;

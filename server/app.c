@@ -5,6 +5,7 @@
 // every route shares (app_state.h).
 #include "server/app.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,8 +48,39 @@ const char *app_served_name(struct app *a, const char *model, struct oa_error *e
     return NULL;
 }
 
+// The rendered chat cut right after the final message's text, as
+// transformers' continue_final_message does: the last place that text (less
+// its surrounding whitespace) appears, through its end as the message has it
+// when the template kept its trailing whitespace, else through its stripped
+// end.
+static int cut_after_final(json_t *messages, char *text, size_t *len, struct oa_error *e)
+{
+    json_t *last = json_array_get(messages, json_array_size(messages) - 1);
+    const char *m = json_string_value(json_object_get(last, "content"));
+    size_t ml = m ? json_string_length(json_object_get(last, "content")) : 0;
+    size_t lead = 0, tail = 0;
+    while (lead < ml && isspace((unsigned char)m[lead])) lead++;
+    while (tail < ml - lead && isspace((unsigned char)m[ml - 1 - tail])) tail++;
+    if (!m || lead == ml)
+        return oa_errorf(e, MS_EINVAL, "invalid_value", "messages",
+                         "the final message has no text for the answer to continue");
+    const char *core = m + lead;
+    const size_t cl = ml - lead - tail;
+    const char *at = NULL;
+    for (const char *p = text; (p = memmem(p, *len - (size_t)(p - text), core, cl)); p++) at = p;
+    if (!at)
+        return oa_errorf(e, MS_EINVAL, "invalid_value", "messages",
+                         "the final message does not appear in the chat as the template renders it (the "
+                         "template changed its text), so the answer cannot continue it");
+    size_t end = (size_t)(at - text) + cl;
+    if (tail && *len - end >= tail && !memcmp(text + end, core + cl, tail)) end += tail;
+    text[end] = 0;
+    *len = end;
+    return 0;
+}
+
 int app_render_chat(struct app *a, json_t *messages, json_t *tools, bool add_generation_prompt,
-                    json_t *kwargs, char **out, size_t *len, struct oa_error *e)
+                    bool continue_final, json_t *kwargs, char **out, size_t *len, struct oa_error *e)
 {
     if (!a->tmpl)
         return oa_errorf(e, MS_EUNSUPPORTED, "unsupported_value", "messages",
@@ -67,6 +99,11 @@ int app_render_chat(struct app *a, json_t *messages, json_t *tools, bool add_gen
     if (rc)
         return oa_errorf(e, rc == MS_ENOMEM ? MS_ENOMEM : MS_EINVAL, "invalid_value", "messages",
                          "the chat template refused these messages: %s", err);
+    if (continue_final && (rc = cut_after_final(messages, *out, len, e))) {
+        free(*out);
+        *out = NULL;
+        return rc;
+    }
     return 0;
 }
 

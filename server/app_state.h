@@ -71,10 +71,12 @@ void app_respond_error(struct http_request *r, const struct oa_error *e);
 // NULL with a 404 in *e. The name lives as long as the app.
 const char *app_served_name(struct app *a, const char *model, struct oa_error *e);
 // Renders the chat template over messages into *out (malloc'd, *len bytes).
-// 0, or a status with *e filled (400 when the model has no template or the
-// template refuses the messages).
+// continue_final: cut after the final message's text, left open for the
+// answer to continue (vLLM's continue_final_message). 0, or a status with
+// *e filled (400 when the model has no template, the template refuses the
+// messages, or the final message is not there to continue).
 int app_render_chat(struct app *a, json_t *messages, json_t *tools, bool add_generation_prompt,
-                    json_t *kwargs, char **out, size_t *len, struct oa_error *e);
+                    bool continue_final, json_t *kwargs, char **out, size_t *len, struct oa_error *e);
 // The chat_template_kwargs a chat renders with: --default-chat-template-kwargs,
 // then the request's, then enable_thinking from reasoning_effort when thinking
 // is 0 or 1 (-1: leave it). A new reference, or NULL when out of memory.

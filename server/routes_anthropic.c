@@ -46,7 +46,8 @@ void routes_anthropic_count_tokens(void *app, struct http_request *r)
         char *text = NULL;
         size_t tl = 0;
         json_t *kw = app_chat_kwargs(a, cr.chat_template_kwargs, cr.thinking);
-        rc = kw ? app_render_chat(a, cr.messages, cr.tools, true, kw, &text, &tl, &e)
+        rc = kw ? app_render_chat(a, cr.messages, cr.tools, cr.add_generation_prompt,
+                                  cr.continue_final_message, kw, &text, &tl, &e)
                 : oa_errorf(&e, MS_ENOMEM, "internal_error", NULL, "out of memory");
         json_decref(kw);
         if (!rc) rc = app_encode(a, text, tl, "messages", 0, &ids, &n_ids, &e); // a rendered chat

@@ -81,10 +81,11 @@ static int chat_prompt(struct app *a, struct parsed *q, struct job_prompt *p, st
     if (rc) return rc;
     json_t *kw = app_chat_kwargs(a, q->cr.chat_template_kwargs, q->cr.thinking);
     if (!kw) return oa_errorf(e, MS_ENOMEM, "internal_error", NULL, "out of memory");
-    // Qwen3 thinks unless the kwargs say enable_thinking false.
-    q->thinking = !json_is_false(json_object_get(kw, "enable_thinking"));
-    rc = app_render_chat(a, q->cr.messages, q->cr.tools, q->cr.add_generation_prompt, kw, &text,
-                         &tl, e);
+    // Qwen3 thinks unless the kwargs say enable_thinking false; an answer
+    // that continues the final message goes on past its thinking.
+    q->thinking = !json_is_false(json_object_get(kw, "enable_thinking")) && !q->cr.continue_final_message;
+    rc = app_render_chat(a, q->cr.messages, q->cr.tools, q->cr.add_generation_prompt,
+                         q->cr.continue_final_message, kw, &text, &tl, e);
     json_decref(kw);
     if (rc) return rc;
     q->prompt_in_reasoning = output_parser_prompt_in_reasoning(text, tl);
@@ -200,7 +201,9 @@ static int make_choices(struct app *a, struct job *j, const struct parsed *q, st
     j->meta.logprobs = g->logprobs;
     j->stream = g->stream;
     j->parse_output = q->chat && (a->reasoning_parser || q->tools);
-    j->parse_opts = (struct output_parser_opts){.reasoning = a->reasoning_parser,
+    // A continued final message is answer text: no reasoning to split off.
+    const bool reasoning = a->reasoning_parser && !q->cr.continue_final_message;
+    j->parse_opts = (struct output_parser_opts){.reasoning = reasoning,
                                                 .start_in_reasoning = q->prompt_in_reasoning,
                                                 .tools = q->tools,
                                                 .max_calls = q->tools && !q->cr.parallel_tool_calls};

@@ -72,7 +72,8 @@ void routes_text_tokenize(void *app, struct http_request *r)
             char *text;
             size_t tl;
             json_t *kw = app_chat_kwargs(a, t.chat_template_kwargs, -1);
-            rc = kw ? app_render_chat(a, t.messages, t.tools, t.add_generation_prompt, kw, &text,
+            rc = kw ? app_render_chat(a, t.messages, t.tools, t.add_generation_prompt,
+                                      t.continue_final_message, kw, &text,
                                       &tl, &e)
                     : oa_errorf(&e, MS_ENOMEM, "internal_error", NULL, "out of memory");
             json_decref(kw);

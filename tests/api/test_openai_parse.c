@@ -666,6 +666,18 @@ static void agent_fields_are_parsed_and_checked(void **state)
     expect_chat_error("{" MSGS ", \"tools\": [" TOOL "], \"tool_choice\": {\"type\": \"function\", "
                       "\"function\": {\"name\": \"other\"}}}", 400, "tool_choice.function.name");
     expect_chat_error("{" MSGS ", \"tool_choice\": \"required\"}", 400, "tool_choice");
+    // continue_final_message: the final message must be the assistant's, and
+    // there is no generation prompt beside it (vLLM's rules).
+#define PREFILL "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"The\"}]"
+    assert_int_equal(chat("{" PREFILL ", \"continue_final_message\": true, \"add_generation_prompt\": false}", &r, &e, a,
+                          NULL), 0);
+    assert_true(r.continue_final_message);
+    assert_false(r.add_generation_prompt);
+    oa_chat_request_release(&r);
+    expect_chat_error("{" PREFILL ", \"continue_final_message\": true}", 400, "continue_final_message");
+    expect_chat_error("{" MSGS ", \"continue_final_message\": true, \"add_generation_prompt\": false}", 400,
+                      "continue_final_message");
+#undef PREFILL
     expect_chat_error("{" MSGS ", \"tools\": [" TOOL "], \"tool_choice\": \"required\", "
                       "\"response_format\": {\"type\": \"json_object\"}}", 400, "tool_choice");
     expect_chat_error("{" MSGS ", \"guided_regex\": \"a\", \"response_format\": {\"type\": "

@@ -240,6 +240,21 @@ test('max_tokens past the context runs to its end (model_context_window_exceeded
     (e) => e instanceof Anthropic.BadRequestError && /^prompt is too long: /.test(e.error.error.message));
 });
 
+// A final assistant message is a prefill: the answer continues it and
+// holds only what follows.
+test('a final assistant message is continued (prefill)', async () => {
+  const prefill = [{ role: 'user', content: 'What is six times seven?' }, { role: 'assistant', content: 'The answer is (' }];
+  const m = await client.messages.create({ model: 'tiny', messages: prefill, max_tokens: 20,
+    structured_outputs: { choice: ['42).'] } });
+  assert.deepEqual(m.content, [{ type: 'text', text: '42).' }]);
+  assert.equal(m.stop_reason, 'end_turn');
+  const counted = (await client.messages.countTokens({ model: 'tiny', messages: prefill })).input_tokens;
+  assert.equal(m.usage.input_tokens + m.usage.cache_read_input_tokens, counted);
+  const closed = (await client.messages.countTokens({ model: 'tiny',
+    messages: [...prefill, { role: 'user', content: 'Go on.' }] })).input_tokens;
+  assert.ok(closed > counted);
+});
+
 // The SDK's toolRunner threads by default; a refused thread comes back in the
 // shape it reads, so it can fall back to sending the whole history.
 test('thread is refused with the details the SDK reads (thread_unsupported_request)', async () => {

@@ -148,6 +148,24 @@ test('the shape clients expect: refusal, system_fingerprint, stop_reason on eos,
   assert.equal(r.object, 'chat.completion');
 });
 
+// vLLM's continue_final_message: the answer goes on from the assistant's
+// final message (a prefill), which the prompt leaves open.
+test('continue_final_message continues the final assistant message', async () => {
+  const prefill = [{ role: 'user', content: 'What is six times seven?' }, { role: 'assistant', content: 'The answer is (' }];
+  const post = async (p, body) => (await fetch(`http://127.0.0.1:${port}${p}`, { method: 'POST',
+    headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${KEY}` },
+    body: JSON.stringify({ model: 'tiny', ...body }) })).json();
+  const { tokens } = await post('/tokenize', { messages: prefill, continue_final_message: true, add_generation_prompt: false });
+  const { prompt } = await post('/detokenize', { tokens });
+  assert.ok(prompt.endsWith('<|im_start|>assistant\n<think>\n\n</think>\n\nThe answer is ('), prompt);
+  const r = await client.chat.completions.create({ model: 'tiny', messages: prefill, continue_final_message: true,
+    add_generation_prompt: false, structured_outputs: { choice: ['42).'] }, max_tokens: 20 });
+  assert.equal(r.choices[0].message.content, '42).');
+  assert.equal(r.usage.prompt_tokens, tokens.length);
+  await assert.rejects(client.chat.completions.create({ model: 'tiny', messages: prefill, continue_final_message: true }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'continue_final_message');
+});
+
 test('BadRequestError names the parameter', async () => {
   await assert.rejects(client.chat.completions.create({ model: 'tiny', messages, temperature: 5 }),
     (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === 'temperature');
