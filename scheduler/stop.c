@@ -87,11 +87,13 @@ enum engine_finish stop_check_token(const struct stop_state *s, int32_t id, int 
                                     int seq_len, int max_model_len, int32_t *stop_id)
 {
     *stop_id = -1;
-    // The request's own stop ids name themselves (vLLM's stop_reason); the
-    // model's eos is an ordinary end, reported as -1 (stop_reason null).
+    // The model's eos (the first of its list) is an ordinary end, reported
+    // as -1 (stop_reason null); the list's others and the request's own stop
+    // ids name themselves (vLLM's stop_reason: it adds generation_config's
+    // other eos ids to stop_token_ids).
     for (int i = s->n_ids - 1; i >= 0; i--)
         if (s->ids[i] == id) {
-            if (i >= s->n_eos) *stop_id = id;
+            if (i > 0 || s->n_eos == 0) *stop_id = id;
             return FINISH_STOP;
         }
     if (n_generated >= s->max_tokens) return FINISH_LENGTH;

@@ -36,7 +36,7 @@ void stop_free(struct stop_state *s);
 
 // The decision for the n_generated-th generated token id, the sequence now
 // holding seq_len tokens: FINISH_STOP for eos (unless ignore_eos) or a stop
-// id (its id in *stop_id, else -1), FINISH_LENGTH once max_tokens or
+// id (its id in *stop_id; -1 for the first eos id, the model's own end), FINISH_LENGTH once max_tokens or
 // max_model_len is reached, else FINISH_NONE. A stop token's text is not
 // part of the output.
 enum engine_finish stop_check_token(const struct stop_state *s, int32_t id, int n_generated,

@@ -320,6 +320,16 @@ int app_load(struct app *a, const struct app_opts *o, char *err, size_t errlen)
         ms_log(MS_LOG_WARN, "%s: no eos_token_id in config.json or generation_config.json; using the "
                "tokenizer's eos_token \"%.64s\" (id %d)", o->model_dir, eos, (int)id);
     }
+    // The model's own end first (the tokenizer's eos_token, as vLLM takes
+    // it): the others stop as stop ids do, naming themselves in stop_reason.
+    const char *eos_tok = tok_eos_token(a->tok);
+    const int32_t eos_id = eos_tok ? tok_find_token(a->tok, eos_tok) : -1;
+    for (int i = 1; eos_id >= 0 && i < cfg->n_eos; i++)
+        if (cfg->eos_ids[i] == eos_id) {
+            memmove(cfg->eos_ids + 1, cfg->eos_ids, (size_t)i * sizeof cfg->eos_ids[0]);
+            cfg->eos_ids[0] = eos_id;
+            break;
+        }
     char *own_src = NULL;
     if (o->chat_template && (rc = chat_template_source(o->chat_template, &own_src, err, errlen)))
         return rc;

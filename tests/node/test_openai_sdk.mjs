@@ -126,6 +126,10 @@ test('the shape clients expect: refusal, system_fingerprint, stop_reason on eos,
   r = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 5, logit_bias: { 151645: 100 } });
   assert.equal(r.choices[0].finish_reason, 'stop');
   assert.equal(r.choices[0].stop_reason, null);
+  // generation_config's other eos id (<|endoftext|>) names itself, as vLLM's stop_token_ids do.
+  r = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 5, logit_bias: { 151643: 100 } });
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  assert.equal(r.choices[0].stop_reason, 151643);
   // Completions default to 16 tokens, as OpenAI and vLLM do.
   const c = await client.completions.create({ model: 'tiny', prompt: 'Once', ignore_eos: true, temperature: 0 });
   assert.equal(c.usage.completion_tokens, 16);

@@ -219,8 +219,11 @@ static void token_stops_and_length_limits(void **state)
     char err[256];
     int32_t sid;
     assert_int_equal(stop_init(&s, &r.stop, eos, 2, err, sizeof err), 0);
-    assert_int_equal(stop_check_token(&s, 6, 1, 10, 100, &sid), FINISH_STOP);
+    assert_int_equal(stop_check_token(&s, 5, 1, 10, 100, &sid), FINISH_STOP);
     assert_int_equal(sid, -1); // the model's eos is no stop_token_ids entry
+    // generation_config's other eos ids stop as vLLM's stop_token_ids do, by name
+    assert_int_equal(stop_check_token(&s, 6, 1, 10, 100, &sid), FINISH_STOP);
+    assert_int_equal(sid, 6);
     assert_int_equal(stop_check_token(&s, 77, 1, 10, 100, &sid), FINISH_STOP);
     assert_int_equal(sid, 77);
     assert_int_equal(stop_check_token(&s, 1, 2, 10, 100, &sid), FINISH_NONE);
