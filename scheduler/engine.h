@@ -27,8 +27,8 @@ struct engine_opts {
                                  // workspace leave of gpu_memory_utilization)
     double gpu_memory_utilization; // (0, 1]: the share of each GPU's memory moeserve may use (0.9)
     enum dtype kv_dtype;         // DTYPE_BF16, DTYPE_F16 or DTYPE_F32
-    int max_num_seqs;            // running sequences (256)
-    int max_num_batched_tokens;  // tokens per step (2048)
+    int max_num_seqs;            // running sequences per rank, as vLLM's per engine (256)
+    int max_num_batched_tokens;  // tokens per step per rank (2048)
     int max_model_len;           // 0: the config's max_position_embeddings
     bool enable_prefix_caching;  // true
     bool enable_chunked_prefill; // true

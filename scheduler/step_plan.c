@@ -172,25 +172,37 @@ static struct sched_seq *youngest_on_rank(const struct sched *s, int rank)
     return v;
 }
 
-// The rank with the most free blocks (then the fewest sequences).
+// Of the ranks with room for one more sequence and some of this step's
+// budget left, the one with the most free blocks (then the fewest
+// sequences); -1 when none has.
 static int pick_rank(const struct sched *s)
 {
-    int best = 0;
-    for (int i = 1; i < s->n_ranks; i++) {
-        int fi = kvb_num_free(s->ranks[i].blocks), fb = kvb_num_free(s->ranks[best].blocks);
-        if (fi > fb || (fi == fb && s->ranks[i].n_running < s->ranks[best].n_running)) best = i;
+    int best = -1;
+    for (int i = 0; i < s->n_ranks; i++) {
+        const struct sched_rank *r = &s->ranks[i];
+        if (r->n_running >= s->max_num_seqs || r->budget <= 0) continue;
+        if (best < 0) {
+            best = i;
+            continue;
+        }
+        int fi = kvb_num_free(r->blocks), fb = kvb_num_free(s->ranks[best].blocks);
+        if (fi > fb || (fi == fb && r->n_running < s->ranks[best].n_running)) best = i;
     }
     return best;
 }
 
+// max_num_seqs and max_num_batched_tokens bound each rank, as vLLM's bound
+// each data-parallel engine: a rank is its own engine that steps in lockstep
+// with the others, and one rank's long prefill leaves the others their own
+// budget.
 int sched_plan(struct sched *s)
 {
-    int budget = s->max_num_batched_tokens;
     int n_sched = 0;
     uint64_t preemptions = s->n_preemptions;
     for (int i = 0; i < s->n_ranks; i++) {
         s->ranks[i].n_batch = 0;
         s->ranks[i].rows_used = 0;
+        s->ranks[i].budget = s->max_num_batched_tokens;
     }
     for (struct sched_seq *q = s->running.head; q; q = q->next) q->sched_new = 0;
 
@@ -199,10 +211,11 @@ int sched_plan(struct sched *s)
     // admitted sequence there is preempted, which may be this one. Victims
     // are younger than q (q is on their rank), so they come after it in the
     // list: its successor is read once they are gone.
-    for (struct sched_seq *q = s->running.head, *next; q && budget > 0; q = next) {
+    for (struct sched_seq *q = s->running.head, *next; q; q = next) {
         next = q->next;
         if (q->n_tokens - q->n_computed != 1) continue;
         struct sched_rank *r = &s->ranks[q->rank];
+        if (r->budget <= 0) continue;
         bool preempted_self = false;
         while (kvb_reserve(r->blocks, &q->table, q->n_computed + 1)) {
             struct sched_seq *victim = youngest_on_rank(s, q->rank); // q at the latest
@@ -217,19 +230,20 @@ int sched_plan(struct sched *s)
         if (preempted_self) continue; // the younger ones of its rank went before it
         next = q->next;
         batch_add(r, q, 1, 1, true);
-        budget--;
+        r->budget--;
         n_sched++;
     }
 
     // 2. Chunks of running sequences still in their prefill, oldest first. One
     // that finds no block may preempt younger ones of its rank not yet
     // scheduled (victims come after q: its successor is read after them).
-    for (struct sched_seq *q = s->running.head, *next; q && budget > 0; q = next) {
+    for (struct sched_seq *q = s->running.head, *next; q; q = next) {
         next = q->next;
         if (q->sched_new || q->n_tokens - q->n_computed <= 1) continue;
         struct sched_rank *r = &s->ranks[q->rank];
+        if (r->budget <= 0) continue;
         int chunk;
-        while ((chunk = fit_chunk(s, r, q, budget)) < 0) {
+        while ((chunk = fit_chunk(s, r, q, r->budget)) < 0) {
             struct sched_seq *victim = youngest_on_rank(s, q->rank);
             if (victim == q || victim->sched_new) break;
             preempt(s, victim);
@@ -237,17 +251,17 @@ int sched_plan(struct sched *s)
         next = q->next;
         if (chunk <= 0) continue;
         schedule_chunk(r, q, chunk);
-        budget -= chunk;
+        r->budget -= chunk;
         n_sched++;
     }
 
-    // 3. Admit waiting sequences in order while the budget, the sequence
-    // limit and the blocks allow; a new sequence never preempts, and none is
+    // 3. Admit waiting sequences in order while some rank's budget, sequence
+    // limit and blocks allow; a new sequence never preempts, and none is
     // admitted in a step that had to preempt (it would take the blocks back).
-    while (s->waiting.head && budget > 0 && s->running.n < s->max_num_seqs &&
-           s->n_preemptions == preemptions) {
+    while (s->waiting.head && s->n_preemptions == preemptions) {
         struct sched_seq *q = s->waiting.head;
         int ri = pick_rank(s);
+        if (ri < 0) break;
         struct sched_rank *r = &s->ranks[ri];
         int hit = 0;
         if (kvb_prefix_caching(r->blocks) && !q->wants_prompt_lp) {
@@ -257,7 +271,7 @@ int sched_plan(struct sched *s)
             s->prefix_hits += (uint64_t)hit;
         }
         q->n_computed = hit;
-        int chunk = fit_chunk(s, r, q, budget);
+        int chunk = fit_chunk(s, r, q, r->budget);
         if (chunk <= 0) {
             kvb_release_all(r->blocks, &q->table);
             q->n_computed = 0;
@@ -275,7 +289,7 @@ int sched_plan(struct sched *s)
         r->n_running++;
         list_push_tail(&s->running, q);
         schedule_chunk(r, q, chunk);
-        budget -= chunk;
+        r->budget -= chunk;
         n_sched++;
     }
     return n_sched;

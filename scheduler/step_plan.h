@@ -50,6 +50,7 @@ struct sched_rank {
     int n_running;
     int max_rows;                // logits rows the rank's buffer holds
     int rows_used;
+    int budget;                  // tokens this step may still take on the rank
     struct sched_seq **batch;    // (max_num_seqs) this step's sequences, in feed order
     int n_batch;
 };
@@ -57,8 +58,8 @@ struct sched_rank {
 struct sched {
     int n_ranks;
     struct sched_rank *ranks;    // (n_ranks)
-    int max_num_seqs;
-    int max_num_batched_tokens;
+    int max_num_seqs;            // running sequences on each rank, at most
+    int max_num_batched_tokens;  // tokens a step takes on each rank, at most
     bool chunked_prefill;
     struct sched_list waiting;   // FIFO; preempted sequences return to the front
     struct sched_list running;   // oldest admission first

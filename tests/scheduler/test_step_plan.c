@@ -127,26 +127,30 @@ static int sim_step(struct sim *m, uint64_t *rng)
             else if (gone) fail_msg("rank %d: an older sequence was preempted before a younger one", rk);
         }
     }
-    int tokens = 0, sched = 0;
-    bool prefill_scheduled = false, decode_left_out = false;
+    // The limits hold per rank, as vLLM's per data-parallel engine.
+    int tokens[16] = {0}, sched = 0;
+    bool prefill_scheduled[16] = {false}, decode_left_out[16] = {false};
+    assert_true(m->n_ranks <= 16);
     for (struct sched_seq *q = s->running.head; q; q = q->next) {
         if (q->sched_new == 0) {
-            if (q->n_tokens - q->n_computed == 1) decode_left_out = true;
+            if (q->n_tokens - q->n_computed == 1) decode_left_out[q->rank] = true;
             continue;
         }
         sched++;
-        tokens += q->sched_new;
+        tokens[q->rank] += q->sched_new;
         assert_true(q->table.n * KV_BLOCK_TOKENS >= q->n_computed + q->sched_new);
         assert_true(q->n_computed + q->sched_new <= q->n_tokens);
         assert_int_equal(q->sched_sample, q->n_computed + q->sched_new == q->n_tokens);
-        if (q->n_tokens - q->n_computed > 1) prefill_scheduled = true;
+        if (q->n_tokens - q->n_computed > 1) prefill_scheduled[q->rank] = true;
         if (!s->chunked_prefill) assert_int_equal(q->sched_new, q->n_tokens - q->n_computed);
     }
     assert_int_equal(sched, n);
-    assert_true(tokens <= s->max_num_batched_tokens);
-    assert_true(s->running.n <= s->max_num_seqs);
-    // Decodes come first: a decode is left out only when decodes took the budget.
-    if (decode_left_out) assert_false(prefill_scheduled);
+    for (int r = 0; r < m->n_ranks; r++) {
+        assert_true(tokens[r] <= s->max_num_batched_tokens);
+        assert_true(s->ranks[r].n_running <= s->max_num_seqs);
+        // Decodes come first: a decode is left out only when decodes took its rank's budget.
+        if (decode_left_out[r]) assert_false(prefill_scheduled[r]);
+    }
     int in_batches = 0;
     for (int r = 0; r < m->n_ranks; r++) {
         assert_true(s->ranks[r].rows_used <= s->ranks[r].max_rows);
@@ -230,6 +234,38 @@ static void the_youngest_is_preempted_and_recomputed(void **state)
     assert_true(m.seqs[1].q.running);
     assert_int_equal(m.seqs[1].q.n_computed, 49); // the prompt and its token, recomputed at once
     while (m.seqs[1].live) sim_step(&m, &rng);
+    sim_free(&m);
+}
+
+// Two ranks each take max_num_seqs sequences and a step's budget of their
+// own (vLLM's limits are per data-parallel engine): one rank's long prefill
+// does not hold the other's back.
+static void each_rank_has_its_own_sequence_limit_and_budget(void **state)
+{
+    (void)state;
+    struct sim m;
+    // Budgets: two 40-token prompts each get a rank's 16 tokens in the first step.
+    sim_init(&m, 2, 100, 2, 16, true, true, 2);
+    uint64_t rng = 4;
+    sim_add(&m, 0, 40, 3, 1, -1);
+    sim_add(&m, 1, 40, 3, 2, -1);
+    sim_step(&m, &rng);
+    assert_true(m.seqs[0].q.running && m.seqs[1].q.running);
+    assert_int_not_equal(m.seqs[0].q.rank, m.seqs[1].q.rank);
+    assert_int_equal(m.seqs[0].q.n_computed, 16);
+    assert_int_equal(m.seqs[1].q.n_computed, 16);
+    while (m.seqs[0].live || m.seqs[1].live) sim_step(&m, &rng);
+    sim_free(&m);
+    // Sequences: max_num_seqs 2 runs four on two ranks; a fifth waits.
+    sim_init(&m, 2, 100, 2, 16, true, true, 5);
+    for (int i = 0; i < 5; i++) sim_add(&m, i, 4, 3, (uint64_t)i + 1, -1);
+    sim_step(&m, &rng);
+    assert_int_equal(m.s.running.n, 4);
+    assert_int_equal(m.s.ranks[0].n_running, 2);
+    assert_int_equal(m.s.ranks[1].n_running, 2);
+    assert_false(m.seqs[4].q.running);
+    while (m.seqs[0].live || m.seqs[1].live || m.seqs[2].live || m.seqs[3].live || m.seqs[4].live)
+        sim_step(&m, &rng);
     sim_free(&m);
 }
 
@@ -352,6 +388,7 @@ int main(void)
         cmocka_unit_test(the_budget_splits_a_long_prompt_into_chunks),
         cmocka_unit_test(decodes_are_scheduled_before_new_prefills),
         cmocka_unit_test(the_youngest_is_preempted_and_recomputed),
+        cmocka_unit_test(each_rank_has_its_own_sequence_limit_and_budget),
         cmocka_unit_test(a_rank_short_of_blocks_preempts_only_its_own),
         cmocka_unit_test(new_sequences_go_to_the_rank_with_most_free_blocks),
         cmocka_unit_test(without_chunked_prefill_prompts_run_whole),
