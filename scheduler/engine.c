@@ -199,16 +199,6 @@ static int seq_create(struct engine *e, const struct engine_request *r,
                       (long long)e->blocks_per_rank * KV_BLOCK_TOKENS * e->n_ranks);
     int rc = sampling_params_check(&r->sampling, e->vocab, NULL, err, errlen);
     if (rc) return rc;
-    // Prompt logprobs take a logits row per prompt token; without chunked
-    // prefill the prompt must fit one step's rows, or it would wait at the
-    // head of the queue forever (and every request behind it).
-    const int max_rows = e->sched.ranks[0].max_rows;
-    if (r->sampling.prompt_logprobs >= 0 && r->n_prompt > max_rows && !e->o.enable_chunked_prefill)
-        return ms_err(err, errlen, MS_ENOFIT,
-                      "prompt logprobs of a %d-token prompt take a logits row a token, and with "
-                      "chunked prefill off a step has %d: shorten the prompt, drop prompt_logprobs, "
-                      "or serve with chunked prefill on",
-                      r->n_prompt, max_rows);
     if (r->stop.n_stop_strs > 0 && !e->tok)
         return ms_err(err, errlen, MS_EINVAL,
                       "stop strings need a tokenizer, and this engine runs without one");

@@ -135,9 +135,13 @@ static void batch_add(struct sched_rank *r, struct sched_seq *q, int n_new, int 
 // How many tokens of q fit this step on rank r: the budget, the logits rows
 // (a prompt-logprob chunk takes one row per token), its KV blocks. Reserves
 // the blocks. Returns 0 when nothing fits for want of rows or budget, and -1
-// when blocks are what is missing (preempting someone may help).
+// when blocks are what is missing (preempting someone may help). Without
+// chunked prefill a prompt runs whole, except one that wants prompt
+// logprobs: a row a token, it may be longer than a step's rows, and is cut
+// to them (as vLLM scores a prompt of any length).
 static int fit_chunk(const struct sched *s, struct sched_rank *r, struct sched_seq *q, int budget)
 {
+    const bool may_cut = s->chunked_prefill || q->wants_prompt_lp;
     int remaining = q->n_tokens - q->n_computed;
     int chunk = remaining < budget ? remaining : budget;
     if (q->wants_prompt_lp && chunk > r->max_rows - r->rows_used)
@@ -145,10 +149,10 @@ static int fit_chunk(const struct sched *s, struct sched_rank *r, struct sched_s
     else if (r->rows_used >= r->max_rows && q->n_computed + chunk == q->n_tokens)
         chunk = remaining - 1; // no row left to sample with: stop short of the last token
     if (chunk <= 0) return 0;
-    if (!s->chunked_prefill && chunk < remaining) return 0;
+    if (!may_cut && chunk < remaining) return 0;
     int reach = kvb_reachable_tokens(r->blocks, &q->table) - q->n_computed;
     if (chunk > reach) {
-        if (!s->chunked_prefill || reach <= 0) return -1;
+        if (!may_cut || reach <= 0) return -1;
         chunk = reach;
     }
     if (kvb_reserve(r->blocks, &q->table, q->n_computed + chunk)) return -1;

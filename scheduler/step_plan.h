@@ -60,7 +60,7 @@ struct sched {
     struct sched_rank *ranks;    // (n_ranks)
     int max_num_seqs;            // running sequences on each rank, at most
     int max_num_batched_tokens;  // tokens a step takes on each rank, at most
-    bool chunked_prefill;
+    bool chunked_prefill;        // off: a prompt runs whole (one wanting prompt logprobs is cut to the rows)
     struct sched_list waiting;   // FIFO; preempted sequences return to the front
     struct sched_list running;   // oldest admission first
     uint64_t n_admissions;

@@ -593,36 +593,48 @@ static void requests_too_long_or_too_big_for_one_rank_are_refused(void **state)
 }
 
 // With chunked prefill off, prompt logprobs of a prompt longer than a
-// step's logits rows could never be scheduled: refused at submit, and a
-// request after it runs (it had waited behind it forever).
-static void prompt_logprobs_past_a_steps_rows_are_refused_without_chunked_prefill(void **state)
+// step's logits rows (lm-eval's echo + logprobs scoring) are computed in
+// pieces of the rows a step has, the same as in one piece; a request after
+// it runs (it had waited behind it forever, and then was refused).
+static void prompt_logprobs_past_a_steps_rows_run_in_pieces_without_chunked_prefill(void **state)
 {
     (void)state;
-    struct engine_opts o;
-    base_opts(&o);
-    o.enable_chunked_prefill = false;
-    o.max_num_seqs = 4; // 4 + the spare rows: 68 logits rows
-    o.max_num_batched_tokens = o.max_model_len = 512;
-    struct engine *e = make_engine(&o);
     int32_t prompt[100];
     h_tokens(prompt, 100, 11, g_vocab);
-    struct engine_request r;
-    engine_request_default(&r);
-    r.prompt = prompt;
-    r.n_prompt = 100;
-    r.sampling.temperature = 0;
-    r.sampling.prompt_logprobs = 0;
-    r.stop.max_tokens = 2;
-    struct h_batch *b = h_batch_new(2);
-    char err[512] = "";
-    assert_int_equal(h_submit(e, b, 0, &r, err, sizeof err), MS_ENOFIT);
-    assert_non_null(strstr(err, "chunked prefill"));
-    r.sampling.prompt_logprobs = -1;
-    assert_int_equal(h_submit(e, b, 1, &r, err, sizeof err), 0);
-    h_wait(b, 1);
-    assert_int_equal(b->res[1].n_tokens, 2);
-    engine_destroy(e);
-    h_batch_free(b);
+    float whole[99];
+    for (int small = 0; small < 2; small++) {
+        struct engine_opts o;
+        base_opts(&o);
+        o.enable_chunked_prefill = false;
+        o.max_num_seqs = small ? 4 : 64; // 4 + the spare rows: 68 logits rows, 64: 128
+        o.max_num_batched_tokens = o.max_model_len = 512;
+        struct engine *e = make_engine(&o);
+        struct engine_request r;
+        engine_request_default(&r);
+        r.prompt = prompt;
+        r.n_prompt = 100;
+        r.sampling.temperature = 0;
+        r.sampling.prompt_logprobs = 0;
+        r.stop.max_tokens = 2;
+        struct h_batch *b = h_batch_new(2);
+        char err[512] = "";
+        assert_int_equal(h_submit(e, b, 0, &r, err, sizeof err), 0);
+        r.sampling.prompt_logprobs = -1;
+        assert_int_equal(h_submit(e, b, 1, &r, err, sizeof err), 0);
+        h_wait(b, 2);
+        assert_int_equal(b->res[0].protocol_errors, 0);
+        assert_int_equal(b->res[0].n_prompt_lp, 99);
+        assert_int_equal(b->res[1].n_tokens, 2);
+        for (int i = 0; i < 99; i++) {
+            if (!small) whole[i] = b->res[0].plp[i];
+            else if (fabsf(whole[i] - b->res[0].plp[i]) > 1e-3f)
+                fail_msg("prompt logprob %d: %g in one piece, %g in pieces of 68", i, (double)whole[i],
+                         (double)b->res[0].plp[i]);
+        }
+        h_batch_free(b);
+        assert_blocks_returned(e);
+        engine_destroy(e);
+    }
 }
 
 static void cancel_frees_the_blocks_and_sends_abort(void **state)
@@ -883,7 +895,7 @@ int main(void)
         cmocka_unit_test(step_time_is_split_into_phases_on_every_rank),
         cmocka_unit_test(seeded_sampling_is_the_same_alone_and_batched),
         cmocka_unit_test(prompt_logprobs_agree_with_generated_logprobs),
-        cmocka_unit_test(prompt_logprobs_past_a_steps_rows_are_refused_without_chunked_prefill),
+        cmocka_unit_test(prompt_logprobs_past_a_steps_rows_run_in_pieces_without_chunked_prefill),
         cmocka_unit_test(requests_too_long_or_too_big_for_one_rank_are_refused),
         cmocka_unit_test(cancel_frees_the_blocks_and_sends_abort),
         cmocka_unit_test(drain_lets_requests_finish_then_aborts_at_the_deadline),

@@ -142,7 +142,8 @@ static int sim_step(struct sim *m, uint64_t *rng)
         assert_true(q->n_computed + q->sched_new <= q->n_tokens);
         assert_int_equal(q->sched_sample, q->n_computed + q->sched_new == q->n_tokens);
         if (q->n_tokens - q->n_computed > 1) prefill_scheduled[q->rank] = true;
-        if (!s->chunked_prefill) assert_int_equal(q->sched_new, q->n_tokens - q->n_computed);
+        if (!s->chunked_prefill && !q->wants_prompt_lp)
+            assert_int_equal(q->sched_new, q->n_tokens - q->n_computed);
     }
     assert_int_equal(sched, n);
     for (int r = 0; r < m->n_ranks; r++) {
