@@ -521,6 +521,57 @@ static void responses_events_come_in_order_and_add_up_to_the_body(void **state)
     json_decref(echo);
 }
 
+// Qwen3's "<think>\nx\n</think>\n\nAnswer \n more\n" comes back as
+// Anthropic's blocks are: no whitespace around a block's text, none of
+// whitespace alone, inner whitespace kept; streamed deltas add up to the body.
+static void anthropic_blocks_are_trimmed_of_the_models_newlines(void **state)
+{
+    (void)state;
+    static const struct output_event ev[] = {
+        {OUTPUT_EVENT_REASONING, -1, "\n", 1, NULL},
+        {OUTPUT_EVENT_REASONING, -1, "I think", 7, NULL},
+        {OUTPUT_EVENT_REASONING, -1, "\n", 1, NULL},
+        {OUTPUT_EVENT_CONTENT, -1, "\n\n", 2, NULL},
+        {OUTPUT_EVENT_CONTENT, -1, "Answer \n", 8, NULL},
+        {OUTPUT_EVENT_CONTENT, -1, " more\n\n", 7, NULL},
+        {OUTPUT_EVENT_TOOL_BEGIN, 0, "f", 1, "call_abc"},
+        {OUTPUT_EVENT_TOOL_ARGS, 0, "{}", 2, NULL},
+        {OUTPUT_EVENT_CONTENT, -1, " \n", 2, NULL},
+    };
+    struct es_meta m = {.id = "msg_1", .created = 7, .model = "tiny", .prompt_tokens = 11};
+    struct es_result res = {.finish = "tool_calls", .usage = {11, 9, 0}};
+    void *st = an_stream_create(&m);
+    struct collected c = {json_array()};
+    assert_int_equal(an_stream_ops.start(st, collect, &c), 0);
+    for (size_t i = 0; i < sizeof ev / sizeof ev[0]; i++)
+        assert_int_equal(an_stream_ops.feed(st, ev + i, 1, collect, &c), 0);
+    assert_int_equal(an_stream_ops.finish(st, &res, collect, &c), 0);
+    json_t *body = an_stream_ops.body(st);
+    assert_json(json_object_get(body, "content"),
+                "[{\"type\":\"thinking\",\"thinking\":\"I think\",\"signature\":\"\"},"
+                "{\"type\":\"text\",\"text\":\"Answer \\n more\"},"
+                "{\"type\":\"tool_use\",\"id\":\"call_abc\",\"name\":\"f\",\"input\":{}}]");
+    // The deltas of each block add up to it; three blocks started, none empty.
+    char streamed[3][64] = {"", "", ""};
+    int starts = 0;
+    for (size_t i = 0; i < json_array_size(c.events); i++) {
+        json_t *d = data_at(&c, i);
+        if (!strcmp(name_at(&c, i), "content_block_start")) starts++;
+        if (strcmp(name_at(&c, i), "content_block_delta")) continue;
+        const int idx = (int)json_integer_value(json_object_get(d, "index"));
+        json_t *delta = json_object_get(d, "delta");
+        const char *piece = json_string_value(json_object_get(delta, idx == 0 ? "thinking" : idx == 1 ? "text"
+                                                                                             : "partial_json"));
+        strncat(streamed[idx], piece, sizeof streamed[idx] - strlen(streamed[idx]) - 1);
+    }
+    assert_int_equal(starts, 3);
+    assert_string_equal(streamed[0], "I think");
+    assert_string_equal(streamed[1], "Answer \n more");
+    json_decref(body);
+    an_stream_ops.destroy(st);
+    json_decref(c.events);
+}
+
 static void anthropic_events_come_in_order_and_add_up_to_the_body(void **state)
 {
     (void)state;
@@ -588,6 +639,7 @@ int main(void)
         cmocka_unit_test(every_field_replaced_by_a_hostile_value_is_taken_or_refused),
         cmocka_unit_test(responses_events_come_in_order_and_add_up_to_the_body),
         cmocka_unit_test(anthropic_events_come_in_order_and_add_up_to_the_body),
+        cmocka_unit_test(anthropic_blocks_are_trimmed_of_the_models_newlines),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
