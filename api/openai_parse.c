@@ -400,6 +400,28 @@ json_t *oa_join_texts(json_t *parts, size_t total)
     return s;
 }
 
+// An assistant message's tool_calls with each function.arguments that is a
+// JSON object's text made that object, as vLLM hands them to templates
+// (Qwen3-Coder's iterates arguments|items; Qwen3's writes them |tojson): a
+// copy set on mc, which shares nothing with the request. 0 or MS_ENOMEM.
+static int tool_call_arguments_as_objects(json_t *mc)
+{
+    json_t *calls = json_object_get(mc, "tool_calls");
+    if (!json_is_array(calls)) return 0;
+    json_t *copy = json_deep_copy(calls);
+    if (!copy || json_object_set_new(mc, "tool_calls", copy)) return MS_ENOMEM;
+    size_t i;
+    json_t *c;
+    json_array_foreach(copy, i, c) {
+        json_t *f = json_object_get(c, "function"), *args = json_object_get(f, "arguments");
+        if (!json_is_string(args)) continue;
+        json_t *obj = json_loadb(json_string_value(args), json_string_length(args), 0, NULL);
+        if (json_is_object(obj) && json_object_set_new(f, "arguments", obj)) return MS_ENOMEM;
+        if (!json_is_object(obj)) json_decref(obj);
+    }
+    return 0;
+}
+
 // Validates messages and returns an owned copy whose contents are strings.
 // Other keys (name, tool_calls, reasoning_content...) pass through to the
 // template, as transformers passes message dicts.
@@ -468,6 +490,11 @@ static int parse_messages(struct parser *p, json_t *v, json_t **out)
         }
         if (!norm || !mc || json_object_set_new(mc, "content", norm)) {
             if (!mc) json_decref(norm);
+            json_decref(mc);
+            json_decref(copy);
+            return oom(p);
+        }
+        if (assistant && tool_call_arguments_as_objects(mc)) {
             json_decref(mc);
             json_decref(copy);
             return oom(p);

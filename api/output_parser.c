@@ -14,6 +14,10 @@
 // whole.
 #include "api/output_parser.h"
 
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -371,6 +375,141 @@ static int keep_call(struct output_parser *p, const char *name, size_t name_len,
     return rc ? rc : push_rec(p, OUTPUT_EVENT_TOOL_ARGS, index, 0, args_len);
 }
 
+// ---- Qwen3-Coder's XML calls ------------------------------------------------------------
+
+// The schema the tools give parameter key of function name (its
+// parameters' "properties", or as vLLM does the parameters object itself
+// when it has none): NULL when the tool or the key is not there.
+static const json_t *xml_param_schema(const json_t *tools, const char *name, size_t name_len, const char *key,
+                                      size_t key_len)
+{
+    size_t i;
+    const json_t *t;
+    json_array_foreach(tools, i, t) {
+        const json_t *f = json_object_get(t, "function");
+        const json_t *fn = json_object_get(f, "name");
+        if (!json_is_string(fn) || json_string_length(fn) != name_len || memcmp(json_string_value(fn), name, name_len))
+            continue;
+        const json_t *params = json_object_get(f, "parameters");
+        const json_t *props = json_object_get(params, "properties");
+        if (!json_is_object(props)) props = params;
+        char k[OUTPUT_PARSER_MAX_NAME + 1];
+        if (!json_is_object(props) || key_len > OUTPUT_PARSER_MAX_NAME) return NULL;
+        memcpy(k, key, key_len);
+        k[key_len] = 0;
+        return json_object_get(props, k);
+    }
+    return NULL;
+}
+
+static bool starts_ci(const char *s, const char *prefix)
+{
+    for (; *prefix; s++, prefix++)
+        if (tolower((unsigned char)*s) != *prefix) return false;
+    return true;
+}
+
+// The type name of a parameter's schema, lowercased into out: its "type",
+// the first that is not "null" of a list of them, or "string".
+static void xml_type_name(const json_t *schema, char *out, size_t cap)
+{
+    const json_t *t = json_object_get(schema, "type");
+    if (json_is_array(t)) {
+        size_t i;
+        const json_t *x, *pick = NULL;
+        json_array_foreach(t, i, x) if (!pick && json_is_string(x) && strcmp(json_string_value(x), "null")) pick = x;
+        t = pick;
+    }
+    const char *s = json_is_string(t) ? json_string_value(t) : "string";
+    while (*s == ' ' || *s == '\t' || *s == '\n') s++;
+    size_t n = 0;
+    for (; s[n] && n + 1 < cap; n++) out[n] = (char)tolower((unsigned char)s[n]);
+    while (n > 0 && (out[n - 1] == ' ' || out[n - 1] == '\t' || out[n - 1] == '\n')) n--;
+    out[n] = 0;
+}
+
+// One value as vLLM's qwen3_coder parser converts it (the header's rules);
+// NULL when out of memory or the text is not valid UTF-8.
+static json_t *xml_value(const char *v, size_t n, const json_t *schema)
+{
+    if (n == 4 && starts_ci(v, "null")) return json_null();
+    if (!schema) return json_stringn(v, n);
+    char type[32];
+    xml_type_name(schema, type, sizeof type);
+    static const char *const strings[] = {"string", "str", "text", "varchar", "char", "enum"};
+    for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++)
+        if (!strcmp(type, strings[i])) return json_stringn(v, n);
+    char buf[64];
+    const bool small = n < sizeof buf;
+    if (small) {
+        memcpy(buf, v, n);
+        buf[n] = 0;
+    }
+    if (!strncmp(type, "int", 3) || !strncmp(type, "uint", 4) || !strncmp(type, "long", 4) ||
+        !strncmp(type, "short", 5) || !strncmp(type, "unsigned", 8)) {
+        char *end;
+        errno = 0;
+        const long long x = small && n ? strtoll(buf, &end, 10) : 0;
+        if (small && n && !errno && end != buf && !*end && !isspace((unsigned char)buf[0])) return json_integer(x);
+        return json_stringn(v, n);
+    }
+    if (!strncmp(type, "num", 3) || !strncmp(type, "float", 5)) {
+        char *end;
+        const double x = small && n ? strtod(buf, &end) : 0;
+        if (small && n && end != buf && !*end && isfinite(x) && !isspace((unsigned char)buf[0]))
+            return x == floor(x) && fabs(x) < 9007199254740992.0 ? json_integer((json_int_t)x) : json_real(x);
+        return json_stringn(v, n);
+    }
+    if (!strcmp(type, "boolean") || !strcmp(type, "bool") || !strcmp(type, "binary"))
+        return json_boolean(n == 4 && starts_ci(v, "true"));
+    // objects and arrays, and any other type: its JSON when it parses
+    json_t *j = json_loadb(v, n, JSON_DECODE_ANY, NULL);
+    return j ? j : json_stringn(v, n);
+}
+
+// s[0..n), trimmed, begins "<function=": 1 kept (or dropped past
+// max_calls), 0 not a call, or a negative status.
+static int try_xml_call(struct output_parser *p, const char *s, size_t n)
+{
+    static const char FN[] = "<function=", FN_END[] = "</function>", PAR[] = "<parameter=",
+                      PAR_END[] = "</parameter>";
+    const char *name = s + strlen(FN), *end = s + n;
+    const char *gt = memchr(name, '>', (size_t)(end - name));
+    const size_t name_len = gt ? (size_t)(gt - name) : 0;
+    if (!name_len || name_len > OUTPUT_PARSER_MAX_NAME || memchr(name, '\n', name_len) ||
+        utf8_valid_prefix((const uint8_t *)name, name_len) != name_len || memchr(name, 0, name_len))
+        return 0;
+    const char *body = gt + 1, *fend = memmem(body, (size_t)(end - body), FN_END, strlen(FN_END));
+    if (fend && skip_ws(fend, (size_t)(end - fend), strlen(FN_END)) != (size_t)(end - fend)) return 0;
+    if (!fend) fend = end;
+    json_t *args = json_object();
+    if (!args) return MS_ENOMEM;
+    int rc = 0;
+    for (const char *q = body; rc == 0 && (q = memmem(q, (size_t)(fend - q), PAR, strlen(PAR)));) {
+        const char *key = q + strlen(PAR), *kgt = memchr(key, '>', (size_t)(fend - key));
+        if (!kgt) break;
+        const char *v = kgt + 1;
+        const char *close = memmem(v, (size_t)(fend - v), PAR_END, strlen(PAR_END));
+        const char *next = memmem(v, (size_t)(fend - v), PAR, strlen(PAR));
+        const char *vend = close && (!next || close < next) ? close : next ? next : fend;
+        q = vend == close ? close + strlen(PAR_END) : vend;
+        size_t vl = (size_t)(vend - v);
+        if (vl && v[0] == '\n') v++, vl--;
+        if (vl && v[vl - 1] == '\n') vl--;
+        const size_t kl = (size_t)(kgt - key);
+        json_t *val = kl ? xml_value(v, vl, xml_param_schema(p->o.tool_defs, name, name_len, key, kl)) : NULL;
+        // A key or value that is not UTF-8 (or no memory for it): not a call.
+        if (!val || json_object_setn_new(args, key, kl, val)) rc = 1;
+    }
+    char *text = rc ? NULL : json_dumps(args, JSON_PRESERVE_ORDER);
+    json_decref(args);
+    if (rc) return 0;
+    if (!text) return MS_ENOMEM;
+    if (p->o.max_calls <= 0 || p->n_calls < p->o.max_calls) rc = keep_call(p, name, name_len, text, strlen(text));
+    free(text);
+    return rc ? rc : 1;
+}
+
 // Keeps the call whose body is s[0..n) when it has the shape the header
 // describes: 1 kept, 0 not a call (it becomes content), or a negative status.
 static int try_call(struct output_parser *p, const char *s, size_t n)
@@ -380,6 +519,8 @@ static int try_call(struct output_parser *p, const char *s, size_t n)
     n -= lead;
     n -= trailing_ws(s, n);
     if (!n) return 0;
+    if (p->o.tool_format == OUTPUT_TOOLS_QWEN3_XML && n > 10 && !memcmp(s, "<function=", 10))
+        return try_xml_call(p, s, n);
     json_t *root = json_loadb(s, n, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, NULL);
     json_t *name = json_object_get(root, "name");
     json_t *args = json_object_get(root, "arguments");

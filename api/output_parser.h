@@ -27,6 +27,20 @@
 //   object, not a re-serialisation. A call that fails any of this is content:
 //   the "<tool_call>", its body and its "</tool_call>" as raw text (a
 //   "<tool_call>" inside that raw text opens nothing).
+// - With opts.tool_format OUTPUT_TOOLS_QWEN3_XML (Qwen3-Coder's format, vLLM's
+//   qwen3_coder parser) a body that starts with "<function=NAME>" is a call
+//   of NAME whose arguments are its "<parameter=KEY>\nVALUE\n</parameter>"
+//   pieces (one newline trimmed at each end of a value; a piece also ends
+//   where the next begins or the function ends), up to "</function>" (or the
+//   body's end), after which only whitespace may follow. Each value becomes
+//   JSON by the type the tool's parameters give KEY in opts.tool_defs, as vLLM
+//   converts: "null" (any case) is null; string types and keys the schema
+//   does not name stay strings; integer and number types become numbers,
+//   boolean ones true when "true" (any case) and else false, object and
+//   array ones their JSON; a value that does not convert stays a string.
+//   The arguments are that object serialized (keys in order, a repeated key
+//   keeping its first place and its last value). A JSON body as above is a
+//   call too (the grammar of a forced call writes one).
 // - With opts.max_calls > 0 (parallel_tool_calls false) a call that would be
 //   kept after max_calls were kept is dropped whole, tags, body and the
 //   whitespace before it: what vLLM does, which keeps only the first call.
@@ -49,12 +63,22 @@
 #define OUTPUT_PARSER_MAX_ID 64                     // bytes in a call id, NUL included
 #define OUTPUT_PARSER_DEFAULT_MAX_CALL (4u << 20)   // bytes in one call's body
 
+enum output_tool_format {
+    OUTPUT_TOOLS_HERMES,     // <tool_call>{"name", "arguments"}</tool_call> (Qwen3, vLLM's hermes)
+    OUTPUT_TOOLS_QWEN3_XML,  // <tool_call><function=...><parameter=...> (Qwen3-Coder, vLLM's qwen3_coder)
+};
+
 struct output_parser_opts {
     bool reasoning;          // split off <think> reasoning (--reasoning-parser qwen3)
     bool start_in_reasoning; // the prompt ended inside <think> (output_parser_prompt_in_reasoning)
     bool tools;              // parse <tool_call> blocks (false when no tools or tool_choice "none")
     size_t max_call_bytes;   // a longer call body is content; 0: OUTPUT_PARSER_DEFAULT_MAX_CALL
     int max_calls;           // calls kept at most, later ones dropped; 0: any number
+    enum output_tool_format tool_format;
+    // QWEN3_XML: the request's tools ([{type, function: {name, parameters}}]),
+    // whose parameter types convert the values; borrowed, must outlive the
+    // parser; NULL: every value a string.
+    const json_t *tool_defs;
     // Writes the id of call `index` (0, 1, ... in this choice) as a NUL-
     // terminated string of at most cap bytes, "call_" + something unique (the
     // server passes random digits). NULL: "call_<index>", unique only within

@@ -221,6 +221,13 @@ static int load_agents(struct app *a, const struct app_opts *o, char *err, size_
     a->reasoning_parser = !strcmp(rp, "qwen3") ||
                           (!strcmp(rp, "auto") && src && strstr(src, "<think>") &&
                            a->think_end_id >= 0);
+    // Qwen3-Coder's template shows the model XML calls (<function=NAME>,
+    // <parameter=KEY>); Qwen3's shows JSON ones.
+    const char *tp = o->tool_call_parser ? o->tool_call_parser : "auto";
+    a->tool_format = !strcmp(tp, "qwen3_coder") ||
+                             (!strcmp(tp, "auto") && src && strstr(src, "<function=") && strstr(src, "<parameter="))
+                         ? OUTPUT_TOOLS_QWEN3_XML
+                         : OUTPUT_TOOLS_HERMES;
     if (o->default_chat_template_kwargs) {
         json_error_t je;
         a->default_kwargs = json_loads(o->default_chat_template_kwargs, 0, &je);
@@ -229,7 +236,8 @@ static int load_agents(struct app *a, const struct app_opts *o, char *err, size_
                           "object: %s", je.text);
     }
     ms_log(MS_LOG_INFO, "agents: reasoning parser %s, tool calls parsed when tools are given "
-           "(hermes), structured output on", a->reasoning_parser ? "qwen3" : "off");
+           "(%s), structured output on", a->reasoning_parser ? "qwen3" : "off",
+           a->tool_format == OUTPUT_TOOLS_QWEN3_XML ? "qwen3_coder" : "hermes");
     return 0;
 }
 

@@ -31,6 +31,10 @@ struct app_opts {
     // --reasoning-parser: "auto" (qwen3 when the chat template thinks with
     // <think>), "qwen3", or "none" (reasoning stays in content)
     const char *reasoning_parser;
+    // --tool-call-parser: "auto" (qwen3_coder when the chat template writes
+    // Qwen3-Coder's <function=...> calls, else hermes), "hermes", or
+    // "qwen3_coder" (vLLM's qwen3_xml is the same format)
+    const char *tool_call_parser;
     const char *default_chat_template_kwargs; // JSON object text, or NULL
     const char *metrics_prefix;      // /metrics series prefix: NULL "moeserve", or "vllm"
 };

@@ -14,6 +14,7 @@
 
 #include "api/chat_template.h"
 #include "api/openai.h"
+#include "api/output_parser.h"
 #include "grammar/grammar.h"
 #include "model/model.h"
 #include "scheduler/engine.h"
@@ -58,6 +59,7 @@ struct app {
     struct grammar_vocab *gvocab;
     struct grammar_cache *gcache;
     bool reasoning_parser;
+    enum output_tool_format tool_format; // how tool calls are written (--tool-call-parser)
     json_t *default_kwargs;          // owned object, or NULL
     int32_t think_end_id, tool_open_id, tool_close_id;
 };

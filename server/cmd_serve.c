@@ -55,7 +55,9 @@ static void usage(FILE *f)
         "  --reasoning-parser P          auto, qwen3 or none: text up to </think> goes to\n"
         "                                reasoning_content (auto: qwen3 for templates that think)\n"
         "  --enable-auto-tool-choice     accepted: tool calls are parsed whenever tools are given\n"
-        "  --tool-call-parser P          hermes (Qwen3's <tool_call> format, the only one)\n"
+        "  --tool-call-parser P          auto (default: the chat template's format), hermes\n"
+        "                                (Qwen3's JSON calls) or qwen3_coder (Qwen3-Coder's XML\n"
+        "                                calls; vLLM's qwen3_xml is the same)\n"
         "  --default-chat-template-kwargs JSON  defaults for chat_template_kwargs, e.g.\n"
         "                                '{\"enable_thinking\": false}'\n"
         "\n"
@@ -119,6 +121,7 @@ struct serve_opts {
     double keepalive;
     double health_timeout;
     const char *reasoning_parser;
+    const char *tool_call_parser;
     const char *default_kwargs;
     int64_t max_connections;       // -1: from the open-file limit
     int64_t max_connections_per_client; // -1: a quarter of max_connections
@@ -232,10 +235,12 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
             ms_log(MS_LOG_INFO, "--enable-auto-tool-choice: tool calls are parsed whenever a "
                    "request gives tools; the flag changes nothing");
         } else if (!rc && (v = flag_value("--tool-call-parser", argc, argv, &i, &rc, err, errlen))) {
-            if (strcmp(v, "hermes"))
+            if (strcmp(v, "hermes") && strcmp(v, "qwen3_coder") && strcmp(v, "qwen3_xml") && strcmp(v, "auto"))
                 rc = ms_err(err, errlen, MS_EUNSUPPORTED,
-                            "--tool-call-parser %s is not served; hermes (Qwen3's <tool_call> "
-                            "format) is", v);
+                            "--tool-call-parser %s is not served; hermes (Qwen3's JSON <tool_call> "
+                            "format), qwen3_coder (Qwen3-Coder's XML one; qwen3_xml is the same) and "
+                            "auto (the one the chat template shows the model) are", v);
+            o->tool_call_parser = !strcmp(v, "qwen3_xml") ? "qwen3_coder" : v;
         } else if (!rc && (v = flag_value("--default-chat-template-kwargs", argc, argv, &i, &rc,
                                           err, errlen))) {
             json_error_t je;
@@ -442,6 +447,7 @@ int cmd_serve(int argc, char **argv)
         .cache_dir = o.ef.cache_dir,
         .health_timeout_s = o.health_timeout,
         .reasoning_parser = o.reasoning_parser,
+        .tool_call_parser = o.tool_call_parser,
         .default_chat_template_kwargs = o.default_kwargs,
     };
     double t0 = ms_now();

@@ -52,6 +52,7 @@ static void job_free(struct job *j)
     free(j->prompts);
     free(j->choices);
     if (j->es) j->es->destroy(j->es_state);
+    json_decref(j->tool_defs);
     http_async_unref(j->async);
     arena_destroy(j->arena);
     pthread_mutex_destroy(&j->mu);

@@ -55,7 +55,8 @@ struct job {
     // chat: each choice's text split into reasoning, content and tool calls
     // (on the HTTP side, delta by delta as it streams, or once for a body)
     bool parse_output;
-    struct output_parser_opts parse_opts;
+    struct output_parser_opts parse_opts; // its tool_defs: tool_defs below
+    json_t *tool_defs;               // owned reference: the request's tools, for the parser's types
     bool include_reasoning;
     // Responses and Anthropic Messages: their one choice, always parsed,
     // goes out as that API's typed events or body through es (NULL: the

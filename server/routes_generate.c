@@ -203,10 +203,14 @@ static int make_choices(struct app *a, struct job *j, const struct parsed *q, st
     j->parse_output = q->chat && (a->reasoning_parser || q->tools);
     // A continued final message is answer text: no reasoning to split off.
     const bool reasoning = a->reasoning_parser && !q->cr.continue_final_message;
+    // The parser outlives the request's parse (it runs as the answer streams).
+    j->tool_defs = q->tools ? json_incref(q->cr.tools) : NULL;
     j->parse_opts = (struct output_parser_opts){.reasoning = reasoning,
                                                 .start_in_reasoning = q->prompt_in_reasoning,
                                                 .tools = q->tools,
-                                                .max_calls = q->tools && !q->cr.parallel_tool_calls};
+                                                .max_calls = q->tools && !q->cr.parallel_tool_calls,
+                                                .tool_format = a->tool_format,
+                                                .tool_defs = j->tool_defs};
     j->include_reasoning = q->chat && q->cr.include_reasoning;
     j->include_usage = g->include_usage;
     // vLLM sends usage on every chunk only when include_usage asks for usage at all.

@@ -80,8 +80,8 @@ static void responses_input_items_become_chat_messages(void **state)
                 "{\"role\":\"system\",\"content\":\"Use tools.\"},"
                 "{\"role\":\"user\",\"content\":\"a\\nb\"},"
                 "{\"role\":\"assistant\",\"content\":\"\",\"reasoning_content\":\"hmm\",\"tool_calls\":["
-                "{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"x\\\":1}\"}},"
-                "{\"id\":\"call_2\",\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"{}\"}}]},"
+                "{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{\"x\":1}}},"
+                "{\"id\":\"call_2\",\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":{}}}]},"
                 "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"one\"},"
                 "{\"role\":\"tool\",\"tool_call_id\":\"call_2\",\"content\":\"two\"},"
                 "{\"role\":\"assistant\",\"content\":\"done\"}]");
@@ -221,7 +221,7 @@ static void anthropic_blocks_become_chat_messages(void **state)
                 "[{\"role\":\"system\",\"content\":\"S1\\nS2\"},"
                 "{\"role\":\"user\",\"content\":\"Weather?\"},"
                 "{\"role\":\"assistant\",\"content\":\"Let me look.\",\"reasoning_content\":\"hm\",\"tool_calls\":["
-                "{\"id\":\"toolu_1\",\"type\":\"function\",\"function\":{\"name\":\"w\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},"
+                "{\"id\":\"toolu_1\",\"type\":\"function\",\"function\":{\"name\":\"w\",\"arguments\":{\"city\":\"Paris\"}}}]},"
                 "{\"role\":\"tool\",\"tool_call_id\":\"toolu_1\",\"content\":\"21C\"},"
                 "{\"role\":\"user\",\"content\":\"So?\"}]");
     assert_json(r.tools, "[{\"type\":\"function\",\"function\":{\"name\":\"w\",\"description\":\"W\","

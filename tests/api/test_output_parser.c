@@ -338,6 +338,82 @@ static void calls_past_max_calls_are_dropped_whole(void **state)
     output_parser_destroy(p);
 }
 
+// Qwen3-Coder's XML calls (vLLM's qwen3_coder parser): values converted by
+// the types of the tool's parameters; unknown keys, failed conversions and
+// string types stay strings; one newline trimmed at each end of a value.
+static const char *const CODER_TOOLS =
+    "[{\"type\": \"function\", \"function\": {\"name\": \"write_file\", \"parameters\": {\"type\": \"object\", "
+    "\"properties\": {\"path\": {\"type\": \"string\"}, \"lines\": {\"type\": \"integer\"}, \"ratio\": {\"type\": "
+    "\"number\"}, \"force\": {\"type\": \"boolean\"}, \"tags\": {\"type\": \"array\"}, \"meta\": {\"type\": \"object\"}, "
+    "\"mode\": {\"enum\": [\"a\", \"w\"]}, \"opt\": {\"type\": [\"null\", \"integer\"]}}}}}]";
+
+#define XCALL(name, params) "<tool_call>\n<function=" name ">\n" params "</function>\n</tool_call>"
+#define XPAR(k, v) "<parameter=" k ">\n" v "\n</parameter>\n"
+
+static void qwen3_coder_xml_calls_take_their_types_from_the_tools(void **state)
+{
+    (void)state;
+    json_t *tools = json_loads(CODER_TOOLS, 0, NULL);
+    assert_non_null(tools);
+    const struct output_parser_opts o = {.reasoning = true, .tools = true, .tool_format = OUTPUT_TOOLS_QWEN3_XML,
+                                         .tool_defs = tools};
+    const char *text = "I will write it.\n" XCALL("write_file",
+        XPAR("path", "/tmp/a b.txt") XPAR("lines", "42") XPAR("ratio", "0.5") XPAR("force", "True")
+        XPAR("tags", "[\"x\", 1]") XPAR("meta", "{\"k\": {\"n\": 2}}") XPAR("mode", "w") XPAR("opt", "NULL")
+        XPAR("extra", "  keep  spaces\n") XPAR("body", "line 1\nline 2 <b>bold</b> \"q\""));
+    struct output_parser *p = parse_whole(&o, text);
+    assert_content(p, "I will write it.");
+    assert_int_equal(output_parser_n_calls(p), 1);
+    assert_call(p, 0, "write_file",
+                "{\"path\": \"/tmp/a b.txt\", \"lines\": 42, \"ratio\": 0.5, \"force\": true, \"tags\": [\"x\", 1], "
+                "\"meta\": {\"k\": {\"n\": 2}}, \"mode\": \"w\", \"opt\": null, \"extra\": \"  keep  spaces\\n\", "
+                "\"body\": \"line 1\\nline 2 <b>bold</b> \\\"q\\\"\"}");
+    assert_string_equal(output_parser_finish_reason(p, "stop"), "tool_calls");
+    output_parser_destroy(p);
+    check_every_split(&o, text, strlen(text), false);
+
+    // Values that do not convert stay strings (a non-boolean is false, as vLLM has it).
+    p = parse_whole(&o, XCALL("write_file", XPAR("lines", "forty") XPAR("ratio", "1e400") XPAR("force", "yes")
+                                                XPAR("tags", "not json")));
+    assert_call(p, 0, "write_file", "{\"lines\": \"forty\", \"ratio\": \"1e400\", \"force\": false, \"tags\": \"not json\"}");
+    output_parser_destroy(p);
+
+    // A parameter ends where the next begins or the function ends; </function>
+    // may be missing; no parameters is {}; an unknown tool's values are strings.
+    p = parse_whole(&o, "<tool_call>\n<function=write_file>\n<parameter=lines>\n7<parameter=path>\nx\n"
+                        "</tool_call>" XCALL("ping", "") XCALL("other", XPAR("lines", "3")));
+    assert_int_equal(output_parser_n_calls(p), 3);
+    assert_call(p, 0, "write_file", "{\"lines\": 7, \"path\": \"x\"}");
+    assert_call(p, 1, "ping", "{}");
+    assert_call(p, 2, "other", "{\"lines\": \"3\"}");
+    output_parser_destroy(p);
+
+    // Not calls: text after </function>, no name, a name over two lines,
+    // bytes that are not UTF-8; they stay content, byte for byte.
+    const char *bad[] = {
+        "<tool_call>\n<function=f>\n</function>\ntrailing\n</tool_call>",
+        "<tool_call>\n<function=>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=a\nb>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=f>\n<parameter=k>\n\xff\n</parameter>\n</function>\n</tool_call>",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        p = parse_whole(&o, bad[i]);
+        assert_int_equal(output_parser_n_calls(p), 0);
+        output_parser_destroy(p);
+        check_every_split(&o, bad[i], strlen(bad[i]), false);
+    }
+
+    // A Hermes JSON body is a call too: a forced call's grammar writes one.
+    p = parse_whole(&o, CALL("write_file", "{\"lines\": 1}"));
+    assert_call(p, 0, "write_file", "{\"lines\": 1}");
+    output_parser_destroy(p);
+    // The Hermes format does not read XML bodies.
+    p = parse_whole(&TOOLS_ONLY, XCALL("write_file", XPAR("lines", "42")));
+    assert_int_equal(output_parser_n_calls(p), 0);
+    output_parser_destroy(p);
+    json_decref(tools);
+}
+
 static void arguments_keep_escapes_nesting_and_the_last_duplicate(void **state)
 {
     (void)state;
@@ -865,6 +941,7 @@ int main(void)
         cmocka_unit_test(qwen3_reasoning_goes_to_reasoning_and_the_rest_to_content),
         cmocka_unit_test(hermes_calls_become_tool_calls_with_the_models_argument_bytes),
         cmocka_unit_test(calls_past_max_calls_are_dropped_whole),
+        cmocka_unit_test(qwen3_coder_xml_calls_take_their_types_from_the_tools),
         cmocka_unit_test(arguments_keep_escapes_nesting_and_the_last_duplicate),
         cmocka_unit_test(calls_that_do_not_parse_stay_raw_content),
         cmocka_unit_test(malformed_tags_and_bytes_are_content_never_a_crash),

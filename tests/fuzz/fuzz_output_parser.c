@@ -199,11 +199,21 @@ int fuzz_output_parser(const uint8_t *data, size_t n)
 {
     if (n < 2) return 0;
     static const size_t max_call[4] = {0, 8, 32, 100};
+    // Tools for Qwen3-Coder's XML calls: a parameter of each type it converts.
+    static json_t *tools;
+    if (!tools)
+        tools = json_loads("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"properties\": "
+                           "{\"s\": {\"type\": \"string\"}, \"i\": {\"type\": \"integer\"}, \"n\": {\"type\": \"number\"}, "
+                           "\"b\": {\"type\": \"boolean\"}, \"o\": {\"type\": \"object\"}, \"a\": {\"type\": [\"array\"]}}}}}]",
+                           0, NULL);
     struct output_parser_opts o = {
         .reasoning = data[0] & 1,
         .start_in_reasoning = data[0] & 2,
         .tools = data[0] & 4,
         .max_call_bytes = max_call[(data[0] >> 3) & 3],
+        .max_calls = (data[0] >> 5) & 1,
+        .tool_format = data[0] & 64 ? OUTPUT_TOOLS_QWEN3_XML : OUTPUT_TOOLS_HERMES,
+        .tool_defs = tools,
     };
     const char *text = (const char *)data + 2;
     size_t len = n - 2;

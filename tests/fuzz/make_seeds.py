@@ -189,6 +189,11 @@ for opts in (0x07, 0x05, 0x0f, 0x1d):
                  "a</think>b<tool_call>{\"name\": \"g\", \"arguments\": \"x\"}</tool_call><tool_call>{bad}</tool_call>",
                  "\u00e9\ud83d\ude00<thi"]:
         put("fuzz_output_parser", bytes([opts, 3]) + text.encode("utf-8", "surrogatepass"))
+# Qwen3-Coder's XML calls (option bit 0x40), typed by the harness's tools
+for text in ["ok <tool_call>\n<function=f>\n<parameter=i>\n42\n</parameter>\n<parameter=o>\n{\"k\": [1]}\n"
+             "</parameter>\n<parameter=b>\nTrue\n</parameter>\n</function>\n</tool_call>",
+             "<tool_call><function=f><parameter=s>a<parameter=n>1.5</function></tool_call> after"]:
+    put("fuzz_output_parser", bytes([0x45, 3]) + text.encode())
 # ---- grammar: byte 0 kind (0 schema, 1 json_object, 2 regex, 3 choice, 4 GBNF), +8 tool-call tags ----
 schemas = [
     {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "n": {"type": "integer", "minimum": 0}},

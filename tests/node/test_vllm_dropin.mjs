@@ -261,6 +261,7 @@ await test('flags whose meaning moeserve cannot honour are refused with a senten
     [['--block-size', '32'], /blocks hold 16 tokens/],
     [['--max-logprobs', '50'], /at most 20/],
     [['--metrics-prefix', 'prom'], /--metrics-prefix must be moeserve or vllm/],
+    [['--tool-call-parser', 'mistral'], /--tool-call-parser mistral is not served; hermes .*qwen3_coder/],
     [['--override-generation-config', '[1]'], /must be a JSON object/],
     [['--allowed-origins', '["a",'], /--allowed-origins must be a JSON list/],
     [['--model', '/elsewhere'], /two models/],
