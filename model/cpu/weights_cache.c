@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -17,10 +19,13 @@
 #include "base/base.h"
 #include "base/buf.h"
 #include "model/safetensors.h"
+#include "moeserve_build.h"
 
 // Bump when the packed layout, the quantization or the dummy recipe changes
-// what a file of the same key would hold.
-#define CACHE_FORMAT 1
+// what a file of the same key would hold (the key also names the version of
+// moeserve that wrote it, so that a release that forgot to bump it cannot
+// serve another release's bytes).
+#define CACHE_FORMAT 2
 #define CACHE_MAGIC "MSPACK\x01\n"
 #define CACHE_MAX_KEY (1u << 20)
 #define PAGE 4096u
@@ -49,12 +54,21 @@ static uint64_t header_sum(const struct disk_header *h, const char *key)
 
 static uint64_t round_page(uint64_t n) { return (n + PAGE - 1) / PAGE * PAGE; }
 
+static int file_line_of(struct ms_buf *t, const char *label, const struct st_file_info *f)
+{
+    return ms_buf_append_fmt(t, "file %s %llu %lld %lld %llu\n", label, (unsigned long long)f->size,
+                             (long long)f->mtime_ns, (long long)f->ctime_ns, (unsigned long long)f->ino);
+}
+
 static int file_line(struct ms_buf *t, const char *label, const char *path)
 {
     struct stat sb;
     if (stat(path, &sb) != 0) return ms_buf_append_fmt(t, "file %s missing\n", label);
-    return ms_buf_append_fmt(t, "file %s %lld %lld\n", label, (long long)sb.st_size,
-                             (long long)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec);
+    const struct st_file_info f = {.size = (uint64_t)sb.st_size,
+                                   .mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec,
+                                   .ctime_ns = (int64_t)sb.st_ctim.tv_sec * 1000000000 + sb.st_ctim.tv_nsec,
+                                   .ino = (uint64_t)sb.st_ino};
+    return file_line_of(t, label, &f);
 }
 
 static int mkdir_p(const char *dir)
@@ -119,7 +133,7 @@ int weights_cache_open(struct weights_cache *c, const struct model *m, const cha
         (int)sizeof c->path)
         return 0;
     struct ms_buf t = {0};
-    int rc = ms_buf_append_fmt(&t, "moeserve prepared weights, format %d\n", CACHE_FORMAT);
+    int rc = ms_buf_append_fmt(&t, "moeserve %s prepared weights, format %d\n", MOESERVE_VERSION, CACHE_FORMAT);
     rc = rc ? rc : ms_buf_append_fmt(&t, "model %s\nkernels %s\nquantization %s\n", model_path, kernels, qname);
     rc = rc ? rc : ms_buf_append_fmt(&t, "load %s seed %llu\n", m->dummy ? "dummy" : "safetensors",
                                      (unsigned long long)m->seed);
@@ -132,10 +146,9 @@ int weights_cache_open(struct weights_cache *c, const struct model *m, const cha
     rc = rc ? rc : file_line(&t, "config.json", cfg);
     const struct safetensors *st = m->storage;
     for (size_t i = 0; !rc && st && i < safetensors_file_count(st); i++) {
-        uint64_t size;
-        int64_t mtime;
-        const char *name = safetensors_file_info(st, i, &size, &mtime);
-        rc = ms_buf_append_fmt(&t, "file %s %llu %lld\n", name, (unsigned long long)size, (long long)mtime);
+        struct st_file_info f;
+        const char *name = safetensors_file_info(st, i, &f);
+        rc = file_line_of(&t, name, &f);
     }
     if (rc) {
         ms_buf_free(&t);
@@ -151,11 +164,17 @@ int weights_cache_open(struct weights_cache *c, const struct model *m, const cha
     return 1;
 }
 
-// Why a file is not used, for the log line; NULL when it is good.
+// Why a file is not used, for the log line; NULL when it is good. A file
+// another user could have written (not ours, or writable by others) is not
+// trusted: its key is no secret, so anyone who can write the directory could
+// plant weights under it.
 static const char *check_file(const struct weights_cache *c, int fd)
 {
     struct stat sb;
     if (fstat(fd, &sb) != 0) return "cannot be read";
+    if (!S_ISREG(sb.st_mode)) return "is not a regular file";
+    if (sb.st_uid != geteuid()) return "belongs to another user";
+    if (sb.st_mode & (S_IWGRP | S_IWOTH)) return "is writable by other users";
     struct disk_header h;
     if (sb.st_size < (off_t)sizeof h || pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
         return "is truncated (no whole header)";
@@ -181,8 +200,14 @@ static void repage(struct weights_cache *c, int fd);
 
 bool weights_cache_map(struct weights_cache *c)
 {
-    const int fd = open(c->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return false;
+    // Not through a symlink, and never blocking (a FIFO planted there).
+    const int fd = open(c->path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
+        if (errno != ENOENT)
+            ms_log(MS_LOG_WARN, "the weights cache %s cannot be opened (%s): preparing the weights again",
+                   c->path, strerror(errno));
+        return false;
+    }
     const char *why = check_file(c, fd);
     if (why) {
         close(fd);
@@ -311,28 +336,64 @@ bool weights_cache_pin(struct weights_cache *c)
     return false;
 }
 
+// Temporary files of this cache file that no writer holds any more (a start
+// killed while preparing: SIGKILL, an OOM kill, a stop during the load)
+// are removed: each would hold the whole file's size of disk forever. A
+// writer holds an exclusive lock on its file until it commits or fails.
+static void remove_orphans(const struct weights_cache *c, const char *dir)
+{
+    const char *slash = strrchr(c->path, '/');
+    const char *base = slash ? slash + 1 : c->path;
+    char prefix[512];
+    if (snprintf(prefix, sizeof prefix, "%s.tmp.", base) >= (int)sizeof prefix) return;
+    DIR *d = opendir(dir);
+    if (!d) return;
+    const int dfd = dirfd(d);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, prefix, strlen(prefix))) continue;
+        const int fd = openat(dfd, e->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        struct stat sb;
+        if (fd < 0) continue;
+        if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_uid == geteuid() &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0 && unlinkat(dfd, e->d_name, 0) == 0)
+            ms_log(MS_LOG_INFO, "removed %s/%s, a weights cache an earlier start left unfinished", dir,
+                   e->d_name);
+        close(fd);
+    }
+    closedir(d);
+}
+
 bool weights_cache_create(struct weights_cache *c)
 {
     const char *slash = strrchr(c->path, '/');
     char dir[4096];
     snprintf(dir, sizeof dir, "%.*s", (int)(slash ? slash - c->path : 1), slash ? c->path : ".");
+    remove_orphans(c, dir);
     struct statvfs vs;
     if (statvfs(dir, &vs) == 0) {
         const uint64_t avail = (uint64_t)vs.f_bavail * vs.f_frsize;
-        // Leave a GiB for everything else on the file system.
-        if (avail < c->file_bytes + ((uint64_t)1 << 30)) {
-            ms_log(MS_LOG_WARN, "not caching the prepared weights in %s: %.1f GiB free, %.1f GiB "
-                   "needed", dir, (double)avail / (1u << 30), (double)c->file_bytes / (1u << 30));
+        // Leave room for everything else on the file system: a GiB, or a
+        // twentieth of it when that is less.
+        uint64_t room = (uint64_t)vs.f_blocks * vs.f_frsize / 20;
+        if (room > ((uint64_t)1 << 30)) room = (uint64_t)1 << 30;
+        if (avail < c->file_bytes + room) {
+            ms_log(MS_LOG_WARN, "not caching the prepared weights in %s: %.2f GiB free, %.2f GiB needed "
+                   "(%.2f GiB of them the file, %.2f GiB left for the rest of the file system)", dir,
+                   (double)avail / (1u << 30), (double)(c->file_bytes + room) / (1u << 30),
+                   (double)c->file_bytes / (1u << 30), (double)room / (1u << 30));
             return false;
         }
     }
-    snprintf(c->tmp, sizeof c->tmp, "%s.tmp.%ld", c->path, (long)getpid());
-    c->fd = open(c->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    // A name no other writer has (two servers in containers may both be
+    // pid 1), made with O_EXCL (never through a symlink planted there).
+    snprintf(c->tmp, sizeof c->tmp, "%s.tmp.XXXXXX", c->path);
+    c->fd = mkostemp(c->tmp, O_CLOEXEC);
     if (c->fd < 0) {
         ms_log(MS_LOG_WARN, "cannot create %s (%s): preparing the weights without a cache", c->tmp,
                strerror(errno));
         return false;
     }
+    flock(c->fd, LOCK_EX); // ours until commit: remove_orphans leaves it
     int e = posix_fallocate(c->fd, 0, (off_t)c->file_bytes);
     void *p = e ? MAP_FAILED : ms_map_huge(c->fd, (size_t)c->file_bytes, PROT_READ | PROT_WRITE);
     if (!e && p == MAP_FAILED) e = errno;
@@ -362,11 +423,13 @@ bool weights_cache_commit(struct weights_cache *c)
     h.file_bytes = c->file_bytes;
     h.key_len = strlen(c->key);
     h.checksum = header_sum(&h, c->key);
-    // The data reaches the disk before the header that vouches for it.
+    // The data reaches the disk before the header that vouches for it. Read
+    // only from then on: a cp over it (which truncates in place) would take
+    // the pages of every server mapping it (SIGBUS); a rename replaces it.
     bool ok = msync(c->map, c->map_bytes, MS_SYNC) == 0 && fdatasync(c->fd) == 0 &&
               pwrite(c->fd, &h, sizeof h, 0) == (ssize_t)sizeof h &&
-              pwrite(c->fd, c->key, h.key_len, sizeof h) == (ssize_t)h.key_len && fdatasync(c->fd) == 0 &&
-              rename(c->tmp, c->path) == 0;
+              pwrite(c->fd, c->key, h.key_len, sizeof h) == (ssize_t)h.key_len && fchmod(c->fd, 0444) == 0 &&
+              fdatasync(c->fd) == 0 && rename(c->tmp, c->path) == 0;
     const int e = errno;
     mprotect(c->map, c->map_bytes, PROT_READ);
     // Read again only once committed: the disk then holds what comes back.

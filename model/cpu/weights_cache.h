@@ -5,13 +5,18 @@
 //
 // A file is named after what it holds (the model's path, the kernel table,
 // the quantization, the dummy seed) and keyed by everything its bytes depend
-// on: a format version, the same, config.json's and every safetensors
-// file's name, size and modification time, and the sizes of the prepared
-// areas. It starts with a header (magic, sizes, the key text, a checksum
-// over both), then the packed area and the made area, each page-aligned. It
-// is written under a temporary name, synced and renamed into place; a file
-// whose header is truncated, corrupt or keyed otherwise is never trusted
-// (the weights are prepared again and the file replaced).
+// on: moeserve's version and a format version, the same, config.json's and
+// every safetensors file's name, size, modification and change times and
+// inode, and the sizes of the prepared areas. It starts with a header
+// (magic, sizes, the key text, a checksum over both), then the packed area
+// and the made area, each page-aligned. It is written under a temporary
+// name of its own (O_EXCL, locked while written; one no writer holds is an
+// earlier start's leftover and removed), synced, made read-only and renamed
+// into place. A file whose header is truncated, corrupt or keyed otherwise,
+// or that is not a regular file of this user's that no one else can write,
+// is never trusted (the weights are prepared again and the file replaced).
+// The data areas carry no checksum: bytes damaged on the disk after the
+// header was written are not noticed.
 #ifndef MOESERVE_MODEL_CPU_WEIGHTS_CACHE_H
 #define MOESERVE_MODEL_CPU_WEIGHTS_CACHE_H
 

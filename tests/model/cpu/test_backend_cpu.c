@@ -25,6 +25,7 @@
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -393,6 +394,7 @@ static void cache_file(const char *cdir, char *out, size_t len)
 
 static void flip_byte(const char *path, long at)
 {
+    assert_int_equal(chmod(path, 0644), 0); // committed read-only
     FILE *f = fopen(path, "r+b");
     assert_non_null(f);
     fseek(f, at, SEEK_SET);
@@ -440,6 +442,7 @@ static void the_weights_cache_is_written_mapped_and_rebuilt_when_stale_or_corrup
     for (int i = 0; i < 2; i++) {
         struct stat sb;
         assert_int_equal(stat(file, &sb), 0);
+        assert_int_equal(chmod(file, 0644), 0);
         assert_int_equal(truncate(file, sizes[i] > 0 ? sizes[i] : sb.st_size + sizes[i]), 0);
         assert_int_equal(prepare_cached(ckpt, cdir, &got, &n2), 2);
         assert_memory_equal(got, ref, n);
@@ -453,6 +456,77 @@ static void the_weights_cache_is_written_mapped_and_rebuilt_when_stale_or_corrup
     assert_int_equal(prepare_cached(ckpt, cdir, &got, &n2), 1);
     free(got);
     cache_file(cdir, file, sizeof file); // replaced, not added beside
+    free(ref);
+}
+
+// Only a file this process's user wrote, and nobody else can write, is
+// trusted, and only for the very files it was made from: a checkpoint
+// replaced by a copy of the same size and modification time (cp -p, a
+// normalized mtime) is another file; a group-writable cache file, a symlink
+// or a FIFO at its name is not used (nor waited on); the file is committed
+// read-only; a temporary file no writer holds (a start killed while
+// preparing) is removed, one a writer holds is not.
+static void the_weights_cache_trusts_only_its_own_files(void **state)
+{
+    (void)state;
+    char ckpt[512], cdir[512], file[1024], cmd[6000], other[1100];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt2", cache_root);
+    snprintf(cdir, sizeof cdir, "%s/cache2", cache_root);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s'/* '%s/'", ckpt, dir, ckpt);
+    assert_int_equal(system(cmd), 0);
+    void *ref, *got;
+    size_t n, n2;
+    assert_int_equal(prepare_cached(ckpt, "none", &ref, &n), 0);
+    assert_int_equal(prepare_cached(ckpt, cdir, &got, &n2), 2);
+    free(got);
+    cache_file(cdir, file, sizeof file);
+    struct stat sb;
+    assert_int_equal(stat(file, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0444);
+    // The same bytes' size and mtime in another file (a new inode and ctime).
+    snprintf(cmd, sizeof cmd, "cd '%s' && cp -p model.safetensors x && mv x model.safetensors", ckpt);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(prepare_cached(ckpt, cdir, &got, &n2), 2);
+    free(got);
+    assert_int_equal(prepare_cached(ckpt, cdir, &got, &n2), 1);
+    free(got);
+    // Writable by the group: not used, replaced.
+    assert_int_equal(chmod(file, 0664), 0);
+    assert_int_equal(prepare_cached(ckpt, cdir, &got, &n2), 2);
+    free(got);
+    // A symlink to a good copy of it, and a FIFO: neither is used.
+    snprintf(other, sizeof other, "%s/elsewhere.weights", cache_root);
+    snprintf(cmd, sizeof cmd, "cp -p '%s' '%s' && rm '%s' && ln -s '%s' '%s'", file, other, file, other, file);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(prepare_cached(ckpt, cdir, &got, &n2), 2);
+    free(got);
+    assert_int_equal(unlink(file), 0);
+    assert_int_equal(mkfifo(file, 0600), 0);
+    assert_int_equal(prepare_cached(ckpt, cdir, &got, &n2), 2);
+    assert_memory_equal(got, ref, n);
+    free(got);
+    cache_file(cdir, file, sizeof file);
+    assert_int_equal(lstat(file, &sb), 0);
+    assert_true(S_ISREG(sb.st_mode));
+    // Temporary files: an orphan is removed when the file is next written;
+    // one a writer holds (locked) stays.
+    char orphan[1100], held[1100];
+    snprintf(orphan, sizeof orphan, "%s.tmp.dead01", file);
+    snprintf(held, sizeof held, "%s.tmp.live01", file);
+    const int of = open(orphan, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    const int hf = open(held, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    assert_true(of >= 0 && hf >= 0);
+    close(of);
+    assert_int_equal(flock(hf, LOCK_EX), 0);
+    snprintf(cmd, sizeof cmd, "touch -d '2002-02-02' '%s/config.json'", ckpt);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(prepare_cached(ckpt, cdir, &got, &n2), 2);
+    free(got);
+    assert_int_not_equal(access(orphan, F_OK), 0);
+    assert_int_equal(access(held, F_OK), 0);
+    close(hf);
+    assert_int_equal(unlink(held), 0);
+    cache_file(cdir, file, sizeof file);
     free(ref);
 }
 
@@ -702,6 +776,7 @@ int main(void)
         cmocka_unit_test(dummy_weights_are_made_by_the_backend),
         cmocka_unit_test(quantized_projections_are_packed_for_every_table),
         cmocka_unit_test(the_weights_cache_is_written_mapped_and_rebuilt_when_stale_or_corrupt),
+        cmocka_unit_test(the_weights_cache_trusts_only_its_own_files),
         cmocka_unit_test(the_weights_cache_is_read_again_into_huge_pages),
         cmocka_unit_test(rope_angles_follow_the_step_positions),
         cmocka_unit_test(prefault_makes_every_page_of_the_pool_and_an_allocation_resident),
