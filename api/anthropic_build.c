@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "api/anthropic.h"
+#include "api/text_trim.h"
 #include "base/base.h"
 #include "base/buf.h"
 
@@ -61,14 +62,10 @@ struct an_stream {
     enum block_kind kind;
     int call_index;
     struct ms_buf text;
-    // Text and thinking blocks are trimmed as Anthropic's are (Qwen3 writes
-    // "<think>\nx\n</think>\n\nAnswer"): a block opens at its first
-    // non-whitespace byte (leading whitespace, and blocks of nothing else,
-    // are dropped), and its trailing whitespace is held until more text
-    // follows in it, dropped when it closes. `waiting`: the kind whose text
-    // is arriving before its block opened.
-    enum block_kind waiting;
-    struct ms_buf ws;
+    // Text and thinking blocks are trimmed as Anthropic's are (text_trim.h):
+    // `run` is the kind whose text is arriving, its block open or not yet.
+    enum block_kind run;
+    struct text_trim trim;
     char call_id[OUTPUT_PARSER_MAX_ID];
     char *name;
     // the end
@@ -104,7 +101,7 @@ static void an_destroy(void *st)
     free(s->name);
     free(s->stop_buf);
     ms_buf_free(&s->text);
-    ms_buf_free(&s->ws);
+    text_trim_free(&s->trim);
     json_decref(s->content);
     free(s);
 }
@@ -212,8 +209,8 @@ static int delta(struct an_stream *s, const char *text, size_t len, es_emit_fn e
 
 static int close_block(struct an_stream *s, es_emit_fn emit, void *ctx)
 {
-    s->ws.len = 0;
-    s->waiting = BLOCK_NONE;
+    text_trim_end(&s->trim);
+    s->run = BLOCK_NONE;
     if (s->kind == BLOCK_NONE) return 0;
     int index = (int)json_array_size(s->content);
     json_t *b = block_json(s, true);
@@ -231,36 +228,37 @@ static enum block_kind kind_of(enum output_event_kind k)
     }
 }
 
-static bool ws_byte(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+struct trim_ctx {
+    struct an_stream *s;
+    enum block_kind k;
+    const struct output_event *e;
+    es_emit_fn emit;
+    void *ctx;
+};
 
-// A text or thinking event, trimmed (struct an_stream's ws).
+static int trim_open(void *p)
+{
+    struct trim_ctx *t = p;
+    return open_block(t->s, t->k, t->e, t->emit, t->ctx);
+}
+
+static int trim_send(void *p, const char *text, size_t len)
+{
+    struct trim_ctx *t = p;
+    return delta(t->s, text, len, t->emit, t->ctx);
+}
+
+// A text or thinking event, trimmed (text_trim.h).
 static int text_event(struct an_stream *s, enum block_kind k, const struct output_event *e, es_emit_fn emit,
                       void *ctx)
 {
-    if (s->kind != k && s->waiting != k) {
+    static const struct text_trim_ops ops = {trim_open, trim_send};
+    if (s->run != k) {
         if (close_block(s, emit, ctx)) return MS_ENOMEM;
-        s->waiting = k;
+        s->run = k;
     }
-    const char *t = e->text;
-    size_t n = e->len, end = n;
-    while (end > 0 && ws_byte(t[end - 1])) end--;
-    if (end == 0) { // whitespace only: held inside an open block, dropped before one
-        if (s->kind == k && ms_buf_append(&s->ws, t, n)) return s->spent = true, MS_ENOMEM;
-        return 0;
-    }
-    if (s->kind != k) {
-        size_t lead = 0;
-        while (ws_byte(t[lead])) lead++;
-        t += lead, end -= lead, n -= lead;
-        s->waiting = BLOCK_NONE;
-        if (open_block(s, k, e, emit, ctx)) return MS_ENOMEM;
-    } else if (s->ws.len) {
-        if (delta(s, s->ws.data, s->ws.len, emit, ctx)) return MS_ENOMEM;
-        s->ws.len = 0;
-    }
-    if (delta(s, t, end, emit, ctx)) return MS_ENOMEM;
-    if (end < n && ms_buf_append(&s->ws, t + end, n - end)) return s->spent = true, MS_ENOMEM;
-    return 0;
+    struct trim_ctx t = {s, k, e, emit, ctx};
+    return text_trim_feed(&s->trim, e->text, e->len, &ops, &t) ? (s->spent = true, MS_ENOMEM) : 0;
 }
 
 static int an_feed(void *st, const struct output_event *ev, size_t n, es_emit_fn emit, void *ctx)
@@ -274,6 +272,7 @@ static int an_feed(void *st, const struct output_event *ev, size_t n, es_emit_fn
             continue;
         }
         bool same = s->kind == k && e->kind == OUTPUT_EVENT_TOOL_ARGS && e->index == s->call_index;
+        s->run = BLOCK_NONE;
         if (!same && (close_block(s, emit, ctx) || open_block(s, k, e, emit, ctx))) break;
         if (e->kind != OUTPUT_EVENT_TOOL_BEGIN && e->len && delta(s, e->text, e->len, emit, ctx)) break;
     }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "api/responses.h"
+#include "api/text_trim.h"
 #include "base/base.h"
 #include "base/buf.h"
 
@@ -29,6 +30,10 @@ struct rs_stream {
     struct ms_buf text;              // its text, reasoning or arguments so far
     char call_id[OUTPUT_PARSER_MAX_ID];
     char *name;
+    // Reasoning and message text trimmed as OpenAI's are (text_trim.h):
+    // `run` is the kind whose text is arriving, its item open or not yet.
+    enum item_kind run;
+    struct text_trim trim;
     // the end
     const char *status;              // "in_progress", then completed | incomplete | failed
     const char *incomplete;          // incomplete_details.reason, or NULL
@@ -66,6 +71,7 @@ static void rs_destroy(void *st)
     free(s->model);
     free(s->name);
     ms_buf_free(&s->text);
+    text_trim_free(&s->trim);
     json_decref(s->echo);
     json_decref(s->output);
     json_decref(s->error);
@@ -244,6 +250,8 @@ static int delta(struct rs_stream *s, const char *text, size_t len, es_emit_fn e
 // "incomplete" when the answer was cut inside it.
 static int close_item(struct rs_stream *s, const char *status, es_emit_fn emit, void *ctx)
 {
+    text_trim_end(&s->trim);
+    s->run = ITEM_NONE;
     if (s->kind == ITEM_NONE) return 0;
     int oi = (int)json_array_size(s->output), rc = 0;
     json_t *whole = json_stringn(s->text.data ? s->text.data : "", s->text.len);
@@ -296,15 +304,44 @@ static enum item_kind kind_of(enum output_event_kind k)
     }
 }
 
+struct trim_ctx {
+    struct rs_stream *s;
+    enum item_kind k;
+    const struct output_event *e;
+    es_emit_fn emit;
+    void *ctx;
+};
+
+static int trim_open(void *p)
+{
+    struct trim_ctx *t = p;
+    return open_item(t->s, t->k, t->e, t->emit, t->ctx);
+}
+
+static int trim_send(void *p, const char *text, size_t len)
+{
+    struct trim_ctx *t = p;
+    return delta(t->s, text, len, t->emit, t->ctx);
+}
+
 static int rs_feed(void *st, const struct output_event *ev, size_t n, es_emit_fn emit, void *ctx)
 {
+    static const struct text_trim_ops ops = {trim_open, trim_send};
     struct rs_stream *s = st;
     for (size_t i = 0; i < n && !s->spent; i++) {
         const struct output_event *e = &ev[i];
         enum item_kind k = kind_of(e->kind);
-        // A new call, or text of another kind than the open item's, closes it.
-        bool same = s->kind == k && (k != ITEM_CALL || (e->kind == OUTPUT_EVENT_TOOL_ARGS &&
-                                                        e->index == s->call_index));
+        if (k != ITEM_CALL) { // text, trimmed: its item opens at its first non-space byte
+            if (s->run != k) {
+                if (close_item(s, "completed", emit, ctx)) break;
+                s->run = k;
+            }
+            struct trim_ctx t = {s, k, e, emit, ctx};
+            if (text_trim_feed(&s->trim, e->text, e->len, &ops, &t)) s->spent = true;
+            continue;
+        }
+        // A new call closes the open item; its arguments go on in it.
+        bool same = s->kind == k && e->kind == OUTPUT_EVENT_TOOL_ARGS && e->index == s->call_index;
         if (!same) {
             if (close_item(s, "completed", emit, ctx)) break;
             if (open_item(s, k, e, emit, ctx)) break;

@@ -572,6 +572,53 @@ static void anthropic_blocks_are_trimmed_of_the_models_newlines(void **state)
     json_decref(c.events);
 }
 
+// The Responses front trims the same way (text_trim): the reasoning item's
+// text and the message's output_text carry no whitespace at either end, and
+// a message of whitespace alone is no item.
+static void responses_items_are_trimmed_of_the_models_newlines(void **state)
+{
+    (void)state;
+    static const struct output_event ev[] = {
+        {OUTPUT_EVENT_REASONING, -1, "\n", 1, NULL},
+        {OUTPUT_EVENT_REASONING, -1, "I think", 7, NULL},
+        {OUTPUT_EVENT_REASONING, -1, "\n", 1, NULL},
+        {OUTPUT_EVENT_CONTENT, -1, "\n\n", 2, NULL},
+        {OUTPUT_EVENT_CONTENT, -1, "Answer \n", 8, NULL},
+        {OUTPUT_EVENT_CONTENT, -1, " more\n\n", 7, NULL},
+        {OUTPUT_EVENT_TOOL_BEGIN, 0, "f", 1, "call_abc"},
+        {OUTPUT_EVENT_TOOL_ARGS, 0, "{}", 2, NULL},
+        {OUTPUT_EVENT_CONTENT, -1, " \n", 2, NULL},
+    };
+    json_t *echo = json_object();
+    struct es_meta m = {.id = "resp_1", .created = 7, .model = "tiny", .prompt_tokens = 11, .echo = echo};
+    struct es_result res = {.finish = "tool_calls", .usage = {11, 9, 0}};
+    void *st = rs_stream_create(&m);
+    struct collected c = {json_array()};
+    assert_int_equal(rs_stream_ops.start(st, collect, &c), 0);
+    for (size_t i = 0; i < sizeof ev / sizeof ev[0]; i++)
+        assert_int_equal(rs_stream_ops.feed(st, ev + i, 1, collect, &c), 0);
+    assert_int_equal(rs_stream_ops.finish(st, &res, collect, &c), 0);
+    json_t *body = rs_stream_ops.body(st);
+    json_t *out = json_object_get(body, "output");
+    assert_int_equal(json_array_size(out), 3);
+    json_t *r0 = json_array_get(json_object_get(json_array_get(out, 0), "content"), 0);
+    json_t *m1 = json_array_get(json_object_get(json_array_get(out, 1), "content"), 0);
+    assert_string_equal(json_string_value(json_object_get(r0, "text")), "I think");
+    assert_string_equal(json_string_value(json_object_get(m1, "text")), "Answer \n more");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(out, 2), "type")), "function_call");
+    // The streamed deltas of the message add up to its text.
+    char streamed[64] = "";
+    for (size_t i = 0; i < json_array_size(c.events); i++)
+        if (!strcmp(name_at(&c, i), "response.output_text.delta"))
+            strncat(streamed, json_string_value(json_object_get(data_at(&c, i), "delta")),
+                    sizeof streamed - strlen(streamed) - 1);
+    assert_string_equal(streamed, "Answer \n more");
+    json_decref(body);
+    rs_stream_ops.destroy(st);
+    json_decref(c.events);
+    json_decref(echo);
+}
+
 static void anthropic_events_come_in_order_and_add_up_to_the_body(void **state)
 {
     (void)state;
@@ -640,6 +687,7 @@ int main(void)
         cmocka_unit_test(responses_events_come_in_order_and_add_up_to_the_body),
         cmocka_unit_test(anthropic_events_come_in_order_and_add_up_to_the_body),
         cmocka_unit_test(anthropic_blocks_are_trimmed_of_the_models_newlines),
+        cmocka_unit_test(responses_items_are_trimmed_of_the_models_newlines),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
