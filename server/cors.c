@@ -97,7 +97,13 @@ int cors_create(const struct cors_opts *o, struct cors **out, char *err, size_t 
         cors_destroy(c);
         return rc;
     }
-    c->credentials = o->credentials;
+    // Any origin with credentials would let every site a visitor opens act
+    // with the visitor's cookies or client certificate here: credentials
+    // go only to origins named one by one.
+    c->credentials = o->credentials && !c->origins.any;
+    if (o->credentials && c->origins.any)
+        ms_log(MS_LOG_WARN, "--allow-credentials with --allowed-origins '*': credentials are allowed to "
+               "no origin (any site could use a visitor's); name the origins that may have them");
     *out = c;
     return 0;
 }
@@ -129,6 +135,14 @@ static void put(struct cors_headers *h, const char *name, const char *value)
     h->n++;
 }
 
+// "null" (sandboxed frames, file: pages, redirects) is no origin that "*"
+// stands for: it is allowed only listed by name.
+static bool origin_allowed(const struct cors *c, const char *origin)
+{
+    if (c->origins.any && !strcmp(origin, "null")) return false;
+    return list_has(&c->origins, origin, strlen(origin), false);
+}
+
 // Allow-Origin: "*" for any origin without credentials (a response any
 // cache may share); the origin itself otherwise, with Vary: Origin.
 static void allow_origin(const struct cors *c, const char *origin, struct cors_headers *out)
@@ -145,7 +159,7 @@ static void allow_origin(const struct cors *c, const char *origin, struct cors_h
 void cors_response_headers(const struct cors *c, const char *origin, struct cors_headers *out)
 {
     out->n = 0;
-    if (!c || !origin || !list_has(&c->origins, origin, strlen(origin), false)) return;
+    if (!c || !origin || !origin_allowed(c, origin)) return;
     allow_origin(c, origin, out);
 }
 
@@ -169,7 +183,7 @@ int cors_preflight(const struct cors *c, const char *origin, const char *method,
                    const char *request_headers, struct cors_headers *out, char *msg, size_t msglen)
 {
     out->n = 0;
-    if (!list_has(&c->origins, origin, strlen(origin), false)) {
+    if (!origin_allowed(c, origin)) {
         snprintf(msg, msglen, "the origin '%.200s' may not call this server from a browser "
                  "(--allowed-origins)", origin);
         return 403;

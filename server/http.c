@@ -1001,9 +1001,58 @@ static bool refuse_after_body(struct http_request *r, bool drain, int http, cons
 // client fixes them: a broken path, a host we do not serve, the route, the
 // key, the body's type and size. Returns false after answering, true to
 // read on (a refusal kept until the body is in: refuse_after_body).
+// How a request frames its body, from every one of its headers.
+struct framing {
+    int n_length, n_coding;
+    const char *length, *coding; // the first of each
+    bool lengths_differ;
+};
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    struct framing *f = cls;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
+        if (f->n_length++ == 0) f->length = value;
+        else if (strcmp(f->length, value ? value : "")) f->lengths_differ = true;
+    } else if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+        if (f->n_coding++ == 0) f->coding = value;
+    }
+    return MHD_YES;
+}
+
+// A kept-alive connection's later requests reach MHD without the gate's
+// look at their heads (http_head): their framing is checked here as the
+// gate checks it (RFC 9112 6.3), since MHD takes the first of two
+// Content-Lengths, decodes chunked beside one and keeps the connection, and
+// reads an unknown coding to the close: a request framed two ways would
+// desync the connection behind a proxy that reads it the other way. The
+// refusal closes the connection. (A folded header line MHD has already
+// joined to a name cannot be seen here: the gate refuses folds in first
+// requests, and nginx in front refuses them in every request.)
+static bool framing_acceptable(struct http_request *r)
+{
+    struct framing f = {0};
+    MHD_get_connection_values(r->c, MHD_HEADER_KIND, count_framing, &f);
+    const char *why = NULL;
+    int status = 400;
+    if (f.lengths_differ) why = "Content-Length headers that differ";
+    else if (f.n_coding && f.n_length) why = "both Transfer-Encoding and Content-Length";
+    else if (f.n_coding && !r->http11) why = "Transfer-Encoding in HTTP/1.0";
+    else if (f.n_coding > 1 || (f.n_coding && strcasecmp(f.coding ? f.coding : "", "chunked")))
+        why = "a Transfer-Encoding other than one 'chunked'", status = 501;
+    if (!why) return true;
+    http_add_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    respond_simple_error(r, status, status == 501 ? "not_implemented" : "invalid_framing",
+                         "the request frames its body by %s; send one Content-Length, or "
+                         "Transfer-Encoding: chunked alone", why);
+    return false;
+}
+
 static bool head_acceptable(struct http_request *r, const char *url, const char *method)
 {
     struct http_server *s = r->s;
+    if (!framing_acceptable(r)) return false;
     if (r->raw_nul) {
         respond_simple_error(r, 400, "invalid_path", "the request path has a NUL byte (%%00)");
         return false;

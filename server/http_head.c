@@ -384,15 +384,13 @@ static enum http_head_result bad_value(struct http_head_verdict *v, const char *
 static enum http_head_result header_line(struct head *h, const char *s, size_t len, bool whole,
                                          struct http_head_verdict *v)
 {
-    if (is_ows((unsigned char)s[0])) { // obs-fold: RFC 9112 5.2
-        if (h->cur.kind == FIELD_NONE)
-            return refuse_text(v, 400, "the first header line starts with whitespace, "
-                                       "which would continue a header that is not there");
-        size_t b = first_bad_value_byte(s, len);
-        if (b < len) return bad_value(v, h->cur.name, h->cur.name_len, (unsigned char)s[b]);
-        if (whole) field_piece(&h->cur, s, len);
-        return HTTP_HEAD_MORE;
-    }
+    // obs-fold (RFC 9112 5.2 lets a server refuse it): MHD 0.9.75 joins a
+    // continuation to the header's name, not its value, so "Content-: 5" and
+    // " Length" would frame the body for MHD by a header this check never
+    // saw, and a request could be smuggled past it.
+    if (is_ows((unsigned char)s[0]))
+        return refuse_text(v, 400, "a header line starts with whitespace (an obsolete line fold); "
+                                   "send each header on one line");
     size_t c = 0;
     while (c < len && is_tchar((unsigned char)s[c])) c++;
     if (c == len && !whole) return HTTP_HEAD_MORE;

@@ -41,8 +41,8 @@ struct http_head_verdict {
 // is judged as soon as a byte shows its fault, even before its LF comes.
 // What is refused (RFC 9112, and what MHD 0.9.75 would otherwise answer with
 // its own page): 400 a malformed request line or header line (a lone CR, a
-// control byte, a name not right before its colon, a fold with no field to
-// continue), an HTTP/1.1 head without exactly one Host (more than one in
+// control byte, a name not right before its colon, an obsolete line fold:
+// MHD would join it to the header's name), an HTTP/1.1 head without exactly one Host (more than one in
 // any request), a Content-Length that is not 1 to 19 digits or differs
 // between its headers, Transfer-Encoding in HTTP/1.0 or beside
 // Content-Length; 431 no head within limit bytes, or more than

@@ -26,8 +26,10 @@ fail() { echo "FAIL: $*" >&2; for f in "$dir"/*.log; do echo "== $f" >&2; tail -
 # machine (ASan, busy neighbours: 25 s seen), or the test would pin the
 # timeout's abort rather than the drain; a drain ends when its streams do.
 start_server() { # PORT LOG
+  # The per-client limits off, as deploy/moeserve.env has them behind nginx.
   "$MOESERVE_BIN" serve "$MOESERVE_TINY_MODEL" --port "$1" --served-model-name tiny --threads 1 \
-    --http-threads 2 --kv-cache-memory 64MiB --max-model-len 2048 --shutdown-timeout 300 2>"$2" &
+    --http-threads 2 --kv-cache-memory 64MiB --max-model-len 2048 --shutdown-timeout 300 \
+    --max-connections-per-client 0 --max-buffered-bytes-per-client 0 2>"$2" &
   pids+=($!)
 }
 

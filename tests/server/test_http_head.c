@@ -83,7 +83,6 @@ static void acceptable_heads_are_taken(void **state)
     accepted(B("GET / HTTP/1.1\nHost: a\n\n"), 24);                          // LF alone
     accepted(B("GET / HTTP/1.1\r\nHost: a\n\r\n"), 26);                      // mixed
     accepted(B("\r\n\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n"), 32);          // leading blank lines
-    accepted(B("GET / HTTP/1.1\r\nHost: a\r\nX-Long: one\r\n  two\r\n\tthree\r\n\r\n"), 55);
     accepted(B("GET / HTTP/1.0\r\n\r\n"), 18);                               // 1.0 needs no Host
     accepted(B("GET / HTTP/1.0\r\nAccept: */*\r\n\r\n"), 31);
     accepted(B("GET / HTTP/1.9\r\nHost: a\r\n\r\n"), 27);                    // any 1.x
@@ -92,7 +91,6 @@ static void acceptable_heads_are_taken(void **state)
     accepted(B("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\ncontent-length:5\r\n\r\n"),
              65);
     accepted(B("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 9999999999999999999\r\n\r\n"), 65);
-    accepted(B("POST / HTTP/1.1\r\nHost: a\r\nContent-Length:\r\n 7\r\n\r\n"), 49); // folded in
     accepted(B("OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n"), 31);
     accepted(B("M-SEARCH! /\xc3\xa9\xff?q=1 HTTP/1.1\r\nHost:\r\nX: \x80\xff caf\xc3\xa9\r\n\r\n"),
              51);
@@ -118,7 +116,7 @@ static void every_strict_prefix_of_an_acceptable_head_waits(void **state)
     (void)state;
     static const char *heads[] = {
         "GET / HTTP/1.1\r\nHost: a\r\n\r\n",
-        "\r\n\nPOST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 12\r\nX: a\r\n folded\r\n\r\n",
+        "\r\n\nPOST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 12\r\nX: a\r\n\r\n",
         "GET / HTTP/1.0\n\n",
         "PUT /a?b HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
     };
@@ -208,13 +206,18 @@ static void malformed_header_lines_are_400(void **state)
     refused_saying(B("GET / HTTP/1.1\r\nHost: a\r\nNoColon\r\n\r\n"), 400, shape);
     refused_saying(B("GET / HTTP/1.1\r\nHost: a\r\nX(y): 1\r\n\r\n"), 400, shape);
     refused_saying(B("GET / HTTP/1.1\r\n folded\r\nHost: a\r\n\r\n"), 400,
-                   "first header line starts with whitespace");
+                   "a header line starts with whitespace");
+    // Every fold (MHD would join it to the header's name: "Content-" + " Length"
+    // framed a body by a header the gate never saw, and a request was smuggled).
+    refused_saying(B("GET / HTTP/1.1\r\nHost: a\r\nX-Long: one\r\n  two\r\n\r\n"), 400, "line fold");
+    refused_saying(B("POST /ping HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-: chunked\r\n"
+                     " Encoding\r\n\r\n"), 400, "line fold");
+    refused_saying(B("POST / HTTP/1.1\r\nHost: a\r\nContent-Length:\r\n 7\r\n\r\n"), 400, "line fold");
     refused_saying(B("GET / HTTP/1.1\r\n\t\r\nHost: a\r\n\r\n"), 400, "starts with whitespace");
     refused_saying(B("GET / HTTP/1.1\r\nHost: a\r\nX: a\x01" "b\r\n\r\n"), 400,
                    "the header 'X' has the control byte \\x01 in its value");
     refused_saying(B("GET / HTTP/1.1\r\nHost: a\r\nX: a\x7f\r\n\r\n"), 400, "\\x7f");
-    refused_saying(B("GET / HTTP/1.1\r\nHost: a\r\nX-Fold: a\r\n b\x1b\r\n\r\n"), 400,
-                   "the header 'X-Fold' has the control byte \\x1b");
+    refused_saying(B("GET / HTTP/1.1\r\nHost: a\r\nX-Fold: a\r\n b\x1b\r\n\r\n"), 400, "line fold");
     struct http_head_verdict v;
     refused_as(B("GET / HTTP/1.1\r\nHost a\r\n\r\n"), 400, &v);
     assert_string_equal(v.reason, "Bad Request");
@@ -249,8 +252,7 @@ static void content_length_is_one_plain_number(void **state)
     refused_saying(B("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5 5\r\n\r\n"), 400, says);
     refused_saying(B("POST / HTTP/1.1\r\nHost: a\r\nContent-Length:\r\n\r\n"), 400, "not ''");
     refused_saying(B("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0x10\r\n\r\n"), 400, says);
-    refused_saying(B("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n 6\r\n\r\n"), 400,
-                   "not '5\\x0d\\x0a 6'");
+    refused_saying(B("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n 6\r\n\r\n"), 400, "line fold");
     refused_saying(B("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: \xd9\xa5\r\n\r\n"), 400,
                    "not '\\xd9\\xa5'");
     refused_saying(B("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n"
@@ -282,7 +284,7 @@ static void transfer_encoding_other_than_chunked_is_501(void **state)
                      "Transfer-Encoding: chunked\r\n\r\n"),
                    501, "not several");
     refused(B("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding:\r\n\r\n"), 501);
-    refused(B("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n x\r\n\r\n"), 501);
+    refused(B("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n x\r\n\r\n"), 400); // a fold
     refused(B("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunkedx\r\n\r\n"), 501);
 }
 
@@ -316,11 +318,12 @@ static void a_bad_line_is_refused_before_the_head_ends(void **state)
     refused(B("GET / HTTP/1.1\r\nHost: a\x01"), 400);
     refused(B("GET / HTTP/1.1\r\nHost: a\r\n x\x00"), 400);
     refused(B("GET / HTTP/1.1\r\n x"), 400);
+    refused(B("GET / HTTP/1.1\r\nHost: a\r\n \t"), 400); // a fold, however it would go on
     // Not yet: more bytes could still make these right.
     struct http_head_verdict v;
     const char *waits[] = {"GET", "GET ", "GET /", "GET / HTTP/2.0", "GET / HTTP/2.0\r",
                            "GET / HTTP/1.1\r\nHost", "GET / HTTP/1.1\r\nHost: a\r",
-                           "GET / HTTP/1.1\r\nHost: a\r\n \t", "\r\n\r"};
+                           "\r\n\r"};
     for (size_t i = 0; i < sizeof waits / sizeof *waits; i++)
         if (check(waits[i], strlen(waits[i]), LIMIT, false, &v) != HTTP_HEAD_MORE)
             fail_msg("'%s' refused: %s", waits[i], v.message);
