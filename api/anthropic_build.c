@@ -90,6 +90,7 @@ void *an_stream_create(const struct es_meta *m)
         return NULL;
     }
     s->usage.prompt_tokens = m->prompt_tokens;
+    s->trim.keep_lead = m->continues;
     return s;
 }
 

@@ -166,6 +166,9 @@ static int output_format(struct tr *t, const char *k, json_t *v)
                          key, json_string_value(type));
     snprintf(key, sizeof key, "%s.schema", k);
     if (!json_is_object(schema)) return schema ? tr_type_error(t, key, "an object", schema) : tr_missing(t, key);
+    if (S(t)->format_key)
+        return oa_errorf(t->e, MS_EINVAL, "invalid_value", k, "'output_config.format' and 'output_format' "
+                         "both give the answer's format; give one of them");
     S(t)->format_key = !strcmp(k, "output_format") ? "output_format.schema" : "output_config.format.schema";
     return tr_set(t, "response_format", json_pack("{s:s, s:{s:s, s:O}}", "type", "json_schema", "json_schema",
                                                   "name", "output", "schema", schema));

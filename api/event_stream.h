@@ -25,6 +25,8 @@ struct es_meta {
     int prompt_tokens;           // input tokens (the rendered prompt)
     const json_t *echo;          // the request's fields the response repeats, or NULL (borrowed,
                                  // read only while the state is created)
+    bool continues;              // the answer continues the prompt's final message (a prefill):
+                                 // its first text keeps its leading whitespace
 };
 
 // How the answer ended, after the output parser has had the whole text.

@@ -354,7 +354,6 @@ int jv_to_str(struct jrender *r, struct jv v, struct ms_buf *b);
 int jv_to_repr(struct jrender *r, struct jv v, struct ms_buf *b, int depth);
 // str(v) as a value (no copy for strings).
 int jv_stringify(struct jrender *r, struct jv v, struct jstr *out);
-void jv_format_float(double d, char buf[40]);
 
 struct jjson_opts {
     bool ensure_ascii;

@@ -10,6 +10,7 @@
 #include <utf8proc.h>
 
 #include "api/jinja_impl.h"
+#include "base/json.h"
 #include "base/base.h"
 
 // ---- render plumbing ---------------------------------------------------------------
@@ -481,72 +482,6 @@ int jv_compare(struct jrender *r, struct jv a, struct jv b, int *cmp, const char
 }
 
 // ---- printing --------------------------------------------------------------------------
-void jv_format_float(double d, char buf[40])
-{
-    if (isnan(d)) {
-        strcpy(buf, "nan");
-        return;
-    }
-    if (isinf(d)) {
-        strcpy(buf, d < 0 ? "-inf" : "inf");
-        return;
-    }
-    if (d == 0) {
-        strcpy(buf, signbit(d) ? "-0.0" : "0.0");
-        return;
-    }
-    // The shortest digits that read back as d, placed the way Python's repr does.
-    char tmp[40];
-    for (int p = 1; p <= 17; p++) {
-        snprintf(tmp, sizeof tmp, "%.*e", p - 1, d);
-        if (strtod(tmp, NULL) == d) break;
-    }
-    const char *s = tmp;
-    char *o = buf;
-    if (*s == '-') {
-        *o++ = '-';
-        s++;
-    }
-    char digits[24];
-    int nd = 0;
-    for (; *s && *s != 'e'; s++)
-        if (*s >= '0' && *s <= '9') digits[nd++] = *s;
-    while (nd > 1 && digits[nd - 1] == '0') nd--;
-    int exp10 = atoi(s + 1);
-    int decpt = exp10 + 1;
-    if (decpt > -4 && decpt <= 16) {
-        if (decpt <= 0) {
-            *o++ = '0';
-            *o++ = '.';
-            for (int i = 0; i < -decpt; i++) *o++ = '0';
-            for (int i = 0; i < nd; i++) *o++ = digits[i];
-        } else if (decpt >= nd) {
-            for (int i = 0; i < nd; i++) *o++ = digits[i];
-            for (int i = nd; i < decpt; i++) *o++ = '0';
-            *o++ = '.';
-            *o++ = '0';
-        } else {
-            for (int i = 0; i < decpt; i++) *o++ = digits[i];
-            *o++ = '.';
-            for (int i = decpt; i < nd; i++) *o++ = digits[i];
-        }
-        *o = 0;
-        return;
-    }
-    *o++ = digits[0];
-    if (nd > 1) {
-        *o++ = '.';
-        for (int i = 1; i < nd; i++) *o++ = digits[i];
-    }
-    int e = exp10 < 0 ? -exp10 : exp10;
-    *o++ = 'e';
-    *o++ = exp10 < 0 ? '-' : '+';
-    if (e >= 100) *o++ = (char)('0' + e / 100);
-    *o++ = (char)('0' + e / 10 % 10);
-    *o++ = (char)('0' + e % 10);
-    *o = 0;
-}
-
 static bool is_printable(uint32_t cp)
 {
     if (cp == ' ') return true;
@@ -627,7 +562,7 @@ int jv_to_str(struct jrender *r, struct jv v, struct ms_buf *b)
     case JV_NONE: return jsb_put(r, b, "None", 4);
     case JV_BOOL: return v.b ? jsb_put(r, b, "True", 4) : jsb_put(r, b, "False", 5);
     case JV_INT: return jsb_printf(r, b, "%lld", (long long)v.i);
-    case JV_FLOAT: jv_format_float(v.f, num); return jsb_put(r, b, num, strlen(num));
+    case JV_FLOAT: json_format_py_float(v.f, num); return jsb_put(r, b, num, strlen(num));
     case JV_STR: return jsb_put(r, b, v.s.p, v.s.n);
     case JV_FUNC: return jsb_printf(r, b, "<built-in function %s>", v.fn->name);
     case JV_MACRO:
@@ -749,7 +684,7 @@ int jv_to_json(struct jrender *r, struct jv v, const struct jjson_opts *o, struc
     case JV_FLOAT:
         if (isnan(v.f)) return jsb_put(r, b, "NaN", 3);
         if (isinf(v.f)) return v.f < 0 ? jsb_put(r, b, "-Infinity", 9) : jsb_put(r, b, "Infinity", 8);
-        jv_format_float(v.f, num);
+        json_format_py_float(v.f, num);
         return jsb_put(r, b, num, strlen(num));
     case JV_STR: return json_str(r, v.s, o->ensure_ascii, b);
     case JV_LIST:

@@ -414,6 +414,12 @@ static int tool_call_arguments_as_objects(json_t *mc)
     json_t *c;
     json_array_foreach(copy, i, c) {
         json_t *f = json_object_get(c, "function"), *args = json_object_get(f, "arguments");
+        if (!json_is_object(f)) continue;
+        // Empty or missing arguments are no arguments, as vLLM takes them.
+        if (!args || json_is_null(args) || (json_is_string(args) && !json_string_length(args))) {
+            if (json_object_set_new(f, "arguments", json_object())) return MS_ENOMEM;
+            continue;
+        }
         if (!json_is_string(args)) continue;
         json_t *obj = json_loadb(json_string_value(args), json_string_length(args), 0, NULL);
         if (json_is_object(obj) && json_object_set_new(f, "arguments", obj)) return MS_ENOMEM;

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "base/json.h"
 #include "base/utf8.h"
 
 // ---- bytes: a growable byte buffer, always NUL-terminated -------------------------
@@ -439,24 +440,29 @@ static json_t *xml_value(const char *v, size_t n, const json_t *schema)
     static const char *const strings[] = {"string", "str", "text", "varchar", "char", "enum"};
     for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++)
         if (!strcmp(type, strings[i])) return json_stringn(v, n);
+    // Numbers as Python's int() and float() read them: surrounding
+    // whitespace allowed, decimal only (strtod would take hex), finite.
     char buf[64];
-    const bool small = n < sizeof buf;
+    size_t a = 0, z = n;
+    while (a < z && isspace((unsigned char)v[a])) a++;
+    while (z > a && isspace((unsigned char)v[z - 1])) z--;
+    const bool small = z > a && z - a < sizeof buf && !memchr(v + a, 'x', z - a) && !memchr(v + a, 'X', z - a);
     if (small) {
-        memcpy(buf, v, n);
-        buf[n] = 0;
+        memcpy(buf, v + a, z - a);
+        buf[z - a] = 0;
     }
     if (!strncmp(type, "int", 3) || !strncmp(type, "uint", 4) || !strncmp(type, "long", 4) ||
         !strncmp(type, "short", 5) || !strncmp(type, "unsigned", 8)) {
         char *end;
         errno = 0;
-        const long long x = small && n ? strtoll(buf, &end, 10) : 0;
-        if (small && n && !errno && end != buf && !*end && !isspace((unsigned char)buf[0])) return json_integer(x);
+        const long long x = small ? strtoll(buf, &end, 10) : 0;
+        if (small && !errno && end != buf && !*end) return json_integer(x);
         return json_stringn(v, n);
     }
     if (!strncmp(type, "num", 3) || !strncmp(type, "float", 5)) {
         char *end;
-        const double x = small && n ? strtod(buf, &end) : 0;
-        if (small && n && end != buf && !*end && isfinite(x) && !isspace((unsigned char)buf[0]))
+        const double x = small ? strtod(buf, &end) : 0;
+        if (small && end != buf && !*end && isfinite(x))
             return x == floor(x) && fabs(x) < 9007199254740992.0 ? json_integer((json_int_t)x) : json_real(x);
         return json_stringn(v, n);
     }
@@ -501,7 +507,8 @@ static int try_xml_call(struct output_parser *p, const char *s, size_t n)
         // A key or value that is not UTF-8 (or no memory for it): not a call.
         if (!val || json_object_setn_new(args, key, kl, val)) rc = 1;
     }
-    char *text = rc ? NULL : json_dumps(args, JSON_PRESERVE_ORDER);
+    // As vLLM writes them: Python's json.dumps (floats as repr: 0.1, not 0.10000000000000001).
+    char *text = rc ? NULL : json_dumps_py(args);
     json_decref(args);
     if (rc) return 0;
     if (!text) return MS_ENOMEM;

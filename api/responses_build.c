@@ -54,6 +54,7 @@ void *rs_stream_create(const struct es_meta *m)
     s->echo = m->echo ? json_deep_copy(m->echo) : json_object();
     s->output = json_array();
     s->status = "in_progress";
+    s->trim.keep_lead = m->continues;
     if (!s->model || !s->echo || !s->output) {
         free(s->model);
         json_decref(s->echo);

@@ -9,16 +9,18 @@ int text_trim_feed(struct text_trim *t, const char *s, size_t n, const struct te
 {
     size_t end = n;
     while (end > 0 && ws_byte(s[end - 1])) end--;
-    if (end == 0) // whitespace only: held inside an open block, dropped before one
-        return t->open && ms_buf_append(&t->held, s, n) ? MS_ENOMEM : 0;
+    if (end == 0) // whitespace only: held inside an open block (or a kept lead), dropped before one
+        return (t->open || t->keep_lead) && ms_buf_append(&t->held, s, n) ? MS_ENOMEM : 0;
     int rc;
     if (!t->open) {
         size_t lead = 0;
-        while (ws_byte(s[lead])) lead++;
+        while (!t->keep_lead && ws_byte(s[lead])) lead++;
         s += lead, end -= lead, n -= lead;
         if ((rc = ops->open(ctx))) return rc;
         t->open = true;
-    } else if (t->held.len) {
+        t->keep_lead = false;
+    }
+    if (t->held.len) {
         if ((rc = ops->send(ctx, t->held.data, t->held.len))) return rc;
         t->held.len = 0;
     }
@@ -28,6 +30,7 @@ int text_trim_feed(struct text_trim *t, const char *s, size_t n, const struct te
 
 void text_trim_end(struct text_trim *t)
 {
+    if (t->open || t->held.len) t->keep_lead = false; // a run ended: the first one was it
     t->open = false;
     t->held.len = 0;
 }

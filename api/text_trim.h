@@ -18,6 +18,10 @@
 struct text_trim {
     bool open;          // the run's block is open (a non-whitespace byte came)
     struct ms_buf held; // trailing whitespace not sent yet
+    // The first run keeps its leading whitespace: an answer that continues
+    // the prompt's final message (a prefill, "The answer is" + " 42"). Set
+    // by the caller before the first feed; the run's end clears it.
+    bool keep_lead;
 };
 
 // What the caller does for a trimmed run: open its block (once, before the

@@ -132,12 +132,12 @@ static void copy_cut(char *dst, size_t cap, const char *src)
 
 // Replaces every quoted 'from…' in s (the chat parser quotes the names it
 // blames) by 'to…', within cap bytes.
-static void replace_quoted(char *s, size_t cap, const char *from, const char *to)
+static void replace_quoted(char *s, size_t cap, const char *from, const char *to, bool whole)
 {
     char out[1024];
     size_t o = 0, fl = strlen(from), tl = strlen(to);
     for (const char *p = s; *p && o + 1 < sizeof out;) {
-        if (p[0] == '\'' && !strncmp(p + 1, from, fl) && o + tl + 2 < sizeof out) {
+        if (p[0] == '\'' && !strncmp(p + 1, from, fl) && (!whole || p[1 + fl] == '\'') && o + tl + 2 < sizeof out) {
             out[o++] = '\'';
             memcpy(out + o, to, tl);
             o += tl;
@@ -163,7 +163,7 @@ static void rename_message(struct tr *t, struct oa_error *e)
         snprintf(api, sizeof api, "%s", t->list);
     char quoted[sizeof e->param];
     snprintf(quoted, sizeof quoted, "%s", e->param);
-    replace_quoted(e->message, sizeof e->message, quoted, api);
+    replace_quoted(e->message, sizeof e->message, quoted, api, false);
     snprintf(e->param, sizeof e->param, "%s", api);
 }
 
@@ -193,7 +193,7 @@ static bool rename_row(struct oa_error *e, const struct tr_rename *r)
         snprintf(chat, sizeof chat, "%s", r->chat);
         snprintf(api, sizeof api, "%s", r->api);
     }
-    replace_quoted(e->message, sizeof e->message, chat, api);
+    replace_quoted(e->message, sizeof e->message, chat, api, false);
     char param[320];
     snprintf(param, sizeof param, "%s%s", api, e->param + strlen(chat));
     copy_cut(e->param, sizeof e->param, param);
@@ -230,6 +230,11 @@ int tr_finish(struct tr *t, const struct tr_rename *rows, size_t n, const struct
     }
     for (size_t i = 0; i < n; i++)
         if (rename_row(e, &rows[i])) break;
+    // Other fields the sentence quotes ("'tool_choice' ... no room for
+    // 'response_format.json_schema.schema'") under the API's names too.
+    for (size_t i = 0; i < n; i++)
+        if (!strstr(rows[i].chat, "[]"))
+            replace_quoted(e->message, sizeof e->message, rows[i].chat, rows[i].api, true);
     return rc;
 }
 

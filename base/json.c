@@ -1,6 +1,14 @@
 // json: the shared jansson helpers (see json.h).
 #include "base/json.h"
 
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "base/buf.h"
+
 const char *json_kind(const json_t *v)
 {
     switch (json_typeof(v)) {
@@ -14,4 +22,128 @@ const char *json_kind(const json_t *v)
     case JSON_NULL: return "null";
     }
     return "null";
+}
+
+void json_format_py_float(double d, char buf[40])
+{
+    if (isnan(d)) {
+        strcpy(buf, "nan");
+        return;
+    }
+    if (isinf(d)) {
+        strcpy(buf, d < 0 ? "-inf" : "inf");
+        return;
+    }
+    if (d == 0) {
+        strcpy(buf, signbit(d) ? "-0.0" : "0.0");
+        return;
+    }
+    // The shortest digits that read back as d, placed the way Python's repr does.
+    char tmp[40];
+    for (int p = 1; p <= 17; p++) {
+        snprintf(tmp, sizeof tmp, "%.*e", p - 1, d);
+        if (strtod(tmp, NULL) == d) break;
+    }
+    const char *s = tmp;
+    char *o = buf;
+    if (*s == '-') {
+        *o++ = '-';
+        s++;
+    }
+    char digits[24];
+    int nd = 0;
+    for (; *s && *s != 'e'; s++)
+        if (*s >= '0' && *s <= '9') digits[nd++] = *s;
+    while (nd > 1 && digits[nd - 1] == '0') nd--;
+    int exp10 = atoi(s + 1);
+    int decpt = exp10 + 1;
+    if (decpt > -4 && decpt <= 16) {
+        if (decpt <= 0) {
+            *o++ = '0';
+            *o++ = '.';
+            for (int i = 0; i < -decpt; i++) *o++ = '0';
+            for (int i = 0; i < nd; i++) *o++ = digits[i];
+        } else if (decpt >= nd) {
+            for (int i = 0; i < nd; i++) *o++ = digits[i];
+            for (int i = nd; i < decpt; i++) *o++ = '0';
+            *o++ = '.';
+            *o++ = '0';
+        } else {
+            for (int i = 0; i < decpt; i++) *o++ = digits[i];
+            *o++ = '.';
+            for (int i = decpt; i < nd; i++) *o++ = digits[i];
+        }
+        *o = 0;
+        return;
+    }
+    *o++ = digits[0];
+    if (nd > 1) {
+        *o++ = '.';
+        for (int i = 1; i < nd; i++) *o++ = digits[i];
+    }
+    int e = exp10 < 0 ? -exp10 : exp10;
+    *o++ = 'e';
+    *o++ = exp10 < 0 ? '-' : '+';
+    if (e >= 100) *o++ = (char)('0' + e / 100);
+    *o++ = (char)('0' + e / 10 % 10);
+    *o++ = (char)('0' + e % 10);
+    *o = 0;
+}
+
+
+// Python's json.dumps(v, ensure_ascii=False): ", " and ": " between items,
+// strings escaped as jansson escapes them (the same set: quote, backslash,
+// the C escapes and \u00XX for other control bytes), floats as repr.
+static int dump_py(const json_t *v, struct ms_buf *b, int depth)
+{
+    if (depth > 1000) return MS_EINVAL;
+    char num[40];
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+        const char *k;
+        json_t *x;
+        bool first = true;
+        if (ms_buf_append(b, "{", 1)) return MS_ENOMEM;
+        json_object_foreach((json_t *)v, k, x) {
+            json_t *key = json_string(k);
+            int rc = key ? 0 : MS_ENOMEM;
+            if (!rc && !first) rc = ms_buf_append(b, ", ", 2);
+            if (!rc) rc = dump_py(key, b, depth + 1);
+            json_decref(key);
+            if (!rc) rc = ms_buf_append(b, ": ", 2);
+            if (!rc) rc = dump_py(x, b, depth + 1);
+            if (rc) return rc;
+            first = false;
+        }
+        return ms_buf_append(b, "}", 1);
+    }
+    case JSON_ARRAY: {
+        if (ms_buf_append(b, "[", 1)) return MS_ENOMEM;
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            int rc = i ? ms_buf_append(b, ", ", 2) : 0;
+            if (!rc) rc = dump_py(json_array_get(v, i), b, depth + 1);
+            if (rc) return rc;
+        }
+        return ms_buf_append(b, "]", 1);
+    }
+    case JSON_REAL:
+        json_format_py_float(json_real_value(v), num);
+        return ms_buf_append(b, num, strlen(num));
+    default: {
+        char *t = json_dumps(v, JSON_ENCODE_ANY);
+        int rc = t ? ms_buf_append(b, t, strlen(t)) : MS_ENOMEM;
+        free(t);
+        return rc;
+    }
+    }
+}
+
+char *json_dumps_py(const json_t *v)
+{
+    struct ms_buf b = {0};
+    if (dump_py(v, &b, 0)) {
+        ms_buf_free(&b);
+        return NULL;
+    }
+    return ms_buf_steal(&b, NULL);
 }

@@ -9,4 +9,13 @@
 // (a real), "a boolean" or "null". v must not be NULL. A static string.
 const char *json_kind(const json_t *v);
 
+// A double as Python's repr writes it (and json.dumps): the shortest digits
+// that read back as d ("0.1", "1e-07", "100000.0", "inf").
+void json_format_py_float(double d, char buf[40]);
+
+// v as Python's json.dumps(v, ensure_ascii=False) writes it (", " and ": ",
+// floats as repr, objects in their order): what vLLM hands clients as a tool
+// call's arguments. malloc'd; NULL when out of memory or nested past 1000.
+char *json_dumps_py(const json_t *v);
+
 #endif

@@ -184,7 +184,7 @@ static int pick_rank(const struct sched *s)
     int best = -1;
     for (int i = 0; i < s->n_ranks; i++) {
         const struct sched_rank *r = &s->ranks[i];
-        if (r->n_running >= s->max_num_seqs || r->budget <= 0) continue;
+        if (r->n_running >= s->max_num_seqs || r->budget <= 0 || r->tried) continue;
         if (best < 0) {
             best = i;
             continue;
@@ -262,24 +262,30 @@ int sched_plan(struct sched *s)
     // 3. Admit waiting sequences in order while some rank's budget, sequence
     // limit and blocks allow; a new sequence never preempts, and none is
     // admitted in a step that had to preempt (it would take the blocks back).
+    // The ranks are tried in pick_rank's order: one whose budget or rows
+    // cannot take the sequence (a whole prompt without chunked prefill) must
+    // not keep it from another rank that is idle.
     while (s->waiting.head && s->n_preemptions == preemptions) {
         struct sched_seq *q = s->waiting.head;
-        int ri = pick_rank(s);
-        if (ri < 0) break;
-        struct sched_rank *r = &s->ranks[ri];
-        int hit = 0;
-        if (kvb_prefix_caching(r->blocks) && !q->wants_prompt_lp) {
-            // Never all of it: the last token must run to give logits.
-            hit = kvb_match_prefix(r->blocks, &q->table, q->tokens, q->n_tokens - 1);
-            s->prefix_queries += (uint64_t)q->n_tokens;
-            s->prefix_hits += (uint64_t)hit;
-        }
-        q->n_computed = hit;
-        int chunk = fit_chunk(s, r, q, r->budget);
-        if (chunk <= 0) {
+        for (int i = 0; i < s->n_ranks; i++) s->ranks[i].tried = false;
+        int ri, hit = 0, chunk = 0;
+        while ((ri = pick_rank(s)) >= 0) {
+            struct sched_rank *r = &s->ranks[ri];
+            hit = 0;
+            if (kvb_prefix_caching(r->blocks) && !q->wants_prompt_lp) // never all of it: the last token gives logits
+                hit = kvb_match_prefix(r->blocks, &q->table, q->tokens, q->n_tokens - 1);
+            q->n_computed = hit;
+            chunk = fit_chunk(s, r, q, r->budget);
+            if (chunk > 0) break;
             kvb_release_all(r->blocks, &q->table);
             q->n_computed = 0;
-            break;
+            r->tried = true;
+        }
+        if (ri < 0) break;
+        struct sched_rank *r = &s->ranks[ri];
+        if (kvb_prefix_caching(r->blocks) && !q->wants_prompt_lp) {
+            s->prefix_queries += (uint64_t)q->n_tokens;
+            s->prefix_hits += (uint64_t)hit;
         }
         if (!q->admitted_once) {
             q->n_cached = hit < q->n_prompt ? hit : q->n_prompt;

@@ -51,6 +51,7 @@ struct sched_rank {
     int max_rows;                // logits rows the rank's buffer holds
     int rows_used;
     int budget;                  // tokens this step may still take on the rank
+    bool tried;                  // an admission found no room here this time
     struct sched_seq **batch;    // (max_num_seqs) this step's sequences, in feed order
     int n_batch;
 };

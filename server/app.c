@@ -48,11 +48,31 @@ const char *app_served_name(struct app *a, const char *model, struct oa_error *e
     return NULL;
 }
 
+// The last occurrence of needle[0..m) in hay[0..n), in linear time (the
+// first of the two reversed, found by glibc's two-way memmem): a loop of
+// memmem from each match on was quadratic on repetitive text. NULL when
+// there is none or no memory for the copies.
+static const char *last_occurrence(const char *hay, size_t n, const char *needle, size_t m)
+{
+    if (m > n) return NULL;
+    char *rh = malloc(n + 1), *rn = malloc(m + 1);
+    const char *at = NULL;
+    if (rh && rn) {
+        for (size_t i = 0; i < n; i++) rh[i] = hay[n - 1 - i];
+        for (size_t i = 0; i < m; i++) rn[i] = needle[m - 1 - i];
+        const char *r = memmem(rh, n, rn, m);
+        if (r) at = hay + (n - (size_t)(r - rh) - m);
+    }
+    free(rh);
+    free(rn);
+    return at;
+}
+
 // The rendered chat cut right after the final message's text, as
 // transformers' continue_final_message does: the last place that text (less
 // its surrounding whitespace) appears, through its end as the message has it
-// when the template kept its trailing whitespace, else through its stripped
-// end.
+// when the template kept the message whole (no leading whitespace dropped
+// and the trailing kept), else through its stripped end.
 static int cut_after_final(json_t *messages, char *text, size_t *len, struct oa_error *e)
 {
     json_t *last = json_array_get(messages, json_array_size(messages) - 1);
@@ -66,14 +86,13 @@ static int cut_after_final(json_t *messages, char *text, size_t *len, struct oa_
                          "the final message has no text for the answer to continue");
     const char *core = m + lead;
     const size_t cl = ml - lead - tail;
-    const char *at = NULL;
-    for (const char *p = text; (p = memmem(p, *len - (size_t)(p - text), core, cl)); p++) at = p;
+    const char *at = last_occurrence(text, *len, core, cl);
     if (!at)
         return oa_errorf(e, MS_EINVAL, "invalid_value", "messages",
                          "the final message does not appear in the chat as the template renders it (the "
                          "template changed its text), so the answer cannot continue it");
     size_t end = (size_t)(at - text) + cl;
-    if (tail && *len - end >= tail && !memcmp(text + end, core + cl, tail)) end += tail;
+    if (!lead && tail && *len - end >= tail && !memcmp(text + end, core + cl, tail)) end += tail;
     text[end] = 0;
     *len = end;
     return 0;
@@ -330,14 +349,19 @@ int app_load(struct app *a, const struct app_opts *o, char *err, size_t errlen)
     }
     // The model's own end first (the tokenizer's eos_token, as vLLM takes
     // it): the others stop as stop ids do, naming themselves in stop_reason.
+    // vLLM ends every answer there even when generation_config.json lists
+    // other ids only (a fine-tune's chat end in the tokenizer, <|endoftext|>
+    // in the config): it is put first then, the list's last one giving way
+    // when it is full.
     const char *eos_tok = tok_eos_token(a->tok);
     const int32_t eos_id = eos_tok ? tok_find_token(a->tok, eos_tok) : -1;
-    for (int i = 1; eos_id >= 0 && i < cfg->n_eos; i++)
-        if (cfg->eos_ids[i] == eos_id) {
-            memmove(cfg->eos_ids + 1, cfg->eos_ids, (size_t)i * sizeof cfg->eos_ids[0]);
-            cfg->eos_ids[0] = eos_id;
-            break;
-        }
+    if (eos_id >= 0 && eos_id < cfg->vocab_size) {
+        int at = 0;
+        while (at < cfg->n_eos && cfg->eos_ids[at] != eos_id) at++;
+        if (at == cfg->n_eos) at = cfg->n_eos < CONFIG_MAX_EOS ? cfg->n_eos++ : cfg->n_eos - 1;
+        memmove(cfg->eos_ids + 1, cfg->eos_ids, (size_t)at * sizeof cfg->eos_ids[0]);
+        cfg->eos_ids[0] = eos_id;
+    }
     char *own_src = NULL;
     if (o->chat_template && (rc = chat_template_source(o->chat_template, &own_src, err, errlen)))
         return rc;

@@ -172,7 +172,8 @@ static int make_front(struct app *a, struct job *j, const struct parsed *q, stru
     j->call_id_prefix = q->front->call_id_prefix;
     j->think_end_id = a->think_end_id;
     struct es_meta m = {.id = j->id, .created = j->meta.created, .model = q->served,
-                        .prompt_tokens = j->prompts[0].n_ids, .echo = q->echo};
+                        .prompt_tokens = j->prompts[0].n_ids, .echo = q->echo,
+                        .continues = q->cr.continue_final_message};
     j->es_state = q->front->stream_create(&m);
     if (!j->es_state) return oa_errorf(e, MS_ENOMEM, "internal_error", NULL, "out of memory");
     j->es = q->front->ops;
@@ -445,7 +446,8 @@ static void handle_generate(struct app *a, struct http_request *r, bool chat,
     if (!rc) rc = make_grammar(a, &q, &e);
     if (!rc) rc = submit_choices(a, j, &q, &e);
     for (int i = 0; !rc && i < j->n_prompts; i++) metrics_observe_params(a->metrics, q.g->n, q.g->max_tokens);
-    if (rc && front && front->max_within_context && e.code && !strcmp(e.code, "context_length_exceeded")) {
+    if (rc && front && front->max_within_context && e.code && !strcmp(e.code, "context_length_exceeded") &&
+        !strcmp(e.param, q.param)) {
         // Anthropic's wording, which its clients key their recovery on. With
         // max_tokens cut to fit, only the prompt itself can be too long.
         int n = j->n_prompts > 0 && j->prompts[0].n_ids > 0 ? j->prompts[0].n_ids : 0;

@@ -372,6 +372,15 @@ static void qwen3_coder_xml_calls_take_their_types_from_the_tools(void **state)
     output_parser_destroy(p);
     check_every_split(&o, text, strlen(text), false);
 
+    // Written as vLLM writes them (Python's json.dumps: floats as repr);
+    // numbers read as Python's int() and float() read them.
+    p = parse_whole(&o, XCALL("write_file", XPAR("ratio", "0.1") XPAR("meta", "{\"v\": 2.675, \"w\": [1e5, -0.0]}")
+                                                XPAR("lines", " 5 ")));
+    assert_call(p, 0, "write_file", "{\"ratio\": 0.1, \"meta\": {\"v\": 2.675, \"w\": [100000.0, -0.0]}, \"lines\": 5}");
+    output_parser_destroy(p);
+    p = parse_whole(&o, XCALL("write_file", XPAR("ratio", "0x10") XPAR("lines", "0x10")));
+    assert_call(p, 0, "write_file", "{\"ratio\": \"0x10\", \"lines\": \"0x10\"}");
+    output_parser_destroy(p);
     // Values that do not convert stay strings (a non-boolean is false, as vLLM has it).
     p = parse_whole(&o, XCALL("write_file", XPAR("lines", "forty") XPAR("ratio", "1e400") XPAR("force", "yes")
                                                 XPAR("tags", "not json")));

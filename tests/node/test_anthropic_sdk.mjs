@@ -212,6 +212,14 @@ test('output_config.format holds the answer to its schema (messages.parse); a ba
   const beta = await client.messages.create({ model: 'tiny', messages, max_tokens: 300, temperature: 1, seed: 3,
     output_format: { type: 'json_schema', schema } });
   validate(schema, JSON.parse(text(beta)), 'output_format');
+  await assert.rejects(client.messages.create({ model: 'tiny', messages, max_tokens: 4,
+    output_config: { format: { type: 'json_schema', schema } }, output_format: { type: 'json_schema', schema } }),
+  (e) => e instanceof Anthropic.BadRequestError && /give one of them/.test(e.error.error.message));
+  // A forced call beside a format names the format as the request did.
+  await assert.rejects(client.messages.create({ model: 'tiny', messages, max_tokens: 4, tools: [weather],
+    tool_choice: { type: 'any' }, output_config: { format: { type: 'json_schema', schema } } }),
+  (e) => e instanceof Anthropic.BadRequestError && /'output_config\.format\.schema'/.test(e.error.error.message) &&
+    !/response_format/.test(e.error.error.message));
   for (const [field, body] of [['output_config.format.schema', { output_config: { format: { type: 'json_schema', schema: { $ref: '#' } } } }],
     ['output_format.schema', { output_format: { type: 'json_schema', schema: { $ref: '#' } } }]])
     await assert.rejects(client.messages.create({ model: 'tiny', messages, max_tokens: 4, ...body }),
@@ -238,6 +246,10 @@ test('max_tokens past the context runs to its end (model_context_window_exceeded
     'the prompt alone fills the context');
   await assert.rejects(client.messages.create({ ...greedy, messages: ask(3000), max_tokens: 100 }),
     (e) => e instanceof Anthropic.BadRequestError && /^prompt is too long: /.test(e.error.error.message));
+  // A max_tokens refused for itself is not called a long prompt.
+  await assert.rejects(client.messages.create({ ...greedy, messages, max_tokens: 3000000000, stream: true }),
+    (e) => e instanceof Anthropic.BadRequestError && /max_tokens/.test(e.error.error.message) &&
+      !/prompt is too long/.test(e.error.error.message));
 });
 
 // A final assistant message is a prefill: the answer continues it and
@@ -253,6 +265,11 @@ test('a final assistant message is continued (prefill)', async () => {
   const closed = (await client.messages.countTokens({ model: 'tiny',
     messages: [...prefill, { role: 'user', content: 'Go on.' }] })).input_tokens;
   assert.ok(closed > counted);
+  // The continuation keeps its leading space ("The answer is" + " 42."), streamed too.
+  const glue = [prefill[0], { role: 'assistant', content: 'The answer is' }];
+  const sp = { model: 'tiny', messages: glue, max_tokens: 20, structured_outputs: { regex: ' 42\\.' } };
+  assert.equal(text(await client.messages.create(sp)), ' 42.');
+  assert.equal(text(await client.messages.stream(sp).finalMessage()), ' 42.');
 });
 
 // The SDK's toolRunner threads by default; a refused thread comes back in the

@@ -166,6 +166,10 @@ test('continue_final_message continues the final assistant message', async () =>
     add_generation_prompt: false, structured_outputs: { choice: ['42).'] }, max_tokens: 20 });
   assert.equal(r.choices[0].message.content, '42).');
   assert.equal(r.usage.prompt_tokens, tokens.length);
+  // Whitespace around the final message: cut after its stripped text, as transformers does.
+  const padded = [prefill[0], { role: 'assistant', content: '  Hello there  ' }];
+  const pt = await post('/tokenize', { messages: padded, continue_final_message: true, add_generation_prompt: false });
+  assert.ok((await post('/detokenize', { tokens: pt.tokens })).prompt.endsWith('Hello there'));
   await assert.rejects(client.chat.completions.create({ model: 'tiny', messages: prefill, continue_final_message: true }),
     (e) => e instanceof OpenAI.BadRequestError && e.param === 'continue_final_message');
 });

@@ -101,6 +101,13 @@ test('a call in the history renders from its arguments as an object', async () =
     '<parameter=meta>\n{"mode": "w"}\n</parameter>\n</function>'), prompt);
   const r = await client.chat.completions.create({ model: 'tiny', messages: history, tools, max_tokens: 2 });
   assert.equal(r.usage.prompt_tokens, tokens.length); // /tokenize adds the generation prompt too
+  // Empty or missing arguments are no arguments (vLLM's {}), not a template error.
+  for (const args of ['', null]) {
+    const h = [...messages, { role: 'assistant', content: null, tool_calls: [{ id: 'c', type: 'function',
+      function: { name: 'write_file', arguments: args } }] }, { role: 'tool', tool_call_id: 'c', content: 'ok' }];
+    const t = await post('/tokenize', { messages: h, tools });
+    assert.ok(Array.isArray(t.tokens), JSON.stringify(t));
+  }
 });
 
 test('tool_choice required gives a valid call of the tool', async () => {

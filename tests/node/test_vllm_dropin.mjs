@@ -239,6 +239,33 @@ async function test(name, fn) {
   }
   const server = await startServer([], { modelDir: noEos });
   const client = new OpenAI({ baseURL: `http://127.0.0.1:${server.port}/v1`, apiKey: 'unused', maxRetries: 0 });
+  // A config that names another id only (<|endoftext|>): the tokenizer's
+  // eos still ends answers as the model's own end (stop_reason null), as in
+  // vLLM, and the config's id stops by name.
+  const otherEos = path.join(dir, 'other-eos-model');
+  fs.mkdirSync(otherEos);
+  for (const f of fs.readdirSync(modelDir)) {
+    if (f === 'generation_config.json') {
+      const c = JSON.parse(fs.readFileSync(path.join(modelDir, f), 'utf8'));
+      c.eos_token_id = [151643];
+      fs.writeFileSync(path.join(otherEos, f), JSON.stringify(c));
+    } else {
+      fs.symlinkSync(path.join(modelDir, f), path.join(otherEos, f));
+    }
+  }
+  const other = await startServer([], { modelDir: otherEos });
+  const oc = new OpenAI({ baseURL: `http://127.0.0.1:${other.port}/v1`, apiKey: 'unused', maxRetries: 0 });
+  await test('the tokenizer\'s eos_token ends answers even when the config lists other ids only', async () => {
+    const ask = (id) => oc.chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content: 'Hi' }],
+      max_tokens: 5, logit_bias: { [id]: 100 } });
+    let r = await ask(151645);
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    assert.equal(r.choices[0].stop_reason, null);
+    r = await ask(151643);
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    assert.equal(r.choices[0].stop_reason, 151643);
+  });
+  await other.stop();
   await test('no eos_token_id in the config files: the tokenizer\'s eos_token ends answers', async () => {
     assert.match(server.log(), /no eos_token_id .*using the tokenizer's eos_token "<\|im_end\|>" \(id 151645\)/);
     const r = await client.chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content: 'Hi' }],

@@ -270,6 +270,32 @@ static void each_rank_has_its_own_sequence_limit_and_budget(void **state)
     sim_free(&m);
 }
 
+// A prompt the block-richest rank's budget cannot take whole (chunked
+// prefill off) goes to another rank that can, rather than waiting.
+static void a_prompt_goes_to_the_rank_whose_budget_takes_it(void **state)
+{
+    (void)state;
+    struct sim m;
+    sim_init(&m, 2, 100, 8, 256, false, false, 6);
+    uint64_t rng = 5;
+    sim_add(&m, 0, 200, 10, 1, -1); // rank 0: few free blocks, its budget idle after
+    sim_step(&m, &rng);
+    for (int i = 1; i <= 4; i++) sim_add(&m, i, 4, 10, (uint64_t)i + 1, -1);
+    sim_step(&m, &rng);
+    assert_int_equal(m.seqs[0].q.rank, 0);
+    for (int i = 1; i <= 4; i++) assert_int_equal(m.seqs[i].q.rank, 1);
+    // Rank 1 has the most free blocks but 252 tokens of budget after its
+    // four decodes; rank 0 has 255.
+    sim_add(&m, 5, 253, 2, 9, -1);
+    sim_step(&m, &rng);
+    assert_true(m.seqs[5].q.running);
+    assert_int_equal(m.seqs[5].q.rank, 0);
+    while (m.seqs[0].live || m.seqs[1].live || m.seqs[2].live || m.seqs[3].live || m.seqs[4].live ||
+           m.seqs[5].live)
+        sim_step(&m, &rng);
+    sim_free(&m);
+}
+
 // A rank short of blocks preempts its own youngest, never a younger
 // sequence of another rank (whose blocks would not help it).
 static void a_rank_short_of_blocks_preempts_only_its_own(void **state)
@@ -390,6 +416,7 @@ int main(void)
         cmocka_unit_test(decodes_are_scheduled_before_new_prefills),
         cmocka_unit_test(the_youngest_is_preempted_and_recomputed),
         cmocka_unit_test(each_rank_has_its_own_sequence_limit_and_budget),
+        cmocka_unit_test(a_prompt_goes_to_the_rank_whose_budget_takes_it),
         cmocka_unit_test(a_rank_short_of_blocks_preempts_only_its_own),
         cmocka_unit_test(new_sequences_go_to_the_rank_with_most_free_blocks),
         cmocka_unit_test(without_chunked_prefill_prompts_run_whole),
