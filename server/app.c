@@ -48,24 +48,25 @@ const char *app_served_name(struct app *a, const char *model, struct oa_error *e
     return NULL;
 }
 
-// The last occurrence of needle[0..m) in hay[0..n), in linear time (the
-// first of the two reversed, found by glibc's two-way memmem): a loop of
-// memmem from each match on was quadratic on repetitive text. NULL when
-// there is none or no memory for the copies.
-static const char *last_occurrence(const char *hay, size_t n, const char *needle, size_t m)
+// The last occurrence of needle[0..m) in hay[0..n) in *at (NULL: none), in
+// linear time (the first of the two reversed, found by glibc's two-way
+// memmem): a loop of memmem from each match on was quadratic on repetitive
+// text. 0, or MS_ENOMEM for the copies.
+static int last_occurrence(const char *hay, size_t n, const char *needle, size_t m, const char **at)
 {
-    if (m > n) return NULL;
+    *at = NULL;
+    if (m > n) return 0;
     char *rh = malloc(n + 1), *rn = malloc(m + 1);
-    const char *at = NULL;
     if (rh && rn) {
         for (size_t i = 0; i < n; i++) rh[i] = hay[n - 1 - i];
         for (size_t i = 0; i < m; i++) rn[i] = needle[m - 1 - i];
         const char *r = memmem(rh, n, rn, m);
-        if (r) at = hay + (n - (size_t)(r - rh) - m);
+        if (r) *at = hay + (n - (size_t)(r - rh) - m);
     }
+    const int rc = rh && rn ? 0 : MS_ENOMEM;
     free(rh);
     free(rn);
-    return at;
+    return rc;
 }
 
 // The rendered chat cut right after the final message's text, as
@@ -86,7 +87,9 @@ static int cut_after_final(json_t *messages, char *text, size_t *len, struct oa_
                          "the final message has no text for the answer to continue");
     const char *core = m + lead;
     const size_t cl = ml - lead - tail;
-    const char *at = last_occurrence(text, *len, core, cl);
+    const char *at;
+    if (last_occurrence(text, *len, core, cl, &at))
+        return oa_errorf(e, MS_ENOMEM, "internal_error", NULL, "out of memory");
     if (!at)
         return oa_errorf(e, MS_EINVAL, "invalid_value", "messages",
                          "the final message does not appear in the chat as the template renders it (the "
