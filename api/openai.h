@@ -94,6 +94,7 @@ struct oa_gen_params {
     struct sampling_params sampling;
 
     int max_tokens;                 // 0: not given (the room left in the context)
+    int min_tokens;                 // vLLM's: no eos or stop token id before this many (0: off)
     const char **stop;              // (n_stop) non-empty strings
     int n_stop;
     int32_t *stop_token_ids;        // (n_stop_token_ids)

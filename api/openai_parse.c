@@ -948,7 +948,6 @@ static const struct unsupported unsupported_common[] = {
     {"length_penalty", N_ONE},
     {"logits_processors", N_NULL},
     {"metadata", N_ANY},     // informational, like user
-    {"min_tokens", N_ZERO},
     {"priority", N_ZERO},
     {"prompt_logprobs", N_NULL},
     {"service_tier", N_ANY}, // billing tier: nothing to do with the output
@@ -1047,6 +1046,7 @@ static const struct field gen_fields[] = {
     CUSTOM_FIELD("logit_bias", f_logit_bias),
     CUSTOM_FIELD("max_tokens", f_max_tokens, PARSER(max_tokens), SEEN(SEEN_MAX_TOKENS)),
     SAMPLING_FIELD("min_p", GEN(sampling.min_p), SEEN(SEEN_MIN_P)),
+    INT_FIELD("min_tokens", 0, INT32_MAX / 2, GEN(min_tokens)),
     INT_FIELD("n", 1, OA_MAX_N, GEN(n)),
     SAMPLING_FIELD("presence_penalty", GEN(sampling.presence_penalty)),
     SAMPLING_FIELD("repetition_penalty", GEN(sampling.repetition_penalty),
@@ -1293,6 +1293,10 @@ static int gen_finish(struct parser *p)
                          p->seen & SEEN_MAX_COMPLETION_TOKENS ? "max_completion_tokens" : "max_tokens");
     if (p->seen & SEEN_MAX_COMPLETION_TOKENS) g->max_tokens = p->max_completion_tokens;
     else if (p->seen & SEEN_MAX_TOKENS) g->max_tokens = p->max_tokens;
+    if (g->max_tokens > 0 && g->min_tokens > g->max_tokens)
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", "min_tokens",
+                         "'min_tokens' (%d) must be at most the output's maximum (%d)", g->min_tokens,
+                         g->max_tokens);
     else if (p->seen & SEEN_N_PREDICT) g->max_tokens = p->n_predict;
 
     if (p->stream_options) {

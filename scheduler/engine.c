@@ -33,6 +33,12 @@ struct seq {
     struct engine_sink sink;
     struct sampling_params sampling;   // logit_bias points at bias
     struct sampling_logit_bias *bias;    // (n_logit_bias)
+    // Before min_tokens are generated, the sampled row's parameters: bias
+    // and a bias that no eos or stop id can outrun (prompt-logprob rows keep
+    // sampling, unbiased by it).
+    int min_tokens;
+    struct sampling_params sampling_min; // logit_bias points at bias_min
+    struct sampling_logit_bias *bias_min;
     int cap;                           // q.tokens holds cap = prompt + max_tokens
     struct stop_state stop;
     bool skip_special;
@@ -145,6 +151,7 @@ static void seq_free(struct seq *s)
 {
     if (!s) return;
     free(s->bias);
+    free(s->bias_min);
     free(s->q.tokens);
     free(s->prompt_lp);
     grammar_matcher_destroy(s->gm);
@@ -231,6 +238,21 @@ static int seq_create(struct engine *e, const struct engine_request *r,
         memcpy(s->bias, r->sampling.logit_bias, (size_t)r->sampling.n_logit_bias * sizeof *s->bias);
     }
     s->sampling.logit_bias = s->bias;
+    if (r->stop.min_tokens > 0) {
+        // -1e30, not -inf: the samplers take finite biases only, and a
+        // logit that low has probability 0 under any temperature.
+        const int n_eos = e->m->cfg.n_eos, nb = r->sampling.n_logit_bias, n = nb + n_eos + r->stop.n_stop_ids;
+        s->bias_min = malloc((size_t)n * sizeof *s->bias_min);
+        if (!s->bias_min) goto oom;
+        if (nb) memcpy(s->bias_min, r->sampling.logit_bias, (size_t)nb * sizeof *s->bias_min);
+        for (int i = 0; i < n_eos; i++) s->bias_min[nb + i] = (struct sampling_logit_bias){e->m->cfg.eos_ids[i], -1e30f};
+        for (int i = 0; i < r->stop.n_stop_ids; i++)
+            s->bias_min[nb + n_eos + i] = (struct sampling_logit_bias){r->stop.stop_ids[i], -1e30f};
+        s->sampling_min = s->sampling;
+        s->sampling_min.logit_bias = s->bias_min;
+        s->sampling_min.n_logit_bias = n;
+        s->min_tokens = r->stop.min_tokens;
+    }
     if (r->sampling.prompt_logprobs >= 0 && r->n_prompt > 1) {
         s->prompt_lp = calloc((size_t)r->n_prompt - 1, sizeof *s->prompt_lp);
         if (!s->prompt_lp) goto oom;
@@ -476,7 +498,7 @@ static int seq_rows(struct rank_slot *r, struct sched_seq *q, int n)
         }
         r->rows[n + added] = (struct backend_sample_row){
             .logits = rows + (size_t)(q->sched_rows - 1) * V,
-            .p = &s->sampling,
+            .p = q->n_tokens - q->n_prompt < s->min_tokens ? &s->sampling_min : &s->sampling,
             .prompt = q->tokens,
             .n_prompt = q->n_prompt,
             .output = q->tokens + q->n_prompt,
@@ -1171,6 +1193,7 @@ int engine_submit(struct engine *e, const struct engine_request *r, const struct
     s->id = e->next_id++;
     // An unseeded request draws under a key of its own.
     if (!s->sampling.has_seed) s->sampling.seed = splitmix64(&e->rng_state);
+    s->sampling_min.seed = s->sampling.seed; // one stream of draws, with or without the min bias
     s->inbox_next = NULL;
     if (e->inbox_tail) e->inbox_tail->inbox_next = s;
     else e->inbox_head = s;

@@ -44,6 +44,9 @@ void engine_opts_default(struct engine_opts *o);
 
 struct engine_stop {
     int max_tokens;              // generated tokens at most (> 0)
+    // vLLM's min_tokens: until this many are generated, the model's eos ids
+    // and the stop ids cannot be sampled (0: off; at most max_tokens)
+    int min_tokens;
     bool ignore_eos;
     const int32_t *stop_ids;     // extra stop token ids
     int n_stop_ids;

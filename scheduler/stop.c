@@ -19,6 +19,9 @@ int stop_init(struct stop_state *s, const struct engine_stop *p, const int *eos_
     if (p->max_tokens < 1)
         return ms_err(err, errlen, MS_EINVAL, "max_tokens must be at least 1, not %d",
                       p->max_tokens);
+    if (p->min_tokens < 0 || p->min_tokens > p->max_tokens)
+        return ms_err(err, errlen, MS_EINVAL, "min_tokens is %d; it must be 0 to max_tokens (%d)",
+                      p->min_tokens, p->max_tokens);
     if (p->n_stop_ids < 0 || (p->n_stop_ids > 0 && !p->stop_ids))
         return ms_err(err, errlen, MS_EINVAL, "the stop token id list is malformed");
     if (p->n_stop_strs < 0 || (p->n_stop_strs > 0 && !p->stop_strs))

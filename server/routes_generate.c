@@ -381,6 +381,8 @@ static void fill_engine_request(struct app *a, const struct parsed *q, struct jo
         p->max_cut = true;
     }
     st->max_tokens = max;
+    // A max_tokens left to the context's room may come out below min_tokens.
+    st->min_tokens = g->min_tokens < max ? g->min_tokens : max;
     st->ignore_eos = g->ignore_eos;
     st->stop_ids = g->stop_token_ids;
     st->n_stop_ids = g->n_stop_token_ids;

@@ -126,6 +126,13 @@ test('the shape clients expect: refusal, system_fingerprint, stop_reason on eos,
   r = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 5, logit_bias: { 151645: 100 } });
   assert.equal(r.choices[0].finish_reason, 'stop');
   assert.equal(r.choices[0].stop_reason, null);
+  // vLLM's min_tokens holds the eos off that long, however favoured.
+  const eosAt = r.usage.completion_tokens;
+  r = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 8, logit_bias: { 151645: 100 }, min_tokens: 3 });
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  assert.equal(r.usage.completion_tokens, eosAt + 3);
+  await assert.rejects(client.chat.completions.create({ model: 'tiny', messages, max_tokens: 2, min_tokens: 3 }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'min_tokens');
   // generation_config's other eos id (<|endoftext|>) names itself, as vLLM's stop_token_ids do.
   r = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 5, logit_bias: { 151643: 100 } });
   assert.equal(r.choices[0].finish_reason, 'stop');

@@ -637,6 +637,70 @@ static void prompt_logprobs_past_a_steps_rows_run_in_pieces_without_chunked_pref
     }
 }
 
+// vLLM's min_tokens: the model's eos and the request's stop ids cannot come
+// before that many tokens, however the logits favour them; after, they
+// stop as ever. Prompt logprobs of the same request are not biased by it.
+static void min_tokens_hold_off_eos_and_stop_ids(void **state)
+{
+    (void)state;
+    struct engine_opts o;
+    base_opts(&o);
+    struct engine *e = make_engine(&o);
+    int32_t prompt[12];
+    h_tokens(prompt, 12, 17, g_vocab);
+    const int32_t eos = g_model->cfg.eos_ids[0], stop = 5;
+    struct sampling_logit_bias bias[2] = {{eos, 100}, {stop, 50}};
+    struct h_batch *b = h_batch_new(4);
+    char err[512];
+    for (int i = 0; i < 4; i++) {
+        struct engine_request r;
+        engine_request_default(&r);
+        r.prompt = prompt;
+        r.n_prompt = 12;
+        r.sampling.temperature = 0;
+        r.sampling.logit_bias = bias;
+        r.sampling.n_logit_bias = i == 3 ? 1 : 2;
+        r.stop.max_tokens = 10;
+        r.stop.stop_ids = &stop;
+        r.stop.n_stop_ids = i == 3 ? 0 : 1;
+        r.stop.min_tokens = i == 0 ? 0 : i == 1 ? 4 : i == 2 ? 10 : 3;
+        r.sampling.prompt_logprobs = i == 1 ? 0 : -1;
+        assert_int_equal(h_submit(e, b, i, &r, err, sizeof err), 0);
+    }
+    h_wait(b, 4);
+    // Without it the eos (bias 100) comes first; with 4, four tokens, none
+    // of them the eos or the stop id, then the eos; with 10, all ten. (The
+    // ending token is the last one reported.)
+    assert_int_equal(b->res[0].finish, FINISH_STOP);
+    assert_int_equal(b->res[0].n_tokens, 1);
+    assert_int_equal(b->res[1].finish, FINISH_STOP);
+    assert_int_equal(b->res[1].n_tokens, 5);
+    assert_int_equal(b->res[1].tokens[4], eos);
+    assert_int_equal(b->res[2].finish, FINISH_LENGTH);
+    assert_int_equal(b->res[2].n_tokens, 10);
+    for (int i = 1; i < 3; i++)
+        for (int t = 0; t < (i == 1 ? 4 : 10); t++) {
+            assert_int_not_equal(b->res[i].tokens[t], eos);
+            assert_int_not_equal(b->res[i].tokens[t], stop);
+        }
+    assert_int_equal(b->res[3].n_tokens, 4);
+    assert_int_equal(b->res[1].n_prompt_lp, 11);
+    // Refused: more than max_tokens.
+    struct engine_request r;
+    engine_request_default(&r);
+    r.prompt = prompt;
+    r.n_prompt = 12;
+    r.stop.max_tokens = 2;
+    r.stop.min_tokens = 3;
+    struct h_batch *b2 = h_batch_new(1);
+    assert_int_equal(h_submit(e, b2, 0, &r, err, sizeof err), MS_EINVAL);
+    assert_non_null(strstr(err, "min_tokens"));
+    h_batch_free(b2);
+    h_batch_free(b);
+    assert_blocks_returned(e);
+    engine_destroy(e);
+}
+
 static void cancel_frees_the_blocks_and_sends_abort(void **state)
 {
     (void)state;
@@ -897,6 +961,7 @@ int main(void)
         cmocka_unit_test(prompt_logprobs_agree_with_generated_logprobs),
         cmocka_unit_test(prompt_logprobs_past_a_steps_rows_run_in_pieces_without_chunked_prefill),
         cmocka_unit_test(requests_too_long_or_too_big_for_one_rank_are_refused),
+        cmocka_unit_test(min_tokens_hold_off_eos_and_stop_ids),
         cmocka_unit_test(cancel_frees_the_blocks_and_sends_abort),
         cmocka_unit_test(drain_lets_requests_finish_then_aborts_at_the_deadline),
         cmocka_unit_test(a_full_waiting_queue_refuses_with_busy),
