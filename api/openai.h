@@ -100,6 +100,7 @@ struct oa_gen_params {
     int32_t *stop_token_ids;        // (n_stop_token_ids)
     int n_stop_token_ids;
     bool ignore_eos;
+    bool include_stop_str;          // vLLM's include_stop_str_in_output: the matched stop string stays
     bool add_special_tokens;        // the tokenizer's BOS/EOS around the prompt: false for chat, true for completions (vLLM)
     bool skip_special_tokens;       // true
 

@@ -48,6 +48,8 @@ struct engine_stop {
     // and the stop ids cannot be sampled (0: off; at most max_tokens)
     int min_tokens;
     bool ignore_eos;
+    bool include_stop_str;       // a matched stop string stays at the text's end (vLLM's
+                                 // include_stop_str_in_output)
     const int32_t *stop_ids;     // extra stop token ids
     int n_stop_ids;
     const char *const *stop_strs; // matched on the detokenized text; never appear in output

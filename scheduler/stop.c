@@ -46,6 +46,7 @@ int stop_init(struct stop_state *s, const struct engine_stop *p, const int *eos_
             return ms_err(err, errlen, MS_EINVAL, "stop string %d is not valid UTF-8", i);
     }
     s->max_tokens = p->max_tokens;
+    s->include_str = p->include_stop_str;
     int n_ids = (p->ignore_eos ? 0 : n_eos) + p->n_stop_ids;
     if (n_ids > 0) {
         s->ids = malloc((size_t)n_ids * sizeof *s->ids);
@@ -141,7 +142,7 @@ int stop_feed_text(struct stop_state *s, const char *text, size_t len, int *matc
     *out = buf;
     if (*matched >= 0) {
         s->matched = true;
-        *out_len = best;
+        *out_len = s->include_str ? best_end : best;
         s->held_off = blen; // nothing is held back any more
         return 0;
     }

@@ -22,6 +22,7 @@ struct stop_state {
     char **strs;      // (n_strs) NUL-terminated copies
     size_t *lens;     // (n_strs)
     int n_strs;
+    bool include_str;   // a match keeps its stop string (the text is cut after it)
     struct ms_buf text; // held-back text followed by the newest chunk
     size_t held_off;    // text.data[held_off, text.len) is held back from the last call
     bool matched;
@@ -45,8 +46,8 @@ enum engine_finish stop_check_token(const struct stop_state *s, int32_t id, int 
 // Feeds the text a new token completed (whole UTF-8 characters). *matched
 // receives the index of the stop string that now occurs (the one completing
 // first in the text, the longest among those ending together) or -1. *out, *out_len receive the text
-// that may be released now — up to the match when there is one — valid until
-// the next call. Returns 0, or MS_ENOMEM when the buffer cannot grow.
+// that may be released now — up to the match when there is one (through it
+// with include_stop_str) — valid until the next call. Returns 0, or MS_ENOMEM when the buffer cannot grow.
 int stop_feed_text(struct stop_state *s, const char *text, size_t len, int *matched,
                    const char **out, size_t *out_len);
 // At the end of a sequence that did not stop on a string: the held-back text.

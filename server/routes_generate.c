@@ -384,6 +384,7 @@ static void fill_engine_request(struct app *a, const struct parsed *q, struct jo
     // A max_tokens left to the context's room may come out below min_tokens.
     st->min_tokens = g->min_tokens < max ? g->min_tokens : max;
     st->ignore_eos = g->ignore_eos;
+    st->include_stop_str = g->include_stop_str;
     st->stop_ids = g->stop_token_ids;
     st->n_stop_ids = g->n_stop_token_ids;
     st->stop_strs = g->stop;

@@ -530,7 +530,6 @@ static void unimplemented_parameters_are_refused_by_name(void **state)
     const struct wrong cases[] = {
         {"functions", "[{\"name\": \"f\"}]"},
         {"use_beam_search", "true"},
-        {"include_stop_str_in_output", "true"},
         {"prompt_logprobs", "1"},
         {"echo", "true"},
         {"chat_template", "\"{{ messages }}\""},

@@ -93,6 +93,14 @@ test('stop strings cut the output', async () => {
   const r = await client.completions.create({ model: 'tiny', prompt, max_tokens: 32, ...greedy, stop: [stop] });
   assert.equal(r.choices[0].finish_reason, 'stop');
   assert.equal(r.choices[0].text, full.slice(0, full.indexOf(stop)));
+  // vLLM's include_stop_str_in_output keeps it, streamed or not.
+  const kept = { model: 'tiny', prompt, max_tokens: 32, ...greedy, stop: [stop], include_stop_str_in_output: true };
+  const k = await client.completions.create(kept);
+  assert.equal(k.choices[0].text, full.slice(0, full.indexOf(stop) + stop.length));
+  assert.equal(k.choices[0].stop_reason, stop);
+  let streamed = '';
+  for await (const ch of await client.completions.create({ ...kept, stream: true })) streamed += ch.choices[0]?.text ?? '';
+  assert.equal(streamed, k.choices[0].text);
 });
 
 test('completions: string, list, stream, legacy logprobs, echo', async () => {

@@ -68,6 +68,33 @@ static void a_stop_string_inside_one_chunk_cuts_the_output_before_it(void **stat
     stop_free(&s);
 }
 
+// vLLM's include_stop_str_in_output: the text is cut after the stop
+// string instead of before it, also when the string came in pieces.
+static void include_stop_str_keeps_the_string_and_cuts_after_it(void **state)
+{
+    (void)state;
+    const char *strs[] = {"</answer>", "END"};
+    struct engine_request r;
+    engine_request_default(&r);
+    r.stop.max_tokens = 100;
+    r.stop.stop_strs = strs;
+    r.stop.n_stop_strs = 2;
+    r.stop.include_stop_str = true;
+    struct stop_state s;
+    char err[256] = "";
+    assert_int_equal(stop_init(&s, &r.stop, NULL, 0, err, sizeof err), 0);
+    struct collected c;
+    const char *pieces[] = {"42 <", "/ans", "wer>tail END"};
+    assert_int_equal(feed_all(&s, pieces, 3, &c), 0);
+    assert_string_equal(c.text, "42 </answer>");
+    stop_free(&s);
+    assert_int_equal(stop_init(&s, &r.stop, NULL, 0, err, sizeof err), 0);
+    const char *whole[] = {"hello ", "worldEND and more"};
+    assert_int_equal(feed_all(&s, whole, 2, &c), 1);
+    assert_string_equal(c.text, "hello worldEND");
+    stop_free(&s);
+}
+
 static void a_stop_string_split_across_chunks_is_held_back_then_dropped(void **state)
 {
     (void)state;
@@ -328,6 +355,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_stop_string_inside_one_chunk_cuts_the_output_before_it),
         cmocka_unit_test(a_stop_string_split_across_chunks_is_held_back_then_dropped),
+        cmocka_unit_test(include_stop_str_keeps_the_string_and_cuts_after_it),
         cmocka_unit_test(a_held_tail_that_does_not_become_a_stop_string_is_released),
         cmocka_unit_test(the_stop_string_completing_first_wins),
         cmocka_unit_test(held_back_text_never_cuts_a_character),
