@@ -95,6 +95,9 @@ struct oa_gen_params {
 
     int max_tokens;                 // 0: not given (the room left in the context)
     int min_tokens;                 // vLLM's: no eos or stop token id before this many (0: off)
+    // vLLM's truncate_prompt_tokens: the prompt's last k tokens only (0: not
+    // given; -1: max_model_len's worth)
+    int truncate_prompt_tokens;
     const char **stop;              // (n_stop) non-empty strings
     int n_stop;
     int32_t *stop_token_ids;        // (n_stop_token_ids)

@@ -204,6 +204,21 @@ static int f_max_tokens(struct parser *p, const char *k, json_t *v, void *dst)
     return 0;
 }
 
+// truncate_prompt_tokens: -1 (the context's worth) or 1 to max_model_len.
+static int f_truncate_prompt_tokens(struct parser *p, const char *k, json_t *v, void *dst)
+{
+    long long x;
+    int rc = want_int(p, k, v, LLONG_MIN, LLONG_MAX, &x);
+    if (rc) return rc;
+    const long long hi = p->lim->max_model_len > 0 ? p->lim->max_model_len : INT32_MAX;
+    if (x != -1 && (x < 1 || x > hi))
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", k,
+                         "'%s' is %lld; it keeps the prompt's last tokens: -1 (as many as the context "
+                         "holds) or 1 to %lld", k, x, hi);
+    *(int *)dst = (int)x;
+    return 0;
+}
+
 static int f_top_k(struct parser *p, const char *k, json_t *v, void *dst)
 {
     long long x;
@@ -952,7 +967,6 @@ static const struct unsupported unsupported_common[] = {
     {"service_tier", N_ANY}, // billing tier: nothing to do with the output
     {"spaces_between_special_tokens", N_TRUE},
     {"store", N_ANY},        // nothing is stored here either way
-    {"truncate_prompt_tokens", N_NULL},
     {"use_beam_search", N_FALSE},
     {"vllm_xargs", N_NULL},
 };
@@ -1047,6 +1061,7 @@ static const struct field gen_fields[] = {
     CUSTOM_FIELD("max_tokens", f_max_tokens, PARSER(max_tokens), SEEN(SEEN_MAX_TOKENS)),
     SAMPLING_FIELD("min_p", GEN(sampling.min_p), SEEN(SEEN_MIN_P)),
     INT_FIELD("min_tokens", 0, INT32_MAX / 2, GEN(min_tokens)),
+    CUSTOM_FIELD("truncate_prompt_tokens", f_truncate_prompt_tokens, GEN(truncate_prompt_tokens)),
     INT_FIELD("n", 1, OA_MAX_N, GEN(n)),
     SAMPLING_FIELD("presence_penalty", GEN(sampling.presence_penalty)),
     SAMPLING_FIELD("repetition_penalty", GEN(sampling.repetition_penalty),

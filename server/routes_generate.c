@@ -66,6 +66,27 @@ static int parse(struct app *a, struct http_request *r, struct job *j, struct pa
     return q->served ? 0 : e->status;
 }
 
+// vLLM's truncate_prompt_tokens: the prompt's last k tokens (its beginning
+// dropped, a chat's system prompt with it, as vLLM drops it). True when
+// tokens were dropped.
+static bool truncate_prompt(const struct app *a, const struct parsed *q, struct job_prompt *p)
+{
+    int k = q->g->truncate_prompt_tokens;
+    if (k == -1) k = a->max_model_len;
+    if (k <= 0 || p->n_ids <= k) return false;
+    memmove(p->ids, p->ids + (p->n_ids - k), (size_t)k * sizeof *p->ids);
+    p->n_ids = k;
+    return true;
+}
+
+// The encoding flags of a prompt: bounded by the context unless it is to be
+// cut to it (truncate_prompt_tokens needs all of it tokenized first).
+static unsigned prompt_flags(const struct parsed *q)
+{
+    return (q->g->truncate_prompt_tokens ? 0 : APP_ENCODE_BOUNDED) |
+           (q->g->add_special_tokens ? APP_ENCODE_SPECIAL : 0);
+}
+
 // The chat's prompt, rendered with its tools and kwargs (reasoning_effort
 // decides enable_thinking), and what the rendering says about thinking.
 static int chat_prompt(struct app *a, struct parsed *q, struct job_prompt *p, struct oa_error *e)
@@ -77,7 +98,7 @@ static int chat_prompt(struct app *a, struct parsed *q, struct job_prompt *p, st
     size_t bytes = 0, i;
     json_t *m;
     json_array_foreach(q->cr.messages, i, m) bytes += json_string_length(json_object_get(m, "content"));
-    int rc = app_refuse_bytes(a, bytes, q->param, e);
+    int rc = q->g->truncate_prompt_tokens ? 0 : app_refuse_bytes(a, bytes, q->param, e);
     if (rc) return rc;
     json_t *kw = app_chat_kwargs(a, q->cr.chat_template_kwargs, q->cr.thinking);
     if (!kw) return oa_errorf(e, MS_ENOMEM, "internal_error", NULL, "out of memory");
@@ -90,9 +111,9 @@ static int chat_prompt(struct app *a, struct parsed *q, struct job_prompt *p, st
     if (rc) return rc;
     q->prompt_in_reasoning = output_parser_prompt_in_reasoning(text, tl);
     q->tools = q->cr.tools && q->cr.tool_choice != OA_TOOL_NONE;
-    unsigned flags = APP_ENCODE_BOUNDED | (q->g->add_special_tokens ? APP_ENCODE_SPECIAL : 0);
-    rc = app_encode(a, text, tl, q->param, flags, &p->ids, &p->n_ids, e);
+    rc = app_encode(a, text, tl, q->param, prompt_flags(q), &p->ids, &p->n_ids, e);
     free(text);
+    if (!rc) truncate_prompt(a, q, p);
     return rc;
 }
 
@@ -101,29 +122,29 @@ static int completion_prompt(struct app *a, const struct parsed *q, bool echo,
                              const struct oa_prompt *op, struct job_prompt *p, struct oa_error *e)
 {
     if (op->text) {
-        unsigned flags = APP_ENCODE_BOUNDED | (q->g->add_special_tokens ? APP_ENCODE_SPECIAL : 0);
-        int rc = app_encode(a, op->text, op->text_len, q->param, flags, &p->ids, &p->n_ids, e);
+        int rc = app_encode(a, op->text, op->text_len, q->param, prompt_flags(q), &p->ids, &p->n_ids, e);
         if (rc) return rc;
-        if (echo) {
-            p->text = malloc(op->text_len + 1);
-            if (!p->text) return oa_errorf(e, MS_ENOMEM, "internal_error", NULL, "out of memory");
-            memcpy(p->text, op->text, op->text_len);
-            p->text[op->text_len] = 0;
-            p->text_len = op->text_len;
-        }
+    } else {
+        p->ids = malloc((size_t)op->n_ids * sizeof *p->ids);
+        if (!p->ids) return oa_errorf(e, MS_ENOMEM, "internal_error", NULL, "out of memory");
+        memcpy(p->ids, op->ids, (size_t)op->n_ids * sizeof *p->ids);
+        p->n_ids = op->n_ids;
+    }
+    const bool cut = truncate_prompt(a, q, p);
+    if (!echo) return 0;
+    // Echo the text as sent; a prompt of ids, or one cut to its last tokens,
+    // as those tokens' text (what the model saw).
+    if (op->text && !cut) {
+        p->text = malloc(op->text_len + 1);
+        if (!p->text) return oa_errorf(e, MS_ENOMEM, "internal_error", NULL, "out of memory");
+        memcpy(p->text, op->text, op->text_len);
+        p->text[op->text_len] = 0;
+        p->text_len = op->text_len;
         return 0;
     }
-    p->ids = malloc((size_t)op->n_ids * sizeof *p->ids);
-    if (!p->ids) return oa_errorf(e, MS_ENOMEM, "internal_error", NULL, "out of memory");
-    memcpy(p->ids, op->ids, (size_t)op->n_ids * sizeof *p->ids);
-    p->n_ids = op->n_ids;
-    if (echo) {
-        char err[256];
-        int rc = tok_decode(a->tok, p->ids, (size_t)p->n_ids, false, &p->text, &p->text_len, err,
-                            sizeof err);
-        if (rc) return oa_errorf(e, rc, "invalid_value", q->param, "%s", err);
-    }
-    return 0;
+    char err[256];
+    int rc = tok_decode(a->tok, p->ids, (size_t)p->n_ids, false, &p->text, &p->text_len, err, sizeof err);
+    return rc ? oa_errorf(e, rc, "invalid_value", q->param, "%s", err) : 0;
 }
 
 // Every prompt holds a token and leaves room for one; echoed prompts with

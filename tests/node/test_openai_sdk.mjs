@@ -189,6 +189,29 @@ test('continue_final_message continues the final assistant message', async () =>
     (e) => e instanceof OpenAI.BadRequestError && e.param === 'continue_final_message');
 });
 
+// vLLM's truncate_prompt_tokens: the prompt's last k tokens, also for a
+// prompt far past the context (tokenized whole, then cut); echo shows what
+// the model saw.
+test('truncate_prompt_tokens keeps the prompt\'s last tokens', async () => {
+  const ids = [9707, 11, 1879, 0, 358, 1079, 6529, 13, 3555, 374];
+  const r = await client.completions.create({ model: 'tiny', prompt: ids, max_tokens: 1, truncate_prompt_tokens: 4,
+    echo: true, temperature: 0 });
+  assert.equal(r.usage.prompt_tokens, 4);
+  const post = async (p, body) => (await fetch(`http://127.0.0.1:${port}${p}`, { method: 'POST',
+    headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${KEY}` },
+    body: JSON.stringify({ model: 'tiny', ...body }) })).json();
+  const tail = (await post('/detokenize', { tokens: ids.slice(-4) })).prompt;
+  assert.ok(r.choices[0].text.startsWith(tail), JSON.stringify(r.choices[0].text));
+  const long = 'word '.repeat(3000); // about 3000 tokens, past the 2048-token context
+  const t = await client.completions.create({ model: 'tiny', prompt: long, max_tokens: 1, truncate_prompt_tokens: 1000 });
+  assert.equal(t.usage.prompt_tokens, 1000);
+  const c = await client.chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content: long }], max_tokens: 1,
+    truncate_prompt_tokens: 500 });
+  assert.equal(c.usage.prompt_tokens, 500);
+  await assert.rejects(client.completions.create({ model: 'tiny', prompt: 'hi', max_tokens: 1, truncate_prompt_tokens: 0 }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'truncate_prompt_tokens');
+});
+
 test('BadRequestError names the parameter', async () => {
   await assert.rejects(client.chat.completions.create({ model: 'tiny', messages, temperature: 5 }),
     (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === 'temperature');
