@@ -102,6 +102,8 @@ struct oa_gen_params {
     int n_stop;
     int32_t *stop_token_ids;        // (n_stop_token_ids)
     int n_stop_token_ids;
+    int32_t *allowed_token_ids;     // (n_allowed_token_ids) vLLM's: only these may be drawn; NULL: any
+    int n_allowed_token_ids;
     bool ignore_eos;
     bool include_stop_str;          // vLLM's include_stop_str_in_output: the matched stop string stays
     bool add_special_tokens;        // the tokenizer's BOS/EOS around the prompt: false for chat, true for completions (vLLM)

@@ -280,6 +280,20 @@ static int f_stop_token_ids(struct parser *p, const char *k, json_t *v, void *ds
     return ids_array(p, k, v, p->lim->vocab_size, &p->gen->stop_token_ids, &p->gen->n_stop_token_ids);
 }
 
+// allowed_token_ids: a non-empty list of the model's ids (vLLM refuses an
+// empty one too: nothing could be drawn).
+static int f_allowed_token_ids(struct parser *p, const char *k, json_t *v, void *dst)
+{
+    (void)dst;
+    if (!json_is_array(v)) return type_error(p, k, "an array of token ids", v);
+    if (!json_array_size(v))
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", k, "'%s' must name at least one token id", k);
+    if (p->lim->vocab_size > 0 && json_array_size(v) > (size_t)p->lim->vocab_size)
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", k, "'%s' holds more ids than the vocabulary (%d)",
+                         k, p->lim->vocab_size);
+    return ids_array(p, k, v, p->lim->vocab_size, &p->gen->allowed_token_ids, &p->gen->n_allowed_token_ids);
+}
+
 static int f_seed(struct parser *p, const char *k, json_t *v, void *dst)
 {
     long long x;
@@ -953,7 +967,6 @@ struct unsupported {
 };
 
 static const struct unsupported unsupported_common[] = {
-    {"allowed_token_ids", N_NULL},
     {"bad_words", N_EMPTY},
     {"cache_salt", N_NULL},
     {"guided_decoding_backend", N_NULL},
@@ -1055,6 +1068,7 @@ struct field {
 static const struct field gen_fields[] = {
     BOOL_FIELD("add_special_tokens", GEN(add_special_tokens)),
     SAMPLING_FIELD("frequency_penalty", GEN(sampling.frequency_penalty)),
+    CUSTOM_FIELD("allowed_token_ids", f_allowed_token_ids),
     BOOL_FIELD("ignore_eos", GEN(ignore_eos)),
     BOOL_FIELD("include_stop_str_in_output", GEN(include_stop_str)),
     CUSTOM_FIELD("logit_bias", f_logit_bias),

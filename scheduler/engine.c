@@ -56,6 +56,7 @@ struct seq {
     bool paused;
     int32_t gm_after;
     uint32_t *mask;
+    uint32_t *allowed_ids;             // (vocab / 32) allowed_token_ids' bits, or NULL
     int gm_rc;
     // Milestones for the latency metrics (ms_now(); 0: not yet).
     double t_submit, t_scheduled, t_first, t_last;
@@ -156,6 +157,7 @@ static void seq_free(struct seq *s)
     free(s->prompt_lp);
     grammar_matcher_destroy(s->gm);
     free(s->mask);
+    free(s->allowed_ids);
     stop_free(&s->stop);
     sched_seq_free(&s->q);
     free(s);
@@ -261,6 +263,19 @@ static int seq_create(struct engine *e, const struct engine_request *r,
     s->skip_special = r->stop.skip_special_tokens;
     if (e->tok) tok_stream_init(&s->ts, e->tok, s->skip_special);
     s->sink = *sink;
+    if (r->n_allowed_ids > 0) {
+        s->allowed_ids = calloc(((size_t)e->vocab + 31) / 32, sizeof *s->allowed_ids);
+        if (!s->allowed_ids) goto oom;
+        for (int i = 0; i < r->n_allowed_ids; i++) {
+            const int32_t id = r->allowed_ids[i];
+            if (id < 0 || id >= e->vocab) {
+                seq_free(s);
+                return ms_err(err, errlen, MS_EINVAL, "allowed token id %d is outside the vocabulary (0 to %d)",
+                              (int)id, e->vocab - 1);
+            }
+            s->allowed_ids[id >> 5] |= 1u << (id & 31);
+        }
+    }
     if (r->grammar) {
         s->mask = malloc(((size_t)e->vocab + 31) / 32 * sizeof *s->mask);
         if (!s->mask) goto oom;
@@ -491,10 +506,15 @@ static int seq_rows(struct rank_slot *r, struct sched_seq *q, int n)
         }
     }
     if (q->sched_sample) {
-        const uint32_t *allowed = NULL;
+        const uint32_t *allowed = s->allowed_ids;
         if (s->gm && s->gm_active && !s->gm_rc) {
             s->gm_rc = grammar_matcher_fill_mask(s->gm, s->mask);
-            if (!s->gm_rc) allowed = s->mask;
+            if (!s->gm_rc) {
+                // Both: the tokens each allows.
+                if (s->allowed_ids)
+                    for (size_t w = 0; w < ((size_t)e->vocab + 31) / 32; w++) s->mask[w] &= s->allowed_ids[w];
+                allowed = s->mask;
+            }
         }
         r->rows[n + added] = (struct backend_sample_row){
             .logits = rows + (size_t)(q->sched_rows - 1) * V,

@@ -68,6 +68,10 @@ struct engine_request {
     // reference; the grammar must have been compiled for the model's
     // vocabulary size.
     struct grammar *grammar;
+    // vLLM's allowed_token_ids: only these may be drawn (with a grammar,
+    // those the grammar allows too); NULL: any. Copied by engine_submit.
+    const int32_t *allowed_ids;
+    int n_allowed_ids;
     int32_t grammar_after;       // -1: from the first token; else once this id has been
                                  // generated (Qwen3's </think>: the reasoning stays free)
     // Stop strings are not matched from a stop_pause_open token to the next

@@ -412,6 +412,8 @@ static void fill_engine_request(struct app *a, const struct parsed *q, struct jo
     st->n_stop_strs = g->n_stop;
     st->skip_special_tokens = g->skip_special_tokens;
     er->grammar = q->grammar;
+    er->allowed_ids = g->allowed_token_ids;
+    er->n_allowed_ids = g->n_allowed_token_ids;
     // A model that thinks first is free until </think>; the grammar governs
     // the answer after it.
     if (q->grammar && a->reasoning_parser && (q->thinking || q->prompt_in_reasoning))

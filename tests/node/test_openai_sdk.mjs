@@ -208,6 +208,11 @@ test('truncate_prompt_tokens keeps the prompt\'s last tokens', async () => {
   const c = await client.chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content: long }], max_tokens: 1,
     truncate_prompt_tokens: 500 });
   assert.equal(c.usage.prompt_tokens, 500);
+  // vLLM's allowed_token_ids: only those are drawn ("Hello", 9707).
+  const only = await client.completions.create({ model: 'tiny', prompt: 'Say', max_tokens: 3, allowed_token_ids: [9707] });
+  assert.equal(only.choices[0].text, 'HelloHelloHello');
+  await assert.rejects(client.completions.create({ model: 'tiny', prompt: 'hi', max_tokens: 1, allowed_token_ids: [] }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'allowed_token_ids');
   await assert.rejects(client.completions.create({ model: 'tiny', prompt: 'hi', max_tokens: 1, truncate_prompt_tokens: 0 }),
     (e) => e instanceof OpenAI.BadRequestError && e.param === 'truncate_prompt_tokens');
 });

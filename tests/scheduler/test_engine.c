@@ -701,6 +701,57 @@ static void min_tokens_hold_off_eos_and_stop_ids(void **state)
     engine_destroy(e);
 }
 
+// vLLM's allowed_token_ids: every token drawn is one of them, at any
+// temperature; an id outside the vocabulary is refused.
+static void only_allowed_token_ids_are_drawn(void **state)
+{
+    (void)state;
+    struct engine_opts o;
+    base_opts(&o);
+    struct engine *e = make_engine(&o);
+    int32_t prompt[8];
+    h_tokens(prompt, 8, 23, g_vocab);
+    const int32_t allowed[3] = {5, 900, 1777};
+    struct h_batch *b = h_batch_new(2);
+    char err[512];
+    for (int i = 0; i < 2; i++) {
+        struct engine_request r;
+        engine_request_default(&r);
+        r.prompt = prompt;
+        r.n_prompt = 8;
+        r.sampling.temperature = i ? 1.5f : 0;
+        r.sampling.has_seed = true;
+        r.sampling.seed = 7;
+        r.stop.max_tokens = 12;
+        r.stop.ignore_eos = true;
+        r.allowed_ids = allowed;
+        r.n_allowed_ids = 3;
+        assert_int_equal(h_submit(e, b, i, &r, err, sizeof err), 0);
+    }
+    h_wait(b, 2);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(b->res[i].n_tokens, 12);
+        for (int t = 0; t < 12; t++) {
+            const int32_t id = b->res[i].tokens[t];
+            assert_true(id == 5 || id == 900 || id == 1777);
+        }
+    }
+    struct engine_request r;
+    engine_request_default(&r);
+    r.prompt = prompt;
+    r.n_prompt = 8;
+    const int32_t bad = g_vocab;
+    r.allowed_ids = &bad;
+    r.n_allowed_ids = 1;
+    struct h_batch *b2 = h_batch_new(1);
+    assert_int_equal(h_submit(e, b2, 0, &r, err, sizeof err), MS_EINVAL);
+    assert_non_null(strstr(err, "allowed token id"));
+    h_batch_free(b2);
+    h_batch_free(b);
+    assert_blocks_returned(e);
+    engine_destroy(e);
+}
+
 static void cancel_frees_the_blocks_and_sends_abort(void **state)
 {
     (void)state;
@@ -962,6 +1013,7 @@ int main(void)
         cmocka_unit_test(prompt_logprobs_past_a_steps_rows_run_in_pieces_without_chunked_prefill),
         cmocka_unit_test(requests_too_long_or_too_big_for_one_rank_are_refused),
         cmocka_unit_test(min_tokens_hold_off_eos_and_stop_ids),
+        cmocka_unit_test(only_allowed_token_ids_are_drawn),
         cmocka_unit_test(cancel_frees_the_blocks_and_sends_abort),
         cmocka_unit_test(drain_lets_requests_finish_then_aborts_at_the_deadline),
         cmocka_unit_test(a_full_waiting_queue_refuses_with_busy),
