@@ -1,9 +1,12 @@
 // Pins json_kind: the one wording error sentences use for a value's type
-// (config.json, generation_config.json and request bodies alike).
+// (config.json, generation_config.json and request bodies alike); and the
+// Python forms: floats as repr, values as json.dumps(ensure_ascii=False)
+// writes them (the figures are Python 3's own output).
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <cmocka.h>
 
 #include <jansson.h>
@@ -27,10 +30,38 @@ static void json_kind_names_every_type_with_an_article(void **state)
     }
 }
 
+static void floats_and_values_are_written_as_python_writes_them(void **state)
+{
+    (void)state;
+    static const struct {
+        double d;
+        const char *repr;
+    } floats[] = {
+        {0.1, "0.1"}, {2.675, "2.675"}, {1e16, "1e+16"}, {1e-7, "1e-07"}, {100000.0, "100000.0"},
+        {-0.0, "-0.0"}, {1.0 / 3, "0.3333333333333333"}, {123456789012345678.0, "1.2345678901234568e+17"},
+        {0.0001, "0.0001"}, {1.5e300, "1.5e+300"},
+    };
+    char buf[40];
+    for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++) {
+        json_format_py_float(floats[i].d, buf);
+        assert_string_equal(buf, floats[i].repr);
+    }
+    // json.dumps({"a": [1, 2.5, true, null], "b": {"c": "x\"y\n\u00e9"}, "d": 1e5}, ensure_ascii=False)
+    json_t *v = json_loads("{\"a\": [1, 2.5, true, null], \"b\": {\"c\": \"x\\\"y\\n\u00e9\"}, \"d\": 1e5, \"e\": []}",
+                           0, NULL);
+    assert_non_null(v);
+    char *t = json_dumps_py(v);
+    assert_non_null(t);
+    assert_string_equal(t, "{\"a\": [1, 2.5, true, null], \"b\": {\"c\": \"x\\\"y\\n\u00e9\"}, \"d\": 100000.0, \"e\": []}");
+    free(t);
+    json_decref(v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(json_kind_names_every_type_with_an_article),
+        cmocka_unit_test(floats_and_values_are_written_as_python_writes_them),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
