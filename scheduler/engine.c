@@ -57,6 +57,7 @@ struct seq {
     int32_t gm_after;
     uint32_t *mask;
     uint32_t *allowed_ids;             // (vocab / 32) allowed_token_ids' bits, or NULL
+    bool allowed_conflict;             // a step found none of them the grammar allows
     int gm_rc;
     // Milestones for the latency metrics (ms_now(); 0: not yet).
     double t_submit, t_scheduled, t_first, t_last;
@@ -392,6 +393,11 @@ static bool seq_grammar_accept(struct seq *s, int32_t id, char *msg, size_t len)
                  "is more ambiguous than the grammar's limits", ms_status_name(s->gm_rc));
         return false;
     }
+    if (s->allowed_conflict) {
+        snprintf(msg, len, "allowed_token_ids leave no token the structured output allows here; "
+                 "allow the tokens its format needs");
+        return false;
+    }
     char err[256];
     if (grammar_matcher_accept(s->gm, id, err, sizeof err)) {
         snprintf(msg, len, "structured output: token %d does not continue the grammar (%s)",
@@ -510,9 +516,12 @@ static int seq_rows(struct rank_slot *r, struct sched_seq *q, int n)
         if (s->gm && s->gm_active && !s->gm_rc) {
             s->gm_rc = grammar_matcher_fill_mask(s->gm, s->mask);
             if (!s->gm_rc) {
-                // Both: the tokens each allows.
-                if (s->allowed_ids)
-                    for (size_t w = 0; w < ((size_t)e->vocab + 31) / 32; w++) s->mask[w] &= s->allowed_ids[w];
+                // Both: the tokens each allows (none: the request ends, said below).
+                if (s->allowed_ids) {
+                    uint32_t any = 0;
+                    for (size_t w = 0; w < ((size_t)e->vocab + 31) / 32; w++) any |= s->mask[w] &= s->allowed_ids[w];
+                    s->allowed_conflict = !any;
+                }
                 allowed = s->mask;
             }
         }

@@ -213,6 +213,9 @@ test('truncate_prompt_tokens keeps the prompt\'s last tokens', async () => {
   assert.equal(only.choices[0].text, 'HelloHelloHello');
   await assert.rejects(client.completions.create({ model: 'tiny', prompt: 'hi', max_tokens: 1, allowed_token_ids: [] }),
     (e) => e instanceof OpenAI.BadRequestError && e.param === 'allowed_token_ids');
+  // With a grammar that none of them continues: the answer ends saying so.
+  await assert.rejects(client.completions.create({ model: 'tiny', prompt: 'x', max_tokens: 3, allowed_token_ids: [9707],
+    structured_outputs: { choice: ['yes'] } }), (e) => /allowed_token_ids leave no token/.test(e.message));
   await assert.rejects(client.completions.create({ model: 'tiny', prompt: 'hi', max_tokens: 1, truncate_prompt_tokens: 0 }),
     (e) => e instanceof OpenAI.BadRequestError && e.param === 'truncate_prompt_tokens');
 });
