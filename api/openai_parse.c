@@ -1322,11 +1322,11 @@ static int gen_finish(struct parser *p)
                          p->seen & SEEN_MAX_COMPLETION_TOKENS ? "max_completion_tokens" : "max_tokens");
     if (p->seen & SEEN_MAX_COMPLETION_TOKENS) g->max_tokens = p->max_completion_tokens;
     else if (p->seen & SEEN_MAX_TOKENS) g->max_tokens = p->max_tokens;
+    else if (p->seen & SEEN_N_PREDICT) g->max_tokens = p->n_predict;
     if (g->max_tokens > 0 && g->min_tokens > g->max_tokens)
         return oa_errorf(p->e, MS_EINVAL, "invalid_value", "min_tokens",
                          "'min_tokens' (%d) must be at most the output's maximum (%d)", g->min_tokens,
                          g->max_tokens);
-    else if (p->seen & SEEN_N_PREDICT) g->max_tokens = p->n_predict;
 
     if (p->stream_options) {
         if (!g->stream)

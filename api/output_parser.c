@@ -463,7 +463,8 @@ static json_t *xml_value(const char *v, size_t n, const json_t *schema)
         char *end;
         const double x = small ? strtod(buf, &end) : 0;
         if (small && end != buf && !*end && isfinite(x))
-            return x == floor(x) && fabs(x) < 9007199254740992.0 ? json_integer((json_int_t)x) : json_real(x);
+            // Whole ones as integers, as vLLM's int(float(v)) writes them (within int64).
+            return x == floor(x) && fabs(x) < 9.2e18 ? json_integer((json_int_t)x) : json_real(x);
         return json_stringn(v, n);
     }
     if (!strcmp(type, "boolean") || !strcmp(type, "bool") || !strcmp(type, "binary"))

@@ -92,8 +92,8 @@ void json_format_py_float(double d, char buf[40])
 
 
 // Python's json.dumps(v, ensure_ascii=False): ", " and ": " between items,
-// strings escaped as jansson escapes them (the same set: quote, backslash,
-// the C escapes and \u00XX for other control bytes), floats as repr.
+// strings escaped as Python escapes them (quote, backslash, the C escapes and
+// \u00xx in lower-case hex for other control bytes), floats as repr.
 static int dump_py(const json_t *v, struct ms_buf *b, int depth)
 {
     if (depth > 1000) return MS_EINVAL;
@@ -129,6 +129,30 @@ static int dump_py(const json_t *v, struct ms_buf *b, int depth)
     case JSON_REAL:
         json_format_py_float(json_real_value(v), num);
         return ms_buf_append(b, num, strlen(num));
+    case JSON_STRING: {
+        // Runs of bytes that need no escape go out whole; ensure_ascii=False
+        // leaves everything from 0x20 up (DEL and UTF-8 included) as it is.
+        const char *t = json_string_value(v);
+        const size_t n = json_string_length(v);
+        int rc = ms_buf_append(b, "\"", 1);
+        size_t run = 0;
+        for (size_t i = 0; i <= n && !rc; i++) {
+            const unsigned char ch = i < n ? (unsigned char)t[i] : 0;
+            if (i < n && ch >= 0x20 && ch != '"' && ch != '\\') continue;
+            rc = ms_buf_append(b, t + run, i - run);
+            run = i + 1;
+            if (rc || i == n) break;
+            const char *esc = ch == '"' ? "\\\"" : ch == '\\' ? "\\\\" : ch == '\n' ? "\\n" : ch == '\r' ? "\\r"
+                              : ch == '\t' ? "\\t" : ch == '\b' ? "\\b" : ch == '\f' ? "\\f" : NULL;
+            char u[8];
+            if (!esc) {
+                snprintf(u, sizeof u, "\\u%04x", ch);
+                esc = u;
+            }
+            rc = ms_buf_append(b, esc, strlen(esc));
+        }
+        return rc ? rc : ms_buf_append(b, "\"", 1);
+    }
     default: {
         char *t = json_dumps(v, JSON_ENCODE_ANY);
         int rc = t ? ms_buf_append(b, t, strlen(t)) : MS_ENOMEM;

@@ -139,7 +139,11 @@ static void put(struct cors_headers *h, const char *name, const char *value)
 // stands for: it is allowed only listed by name.
 static bool origin_allowed(const struct cors *c, const char *origin)
 {
-    if (c->origins.any && !strcmp(origin, "null")) return false;
+    if (c->origins.any && !strcmp(origin, "null")) {
+        for (int i = 0; i < c->origins.n; i++)
+            if (!strcmp(c->origins.items[i], "null")) return true;
+        return false;
+    }
     return list_has(&c->origins, origin, strlen(origin), false);
 }
 

@@ -552,6 +552,7 @@ static void unimplemented_parameters_are_refused_by_name(void **state)
     assert_int_equal(r.gen.min_tokens, 3);
     oa_chat_request_release(&r);
     expect_chat_error("{" MSGS ", \"min_tokens\": 9, \"max_tokens\": 4}", 400, "min_tokens");
+    expect_chat_error("{" MSGS ", \"min_tokens\": 9, \"n_predict\": 4}", 400, "min_tokens");
     // Their "off" values and nulls are fine.
     assert_int_equal(chat("{" MSGS ", \"response_format\": null, \"tools\": null, \"echo\": false,"
                           " \"min_tokens\": 0, \"use_beam_search\": false}", &r, &e, a, NULL), 0);

@@ -378,6 +378,10 @@ static void qwen3_coder_xml_calls_take_their_types_from_the_tools(void **state)
                                                 XPAR("lines", " 5 ")));
     assert_call(p, 0, "write_file", "{\"ratio\": 0.1, \"meta\": {\"v\": 2.675, \"w\": [100000.0, -0.0]}, \"lines\": 5}");
     output_parser_destroy(p);
+    // A whole number is an integer (vLLM's int(float(v))), past 2^53 too.
+    p = parse_whole(&o, XCALL("write_file", XPAR("ratio", "2.0") XPAR("meta", "{}") XPAR("ratio", "1e17")));
+    assert_call(p, 0, "write_file", "{\"ratio\": 100000000000000000, \"meta\": {}}");
+    output_parser_destroy(p);
     p = parse_whole(&o, XCALL("write_file", XPAR("ratio", "0x10") XPAR("lines", "0x10")));
     assert_call(p, 0, "write_file", "{\"ratio\": \"0x10\", \"lines\": \"0x10\"}");
     output_parser_destroy(p);

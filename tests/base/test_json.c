@@ -55,6 +55,16 @@ static void floats_and_values_are_written_as_python_writes_them(void **state)
     assert_string_equal(t, "{\"a\": [1, 2.5, true, null], \"b\": {\"c\": \"x\\\"y\\n\u00e9\"}, \"d\": 100000.0, \"e\": []}");
     free(t);
     json_decref(v);
+
+    // json.dumps({"k\x01": "x\x0b\x1f\x7f\\/y\x00z"}, ensure_ascii=False): lower-case
+    // \u00xx for control bytes (jansson writes upper case), DEL and '/' as they are.
+    v = json_pack("{s:s%}", "k\x01", "x\x0b\x1f\x7f\\/y\0z", (size_t)9);
+    assert_non_null(v);
+    t = json_dumps_py(v);
+    assert_non_null(t);
+    assert_string_equal(t, "{\"k\\u0001\": \"x\\u000b\\u001f\x7f\\\\/y\\u0000z\"}");
+    free(t);
+    json_decref(v);
 }
 
 int main(void)

@@ -450,6 +450,13 @@ static void root_path_and_cors(void **state)
     cors_response_headers(cors, "null", &h);
     assert_string_equal(h.h[0].value, "null");
     cors_destroy(cors);
+    // "*" beside a named "null" lets "null" in too (it is named).
+    co = (struct cors_opts){.origins = "*, null"};
+    assert_int_equal(cors_create(&co, &cors, err, sizeof err), 0);
+    cors_response_headers(cors, "null", &h);
+    assert_int_equal(h.n, 1);
+    assert_string_equal(h.h[0].value, "*");
+    cors_destroy(cors);
     // No origins, no CORS; malformed lists are refused naming the flag.
     co = (struct cors_opts){0};
     assert_int_equal(cors_create(&co, &cors, err, sizeof err), 0);
