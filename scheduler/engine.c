@@ -446,6 +446,9 @@ static void seq_accept_token(struct engine *e, struct seq *s)
             }
             if (!rc && s->paused) {
                 rc = text_append(e, e->tsbuf, n_dec);
+            } else if (!rc && n_out <= s->min_tokens) {
+                rc = stop_pass_text(&s->stop, e->tsbuf, n_dec, &out, &n_out_text);
+                if (!rc) rc = text_append(e, out, n_out_text);
             } else if (!rc) {
                 rc = stop_feed_text(&s->stop, e->tsbuf, n_dec, &matched, &out, &n_out_text);
                 if (!rc) rc = text_append(e, out, n_out_text);

@@ -45,7 +45,8 @@ void engine_opts_default(struct engine_opts *o);
 struct engine_stop {
     int max_tokens;              // generated tokens at most (> 0)
     // vLLM's min_tokens: until this many are generated, the model's eos ids
-    // and the stop ids cannot be sampled (0: off; at most max_tokens)
+    // and the stop ids cannot be sampled and stop strings are not looked for
+    // (0: off; at most max_tokens)
     int min_tokens;
     bool ignore_eos;
     bool include_stop_str;       // a matched stop string stays at the text's end (vLLM's

@@ -105,6 +105,23 @@ enum engine_finish stop_check_token(const struct stop_state *s, int32_t id, int 
     return FINISH_NONE;
 }
 
+int stop_pass_text(struct stop_state *s, const char *text, size_t len, const char **out,
+                   size_t *out_len)
+{
+    if (s->n_strs == 0 || s->matched) {
+        *out = s->matched ? "" : text;
+        *out_len = s->matched ? 0 : len;
+        return 0;
+    }
+    ms_buf_drop_front(&s->text, s->held_off);
+    int rc = ms_buf_append(&s->text, text, len);
+    if (rc) return rc == MS_ETOOLONG ? MS_ENOMEM : rc;
+    *out = s->text.data;
+    *out_len = s->text.len;
+    s->held_off = s->text.len;
+    return 0;
+}
+
 int stop_feed_text(struct stop_state *s, const char *text, size_t len, int *matched,
                    const char **out, size_t *out_len)
 {

@@ -50,6 +50,11 @@ enum engine_finish stop_check_token(const struct stop_state *s, int32_t id, int 
 // with include_stop_str) — valid until the next call. Returns 0, or MS_ENOMEM when the buffer cannot grow.
 int stop_feed_text(struct stop_state *s, const char *text, size_t len, int *matched,
                    const char **out, size_t *out_len);
+// Text of a token within min_tokens: released at once with what was held
+// back, never matched (vLLM looks for stop strings only once more than
+// min_tokens are out; a string that began before that is not found).
+int stop_pass_text(struct stop_state *s, const char *text, size_t len, const char **out,
+                   size_t *out_len);
 // At the end of a sequence that did not stop on a string: the held-back text.
 void stop_flush(struct stop_state *s, const char **out, size_t *out_len);
 bool stop_has_strings(const struct stop_state *s);

@@ -210,6 +210,64 @@ static void stop_strings_split_across_tokens_cut_the_text_and_never_appear(void 
     free(prompt);
 }
 
+// vLLM's min_tokens holds stop strings off too: they are looked for only
+// once more than min_tokens tokens are out, so the answer runs past an
+// earlier occurrence and stops at the first one in the text after that.
+static void stop_strings_wait_for_min_tokens(void **state)
+{
+    (void)state;
+    int32_t *prompt;
+    int n;
+    prompt_of("Once upon a time", &prompt, &n);
+    struct engine_request r;
+    base_request(&r, prompt, n, 120);
+    struct h_batch *rb = run_one(&r);
+    struct h_result *ref = &rb->res[0];
+    // The stop string: the ref's first character, so it occurs early; then
+    // min_tokens past the token that completes that occurrence.
+    size_t cl = 1;
+    while (cl < ref->text_len && ((unsigned char)ref->text[cl] & 0xc0) == 0x80) cl++;
+    char stop[8];
+    assert_true(cl < sizeof stop);
+    memcpy(stop, ref->text, cl);
+    stop[cl] = 0;
+    int tried = 0;
+    for (int m = 1; m < ref->n_tokens - 1 && tried < 4; m++) {
+        const size_t before = decoded_len(ref->tokens, m);
+        if (before < cl) continue;
+        // The eos is masked within min_tokens: keep to outputs without one.
+        bool has_eos = false;
+        for (int i = 0; i <= m; i++)
+            for (int k = 0; k < g_model->cfg.n_eos; k++) has_eos |= ref->tokens[i] == g_model->cfg.eos_ids[k];
+        if (has_eos) break;
+        const char *later = memmem(ref->text + before, ref->text_len - before, stop, cl);
+        struct engine_request rm = r;
+        const char *strs[] = {stop};
+        rm.stop.stop_strs = strs;
+        rm.stop.n_stop_strs = 1;
+        rm.stop.min_tokens = m;
+        struct h_batch *b = run_one(&rm);
+        struct h_result *res = &b->res[0];
+        if (later) {
+            const size_t cut = (size_t)(later - ref->text);
+            assert_int_equal(res->finish, FINISH_STOP);
+            assert_string_equal(res->stop_str, stop);
+            assert_int_equal(res->text_len, cut);
+            assert_true(res->n_tokens > m);
+        } else {
+            assert_int_equal(res->finish, FINISH_LENGTH);
+            assert_int_equal(res->text_len, ref->text_len);
+        }
+        assert_memory_equal(res->text, ref->text, res->text_len);
+        h_batch_free(b);
+        tried++;
+        m += 9;
+    }
+    assert_true(tried >= 2);
+    h_batch_free(rb);
+    free(prompt);
+}
+
 // Sampling from nothing but the two byte tokens of "é" (C3, A9) makes
 // characters that are split across tokens, and invalid sequences that decode
 // to U+FFFD; a stop string "é" is found across the split and no delta ever
@@ -429,6 +487,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(streamed_text_equals_the_full_decode),
         cmocka_unit_test(stop_strings_split_across_tokens_cut_the_text_and_never_appear),
+        cmocka_unit_test(stop_strings_wait_for_min_tokens),
         cmocka_unit_test(a_character_split_across_tokens_is_never_cut),
         cmocka_unit_test(stop_token_ids_and_eos_end_generation_without_their_text),
         cmocka_unit_test(grammar_constrained_output_is_always_in_the_language),
