@@ -386,14 +386,33 @@ bool weights_cache_create(struct weights_cache *c)
     }
     // A name no other writer has (two servers in containers may both be
     // pid 1), made with O_EXCL (never through a symlink planted there).
-    snprintf(c->tmp, sizeof c->tmp, "%s.tmp.XXXXXX", c->path);
-    c->fd = mkostemp(c->tmp, O_CLOEXEC);
-    if (c->fd < 0) {
-        ms_log(MS_LOG_WARN, "cannot create %s (%s): preparing the weights without a cache", c->tmp,
-               strerror(errno));
-        return false;
+    // Locked until commit, so that another start's remove_orphans leaves it;
+    // that start may have removed it between its creation and our lock (it
+    // looked unheld), which fstat sees as no links left: then a new name.
+    for (int tries = 0;; tries++) {
+        snprintf(c->tmp, sizeof c->tmp, "%s.tmp.XXXXXX", c->path);
+        c->fd = mkostemp(c->tmp, O_CLOEXEC);
+        if (c->fd < 0) {
+            ms_log(MS_LOG_WARN, "cannot create %s (%s): preparing the weights without a cache", c->tmp,
+                   strerror(errno));
+            return false;
+        }
+        struct stat sb;
+        if (flock(c->fd, LOCK_EX) != 0) {
+            // No locks on this file system (some NFS set-ups): nobody else's
+            // remove_orphans can lock it either, so it is safe as it is.
+            ms_log(MS_LOG_DEBUG, "cannot lock %s (%s)", c->tmp, strerror(errno));
+            break;
+        }
+        if (fstat(c->fd, &sb) == 0 && sb.st_nlink > 0) break;
+        close(c->fd);
+        c->fd = -1;
+        if (tries == 2) {
+            ms_log(MS_LOG_WARN, "%s was removed as it was made, three times: preparing the weights "
+                   "without a cache", c->tmp);
+            return false;
+        }
     }
-    flock(c->fd, LOCK_EX); // ours until commit: remove_orphans leaves it
     int e = posix_fallocate(c->fd, 0, (off_t)c->file_bytes);
     void *p = e ? MAP_FAILED : ms_map_huge(c->fd, (size_t)c->file_bytes, PROT_READ | PROT_WRITE);
     if (!e && p == MAP_FAILED) e = errno;
