@@ -274,6 +274,7 @@ static int an_feed(void *st, const struct output_event *ev, size_t n, es_emit_fn
         }
         bool same = s->kind == k && e->kind == OUTPUT_EVENT_TOOL_ARGS && e->index == s->call_index;
         s->run = BLOCK_NONE;
+        s->trim.keep_lead = false; // a call came first: text after it starts a new run
         if (!same && (close_block(s, emit, ctx) || open_block(s, k, e, emit, ctx))) break;
         if (e->kind != OUTPUT_EVENT_TOOL_BEGIN && e->len && delta(s, e->text, e->len, emit, ctx)) break;
     }

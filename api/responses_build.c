@@ -341,7 +341,9 @@ static int rs_feed(void *st, const struct output_event *ev, size_t n, es_emit_fn
             if (text_trim_feed(&s->trim, e->text, e->len, &ops, &t)) s->spent = true;
             continue;
         }
-        // A new call closes the open item; its arguments go on in it.
+        // A new call closes the open item; its arguments go on in it. Text
+        // after a call starts a new run, also where the call came first.
+        s->trim.keep_lead = false;
         bool same = s->kind == k && e->kind == OUTPUT_EVENT_TOOL_ARGS && e->index == s->call_index;
         if (!same) {
             if (close_item(s, "completed", emit, ctx)) break;

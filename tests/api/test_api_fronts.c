@@ -619,6 +619,41 @@ static void responses_items_are_trimmed_of_the_models_newlines(void **state)
     json_decref(echo);
 }
 
+// An answer that continues the prompt's final message (a prefill) keeps the
+// leading whitespace of its first text ("The answer is" + " 42"), but only of
+// a first run: where a call comes first, text after it is trimmed as ever.
+static void a_continued_answer_keeps_its_first_runs_leading_space(void **state)
+{
+    (void)state;
+    static const struct output_event lead[] = {{OUTPUT_EVENT_CONTENT, -1, " 42", 3, NULL}};
+    static const struct output_event call_first[] = {
+        {OUTPUT_EVENT_TOOL_BEGIN, 0, "f", 1, "call_abc"},
+        {OUTPUT_EVENT_TOOL_ARGS, 0, "{}", 2, NULL},
+        {OUTPUT_EVENT_CONTENT, -1, "\n\nDone", 6, NULL},
+    };
+    json_t *echo = json_object();
+    struct es_meta m = {.id = "x_1", .created = 7, .model = "tiny", .prompt_tokens = 11, .echo = echo,
+                        .continues = true};
+    struct es_result res = {.finish = "stop", .usage = {11, 3, 0}};
+    for (int anthropic = 0; anthropic < 2; anthropic++)
+        for (int first = 0; first < 2; first++) {
+            const struct event_stream_ops *ops = anthropic ? &an_stream_ops : &rs_stream_ops;
+            void *st = anthropic ? an_stream_create(&m) : rs_stream_create(&m);
+            const struct output_event *ev = first ? call_first : lead;
+            const size_t n = first ? 3 : 1;
+            for (size_t i = 0; i < n; i++) assert_int_equal(ops->feed(st, ev + i, 1, NULL, NULL), 0);
+            assert_int_equal(ops->finish(st, &res, NULL, NULL), 0);
+            json_t *body = ops->body(st);
+            json_t *items = json_object_get(body, anthropic ? "content" : "output");
+            json_t *last = json_array_get(items, json_array_size(items) - 1);
+            if (!anthropic) last = json_array_get(json_object_get(last, "content"), 0);
+            assert_string_equal(json_string_value(json_object_get(last, "text")), first ? "Done" : " 42");
+            json_decref(body);
+            ops->destroy(st);
+        }
+    json_decref(echo);
+}
+
 static void anthropic_events_come_in_order_and_add_up_to_the_body(void **state)
 {
     (void)state;
@@ -688,6 +723,7 @@ int main(void)
         cmocka_unit_test(anthropic_events_come_in_order_and_add_up_to_the_body),
         cmocka_unit_test(anthropic_blocks_are_trimmed_of_the_models_newlines),
         cmocka_unit_test(responses_items_are_trimmed_of_the_models_newlines),
+        cmocka_unit_test(a_continued_answer_keeps_its_first_runs_leading_space),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
