@@ -4,6 +4,7 @@
 // share): its name, type, range and where the value goes. (The error
 // envelope is built in openai_build.c.)
 #include <errno.h>
+#include <float.h>
 #include <ctype.h>
 #include <limits.h>
 #include <math.h>
@@ -93,6 +94,9 @@ static int want_number(struct parser *p, const char *key, json_t *v, double lo, 
     // parameter's name.
     const float f = (float)d;
     if (!isfinite(d) || d > hi || d < lo || (lo_open && d == lo) || !isfinite(f) || (lo_open && f <= (float)lo)) {
+        if (hi >= FLT_MAX)
+            return oa_errorf(p->e, MS_EINVAL, "invalid_value", key, "'%s' must be a finite number %s %g, got %.17g",
+                             key, lo_open ? "greater than" : "at least", lo, d);
         return oa_errorf(p->e, MS_EINVAL, "invalid_value", key,
                          "'%s' must be %s %g and at most %g, got %.17g", key,
                          lo_open ? "greater than" : "at least", lo, hi, d);
@@ -299,6 +303,7 @@ static int f_seed(struct parser *p, const char *k, json_t *v, void *dst)
     long long x;
     int rc = want_int(p, k, v, LLONG_MIN, LLONG_MAX, &x);
     if (rc) return rc;
+    if (x == -1) return 0; // no seed, as vLLM (and llama.cpp's -1) read it
     p->gen->sampling.has_seed = true;
     *(uint64_t *)dst = (uint64_t)x;
     return 0;
@@ -330,8 +335,10 @@ static int f_logit_bias(struct parser *p, const char *k, json_t *v, void *dst)
                              "'%.60s'",
                              p->lim->vocab_size - 1, tk);
         lb[i].id = (int32_t)id;
-        int rc = want_number(p, key, tv, -100, false, 100, &lb[i].bias);
+        // Clamped to [-100, 100], as vLLM clamps it (OpenAI's range).
+        int rc = want_number(p, key, tv, -FLT_MAX, false, FLT_MAX, &lb[i].bias);
         if (rc) return rc;
+        lb[i].bias = fmaxf(-100.0f, fminf(100.0f, lb[i].bias));
         i++;
     }
     p->gen->sampling.logit_bias = lb;

@@ -3,6 +3,7 @@
 // the command line.
 #include "model/sampling.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -48,7 +49,7 @@ static const struct range ranges[] = {
     {FIELD(min_p), 0.0f, 1.0f, false},
     {FIELD(presence_penalty), -2.0f, 2.0f, false},
     {FIELD(frequency_penalty), -2.0f, 2.0f, false},
-    {FIELD(repetition_penalty), 0.0f, 10.0f, true},
+    {FIELD(repetition_penalty), 0.0f, FLT_MAX, true}, // vLLM: any finite value above 0
 };
 #undef FIELD
 
@@ -90,9 +91,11 @@ int sampling_params_check(const struct sampling_params *p, int vocab, const char
         memcpy(&v, (const char *)p + r->off, sizeof v);
         bool ok = isfinite(v) && v <= r->hi && (r->lo_open ? v > r->lo : v >= r->lo);
         if (!ok)
-            return refuse(r->name, param_out, err, errlen, "%s must be in %c%g, %g], not %g",
-                          r->name, r->lo_open ? '(' : '[', (double)r->lo, (double)r->hi,
-                          (double)v);
+            return r->hi >= FLT_MAX
+                       ? refuse(r->name, param_out, err, errlen, "%s must be finite and %s %g, not %g", r->name,
+                                r->lo_open ? "above" : "at least", (double)r->lo, (double)v)
+                       : refuse(r->name, param_out, err, errlen, "%s must be in %c%g, %g], not %g", r->name,
+                                r->lo_open ? '(' : '[', (double)r->lo, (double)r->hi, (double)v);
     }
     if (p->logprobs < -1 || p->logprobs > SAMPLING_MAX_LOGPROBS)
         return refuse("logprobs", param_out, err, errlen, "logprobs must be from 0 to %d, not %d",

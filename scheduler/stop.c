@@ -105,6 +105,34 @@ enum engine_finish stop_check_token(const struct stop_state *s, int32_t id, int 
     return FINISH_NONE;
 }
 
+// The longest tail of buf that is a proper prefix of a stop string, never
+// cutting a character: what must be held back until the next text decides.
+static size_t held_tail(const struct stop_state *s, const char *buf, size_t blen)
+{
+    size_t hold = 0;
+    for (int i = 0; i < s->n_strs; i++) {
+        size_t k = s->lens[i] - 1;
+        if (k > blen) k = blen;
+        for (; k > hold; k--)
+            if (buf[blen - k] == s->strs[i][0] && !memcmp(buf + blen - k, s->strs[i], k)) break;
+        if (k > hold) hold = k;
+    }
+    // Valid text and stop strings make this a character boundary already;
+    // never cut a character even if the text was not.
+    while (hold > 0 && hold < blen && ((unsigned char)buf[blen - hold] & 0xc0) == 0x80) hold++;
+    return hold;
+}
+
+// Brings the held-back tail of the last call to the front and appends text.
+static int take_text(struct stop_state *s, const char *text, size_t len)
+{
+    ms_buf_drop_front(&s->text, s->held_off);
+    s->min_end = s->min_end > s->held_off ? s->min_end - s->held_off : 0;
+    s->held_off = 0;
+    int rc = ms_buf_append(&s->text, text, len);
+    return rc == MS_ETOOLONG ? MS_ENOMEM : rc;
+}
+
 int stop_pass_text(struct stop_state *s, const char *text, size_t len, const char **out,
                    size_t *out_len)
 {
@@ -113,12 +141,14 @@ int stop_pass_text(struct stop_state *s, const char *text, size_t len, const cha
         *out_len = s->matched ? 0 : len;
         return 0;
     }
-    ms_buf_drop_front(&s->text, s->held_off);
-    int rc = ms_buf_append(&s->text, text, len);
-    if (rc) return rc == MS_ETOOLONG ? MS_ENOMEM : rc;
+    int rc = take_text(s, text, len);
+    if (rc) return rc;
+    // Not matched, but its tail is held as ever: a stop string that begins
+    // in it and ends in later text is still found.
+    s->min_end = s->text.len;
     *out = s->text.data;
-    *out_len = s->text.len;
-    s->held_off = s->text.len;
+    *out_len = s->text.len - held_tail(s, s->text.data, s->text.len);
+    s->held_off = *out_len;
     return 0;
 }
 
@@ -132,22 +162,22 @@ int stop_feed_text(struct stop_state *s, const char *text, size_t len, int *matc
         *out_len = s->matched ? 0 : len;
         return 0;
     }
-    // Bring the held-back tail of the last call to the front.
-    ms_buf_drop_front(&s->text, s->held_off);
-    s->held_off = 0;
-    int rc = ms_buf_append(&s->text, text, len);
-    if (rc) return rc == MS_ETOOLONG ? MS_ENOMEM : rc;
+    int rc = take_text(s, text, len);
+    if (rc) return rc;
     const char *buf = s->text.data;
     size_t blen = s->text.len;
 
     // No stop string occurred before: held text is the longest suffix that is
-    // a proper prefix of one, so any occurrence now lies within buf.
+    // a proper prefix of one, so any occurrence now lies within buf (and
+    // ends past min_end: text passed within min_tokens is not matched).
     // The stop string that completes first wins (the longest among those
     // ending together), which makes the cut independent of how the text was
     // split into tokens.
     size_t best = SIZE_MAX, best_end = SIZE_MAX;
     for (int i = 0; i < s->n_strs; i++) {
-        const char *p = memmem(buf, blen, s->strs[i], s->lens[i]);
+        const size_t from = s->min_end >= s->lens[i] ? s->min_end - s->lens[i] + 1 : 0;
+        if (from >= blen) continue;
+        const char *p = memmem(buf + from, blen - from, s->strs[i], s->lens[i]);
         if (!p) continue;
         size_t at = (size_t)(p - buf), end = at + s->lens[i];
         if (end < best_end || (end == best_end && at < best)) {
@@ -163,23 +193,8 @@ int stop_feed_text(struct stop_state *s, const char *text, size_t len, int *matc
         s->held_off = blen; // nothing is held back any more
         return 0;
     }
-    size_t hold = 0;
-    for (int i = 0; i < s->n_strs; i++) {
-        size_t k = s->lens[i] - 1;
-        if (k > blen) k = blen;
-        for (; k > hold; k--)
-            if (buf[blen - k] == s->strs[i][0] &&
-                !memcmp(buf + blen - k, s->strs[i], k))
-                break;
-        if (k > hold) hold = k;
-    }
-    // Valid text and stop strings make this a character boundary already;
-    // never cut a character even if the text was not.
-    while (hold > 0 && hold < blen &&
-           ((unsigned char)buf[blen - hold] & 0xc0) == 0x80)
-        hold++;
-    *out_len = blen - hold;
-    s->held_off = blen - hold;
+    *out_len = blen - held_tail(s, buf, blen);
+    s->held_off = *out_len;
     return 0;
 }
 

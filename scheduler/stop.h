@@ -25,6 +25,7 @@ struct stop_state {
     bool include_str;   // a match keeps its stop string (the text is cut after it)
     struct ms_buf text; // held-back text followed by the newest chunk
     size_t held_off;    // text.data[held_off, text.len) is held back from the last call
+    size_t min_end;     // no match may end at or before text.data + min_end (text passed within min_tokens)
     bool matched;
 };
 
@@ -50,9 +51,9 @@ enum engine_finish stop_check_token(const struct stop_state *s, int32_t id, int 
 // with include_stop_str) — valid until the next call. Returns 0, or MS_ENOMEM when the buffer cannot grow.
 int stop_feed_text(struct stop_state *s, const char *text, size_t len, int *matched,
                    const char **out, size_t *out_len);
-// Text of a token within min_tokens: released at once with what was held
-// back, never matched (vLLM looks for stop strings only once more than
-// min_tokens are out; a string that began before that is not found).
+// Text of a token within min_tokens: never matched, but its tail that could
+// begin a stop string is held back as stop_feed_text holds it (vLLM looks
+// only once more than min_tokens are out, for strings that end in new text).
 int stop_pass_text(struct stop_state *s, const char *text, size_t len, const char **out,
                    size_t *out_len);
 // At the end of a sequence that did not stop on a string: the held-back text.

@@ -245,7 +245,7 @@ static void out_of_range_values_are_refused(void **state)
         {"presence_penalty", "2.1"},
         {"frequency_penalty", "-3"},
         {"repetition_penalty", "0"},
-        {"repetition_penalty", "11"},
+        {"repetition_penalty", "1e39"}, // any finite value above 0 (vLLM's), as a float
         {"top_logprobs", "21"},
         {"top_logprobs", "-1"},
         {"stop", "\"\""},
@@ -281,8 +281,20 @@ static void out_of_range_values_are_refused(void **state)
     expect_chat_error("{" MSGS ", \"logit_bias\": {\"1000\": 1}}", 400, "logit_bias[1000]");
     expect_chat_error("{" MSGS ", \"logit_bias\": {\"-1\": 1}}", 400, "logit_bias[-1]");
     expect_chat_error("{" MSGS ", \"logit_bias\": {\"abc\": 1}}", 400, "logit_bias[abc]");
-    expect_chat_error("{" MSGS ", \"logit_bias\": {\"5\": 101}}", 400, "logit_bias[5]");
+    expect_chat_error("{" MSGS ", \"logit_bias\": {\"5\": 1e39}}", 400, "logit_bias[5]");
     expect_chat_error("{" MSGS ", \"stop_token_ids\": [1000]}", 400, "stop_token_ids[0]");
+    // What vLLM takes where OpenAI's range is narrower: a logit_bias beyond
+    // +-100 is clamped to it, repetition_penalty above 10 is taken, and a seed
+    // of -1 is no seed.
+    a = arena_create(4096);
+    assert_int_equal(chat("{" MSGS ", \"logit_bias\": {\"5\": 150, \"6\": -1e6}, \"repetition_penalty\": 12,"
+                          " \"seed\": -1}", &r, &e, a, NULL), 0);
+    assert_float_equal(r.gen.sampling.logit_bias[0].bias, 100.0f, 0);
+    assert_float_equal(r.gen.sampling.logit_bias[1].bias, -100.0f, 0);
+    assert_float_equal(r.gen.sampling.repetition_penalty, 12.0f, 0);
+    assert_false(r.gen.sampling.has_seed);
+    oa_chat_request_release(&r);
+    arena_destroy(a);
 }
 
 static void max_tokens_beyond_context_says_both_numbers(void **state)

@@ -212,7 +212,7 @@ static void stop_strings_split_across_tokens_cut_the_text_and_never_appear(void 
 
 // vLLM's min_tokens holds stop strings off too: they are looked for only
 // once more than min_tokens tokens are out, so the answer runs past an
-// earlier occurrence and stops at the first one in the text after that.
+// earlier occurrence and stops at the first one that ends in later text.
 static void stop_strings_wait_for_min_tokens(void **state)
 {
     (void)state;
@@ -240,7 +240,9 @@ static void stop_strings_wait_for_min_tokens(void **state)
         for (int i = 0; i <= m; i++)
             for (int k = 0; k < g_model->cfg.n_eos; k++) has_eos |= ref->tokens[i] == g_model->cfg.eos_ids[k];
         if (has_eos) break;
-        const char *later = memmem(ref->text + before, ref->text_len - before, stop, cl);
+        // The first occurrence that ends in text after the first m tokens'.
+        const size_t from = before - cl + 1;
+        const char *later = memmem(ref->text + from, ref->text_len - from, stop, cl);
         struct engine_request rm = r;
         const char *strs[] = {stop};
         rm.stop.stop_strs = strs;
