@@ -57,7 +57,7 @@ __device__ __forceinline__ void qm_params(enum quant_format f, float lo, float h
     } else if (f == QUANT_INT8) {
         *s = amax / 127.0f;
     } else {
-        *s = hi > lo ? qm_f16_at_least((hi - lo) / 15.0f) : 0.0f;
+        *s = hi > lo ? qm_f16_at_least(fminf((hi - lo) / 15.0f, 65504.0f)) : 0.0f; // fp16's largest at most
         float z = *s > 0 ? rintf(-lo / *s) : 8.0f;
         *zf = z < 0.0f ? 0.0f : z > 15.0f ? 15.0f : z;
     }

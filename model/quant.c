@@ -80,9 +80,6 @@ static float f16_at_least(float s)
     return h;
 }
 
-// int4 over one group: the range with 0 in it (symmetric: +-max|w|), s the
-// range over 15 rounded up to an fp16 value, z = round(-lo / s) (8 when
-// symmetric) within [zmin, 15].
 // The smallest and largest of n values and 0 (non-finite values read as 0),
 // in 16 lanes that vectorize (min and max are exact in any order).
 QUANT_HOT static void group_range(const float *w, int n, float *lo_out, float *hi_out)
@@ -132,7 +129,9 @@ static void int4_group(const float *w, int k0, int k1, bool sym, int zmin, uint8
         hi = fmaxf(hi, -lo);
         lo = -hi;
     }
-    const float s = hi > lo ? f16_at_least((hi - lo) / 15.0f) : 0.0f;
+    // At most fp16's largest, 65504: a range past 15 x 65504 (a weight near
+    // 1e6) clamps its extremes where an inf scale read every value back NaN.
+    const float s = hi > lo ? f16_at_least(fminf((hi - lo) / 15.0f, 65504.0f)) : 0.0f;
     float zf = sym ? 8.0f : s > 0 ? rintf(-lo / s) : 8.0f;
     zf = zf < (float)zmin ? (float)zmin : zf > 15 ? 15 : zf;
     int4_values(w + k0, k1 - k0, s, zf, q + k0);

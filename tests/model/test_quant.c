@@ -125,6 +125,19 @@ static void rows_quantized_at_load_read_back_within_half_a_step(void **state)
             free(w);
             free(buf);
         }
+    // A group whose range passes fp16's (a weight near 1e6) reads back
+    // finite: the int4 scale stops at 65504 and the extremes clamp.
+    float w[128];
+    for (int k = 0; k < 128; k++) w[k] = k < 4 ? (k & 1 ? -6e5f : 6e5f) : frand();
+    void *buf = malloc(quant_rows_bytes(1, 128, QUANT_INT4, 128));
+    assert_non_null(buf);
+    struct quant_rows r;
+    quant_rows_init(&r, buf, 1, 128, QUANT_INT4, 128);
+    quant_rows_quantize(&r, 0, w);
+    assert_true(r.scale[0] == 65504.0f);
+    for (int k = 0; k < 128; k++) assert_true(isfinite(quant_rows_value(&r, 0, k)));
+    assert_true(quant_rows_value(&r, 0, 0) > 3e5f && quant_rows_value(&r, 0, 1) < -3e5f);
+    free(buf);
 }
 
 // GPTQ: symmetric rows have every zero point 8; the v1 rule keeps z >= 1.
