@@ -66,8 +66,9 @@ static bool is_projection(enum weight_role r)
 static void mark_at_load(struct binder *b, struct tensor *out, enum weight_role role)
 {
     if (b->want == QUANT_NONE || !is_projection(role) || out->quant.format != QUANT_NONE) return;
+    // A dummy load of a quantized config takes the checkpoint's own groups.
     out->quant = (struct tensor_quant){.format = b->want, .source = QUANT_SRC_AT_LOAD,
-                                       .group = QUANT_GROUP, .block_rows = 1};
+                                       .group = quant_config_group(&b->m->cfg, b->want), .block_rows = 1};
 }
 
 static const struct st_tensor *find_part(const struct binder *b, const char *base, const char *part)
@@ -462,8 +463,7 @@ static int resolve_quant(struct model *m, const struct model_load_opts *o, enum 
                          char *err, size_t errlen)
 {
     const enum quant_method qm = m->cfg.quant.method;
-    const enum quant_format has = qm == QUANT_METHOD_FP8 ? QUANT_FP8 : qm == QUANT_METHOD_GPTQ ? QUANT_INT4
-                                                                                               : QUANT_NONE;
+    const enum quant_format has = quant_config_format(&m->cfg);
     *want = o->quantization;
     if (has != QUANT_NONE && *want != QUANT_NONE && *want != has)
         return ms_err(err, errlen, MS_EINVAL, "%s is an %s checkpoint (%s weights); --quantization %s "

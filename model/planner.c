@@ -123,9 +123,9 @@ enum plan_dtype plan_dtype_from_quant(enum quant_format f, enum dtype plain)
 
 // The quantized formats count what the loader holds (model/quant.h's
 // packed layout: blocks of 16 outputs, a scale per output and group of
-// QUANT_GROUP inputs, int4 with a zero point too), so that what the plan
-// says fits is what loads.
-uint64_t plan_matrix_bytes(uint64_t rows, uint64_t cols, enum plan_dtype t)
+// inputs, int4 with a zero point too), so that what the plan says fits is
+// what loads.
+uint64_t plan_matrix_bytes(uint64_t rows, uint64_t cols, enum plan_dtype t, int group)
 {
     struct ck k = {false};
     uint64_t n = ck_mul(&k, rows, cols), r;
@@ -133,9 +133,9 @@ uint64_t plan_matrix_bytes(uint64_t rows, uint64_t cols, enum plan_dtype t)
     case PLAN_BF16:
     case PLAN_F16: r = ck_mul(&k, n, 2); break;
     case PLAN_F32: r = ck_mul(&k, n, 4); break;
-    case PLAN_FP8: r = quant_matrix_bytes(rows, cols, QUANT_FP8, QUANT_GROUP); break;
-    case PLAN_INT8: r = quant_matrix_bytes(rows, cols, QUANT_INT8, QUANT_GROUP); break;
-    case PLAN_INT4: r = quant_matrix_bytes(rows, cols, QUANT_INT4, QUANT_GROUP); break;
+    case PLAN_FP8: r = quant_matrix_bytes(rows, cols, QUANT_FP8, group); break;
+    case PLAN_INT8: r = quant_matrix_bytes(rows, cols, QUANT_INT8, group); break;
+    case PLAN_INT4: r = quant_matrix_bytes(rows, cols, QUANT_INT4, group); break;
     default: r = 0;
     }
     return k.overflow ? UINT64_MAX : r;
@@ -341,18 +341,21 @@ static void dev_bytes_of(const struct model_config *cfg, const struct shard *s, 
                          struct dev_bytes *b, struct ck *k)
 {
     const enum plan_dtype pt = plain_dtype(cfg, t);
+    const enum quant_format qf = t == PLAN_FP8 ? QUANT_FP8 : t == PLAN_INT8 ? QUANT_INT8 : t == PLAN_INT4 ? QUANT_INT4
+                                                                                                   : QUANT_NONE;
+    const int g = quant_config_group(cfg, qf);
     const uint64_t H = (uint64_t)cfg->hidden_size, hd = (uint64_t)cfg->head_dim;
-    b->attention_norms = ck_add(k, ck_add(k, plan_matrix_bytes(s->q_rows, H, t),
-                                          ck_mul(k, 2, plan_matrix_bytes(s->kv_rows, H, t))),
-                                ck_add(k, plan_matrix_bytes(H, s->o_cols, t),
-                                       plan_matrix_bytes(1, 2 * H + 2 * hd, pt)));
-    b->router = plan_matrix_bytes((uint64_t)(cfg->n_experts > 0 ? cfg->n_experts : 0), H, pt);
-    b->expert = ck_add(k, ck_mul(k, 2, plan_matrix_bytes(s->moe_ffn, H, t)),
-                       plan_matrix_bytes(H, s->moe_ffn, t));
-    b->dense = ck_add(k, ck_mul(k, 2, plan_matrix_bytes(s->dense_ffn, H, t)),
-                      plan_matrix_bytes(H, s->dense_ffn, t));
-    b->vocab_matrix = plan_matrix_bytes(s->vocab_rows, H, pt);
-    b->final_norm = plan_matrix_bytes(1, H, pt);
+    b->attention_norms = ck_add(k, ck_add(k, plan_matrix_bytes(s->q_rows, H, t, g),
+                                          ck_mul(k, 2, plan_matrix_bytes(s->kv_rows, H, t, g))),
+                                ck_add(k, plan_matrix_bytes(H, s->o_cols, t, g),
+                                       plan_matrix_bytes(1, 2 * H + 2 * hd, pt, 0)));
+    b->router = plan_matrix_bytes((uint64_t)(cfg->n_experts > 0 ? cfg->n_experts : 0), H, pt, 0);
+    b->expert = ck_add(k, ck_mul(k, 2, plan_matrix_bytes(s->moe_ffn, H, t, g)),
+                       plan_matrix_bytes(H, s->moe_ffn, t, g));
+    b->dense = ck_add(k, ck_mul(k, 2, plan_matrix_bytes(s->dense_ffn, H, t, g)),
+                      plan_matrix_bytes(H, s->dense_ffn, t, g));
+    b->vocab_matrix = plan_matrix_bytes(s->vocab_rows, H, pt, 0);
+    b->final_norm = plan_matrix_bytes(1, H, pt, 0);
     b->row = H * plain_size(pt);
     if (b->attention_norms == UINT64_MAX || b->router == UINT64_MAX || b->expert == UINT64_MAX ||
         b->dense == UINT64_MAX || b->vocab_matrix == UINT64_MAX)

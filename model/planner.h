@@ -65,8 +65,9 @@ int plan_count_params(const struct model_config *cfg, struct plan_params *out, c
 double plan_expected_unique_experts(int n_experts, int k, int batch);
 
 // Bytes of a (rows, cols) projection stored as t, scales included (for the
-// quantized formats, quant_matrix_bytes with groups of QUANT_GROUP).
-uint64_t plan_matrix_bytes(uint64_t rows, uint64_t cols, enum plan_dtype t);
+// quantized formats, quant_matrix_bytes with groups of `group` inputs, 0
+// for one a row: quant_config_group's for the config).
+uint64_t plan_matrix_bytes(uint64_t rows, uint64_t cols, enum plan_dtype t, int group);
 
 // KV bytes per token for the whole model (K and V, every layer, every KV
 // head); equals kv_block_bytes(cfg, dtype) / KV_BLOCK_TOKENS in model/forward.h.

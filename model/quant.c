@@ -250,6 +250,22 @@ void quant_tensor_rows(const struct tensor *t, int r0, int n, struct quant_rows 
 
 static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
 
+enum quant_format quant_config_format(const struct model_config *cfg)
+{
+    switch (cfg->quant.method) {
+    case QUANT_METHOD_FP8: return QUANT_FP8;
+    case QUANT_METHOD_GPTQ: return QUANT_INT4;
+    case QUANT_METHOD_NONE: break;
+    }
+    return QUANT_NONE;
+}
+
+int quant_config_group(const struct model_config *cfg, enum quant_format f)
+{
+    if (f == QUANT_NONE || f != quant_config_format(cfg)) return QUANT_GROUP;
+    return f == QUANT_FP8 ? cfg->quant.block_cols : cfg->quant.group;
+}
+
 size_t quant_block_header_bytes(enum quant_format f, int cols, int group)
 {
     const size_t ng = (size_t)quant_groups(cols, group);

@@ -39,6 +39,13 @@ int quant_format_parse(const char *s, enum quant_format *out);
 
 // Inputs per scale group when moeserve quantizes at load (and in the planner).
 #define QUANT_GROUP 128
+
+// The format a config's quantization_config stores the projections in
+// (QUANT_NONE without one), and the inputs per scale group that format's
+// matrices have: the checkpoint's own (GPTQ's group_size, FP8's block
+// columns; 0 for one group a row) where it stores f, else QUANT_GROUP.
+enum quant_format quant_config_format(const struct model_config *cfg);
+int quant_config_group(const struct model_config *cfg, enum quant_format f);
 // Rows of a quantized block (the packed layout below).
 #define QUANT_BLOCK_ROWS 16
 

@@ -202,7 +202,8 @@ int cmd_plan(int argc, char **argv)
         fprintf(stderr, "moeserve plan: %s\n", err);
         goto out;
     }
-    if (!have_dtype) po.weight_dtype = plan_dtype_from_dtype(cfg->torch_dtype);
+    // The checkpoint's own: its quantization_config's format where it has one.
+    if (!have_dtype) po.weight_dtype = plan_dtype_from_quant(quant_config_format(cfg), cfg->torch_dtype);
     struct plan_params p;
     if (plan_count_params(cfg, &p, err, sizeof err)) {
         fprintf(stderr, "moeserve plan: %s\n", err);

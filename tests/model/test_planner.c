@@ -310,17 +310,17 @@ static void decode_step_reads_3_04b_params_at_batch_1(void **state)
 static void quantised_weights_keep_embeddings_router_and_norms_at_16_bits(void **state)
 {
     (void)state;
-    assert_int_equal(plan_matrix_bytes(768, 2048, PLAN_BF16), 768 * 2048 * 2);
+    assert_int_equal(plan_matrix_bytes(768, 2048, PLAN_BF16, QUANT_GROUP), 768 * 2048 * 2);
     // As the loader holds them (model/quant.h): an fp32 scale per output and
     // group of 128 inputs (fp8, int8), an fp16 scale and a uint8 zero point
     // (int4), rows in blocks of 16.
-    assert_int_equal(plan_matrix_bytes(768, 2048, PLAN_FP8), 768 * 2048 + 768 * 16 * 4);
-    assert_int_equal(plan_matrix_bytes(768, 2048, PLAN_INT8), 768 * 2048 + 768 * 16 * 4);
-    assert_int_equal(plan_matrix_bytes(768, 2048, PLAN_INT4), 768 * 1024 + 768 * 16 * 3);
-    assert_int_equal(plan_matrix_bytes(768, 2048, PLAN_INT4),
+    assert_int_equal(plan_matrix_bytes(768, 2048, PLAN_FP8, QUANT_GROUP), 768 * 2048 + 768 * 16 * 4);
+    assert_int_equal(plan_matrix_bytes(768, 2048, PLAN_INT8, QUANT_GROUP), 768 * 2048 + 768 * 16 * 4);
+    assert_int_equal(plan_matrix_bytes(768, 2048, PLAN_INT4, QUANT_GROUP), 768 * 1024 + 768 * 16 * 3);
+    assert_int_equal(plan_matrix_bytes(768, 2048, PLAN_INT4, QUANT_GROUP),
                      quant_matrix_bytes(768, 2048, QUANT_INT4, QUANT_GROUP));
     // Odd counts round up: a block of 16 rows, 8 inputs, a 64-byte header.
-    assert_int_equal(plan_matrix_bytes(3, 5, PLAN_INT4), 64 + 64);
+    assert_int_equal(plan_matrix_bytes(3, 5, PLAN_INT4, QUANT_GROUP), 64 + 64);
     struct model_config c;
     fill_qwen3_30b_a3b(&c);
     char err[256];

@@ -286,14 +286,15 @@ static void checkpoints_bind_their_formats_and_the_planner_counts_their_bytes(vo
     assert_int_equal(m->layers[0].wk.quant.block_rows, 32);
     assert_plain(&m->layers[1].router);
     model_destroy(m);
-    // With groups of 128 (the planner's), what the loader holds is what the
-    // planner counts: checkpoints and quantization at load alike.
+    // What the loader holds is what the planner counts: checkpoints (with
+    // their own groups, 32 or 128) and quantization at load alike.
     const struct {
         enum ckpt c;
         enum quant_format q;
         enum plan_dtype t;
     } cases[] = {
         {C_FP8_128, QUANT_NONE, PLAN_FP8}, {C_GPTQ_128, QUANT_NONE, PLAN_INT4},
+        {C_FP8, QUANT_NONE, PLAN_FP8},     {C_GPTQ, QUANT_NONE, PLAN_INT4},
         {C_BF16, QUANT_INT8, PLAN_INT8},   {C_BF16, QUANT_INT4, PLAN_INT4},
         {C_BF16, QUANT_FP8, PLAN_FP8},     {C_BF16, QUANT_NONE, PLAN_BF16},
     };

@@ -119,6 +119,42 @@ static void human_output_shows_the_split_and_the_tables(void **state)
     free(out);
 }
 
+// A checkpoint's own quantization is the plan's default: a GPTQ config is
+// counted in int4 with its own groups (32 here: more bytes than the 128 of
+// --dtype int4 on the bf16 config), as the loader holds it.
+static double tp_weights(const char *args)
+{
+    char *out;
+    assert_int_equal(run_plan(args, &out), 0);
+    json_t *o = json_loads(out, 0, NULL);
+    if (!o) fail_msg("not JSON: %s", out);
+    const double w = num(layout(o, "tp"), "weight_bytes_per_device");
+    json_decref(o);
+    free(out);
+    return w;
+}
+
+static void a_quantized_checkpoint_is_planned_as_it_loads(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/moeserve-plan-gptq-XXXXXX", cmd[1200], args[512];
+    assert_non_null(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd,
+             "sed 's/^{/{\"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4, "
+             "\"group_size\": 32, \"sym\": true, \"desc_act\": false},/' '%s/qwen3-30b-a3b/config.json' > "
+             "'%s/config.json'", getenv("MOESERVE_TEST_DATA"), dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(args, sizeof args, "'%s' --json", dir);
+    const double gptq = tp_weights(args);
+    snprintf(args, sizeof args, "'%s' --json --dtype int4", dir);
+    assert_true(tp_weights(args) == gptq);
+    const double bf16 = tp_weights("qwen3-30b-a3b --json"), int4_128 = tp_weights("qwen3-30b-a3b --json --dtype int4");
+    assert_true(gptq < bf16 / 3);
+    assert_true(gptq > int4_128 * 1.05);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void a_device_too_small_says_no_with_the_numbers(void **state)
 {
     (void)state;
@@ -202,6 +238,7 @@ int main(void)
         cmocka_unit_test(json_lists_both_layouts_with_the_issue_keys),
         cmocka_unit_test(one_80_gib_gpu_shows_13_gib_of_kv_for_140k_tokens),
         cmocka_unit_test(human_output_shows_the_split_and_the_tables),
+        cmocka_unit_test(a_quantized_checkpoint_is_planned_as_it_loads),
         cmocka_unit_test(a_device_too_small_says_no_with_the_numbers),
         cmocka_unit_test(an_unsplittable_layout_is_reported_per_layout),
         cmocka_unit_test(bad_flags_and_files_are_usage_errors_with_a_sentence),
