@@ -61,6 +61,7 @@ struct seq {
     int gm_rc;
     // Milestones for the latency metrics (ms_now(); 0: not yet).
     double t_submit, t_scheduled, t_first, t_last;
+    bool prompt_counted;               // in the engine's prompt_tokens
 };
 
 static struct seq *seq_of(struct sched_seq *q) { return (struct seq *)q; }
@@ -144,6 +145,7 @@ struct engine {
     size_t tsbuf_cap;
     bool check_blocks;                 // MOESERVE_CHECK_BLOCKS=1: verify accounting each step
     uint64_t generation_tokens, steps;
+    uint64_t prompt_tokens;            // prompts whose prefill ended (their first token came)
     uint64_t request_success[FINISH_COUNT_];
 };
 
@@ -328,6 +330,12 @@ static void seq_emit(struct engine *e, struct seq *s, const struct sample_token 
     d.completion_tokens = s->q.n_tokens - s->q.n_prompt;
     d.cached_tokens = s->q.n_cached;
     d.error = error;
+    if (n_tok > 0 && !s->prompt_counted) {
+        // Counted once its prefill has ended, as vLLM counts it: a request
+        // cancelled before its first token adds nothing.
+        s->prompt_counted = true;
+        e->prompt_tokens += (uint64_t)s->q.n_prompt;
+    }
     if (n_tok > 0 && e->o.metrics) {
         double now = ms_now();
         if (!s->t_first) {
@@ -737,7 +745,7 @@ static void publish_stats(struct engine *e)
     st->prefix_cache_queries = e->sched.prefix_queries;
     st->prefix_cache_hits = e->sched.prefix_hits;
     st->num_preemptions = e->sched.n_preemptions;
-    st->prompt_tokens_total = e->sched.prompt_tokens;
+    st->prompt_tokens_total = e->prompt_tokens;
     st->generation_tokens_total = e->generation_tokens;
     memcpy(st->request_success, e->request_success, sizeof st->request_success);
     st->steps = e->steps;

@@ -171,10 +171,10 @@ struct engine_stats {
     int num_running, num_waiting;
     int n_ranks;
     struct engine_rank_stats rank[ENGINE_MAX_RANKS];
-    uint64_t prefix_cache_queries;   // prompt tokens looked up
+    uint64_t prefix_cache_queries;   // prompt tokens looked up (a request's first admission)
     uint64_t prefix_cache_hits;      // prompt tokens found
     uint64_t num_preemptions;
-    uint64_t prompt_tokens_total;
+    uint64_t prompt_tokens_total;    // of requests whose first token came (prefill done)
     uint64_t generation_tokens_total;
     uint64_t request_success[FINISH_COUNT_];
     uint64_t steps;

@@ -283,14 +283,16 @@ int sched_plan(struct sched *s)
         }
         if (ri < 0) break;
         struct sched_rank *r = &s->ranks[ri];
-        if (kvb_prefix_caching(r->blocks) && !q->wants_prompt_lp) {
-            s->prefix_queries += (uint64_t)q->n_tokens;
-            s->prefix_hits += (uint64_t)hit;
-        }
         if (!q->admitted_once) {
+            // A new request's lookup only, as vLLM counts it: a preempted
+            // one's readmission (its own blocks, its output too) would
+            // inflate both.
+            if (kvb_prefix_caching(r->blocks) && !q->wants_prompt_lp) {
+                s->prefix_queries += (uint64_t)q->n_tokens;
+                s->prefix_hits += (uint64_t)hit;
+            }
             q->n_cached = hit < q->n_prompt ? hit : q->n_prompt;
             q->admitted_once = true;
-            s->prompt_tokens += (uint64_t)q->n_prompt;
         }
         list_remove(&s->waiting, q);
         q->running = true;

@@ -66,9 +66,8 @@ struct sched {
     struct sched_list running;   // oldest admission first
     uint64_t n_admissions;
     uint64_t n_preemptions;
-    uint64_t prefix_queries;     // tokens looked up in the prefix cache
+    uint64_t prefix_queries;     // prompt tokens looked up in the prefix cache (first admissions)
     uint64_t prefix_hits;        // tokens found
-    uint64_t prompt_tokens;      // prompt tokens of first admissions
 };
 
 // blocks: one manager per rank (owned by the caller). max_rows must be at

@@ -308,6 +308,13 @@ static void greedy_is_the_same_after_preemption_and_recompute(void **state)
         struct engine_stats st;
         engine_get_stats(e, &st);
         assert_true(st.num_preemptions > 0);
+        // Each prompt counted once, readmissions after preemption not again
+        // (they had inflated the prefix cache's queries with their outputs).
+        uint64_t prompts = 0;
+        for (int i = 0; i < w.n; i++) prompts += (uint64_t)w.n_prompt[i];
+        assert_int_equal(st.prompt_tokens_total, prompts);
+        assert_int_equal(st.prefix_cache_queries, pc ? prompts : 0);
+        assert_true(st.prefix_cache_hits <= st.prefix_cache_queries);
         assert_blocks_returned(e);
         engine_destroy(e);
         h_batch_free(got);
