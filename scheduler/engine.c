@@ -54,6 +54,7 @@ struct seq {
     bool gm_active;
     int32_t pause_open, pause_close;   // stop strings rest between these tokens
     bool paused;
+    bool pause_body;                   // the paused call's body has begun (non-space text came)
     int32_t gm_after;
     uint32_t *mask;
     uint32_t *allowed_ids;             // (vocab / 32) allowed_token_ids' bits, or NULL
@@ -451,6 +452,19 @@ static void seq_accept_token(struct engine *e, struct seq *s)
                 stop_flush(&s->stop, &out, &n_out_text);
                 rc = text_append(e, out, n_out_text);
                 s->paused = true;
+                s->pause_body = false;
+            } else if (!rc && s->paused && !s->pause_body) {
+                // Not a call after all where its body does not open as one
+                // ('{' of a JSON call, '<' of an XML one): stop strings
+                // apply again from here, as the text will be content.
+                size_t k = 0;
+                while (k < n_dec && (e->tsbuf[k] == ' ' || e->tsbuf[k] == '\t' || e->tsbuf[k] == '\n' ||
+                                     e->tsbuf[k] == '\r'))
+                    k++;
+                if (k < n_dec) {
+                    s->pause_body = true;
+                    s->paused = e->tsbuf[k] == '{' || e->tsbuf[k] == '<';
+                }
             }
             if (!rc && s->paused) {
                 rc = text_append(e, e->tsbuf, n_dec);

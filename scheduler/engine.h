@@ -76,7 +76,9 @@ struct engine_request {
     int32_t grammar_after;       // -1: from the first token; else once this id has been
                                  // generated (Qwen3's </think>: the reasoning stays free)
     // Stop strings are not matched from a stop_pause_open token to the next
-    // stop_pause_close token (-1: never): a tool call's JSON is not cut.
+    // stop_pause_close token (-1: never): a tool call's JSON is not cut. A
+    // body that does not open as a call ('{' or '<' after any whitespace) is
+    // matched again from its first text: it will be content.
     int32_t stop_pause_open, stop_pause_close;
 };
 void engine_request_default(struct engine_request *r);

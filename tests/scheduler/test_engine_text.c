@@ -443,43 +443,48 @@ static void grammar_constrained_output_is_always_in_the_language(void **state)
     grammar_unref(g);
 
     // Stop strings rest inside a tool call: a grammar forces the text
-    // "<tool_call>\nABC\n</tool_call> done" (a bias makes the tags the single
-    // tokens a trained model writes); "ABC" inside the call does not stop it,
-    // " done" after it does. Without the pause, "ABC" would.
-    const char *forced = "[\"<tool_call>\\nABC\\n</tool_call> done\"]";
-    const struct grammar_source fsrc = {.kind = GRAMMAR_CHOICE, .text = forced,
-                                        .len = strlen(forced)};
-    assert_int_equal(grammar_compile(v, &fsrc, &g, err, sizeof err), 0);
+    // "<tool_call>\n{\"q\": \"ABC\"}\n</tool_call> done" (a bias makes the tags
+    // the single tokens a trained model writes); "ABC" inside the call does
+    // not stop it, " done" after it does. Without the pause, "ABC" would. A
+    // body that does not open as a call ("<tool_call>\nABC...") is content:
+    // "ABC" stops it even with the pause.
+    const char *const forced[2] = {"[\"<tool_call>\\n{\\\"q\\\": \\\"ABC\\\"}\\n</tool_call> done\"]",
+                                   "[\"<tool_call>\\nABC\\n</tool_call> done\"]"};
     const char *stops[2] = {"ABC", " done"};
     const struct sampling_logit_bias tags[2] = {{tok_find_token(g_tok, "<tool_call>"), 100},
                                                 {tok_find_token(g_tok, "</tool_call>"), 100}};
-    for (int pause = 0; pause < 2; pause++) {
-        base_request(&r, prompt, n, 30);
-        r.stop.ignore_eos = false;
-        r.grammar = g;
-        r.sampling.logit_bias = tags;
-        r.sampling.n_logit_bias = 2;
-        r.stop.stop_strs = stops;
-        r.stop.n_stop_strs = 2;
-        r.stop.skip_special_tokens = false;
-        if (pause) {
-            r.stop_pause_open = tok_find_token(g_tok, "<tool_call>");
-            r.stop_pause_close = tok_find_token(g_tok, "</tool_call>");
-            assert_true(r.stop_pause_open >= 0 && r.stop_pause_close >= 0);
+    for (int body = 0; body < 2; body++) {
+        const struct grammar_source fsrc = {.kind = GRAMMAR_CHOICE, .text = forced[body],
+                                            .len = strlen(forced[body])};
+        assert_int_equal(grammar_compile(v, &fsrc, &g, err, sizeof err), 0);
+        for (int pause = 0; pause < 2; pause++) {
+            base_request(&r, prompt, n, 30);
+            r.stop.ignore_eos = false;
+            r.grammar = g;
+            r.sampling.logit_bias = tags;
+            r.sampling.n_logit_bias = 2;
+            r.stop.stop_strs = stops;
+            r.stop.n_stop_strs = 2;
+            r.stop.skip_special_tokens = false;
+            if (pause) {
+                r.stop_pause_open = tok_find_token(g_tok, "<tool_call>");
+                r.stop_pause_close = tok_find_token(g_tok, "</tool_call>");
+                assert_true(r.stop_pause_open >= 0 && r.stop_pause_close >= 0);
+            }
+            b = run_one(&r);
+            res = &b->res[0];
+            assert_int_equal(res->finish, FINISH_STOP);
+            if (pause && body == 0) {
+                assert_string_equal(res->text, "<tool_call>\n{\"q\": \"ABC\"}\n</tool_call>");
+                assert_string_equal(res->stop_str, " done");
+            } else {
+                assert_string_equal(res->text, body == 0 ? "<tool_call>\n{\"q\": \"" : "<tool_call>\n");
+                assert_string_equal(res->stop_str, "ABC");
+            }
+            h_batch_free(b);
         }
-        b = run_one(&r);
-        res = &b->res[0];
-        assert_int_equal(res->finish, FINISH_STOP);
-        if (pause) {
-            assert_string_equal(res->text, "<tool_call>\nABC\n</tool_call>");
-            assert_string_equal(res->stop_str, " done");
-        } else {
-            assert_string_equal(res->text, "<tool_call>\n");
-            assert_string_equal(res->stop_str, "ABC");
-        }
-        h_batch_free(b);
+        grammar_unref(g);
     }
-    grammar_unref(g);
     grammar_vocab_destroy(v);
     free(prompt);
 }
