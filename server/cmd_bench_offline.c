@@ -253,7 +253,7 @@ static void print_pass(const struct pass_result *r, const struct engine_opts *o,
             const uint64_t nd = r->decode_steps[ri];
             printf("    %llu decode steps:", (unsigned long long)nd);
             print_split(r, ri, true, false);
-            printf("; the %llu others:", (unsigned long long)(r->steps > nd ? r->steps - nd : 0));
+            printf("; %llu other steps:", (unsigned long long)(r->steps > nd ? r->steps - nd : 0));
             print_split(r, ri, false, false);
             printf("\n");
         }

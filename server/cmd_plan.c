@@ -37,8 +37,11 @@ static void usage(FILE *f)
             "  --devices N                   devices in the layout (1)\n"
             "  --layout tp|dp-ep             one layout (default: both)\n"
             "  --max-model-len N             tokens of one sequence (the config's maximum; 32K ok)\n"
-            "  --max-num-batched-tokens N    tokens per step per rank, sizes the workspace (8192)\n"
-            "  --max-num-seqs N              sequences per step per rank, sizes the logits (1024)\n"
+            "  --max-num-batched-tokens N    tokens per step per rank, sizes the workspace (8192,\n"
+            "                                vLLM's on a large GPU; serve's own default is 2048:\n"
+            "                                give serve's values to size what serve will take)\n"
+            "  --max-num-seqs N              sequences per step per rank, sizes the logits (1024;\n"
+            "                                serve's default is 256)\n"
             "  --batch-sizes LIST            decode batch sizes to tabulate (1,8,32,64)\n"
             "  --memory-bandwidth RATE       one device's memory bandwidth (4.8TB/s)\n");
 }

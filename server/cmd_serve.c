@@ -85,7 +85,6 @@ static void usage(FILE *f)
         "\n");
     vllm_flags_usage(f);
     engine_flags_usage(f);
-    fprintf(f, "  --kv-cache-memory-bytes SIZE  vLLM's name for --kv-cache-memory\n");
 }
 
 // --shutdown-timeout, --sse-keepalive and --health-timeout: seconds, up to about four months.

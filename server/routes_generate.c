@@ -81,9 +81,18 @@ static bool truncate_prompt(const struct app *a, const struct parsed *q, struct 
 
 // The encoding flags of a prompt: bounded by the context unless it is to be
 // cut to it (truncate_prompt_tokens needs all of it tokenized first).
+// Whether the prompt is tokenized whole, past the context: to keep its last
+// tokens (truncate_prompt_tokens), or to say how long it is in Anthropic's
+// refusal ("prompt is too long: N tokens > M maximum"), whose clients cut by
+// N - M as count_tokens would count it.
+static bool counts_whole(const struct parsed *q)
+{
+    return q->g->truncate_prompt_tokens || (q->front && q->front->max_within_context);
+}
+
 static unsigned prompt_flags(const struct parsed *q)
 {
-    return (q->g->truncate_prompt_tokens ? 0 : APP_ENCODE_BOUNDED) |
+    return (counts_whole(q) ? 0 : APP_ENCODE_BOUNDED) |
            (q->g->add_special_tokens ? APP_ENCODE_SPECIAL : 0);
 }
 
@@ -98,7 +107,7 @@ static int chat_prompt(struct app *a, struct parsed *q, struct job_prompt *p, st
     size_t bytes = 0, i;
     json_t *m;
     json_array_foreach(q->cr.messages, i, m) bytes += json_string_length(json_object_get(m, "content"));
-    int rc = q->g->truncate_prompt_tokens ? 0 : app_refuse_bytes(a, bytes, q->param, e);
+    int rc = counts_whole(q) ? 0 : app_refuse_bytes(a, bytes, q->param, e);
     if (rc) return rc;
     json_t *kw = app_chat_kwargs(a, q->cr.chat_template_kwargs, q->cr.thinking);
     if (!kw) return oa_errorf(e, MS_ENOMEM, "internal_error", NULL, "out of memory");

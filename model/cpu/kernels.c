@@ -322,11 +322,21 @@ const struct cpu_kernels *cpu_kernels_by_name(const char *name)
 const struct cpu_kernels *cpu_kernels_best(void)
 {
     const char *want = getenv("MOESERVE_CPU_KERNELS");
-    const struct cpu_kernels *k = want ? cpu_kernels_by_name(want) : NULL;
+    const struct cpu_kernels *k = want && *want ? cpu_kernels_by_name(want) : NULL;
+    // A typo or a table this CPU lacks would silently spoil a comparison.
+    const bool unknown = want && *want && !k;
+    bool known = false;
+    for (size_t i = 0; unknown && i < sizeof tables_by_name / sizeof tables_by_name[0]; i++)
+        known |= !strcmp(want, tables_by_name[i].name);
     if (!k) k = cpu_kernels_amx();
     if (!k) k = cpu_kernels_avx512();
     if (!k) k = cpu_kernels_avx2();
-    return k ? k : cpu_kernels_scalar();
+    if (!k) k = cpu_kernels_scalar();
+    if (unknown)
+        ms_log(MS_LOG_WARN, "MOESERVE_CPU_KERNELS=%s %s; ignored, %s taken", want,
+               known ? "is a table this CPU cannot run" : "names no table (scalar, avx2, avx512, avx512_bf16 or amx)",
+               k->name);
+    return k;
 }
 
 size_t cpu_pack_block_bytes(enum dtype dt, int in)

@@ -95,12 +95,23 @@ compile_one() {
         -o "$(obj_of "$1")"
 }
 
-want=("$@")
+# Targets by name, with or without the fuzz_ prefix; a name that matches
+# none is an error (it would fuzz nothing and say done).
+want=()
+for w in "$@"; do want+=("fuzz_${w#fuzz_}"); done
 selected=()
+all_names=()
 for row in "${targets[@]}"; do
     IFS='|' read -r name srcs libs <<<"$row"
+    all_names+=("$name")
     if ((${#want[@]})) && [[ ! " ${want[*]} " == *" $name "* ]]; then continue; fi
     selected+=("$row")
+done
+for w in "${want[@]}"; do
+    if [[ ! " ${all_names[*]} " == *" $w "* ]]; then
+        echo "fuzz: no target $w; the targets: ${all_names[*]}" >&2
+        exit 2
+    fi
 done
 # Every stale object first, on all cores.
 mkdir -p "$out/obj"

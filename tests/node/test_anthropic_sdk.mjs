@@ -244,8 +244,13 @@ test('max_tokens past the context runs to its end (model_context_window_exceeded
   await assert.rejects(client.messages.create({ ...greedy, messages: ask(k + 6), max_tokens: 100 }),
     (e) => e instanceof Anthropic.BadRequestError && /^prompt is too long: 2048 tokens > 2047 maximum$/.test(e.error.error.message),
     'the prompt alone fills the context');
+  // Far past the context too, N is the prompt's own count (clients cut by
+  // N - M), as count_tokens counts it.
+  const far = (await client.messages.countTokens({ model: 'tiny', messages: ask(3000) })).input_tokens;
+  assert.equal(far, base + 3000);
   await assert.rejects(client.messages.create({ ...greedy, messages: ask(3000), max_tokens: 100 }),
-    (e) => e instanceof Anthropic.BadRequestError && /^prompt is too long: /.test(e.error.error.message));
+    (e) => e instanceof Anthropic.BadRequestError &&
+      e.error.error.message === `prompt is too long: ${far} tokens > 2047 maximum`);
   // A max_tokens refused for itself is not called a long prompt.
   await assert.rejects(client.messages.create({ ...greedy, messages, max_tokens: 3000000000, stream: true }),
     (e) => e instanceof Anthropic.BadRequestError && /max_tokens/.test(e.error.error.message) &&

@@ -122,7 +122,7 @@ static void text_output_on_two_expert_parallel_ranks(void **state)
     assert_non_null(strstr(out, " lm_head "));
     assert_non_null(strstr(out, "(exchanges "));
     assert_non_null(strstr(out, " decode steps: attention "));
-    assert_non_null(strstr(out, " others: attention "));
+    assert_non_null(strstr(out, " other steps: attention "));
     free(out);
 }
 

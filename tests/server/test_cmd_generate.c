@@ -143,6 +143,16 @@ static void plain_output_prints_the_generated_ids(void **state)
     snprintf(want + off, sizeof want - off, "\n");
     assert_string_equal(out, want);
     free(out);
+    // A MOESERVE_CPU_KERNELS that names no table is said, not silently
+    // replaced (a typo would spoil a comparison of tables); the ids are the same.
+    char *err;
+    snprintf(cmd, sizeof cmd, "MOESERVE_CPU_KERNELS=avx512bf16 %s generate %s/qwen3moe-v2048 --prompt-ids '%s' "
+             "--max-tokens 6 --temperature 0 --ignore-eos --kv-cache-dtype float32", bin, data, ids);
+    assert_int_equal(run(cmd, &out, &err), 0);
+    assert_string_equal(out, want);
+    if (!strstr(err, "MOESERVE_CPU_KERNELS=avx512bf16 names no table")) fail_msg("no warning: %s", err);
+    free(out);
+    free(err);
     json_decref(c);
 }
 
