@@ -11,6 +11,7 @@
 #include "api/text_trim.h"
 #include "base/base.h"
 #include "base/buf.h"
+#include "base/json.h"
 
 // ---- errors ---------------------------------------------------------------------------
 
@@ -160,8 +161,8 @@ static json_t *block_json(const struct an_stream *s, bool whole)
     case BLOCK_TOOL: {
         json_decref(text);
         // The parser kept the call only when its arguments are one JSON object.
-        json_t *input = whole ? json_loadb(s->text.data ? s->text.data : "{}", s->text.len ? s->text.len : 2,
-                                           0, NULL)
+        json_t *input = whole ? json_loadb_wide(s->text.data ? s->text.data : "{}", s->text.len ? s->text.len : 2,
+                                                0)
                               : json_object();
         if (!json_is_object(input)) {
             json_decref(input);

@@ -457,7 +457,7 @@ static int tool_call_arguments_as_objects(json_t *mc)
             continue;
         }
         if (!json_is_string(args)) continue;
-        json_t *obj = json_loadb(json_string_value(args), json_string_length(args), 0, NULL);
+        json_t *obj = json_loadb_wide(json_string_value(args), json_string_length(args), 0);
         if (json_is_object(obj) && json_object_set_new(f, "arguments", obj)) return MS_ENOMEM;
         if (!json_is_object(obj)) json_decref(obj);
     }

@@ -470,7 +470,7 @@ static json_t *xml_value(const char *v, size_t n, const json_t *schema)
     if (!strcmp(type, "boolean") || !strcmp(type, "bool") || !strcmp(type, "binary"))
         return json_boolean(n == 4 && starts_ci(v, "true"));
     // objects and arrays, and any other type: its JSON when it parses
-    json_t *j = json_loadb(v, n, JSON_DECODE_ANY, NULL);
+    json_t *j = json_loadb_wide(v, n, JSON_DECODE_ANY);
     return j ? j : json_stringn(v, n);
 }
 

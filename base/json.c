@@ -171,3 +171,11 @@ char *json_dumps_py(const json_t *v)
     }
     return ms_buf_steal(&b, NULL);
 }
+
+json_t *json_loadb_wide(const char *buf, size_t len, size_t flags)
+{
+    json_error_t je;
+    json_t *v = json_loadb(buf, len, flags, &je);
+    if (v || json_error_code(&je) != json_error_numeric_overflow) return v;
+    return json_loadb(buf, len, flags | JSON_DECODE_INT_AS_REAL, NULL);
+}

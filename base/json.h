@@ -18,4 +18,10 @@ void json_format_py_float(double d, char buf[40]);
 // call's arguments. malloc'd; NULL when out of memory or nested past 1000.
 char *json_dumps_py(const json_t *v);
 
+// json_loadb(buf, len, flags) where an integer too big for 64 bits (a
+// model's output may hold one; Python reads any size) does not fail the
+// whole text: then it is read again with every integer as a real. NULL when
+// it does not parse either way.
+json_t *json_loadb_wide(const char *buf, size_t len, size_t flags);
+
 #endif

@@ -652,6 +652,22 @@ static void a_continued_answer_keeps_its_first_runs_leading_space(void **state)
             ops->destroy(st);
         }
     json_decref(echo);
+    // A call's integer past 64 bits (a grammar allows 20 digits) keeps its
+    // input, as a real, where the whole input came back {}.
+    static const struct output_event big[] = {
+        {OUTPUT_EVENT_TOOL_BEGIN, 0, "f", 1, "call_abc"},
+        {OUTPUT_EVENT_TOOL_ARGS, 0, "{\"x\": 58976666666666666666}", 27, NULL},
+    };
+    struct es_meta bm = {.id = "msg_1", .created = 7, .model = "tiny", .prompt_tokens = 11};
+    struct es_result bres = {.finish = "tool_calls", .usage = {11, 9, 0}};
+    void *st = an_stream_create(&bm);
+    assert_int_equal(an_stream_ops.feed(st, big, 2, NULL, NULL), 0);
+    assert_int_equal(an_stream_ops.finish(st, &bres, NULL, NULL), 0);
+    json_t *body = an_stream_ops.body(st);
+    json_t *x = json_object_get(json_object_get(json_array_get(json_object_get(body, "content"), 0), "input"), "x");
+    assert_true(json_is_real(x) && json_real_value(x) > 5.8e19);
+    json_decref(body);
+    an_stream_ops.destroy(st);
 }
 
 static void anthropic_events_come_in_order_and_add_up_to_the_body(void **state)

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <cmocka.h>
 
 #include <jansson.h>
@@ -67,11 +68,31 @@ static void floats_and_values_are_written_as_python_writes_them(void **state)
     json_decref(v);
 }
 
+// An integer past 64 bits reads as a real rather than failing the text
+// (where a forced call's arguments became {}); other errors stay errors.
+static void wide_integers_read_as_reals_instead_of_failing(void **state)
+{
+    (void)state;
+    const char *t = "{\"x\": 58976666666666666666, \"y\": 3}";
+    assert_null(json_loadb(t, strlen(t), 0, NULL));
+    json_t *v = json_loadb_wide(t, strlen(t), 0);
+    assert_non_null(v);
+    assert_true(json_is_real(json_object_get(v, "x")));
+    assert_true(json_real_value(json_object_get(v, "x")) > 5.8e19);
+    json_decref(v);
+    v = json_loadb_wide("{\"y\": 3}", 8, 0); // integers stay integers when they fit
+    assert_true(json_is_integer(json_object_get(v, "y")));
+    json_decref(v);
+    assert_null(json_loadb_wide("{\"y\": 3", 7, 0));
+    assert_null(json_loadb_wide("[1e400]", 7, 0));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(json_kind_names_every_type_with_an_article),
         cmocka_unit_test(floats_and_values_are_written_as_python_writes_them),
+        cmocka_unit_test(wide_integers_read_as_reals_instead_of_failing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
