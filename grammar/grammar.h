@@ -23,7 +23,9 @@
 //   Object properties come in the schema's order; optional ones may be left
 //   out. An object schema without additionalProperties allows no other
 //   properties (as OpenAI's strict mode). Integers have at most
-//   GRAMMAR_JSON_MAX_DIGITS digits, fractions as many, exponents 3.
+//   GRAMMAR_JSON_MAX_DIGITS digits, fractions as many, exponents 2 (within a
+//   double). Bounded numbers have at most 15 significant digits, so that the
+//   double a client reads keeps an exclusive bound exclusive.
 #ifndef MOESERVE_GRAMMAR_GRAMMAR_H
 #define MOESERVE_GRAMMAR_GRAMMAR_H
 

@@ -313,6 +313,10 @@ static struct gx *rx_seq(struct rx *r, bool top, bool *anchored_end)
                 min = *r->p == '+';
                 max = *r->p == '?' ? 1 : GX_INF;
                 r->p++;
+            } else if (r->p + 1 < r->end && r->p[0] == '{' && r->p[1] == ',') {
+                // Python reads {,n} as {0,n}, JavaScript as text (or an
+                // error): refused rather than guessed.
+                return rx_fail(r, MS_EINVAL, "a repetition {,n} (write {0,n})"), NULL;
             } else if (r->p < r->end && *r->p == '{' && rx_braces(r, &min, &max)) {
                 if (min > GRAMMAR_MAX_REPEAT || (max != GX_INF && max > GRAMMAR_MAX_REPEAT))
                     return rx_fail(r, MS_ENOFIT, "a repetition bound above the limit"), NULL;

@@ -141,7 +141,9 @@ static struct gx *number_any(struct sc *s, bool integer)
     gx_cls_set(pm, '+');
     gx_cls_set(pm, '-');
     struct gx *frac = gx_opt(b, gx_seq2(b, gx_byte(b, '.'), digits(s, 1, GRAMMAR_JSON_MAX_DIGITS)));
-    struct gx *exp = gx_opt(b, gx_seq3(b, gx_class(b, e), gx_opt(b, gx_class(b, pm)), digits(s, 1, 3)));
+    // Two exponent digits: 20 digits and e99 stay within a double, where
+    // e400 is a number our own tool-call parser (jansson) refuses.
+    struct gx *exp = gx_opt(b, gx_seq3(b, gx_class(b, e), gx_opt(b, gx_class(b, pm)), digits(s, 1, 2)));
     return gx_seq3(b, x, frac, exp);
 }
 
@@ -321,13 +323,18 @@ static struct gx *integer_expr(struct sc *s, json_t *sch)
 static struct gx *magnitude_expr(struct sc *s, uint64_t p, bool pex, uint64_t q, bool qex, bool qinf)
 {
     struct gbuild *b = s->b;
-    struct gx *frac = gx_seq2(b, gx_byte(b, '.'), digits(s, 1, GRAMMAR_JSON_MAX_DIGITS));
+    // Fraction digits such that a bound's digits and them make at most 15
+    // significant digits, which a double keeps apart: 0.99999999999999999
+    // under an exclusive maximum of 1 would read back as 1.0.
+    char buf[24];
+    const int bound_digits = snprintf(buf, sizeof buf, "%llu", (unsigned long long)(qinf || p > q ? p : q));
+    const int fd = bound_digits < 14 ? 15 - bound_digits : 1;
+    struct gx *frac = gx_seq2(b, gx_byte(b, '.'), digits(s, 1, fd));
     // zeros, then a non-zero digit, then any: deterministic as written
-    struct gx *nonzero_frac = gx_seq3(b, gx_byte(b, '.'), gx_repeat(b, gx_byte(b, '0'), 0, GRAMMAR_JSON_MAX_DIGITS - 1),
-                                      gx_seq2(b, gx_range(b, '1', '9'), digits(s, 0, GRAMMAR_JSON_MAX_DIGITS - 1)));
+    struct gx *nonzero_frac = gx_seq3(b, gx_byte(b, '.'), gx_repeat(b, gx_byte(b, '0'), 0, fd - 1),
+                                      gx_seq2(b, gx_range(b, '1', '9'), digits(s, 0, fd - 1)));
     struct gx *zero_frac = gx_opt(b, gx_seq2(b, gx_byte(b, '.'), gx_repeat(b, gx_byte(b, '0'), 1, GRAMMAR_JSON_MAX_DIGITS)));
     struct gx_list alts = {0};
-    char buf[24];
     if (pex && (qinf || p < q)) {
         snprintf(buf, sizeof buf, "%llu", (unsigned long long)p);
         gx_list_push(b, &alts, gx_seq2(b, gx_str(b, buf), nonzero_frac));
@@ -393,7 +400,11 @@ static const struct {
                   "(\\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"},
     {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
     {"ipv4", "^((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])$"},
-    {"email", "^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\\.[A-Za-z0-9-]{1,63}){1,8}$"},
+    // RFC 5321's dot-atom local part and a host name of at least two labels,
+    // none starting or ending with '-' (xgrammar's and ajv-formats' rules
+    // agree on what this allows).
+    {"email", "^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@"
+              "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+$"},
 };
 
 static struct gx *string_expr(struct sc *s, json_t *sch)
@@ -922,6 +933,21 @@ static struct gx *alternatives_expr(struct sc *s, json_t *sch, const char *kw, i
     return gx_altv(s->b, l.kids, l.n);
 }
 
+// Whether v holds a "$ref" anywhere (depth bounded as the document is).
+static bool holds_ref(json_t *v, int depth)
+{
+    if (depth > GRAMMAR_MAX_JSON_DEPTH) return true;
+    const char *k;
+    size_t i;
+    json_t *x;
+    if (json_is_array(v)) {
+        json_array_foreach(v, i, x) if (holds_ref(x, depth + 1)) return true;
+    } else if (json_is_object(v)) {
+        json_object_foreach(v, k, x) if (!strcmp(k, "$ref") || holds_ref(x, depth + 1)) return true;
+    }
+    return false;
+}
+
 static struct gx *sc_value(struct sc *s, json_t *sch, int depth)
 {
     if (s->b->status) return NULL;
@@ -934,6 +960,12 @@ static struct gx *sc_value(struct sc *s, json_t *sch, int depth)
     json_object_foreach(sch, k, v) {
         if (kw_lookup(k) == KW_UNSUPPORTED) return fail(s, MS_EUNSUPPORTED, "keyword '%s' is not supported", k);
     }
+    // An $id below the root makes the $refs under it relative to itself; we
+    // resolve every $ref from the document's root, so that would point
+    // elsewhere than the schema means.
+    if (sch != s->doc && json_object_get(sch, "$id") && holds_ref(sch, depth))
+        return fail(s, MS_EUNSUPPORTED, "an $id below the root with a $ref under it is not supported (its $refs "
+                    "would be resolved against it)%s", "");
     json_t *ref = json_object_get(sch, "$ref");
     if (ref) {
         if (!json_is_string(ref)) return fail(s, MS_EINVAL, "$ref is not a string%s", "");

@@ -300,6 +300,7 @@ static json_t *call_schema(json_t *tool, int i, json_t *defs)
     char prefix[32];
     snprintf(prefix, sizeof prefix, "tool%d_", i);
     rewrite_refs(args, prefix);
+    json_object_del(args, "$id"); // re-rooted: its refs now point from the call's root
     static const char *const keys[] = {"$defs", "definitions"};
     for (int kk = 0; kk < 2; kk++) {
         json_t *d = json_object_get(args, keys[kk]);

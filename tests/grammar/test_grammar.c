@@ -137,6 +137,7 @@ static void regex_refuses_what_it_cannot_honour(void **state)
     refused(GRAMMAR_REGEX, "ab)", MS_EINVAL, "parenthesis");
     refused(GRAMMAR_REGEX, "*a", MS_EINVAL, "nothing to repeat");
     refused(GRAMMAR_REGEX, "a{3,2}", MS_EINVAL, "above its maximum");
+    refused(GRAMMAR_REGEX, "a{,3}", MS_EINVAL, "{0,n}");
     refused(GRAMMAR_REGEX, "[z-a]", MS_EINVAL, "out of order");
     refused(GRAMMAR_REGEX, "[abc", MS_EINVAL, "unterminated");
     refused(GRAMMAR_REGEX, "ab\\", MS_EINVAL, "backslash");
@@ -309,12 +310,45 @@ static void schema_accepts_valid_and_refuses_invalid_documents(void **state)
     REFUSES(g, "[1]");
     REFUSES(g, "{\"a\":01}");
     REFUSES(g, "{\"a\":1,}");
+    // Exponents of two digits: e400 overflows a double, which our own
+    // tool-call parser (jansson) refuses, so a forced call would be lost.
+    ACCEPTS(g, "{\"a\":1e99,\"b\":-2.5E-07}");
+    REFUSES(g, "{\"a\":1e400}");
+    REFUSES(g, "{\"a\":1e100}");
+    grammar_unref(g);
+
+    // An exclusive bound stays exclusive as the double a client reads: no
+    // more significant digits than a double keeps apart.
+    g = must_compile(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"exclusiveMinimum\":-3,\"exclusiveMaximum\":1}");
+    ACCEPTS(g, "0.99999999999999");
+    ACCEPTS(g, "-2.99999999999999");
+    REFUSES(g, "0.99999999999999999");
+    REFUSES(g, "-2.9999999999999999");
+    grammar_unref(g);
+
+    // format email: a dot-atom local part and a host of two labels or more,
+    // no label starting or ending with '-'.
+    g = must_compile(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"email\"}");
+    ACCEPTS(g, "\"a.b+c@ex-ample.co.uk\"");
+    ACCEPTS(g, "\"o'neil_{x}@b.io\"");
+    static const char *const bad_mail[] = {"\".a@b.co\"", "\"a..b@c.de\"", "\"a.@b.co\"", "\"a@-b.co\"",
+                                           "\"a@b-.co\"", "\"a@b\"", "\"@b.co\""};
+    for (size_t i = 0; i < sizeof bad_mail / sizeof bad_mail[0]; i++) REFUSES(g, bad_mail[i]);
     grammar_unref(g);
 }
 
 static void schema_refuses_unsupported_keywords_by_name(void **state)
 {
     (void)state;
+    // An $id below the root would make its $refs relative to it (every $ref
+    // here resolves from the root): refused where a $ref lies under it.
+    refused(GRAMMAR_JSON_SCHEMA,
+            "{\"type\":\"object\",\"properties\":{\"x\":{\"$id\":\"http://e.com/x\",\"$defs\":{\"A\":"
+            "{\"type\":\"integer\"}},\"$ref\":\"#/$defs/A\"}},\"$defs\":{\"A\":{\"type\":\"string\"}}}",
+            MS_EUNSUPPORTED, "$id");
+    struct grammar *ok = must_compile(GRAMMAR_JSON_SCHEMA, "{\"$id\":\"http://e.com/r\",\"type\":\"object\","
+                                      "\"properties\":{\"x\":{\"$id\":\"http://e.com/x\",\"type\":\"integer\"}}}");
+    grammar_unref(ok);
     struct {
         const char *schema;
         int code;

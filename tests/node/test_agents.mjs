@@ -56,6 +56,15 @@ const schemas = {
     properties: { name: { enum: ['north', 'south'] }, alias: { $ref: '#/properties/name' } },
     required: ['name', 'alias'],
   },
+  // A root $id (as some schema generators write): a forced call re-roots the
+  // parameters, whose $refs must still resolve.
+  with_id: {
+    $id: 'https://example.com/schemas/with-id',
+    $defs: { unit: { enum: ['c', 'f'] } },
+    type: 'object',
+    properties: { unit: { $ref: '#/$defs/unit' } },
+    required: ['unit'],
+  },
   optional_const: {
     type: 'object',
     properties: { kind: { const: 'event' }, day: { type: 'string', format: 'date' },
