@@ -81,6 +81,7 @@ struct oa_structured {
     const char *text;               // arena, NUL-terminated (may be "" for JSON_OBJECT)
     size_t len;
     const char *param;              // the field it came from, to name in errors
+    bool compact_json;              // vLLM's disable_any_whitespace: JSON as {"a": 1, "b": [2, 3]}
 };
 
 // Sampling, stopping and output options shared by chat and completions,

@@ -755,8 +755,10 @@ static int f_response_format(struct parser *p, const char *k, json_t *v, void *d
 }
 
 // vLLM's structured_outputs: exactly one of json, regex, choice, grammar,
-// json_object; its whitespace and fallback switches change nothing here
-// (whitespace is always bounded, there is no fallback to loosen to).
+// json_object; disable_any_whitespace writes JSON with fixed separators, as
+// xgrammar's any_whitespace false does; the fallback and additional
+// properties switches change nothing here (there is no fallback to loosen
+// to, and a schema without additionalProperties already allows no others).
 static int f_structured_outputs(struct parser *p, const char *k, json_t *v, void *dst)
 {
     (void)dst;
@@ -784,6 +786,7 @@ static int f_structured_outputs(struct parser *p, const char *k, json_t *v, void
         } else if (!strcmp(key, "disable_fallback") || !strcmp(key, "disable_any_whitespace") ||
                    !strcmp(key, "disable_additional_properties")) {
             if (!json_is_boolean(x)) return type_error(p, full, "a boolean", x);
+            if (!strcmp(key, "disable_any_whitespace")) p->gen->structured.compact_json = json_is_true(x);
             continue;
         } else {
             return oa_errorf(p->e, MS_EUNSUPPORTED, "unsupported_parameter", full,

@@ -74,6 +74,7 @@ int grammar_compile(const struct grammar_vocab *v, const struct grammar_source *
     struct gbuild b;
     if (gb_init(&b)) return ms_err(err, errlen, MS_ENOMEM, "out of memory compiling a grammar");
     int root = -1;
+    b.json_compact = src->json_compact;
     int rc = kinds[src->kind].build(&b, src->text ? src->text : "", src->len, &root);
     if (!rc && (src->prefix_len || src->suffix_len)) {
         gb_note_literal(&b, (const uint8_t *)src->prefix, src->prefix_len);

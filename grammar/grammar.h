@@ -79,6 +79,10 @@ struct grammar_source {
     size_t prefix_len;
     const char *suffix;
     size_t suffix_len;
+    // JSON kinds: no free whitespace, ", " after a comma and ": " after a
+    // colon ({"a": 1, "b": [2, 3]}), as xgrammar writes JSON with
+    // any_whitespace false (vLLM's disable_any_whitespace). Other kinds: unused.
+    bool json_compact;
 };
 
 // Compiles src against v. Returns 0 with *out holding one reference, or

@@ -77,16 +77,18 @@ static void put_part(uint8_t **p, const char *s, size_t n)
     *p += n;
 }
 
-// The key: kind, then each of text, prefix and suffix with its length.
+// The key: kind, the JSON switch, then each of text, prefix and suffix with
+// its length.
 static uint8_t *make_key(const struct grammar_source *src, size_t *len)
 {
-    size_t n = 1 + 3 * sizeof(size_t);
+    size_t n = 2 + 3 * sizeof(size_t);
     if (ms_add_overflow(n, src->len, &n) || ms_add_overflow(n, src->prefix_len, &n) ||
         ms_add_overflow(n, src->suffix_len, &n))
         return NULL;
     uint8_t *k = malloc(n), *p = k;
     if (!k) return NULL;
     *p++ = (uint8_t)src->kind;
+    *p++ = (uint8_t)src->json_compact;
     put_part(&p, src->text, src->len);
     put_part(&p, src->prefix, src->prefix_len);
     put_part(&p, src->suffix, src->suffix_len);

@@ -54,6 +54,7 @@ struct gbuild {
     int n_literals, cap_literals;
     int status;                  // first error (0 = none)
     char err[256];
+    bool json_compact;           // grammar_source.json_compact
 };
 
 int gb_init(struct gbuild *b);

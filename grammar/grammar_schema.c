@@ -87,6 +87,7 @@ static struct gx *fail(struct sc *s, int code, const char *fmt, const char *arg)
 
 static struct gx *ws(struct sc *s)
 {
+    if (s->b->json_compact) return gx_empty(s->b);
     uint8_t cls[32] = {0};
     gx_cls_set(cls, ' ');
     gx_cls_set(cls, '\t');
@@ -98,6 +99,7 @@ static struct gx *ws(struct sc *s)
 // ws c ws
 static struct gx *punct(struct sc *s, char c)
 {
+    if (s->b->json_compact) return gx_str(s->b, c == ',' ? ", " : c == ':' ? ": " : (char[]){c, 0});
     return gx_seq3(s->b, ws(s), gx_byte(s->b, (uint8_t)c), ws(s));
 }
 

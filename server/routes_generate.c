@@ -368,7 +368,8 @@ static int make_grammar(struct app *a, struct parsed *q, struct oa_error *e)
                                       .suffix_len = 13};
         param = q->cr.tool_choice == OA_TOOL_NAMED ? "tool_choice" : "tools";
     } else if (so->kind != OA_SO_NONE) {
-        src = (struct grammar_source){.kind = kinds[so->kind], .text = so->text, .len = so->len};
+        src = (struct grammar_source){.kind = kinds[so->kind], .text = so->text, .len = so->len,
+                                      .json_compact = so->compact_json};
         param = so->param;
     } else {
         return 0;

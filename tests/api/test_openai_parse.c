@@ -642,6 +642,7 @@ static void agent_fields_are_parsed_and_checked(void **state)
         snprintf(body, sizeof body, "{" MSGS ", %s}", so[i].field);
         if (chat(body, &r, &e, a, NULL)) fail_msg("%s: %s", body, e.message);
         assert_int_equal(r.gen.structured.kind, so[i].kind);
+        assert_int_equal(r.gen.structured.compact_json, strstr(so[i].field, "disable_any_whitespace") != NULL);
         if (so[i].text) {
             // Schemas come back as compact JSON: compare as JSON.
             json_t *want = json_loads(so[i].text, JSON_DECODE_ANY, NULL);

@@ -326,6 +326,23 @@ static void schema_accepts_valid_and_refuses_invalid_documents(void **state)
     REFUSES(g, "-2.9999999999999999");
     grammar_unref(g);
 
+    // json_compact (vLLM's disable_any_whitespace): fixed separators, no
+    // other whitespace, as xgrammar writes JSON with any_whitespace false.
+    struct grammar_source cs = {.kind = GRAMMAR_JSON_SCHEMA, .text = tool_schema, .len = strlen(tool_schema),
+                                .json_compact = true};
+    assert_int_equal(grammar_compile(vocab, &cs, &g, err, sizeof err), 0);
+    ACCEPTS(g, "{\"location\": \"Paris\", \"unit\": \"celsius\", \"days\": 14}");
+    REFUSES(g, "{\"location\":\"Paris\",\"unit\":\"celsius\"}");
+    REFUSES(g, "{ \"location\": \"Paris\", \"unit\": \"celsius\"}");
+    REFUSES(g, "{\"location\": \"Paris\",\n\"unit\": \"celsius\"}");
+    grammar_unref(g);
+    cs = (struct grammar_source){.kind = GRAMMAR_JSON_OBJECT, .json_compact = true};
+    assert_int_equal(grammar_compile(vocab, &cs, &g, err, sizeof err), 0);
+    ACCEPTS(g, "{\"a\": [1, {\"b\": []}, {}], \"c\": null}");
+    REFUSES(g, "{\"a\": [1,2]}");
+    REFUSES(g, "{\"a\" : 1}");
+    grammar_unref(g);
+
     // format email: a dot-atom local part and a host of two labels or more,
     // no label starting or ending with '-'.
     g = must_compile(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"email\"}");
@@ -665,6 +682,16 @@ static void cache_hits_keeps_refusals_evicts_least_recent_and_shares_across_thre
     assert_int_equal(grammar_cache_get(c, &a_choice, &g1, err, sizeof err), 0); // kind is part of the key
     ACCEPTS(g1, "a+");
     grammar_unref(g1);
+    // So is the JSON whitespace switch.
+    struct grammar_source obj = {.kind = GRAMMAR_JSON_OBJECT}, obj_compact = obj;
+    obj_compact.json_compact = true;
+    assert_int_equal(grammar_cache_get(c, &obj, &g1, err, sizeof err), 0);
+    assert_int_equal(grammar_cache_get(c, &obj_compact, &g2, err, sizeof err), 0);
+    assert_ptr_not_equal(g1, g2);
+    ACCEPTS(g1, "{\"a\":1}");
+    REFUSES(g2, "{\"a\":1}");
+    grammar_unref(g1);
+    grammar_unref(g2);
     // A refusal is kept with its sentence: the second ask is a hit that
     // says the same, without compiling again.
     struct grammar_source bad = {.kind = GRAMMAR_REGEX, .text = "(", .len = 1};
