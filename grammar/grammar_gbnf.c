@@ -298,7 +298,10 @@ int grammar_gbnf_build(struct gbuild *b, const char *text, size_t len, int *root
         if (r < 0) break;
         gp_space(&g, false);
         if (g.end - g.p < 3 || memcmp(g.p, "::=", 3) != 0) {
-            gp_fail(&g, MS_EINVAL, "expected ::= after a rule name");
+            // "start: ..." is Lark's rule syntax, which vLLM also takes.
+            gp_fail(&g, MS_EINVAL, g.p < g.end && *g.p == ':' ? "expected ::= after a rule name (a Lark grammar? only "
+                                                                 "GBNF is taken: root ::= ...)"
+                                                               : "expected ::= after a rule name");
             break;
         }
         g.p += 3;

@@ -138,6 +138,7 @@ static void regex_refuses_what_it_cannot_honour(void **state)
     refused(GRAMMAR_REGEX, "*a", MS_EINVAL, "nothing to repeat");
     refused(GRAMMAR_REGEX, "a{3,2}", MS_EINVAL, "above its maximum");
     refused(GRAMMAR_REGEX, "a{,3}", MS_EINVAL, "{0,n}");
+    refused(GRAMMAR_GBNF, "start: \"a\" | \"b\"", MS_EINVAL, "Lark");
     refused(GRAMMAR_REGEX, "[z-a]", MS_EINVAL, "out of order");
     refused(GRAMMAR_REGEX, "[abc", MS_EINVAL, "unterminated");
     refused(GRAMMAR_REGEX, "ab\\", MS_EINVAL, "backslash");
