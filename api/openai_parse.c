@@ -457,9 +457,10 @@ static int tool_call_arguments_as_objects(json_t *mc)
             continue;
         }
         if (!json_is_string(args)) continue;
-        json_t *obj = json_loadb_wide(json_string_value(args), json_string_length(args), 0);
-        if (json_is_object(obj) && json_object_set_new(f, "arguments", obj)) return MS_ENOMEM;
-        if (!json_is_object(obj)) json_decref(obj);
+        // Any JSON value its text holds, and {} where it holds none, as
+        // vLLM's json.loads with its fallback.
+        json_t *val = json_loadb_wide(json_string_value(args), json_string_length(args), JSON_DECODE_ANY);
+        if (json_object_set_new(f, "arguments", val ? val : json_object())) return MS_ENOMEM;
     }
     return 0;
 }
@@ -532,6 +533,14 @@ static int parse_messages(struct parser *p, json_t *v, json_t **out)
         }
         if (!norm || !mc || json_object_set_new(mc, "content", norm)) {
             if (!mc) json_decref(norm);
+            json_decref(mc);
+            json_decref(copy);
+            return oom(p);
+        }
+        // vLLM's name for the thinking of an earlier turn is reasoning (our
+        // own answers carry it); the templates read reasoning_content.
+        json_t *reasoning = json_object_get(m, "reasoning");
+        if (assistant && json_is_string(reasoning) && json_object_set(mc, "reasoning_content", reasoning)) {
             json_decref(mc);
             json_decref(copy);
             return oom(p);

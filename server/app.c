@@ -134,7 +134,10 @@ json_t *app_chat_kwargs(struct app *a, json_t *request_kwargs, int thinking)
     json_t *k = a->default_kwargs ? json_deep_copy(a->default_kwargs) : json_object();
     if (!k) return NULL;
     if (request_kwargs && json_object_update(k, request_kwargs)) goto oom;
-    if (thinking >= 0 && json_object_set_new(k, "enable_thinking", json_boolean(thinking)))
+    // reasoning_effort (or Anthropic's thinking) over the server's default,
+    // but a request's own enable_thinking wins, as vLLM's build_chat_params has it.
+    if (thinking >= 0 && !json_object_get(request_kwargs, "enable_thinking") &&
+        json_object_set_new(k, "enable_thinking", json_boolean(thinking)))
         goto oom;
     return k;
 oom:

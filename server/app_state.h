@@ -81,7 +81,7 @@ int app_render_chat(struct app *a, json_t *messages, json_t *tools, bool add_gen
                     bool continue_final, json_t *kwargs, char **out, size_t *len, struct oa_error *e);
 // The chat_template_kwargs a chat renders with: --default-chat-template-kwargs,
 // then the request's, then enable_thinking from reasoning_effort when thinking
-// is 0 or 1 (-1: leave it). A new reference, or NULL when out of memory.
+// is 0 or 1 and the request's kwargs do not set it (-1: leave it). A new reference, or NULL when out of memory.
 json_t *app_chat_kwargs(struct app *a, json_t *request_kwargs, int thinking);
 // How app_encode tokenizes.
 enum app_encode_flags {

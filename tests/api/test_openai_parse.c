@@ -361,6 +361,26 @@ static void text_parts_join_with_newlines_and_other_keys_pass_through(void **sta
     assert_string_equal(json_string_value(json_object_get(m1, "reasoning_content")), "r");
     assert_true(r.add_generation_prompt);
     oa_chat_request_release(&r);
+    // As vLLM hands them to templates: an assistant's reasoning (our own
+    // answers' name for it) is its reasoning_content, over one also given;
+    // call arguments are the JSON value their text holds, {} where none.
+    body = "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": "
+           "\"\", \"reasoning\": \"think A\", \"reasoning_content\": \"old\", \"tool_calls\": ["
+           "{\"id\": \"1\", \"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": \"not json\"}},"
+           "{\"id\": \"2\", \"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": \"[1,2]\"}},"
+           "{\"id\": \"3\", \"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": \"{\\\"x\\\": 1}\"}}]}]}";
+    assert_int_equal(chat(body, &r, &e, a, NULL), 0);
+    m1 = json_array_get(r.messages, 1);
+    assert_string_equal(json_string_value(json_object_get(m1, "reasoning_content")), "think A");
+    json_t *calls = json_object_get(m1, "tool_calls");
+    json_t *none = json_object_get(json_object_get(json_array_get(calls, 0), "function"), "arguments");
+    assert_true(json_is_object(none) && json_object_size(none) == 0);
+    json_t *want = json_pack("[i, i]", 1, 2);
+    assert_true(json_equal(json_object_get(json_object_get(json_array_get(calls, 1), "function"), "arguments"), want));
+    json_decref(want);
+    assert_int_equal(json_integer_value(json_object_get(
+                         json_object_get(json_object_get(json_array_get(calls, 2), "function"), "arguments"), "x")), 1);
+    oa_chat_request_release(&r);
     arena_destroy(a);
 }
 

@@ -252,6 +252,20 @@ test('--default-chat-template-kwargs turns thinking off for every request', asyn
   }
 });
 
+// A request's own chat_template_kwargs.enable_thinking wins over its
+// reasoning_effort, as vLLM's build_chat_params has it: the prompt is the
+// thinking one (Qwen3 adds an empty think block to a prompt without it).
+test('chat_template_kwargs.enable_thinking wins over reasoning_effort', async () => {
+  const promptTokens = async (extra) => (await client.chat.completions.create({ model: 'tiny', messages,
+    max_tokens: 1, ...extra })).usage.prompt_tokens;
+  const on = await promptTokens({ chat_template_kwargs: { enable_thinking: true } });
+  const off = await promptTokens({ chat_template_kwargs: { enable_thinking: false } });
+  assert.ok(off > on);
+  assert.equal(await promptTokens({ reasoning_effort: 'none', chat_template_kwargs: { enable_thinking: true } }), on);
+  assert.equal(await promptTokens({ reasoning_effort: 'high', chat_template_kwargs: { enable_thinking: false } }), off);
+  assert.equal(await promptTokens({ reasoning_effort: 'high' }), on);
+});
+
 test('hostile schemas and grammars are refused with a 400 naming the field, or bounded', async () => {
   // A huge enum is within the engine's limits: it compiles (in well under a
   // second here) and the answer is one of its values.
