@@ -633,7 +633,29 @@ static int f_tools(struct parser *p, const char *k, json_t *v, void *dst)
         snprintf(key, sizeof key, "tools[%zu].function.description", i);
         if (x && !json_is_null(x) && !json_is_string(x)) return type_error(p, key, "a string", x);
     }
-    if (n > 0) *(json_t **)dst = json_incref(v);
+    if (n == 0) return 0;
+    // The template sees each tool as vLLM re-serializes it (its pydantic
+    // model's dump): {type, function: {name, description, parameters}} in
+    // that order, absent ones null, strict where it is set, nothing else.
+    json_t *tools = json_array();
+    if (!tools) return oom(p);
+    for (size_t i = 0; i < n; i++) {
+        json_t *f = json_object_get(json_array_get(v, i), "function");
+        json_t *d = json_object_get(f, "description"), *par = json_object_get(f, "parameters"),
+               *strict = json_object_get(f, "strict");
+        json_t *nf = json_pack("{s:O, s:O, s:O}", "name", json_object_get(f, "name"), "description",
+                               d ? d : json_null(), "parameters", par ? par : json_null());
+        if (nf && strict && !json_is_null(strict) && json_object_set(nf, "strict", strict)) {
+            json_decref(nf);
+            nf = NULL;
+        }
+        if (!nf || json_array_append_new(tools, json_pack("{s:s, s:o}", "type", "function", "function", nf)) ||
+            !json_is_object(json_array_get(tools, i))) {
+            json_decref(tools);
+            return oom(p);
+        }
+    }
+    *(json_t **)dst = tools;
     return 0;
 }
 

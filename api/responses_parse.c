@@ -433,7 +433,8 @@ static int input_messages(struct tr *t)
 {
     struct rs_parse *s = S(t);
     int rc = 0;
-    if (s->instructions)
+    // Empty instructions are none, as vLLM takes them (no empty system turn).
+    if (s->instructions && !(json_is_string(s->instructions) && !json_string_length(s->instructions)))
         rc = tr_message(t, json_pack("{s:s, s:O}", "role", "system", "content", s->instructions), -1);
     if (rc) return rc;
     if (!s->input) return tr_missing(t, "input");

@@ -504,8 +504,8 @@ static int first_model(const struct run *R, char *out, size_t outlen, char *err,
         rc = ms_err(err, errlen, MS_EIO, "GET %s: %s; is the server up? (or pass --model)", url,
                     cerr[0] ? cerr : curl_easy_strerror(res));
     } else if (status == 401 || status == 403) {
-        rc = ms_err(err, errlen, MS_EIO, "GET %s: HTTP %ld: the server wants an API key: pass --api-key KEY "
-                    "(or set OPENAI_API_KEY)", url, status);
+        rc = ms_err(err, errlen, MS_EIO, "GET %s: HTTP %ld: %.300s: pass --api-key KEY (or set OPENAI_API_KEY)",
+                    url, status, body ? body : "");
     } else if (status != 200) {
         rc = ms_err(err, errlen, MS_EIO, "GET %s: HTTP %ld: %.300s (pass --model)", url, status,
                     body ? body : "");

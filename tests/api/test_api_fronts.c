@@ -85,8 +85,10 @@ static void responses_input_items_become_chat_messages(void **state)
                 "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"one\"},"
                 "{\"role\":\"tool\",\"tool_call_id\":\"call_2\",\"content\":\"two\"},"
                 "{\"role\":\"assistant\",\"content\":\"done\"}]");
-    assert_json(r.tools, "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}},"
-                         "{\"type\":\"function\",\"function\":{\"name\":\"g\",\"description\":\"G\"}}]");
+    // As vLLM re-serializes tools for the template: absent fields are null.
+    assert_json(r.tools, "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":null,"
+                         "\"parameters\":{\"type\":\"object\"}}},"
+                         "{\"type\":\"function\",\"function\":{\"name\":\"g\",\"description\":\"G\",\"parameters\":null}}]");
     assert_int_equal(r.tool_choice, OA_TOOL_NAMED);
     assert_string_equal(r.tool_choice_name, "g");
     assert_int_equal(r.gen.max_tokens, 50);
@@ -103,8 +105,9 @@ static void responses_input_items_become_chat_messages(void **state)
     free(m);
     json_decref(echo);
     oa_chat_request_release(&r);
-    // A string input is one user message; text.format becomes structured output.
-    m = parse(rs_parse, "{\"input\": \"hi\", \"text\": {\"format\": {\"type\": \"json_schema\", \"name\": \"x\","
+    // A string input is one user message (empty instructions are none);
+    // text.format becomes structured output.
+    m = parse(rs_parse, "{\"input\": \"hi\", \"instructions\": \"\", \"text\": {\"format\": {\"type\": \"json_schema\", \"name\": \"x\","
                         " \"schema\": {\"type\": \"object\"}}}}", &r, &echo, &e, a);
     assert_non_null(m);
     assert_string_equal(m, "[{\"role\":\"user\",\"content\":\"hi\"}]");
@@ -198,7 +201,8 @@ static void anthropic_blocks_become_chat_messages(void **state)
 {
     (void)state;
     const char *body =
-        "{\"model\": \"m\", \"max_tokens\": 64, \"system\": [{\"type\": \"text\", \"text\": \"S1\","
+        "{\"model\": \"m\", \"max_tokens\": 64, \"system\": [{\"type\": \"text\", \"text\": "
+        "\"x-anthropic-billing-header: cc_version=2.0; cch=9f3a\"}, {\"type\": \"text\", \"text\": \"S1\","
         " \"cache_control\": {\"type\": \"ephemeral\"}}, {\"type\": \"text\", \"text\": \"S2\"}],"
         "\"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"},"
         "{\"role\": \"assistant\", \"content\": [{\"type\": \"thinking\", \"thinking\": \"hm\", \"signature\": \"s\"},"
@@ -234,6 +238,15 @@ static void anthropic_blocks_become_chat_messages(void **state)
     assert_int_equal(r.gen.sampling.top_k, 7);
     assert_int_equal(r.thinking, 0);
     assert_string_equal(r.gen.user, "u1");
+    free(m);
+    oa_chat_request_release(&r);
+    // An empty system prompt is no system turn (Claude Code's billing header
+    // above is dropped, as vLLM drops it: it changes with every request).
+    const char *empty_sys = "{\"model\": \"m\", \"max_tokens\": 8, \"system\": \"\", \"messages\": "
+                            "[{\"role\": \"user\", \"content\": \"x\"}]}";
+    m = parse(an_parse, empty_sys, &r, &echo, &e, a);
+    assert_non_null(m);
+    assert_json(r.messages, "[{\"role\":\"user\",\"content\":\"x\"}]");
     free(m);
     oa_chat_request_release(&r);
     // count_tokens takes the same body without max_tokens.

@@ -613,6 +613,18 @@ static void agent_fields_are_parsed_and_checked(void **state)
     assert_int_equal(r.thinking, 0);
     assert_false(r.include_reasoning);
     oa_chat_request_release(&r);
+    // The template gets tools as vLLM re-serializes them: type, then
+    // function's name, description, parameters (null when absent), strict
+    // when set, no other keys, whatever order the client wrote.
+    assert_int_equal(chat("{" MSGS ", \"tools\": [{\"function\": {\"parameters\": {\"type\": \"object\"}, \"x-extra\": 1, "
+                          "\"strict\": true, \"name\": \"f\"}, \"type\": \"function\"}, {\"type\": \"function\", "
+                          "\"function\": {\"name\": \"g\", \"strict\": null}}]}", &r, &e, a, NULL), 0);
+    char *dumped = json_dumps(r.tools, JSON_COMPACT);
+    assert_string_equal(dumped, "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":null,"
+                                "\"parameters\":{\"type\":\"object\"},\"strict\":true}},{\"type\":\"function\","
+                                "\"function\":{\"name\":\"g\",\"description\":null,\"parameters\":null}}]");
+    free(dumped);
+    oa_chat_request_release(&r);
     assert_int_equal(chat("{" MSGS "}", &r, &e, a, NULL), 0);
     assert_null(r.tools);
     assert_int_equal(r.tool_choice, OA_TOOL_AUTO);
