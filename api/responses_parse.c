@@ -290,22 +290,31 @@ static const struct tr_field rs_fields[] = {
 
 // ---- input items into messages --------------------------------------------------------
 
-// Turns being put together: the reasoning item waiting for the assistant
-// turn it belongs to, and the assistant message function calls join.
+// Turns being put together, as vLLM's construct_chat_messages_with_tool_call
+// puts them: a reasoning item, an assistant message or a function call
+// fills its slot (reasoning_content, content, tool_calls) of the assistant
+// message just before it while that slot is empty (calls always join it);
+// otherwise it opens a new assistant message.
 struct turns {
-    json_t *reasoning;               // owned text, or NULL
     json_t *assistant;               // borrowed: the last message, when it is the assistant's
 };
 
 static const char *const text_parts[] = {"input_text", "output_text", "text"};
 
-// An assistant message takes the waiting reasoning as reasoning_content.
-static int take_reasoning(struct tr *t, struct turns *u, json_t *m)
+// Puts value (stolen) in the slot of the assistant message before it, or
+// opens one with it.
+static int assistant_slot(struct tr *t, struct turns *u, const char *slot, json_t *value, int i)
 {
-    if (!u->reasoning) return 0;
-    int rc = json_object_set_new(m, "reasoning_content", u->reasoning) ? tr_oom(t) : 0;
-    u->reasoning = NULL;
-    return rc;
+    if (!value) return tr_oom(t);
+    if (u->assistant && !json_object_get(u->assistant, slot))
+        return json_object_set_new(u->assistant, slot, value) ? tr_oom(t) : 0;
+    json_t *m = json_pack("{s:s}", "role", "assistant");
+    if (!m || json_object_set_new(m, slot, value)) {
+        json_decref(m);
+        return tr_oom(t);
+    }
+    u->assistant = m;
+    return tr_message(t, m, i);
 }
 
 static int item_message(struct tr *t, struct turns *u, json_t *it, int i)
@@ -326,15 +335,9 @@ static int item_message(struct tr *t, struct turns *u, json_t *it, int i)
     json_t *text;
     int rc = tr_text(t, key, content, text_parts, 3, &text);
     if (rc) return rc;
-    json_t *m = json_pack("{s:O, s:o}", "role", role, "content", text);
-    if (!m) return tr_oom(t);
-    bool assistant = !strcmp(json_string_value(role), "assistant");
-    if (assistant && (rc = take_reasoning(t, u, m))) {
-        json_decref(m);
-        return rc;
-    }
-    u->assistant = assistant ? m : NULL;
-    return tr_message(t, m, i);
+    if (!strcmp(json_string_value(role), "assistant")) return assistant_slot(t, u, "content", text, i);
+    u->assistant = NULL;
+    return tr_message(t, json_pack("{s:O, s:o}", "role", role, "content", text), i);
 }
 
 static int item_string(struct tr *t, json_t *it, int i, const char *field, json_t **out)
@@ -347,7 +350,7 @@ static int item_string(struct tr *t, json_t *it, int i, const char *field, json_
     return 0;
 }
 
-// A function call joins the assistant turn before it (a turn may call
+// A function call joins the assistant message before it (a turn may call
 // several functions), or opens one.
 static int item_function_call(struct tr *t, struct turns *u, json_t *it, int i)
 {
@@ -359,27 +362,14 @@ static int item_function_call(struct tr *t, struct turns *u, json_t *it, int i)
     json_t *call = json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", call_id, "type", "function",
                              "function", "name", name, "arguments", args);
     if (!call) return tr_oom(t);
-    if (!u->assistant) {
-        json_t *m = json_pack("{s:s, s:s, s:[]}", "role", "assistant", "content", "", "tool_calls");
-        if (!m) {
-            json_decref(call);
-            return tr_oom(t);
-        }
-        if ((rc = take_reasoning(t, u, m)) || (rc = tr_message(t, m, i))) {
-            json_decref(call);
-            return rc;
-        }
-        u->assistant = m;
+    json_t *calls = u->assistant ? json_object_get(u->assistant, "tool_calls") : NULL;
+    if (json_is_array(calls)) return json_array_append_new(calls, call) ? tr_oom(t) : 0;
+    json_t *one = json_array();
+    if (!one || json_array_append_new(one, call)) {
+        json_decref(one);
+        return tr_oom(t);
     }
-    json_t *calls = json_object_get(u->assistant, "tool_calls");
-    if (!calls) {
-        calls = json_array();
-        if (!calls || json_object_set_new(u->assistant, "tool_calls", calls)) {
-            json_decref(call);
-            return tr_oom(t);
-        }
-    }
-    return json_array_append_new(calls, call) ? tr_oom(t) : 0;
+    return assistant_slot(t, u, "tool_calls", one, i);
 }
 
 static int item_function_output(struct tr *t, struct turns *u, json_t *it, int i)
@@ -396,8 +386,8 @@ static int item_function_output(struct tr *t, struct turns *u, json_t *it, int i
                                    "content", text), i);
 }
 
-// A reasoning item's text (its reasoning_text parts, else its summary)
-// goes with the next assistant turn, as reasoning_content.
+// A reasoning item's text (its reasoning_text parts, else its summary) is
+// an assistant turn's reasoning_content.
 static int item_reasoning(struct tr *t, struct turns *u, json_t *it, int i)
 {
     static const char *const reasoning_parts[] = {"reasoning_text", "summary_text"};
@@ -413,9 +403,7 @@ static int item_reasoning(struct tr *t, struct turns *u, json_t *it, int i)
     json_t *text;
     int rc = tr_text(t, key, content, reasoning_parts, 2, &text);
     if (rc) return rc;
-    json_decref(u->reasoning); // a reasoning item with no turn after it is dropped
-    u->reasoning = text;
-    return 0;
+    return assistant_slot(t, u, "reasoning_content", text, i);
 }
 
 typedef int (*item_fn)(struct tr *t, struct turns *u, json_t *it, int i);
@@ -470,7 +458,6 @@ static int input_messages(struct tr *t)
         }
         if ((rc = fn(t, &u, it, (int)i))) break;
     }
-    json_decref(u.reasoning);
     if (rc) return rc;
     if (!json_array_size(t->messages))
         return oa_errorf(t->e, MS_EINVAL, "invalid_value", "input", "'input' holds no message");

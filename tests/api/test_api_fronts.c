@@ -105,6 +105,35 @@ static void responses_input_items_become_chat_messages(void **state)
     free(m);
     json_decref(echo);
     oa_chat_request_release(&r);
+    // Items join the assistant message before them while its slot is empty,
+    // as vLLM's construct_chat_messages_with_tool_call joins them: a message,
+    // then reasoning, then a call are one turn; a second reasoning item opens
+    // another; a call then a message are one turn; trailing reasoning is a turn.
+    m = parse(rs_parse, "{\"input\": [{\"role\": \"user\", \"content\": \"q\"},"
+                        "{\"role\": \"assistant\", \"content\": \"A\"},"
+                        "{\"type\": \"reasoning\", \"content\": [{\"type\": \"reasoning_text\", \"text\": \"R1\"}]},"
+                        "{\"type\": \"reasoning\", \"summary\": [{\"type\": \"summary_text\", \"text\": \"R2\"}]},"
+                        "{\"type\": \"function_call\", \"call_id\": \"c1\", \"name\": \"f\", \"arguments\": \"{}\"},"
+                        "{\"type\": \"function_call_output\", \"call_id\": \"c1\", \"output\": \"o\"},"
+                        "{\"type\": \"function_call\", \"call_id\": \"c2\", \"name\": \"f\", \"arguments\": \"{}\"},"
+                        "{\"role\": \"assistant\", \"content\": [{\"type\": \"output_text\", \"text\": \"B\"}]},"
+                        "{\"role\": \"user\", \"content\": \"again\"},"
+                        "{\"type\": \"reasoning\", \"content\": [{\"type\": \"reasoning_text\", \"text\": \"R3\"}]}]}",
+              &r, &echo, &e, a);
+    if (!m) fail_msg("refused: %s (%s)", e.message, e.param);
+    assert_json(r.messages,
+                "[{\"role\":\"user\",\"content\":\"q\"},"
+                "{\"role\":\"assistant\",\"content\":\"A\",\"reasoning_content\":\"R1\"},"
+                "{\"role\":\"assistant\",\"content\":\"\",\"reasoning_content\":\"R2\",\"tool_calls\":["
+                "{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{}}}]},"
+                "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"o\"},"
+                "{\"role\":\"assistant\",\"content\":\"B\",\"tool_calls\":["
+                "{\"id\":\"c2\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{}}}]},"
+                "{\"role\":\"user\",\"content\":\"again\"},"
+                "{\"role\":\"assistant\",\"content\":\"\",\"reasoning_content\":\"R3\"}]");
+    free(m);
+    json_decref(echo);
+    oa_chat_request_release(&r);
     // A string input is one user message (empty instructions are none);
     // text.format becomes structured output.
     m = parse(rs_parse, "{\"input\": \"hi\", \"instructions\": \"\", \"text\": {\"format\": {\"type\": \"json_schema\", \"name\": \"x\","
