@@ -316,6 +316,7 @@ static int block_text(struct tr *t, struct turn *u, json_t *b, const char *key, 
     char k[96];
     snprintf(k, sizeof k, "%s.text", key);
     if (!json_is_string(text)) return text ? tr_type_error(t, k, "a string", text) : tr_missing(t, k);
+    if (!json_string_length(text)) return 0; // nothing to join (vLLM skips it too)
     return json_array_append_new(u->texts, json_pack("{s:s, s:O}", "type", "text", "text", text))
                ? tr_oom(t) : 0;
 }
