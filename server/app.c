@@ -227,6 +227,29 @@ int app_create(struct app **out, char *err, size_t errlen)
     return 0;
 }
 
+// Whether the template makes the model think first: Qwen3's hybrid ones
+// switch it with enable_thinking, Thinking-2507's (and QwQ's) generation
+// prompt opens <think> itself. Instruct-2507's mentions <think> only to
+// replay old turns and never thinks: a reasoning split there would hold
+// every grammar back until a </think> that never comes.
+static bool template_thinks(struct app *a, const char *src)
+{
+    if (!src || !strstr(src, "<think>")) return false;
+    if (strstr(src, "enable_thinking")) return true;
+    json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", "hi");
+    json_t *kw = app_chat_kwargs(a, NULL, -1);
+    char *text = NULL;
+    size_t len = 0;
+    struct oa_error e;
+    memset(&e, 0, sizeof e);
+    bool thinks = msgs && kw && !app_render_chat(a, msgs, NULL, true, false, kw, &text, &len, &e) &&
+                  output_parser_prompt_in_reasoning(text, len);
+    free(text);
+    json_decref(kw);
+    json_decref(msgs);
+    return thinks;
+}
+
 // What agents need: the grammar vocabulary (tens of milliseconds over a
 // 150k vocabulary, once) and a cache of compiled grammars, the reasoning
 // parser's switch, the chat_template_kwargs defaults and the tag tokens.
@@ -241,11 +264,7 @@ static int load_agents(struct app *a, const struct app_opts *o, char *err, size_
     a->think_end_id = tok_find_token(a->tok, "</think>");
     a->tool_open_id = tok_find_token(a->tok, "<tool_call>");
     a->tool_close_id = tok_find_token(a->tok, "</tool_call>");
-    const char *rp = o->reasoning_parser ? o->reasoning_parser : "auto";
     const char *src = a->template_src ? a->template_src : tok_chat_template(a->tok);
-    a->reasoning_parser = !strcmp(rp, "qwen3") ||
-                          (!strcmp(rp, "auto") && src && strstr(src, "<think>") &&
-                           a->think_end_id >= 0);
     // Qwen3-Coder's template shows the model XML calls (<function=NAME>,
     // <parameter=KEY>); Qwen3's shows JSON ones.
     const char *tp = o->tool_call_parser ? o->tool_call_parser : "auto";
@@ -260,6 +279,9 @@ static int load_agents(struct app *a, const struct app_opts *o, char *err, size_
             return ms_err(err, errlen, MS_EINVAL, "--default-chat-template-kwargs is not a JSON "
                           "object: %s", je.text);
     }
+    const char *rp = o->reasoning_parser ? o->reasoning_parser : "auto";
+    a->reasoning_parser = !strcmp(rp, "qwen3") ||
+                          (!strcmp(rp, "auto") && a->think_end_id >= 0 && template_thinks(a, src));
     ms_log(MS_LOG_INFO, "agents: reasoning parser %s, tool calls parsed when tools are given "
            "(%s), structured output on", a->reasoning_parser ? "qwen3" : "off",
            a->tool_format == OUTPUT_TOOLS_QWEN3_XML ? "qwen3_coder" : "hermes");

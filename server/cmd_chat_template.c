@@ -11,6 +11,7 @@
 #include "base/base.h"
 #include "base/cli.h"
 #include "server/commands.h"
+#include "tokenizer/tokenizer.h"
 
 #define MAX_TEMPLATE_BYTES ((size_t)16 << 20)
 
@@ -112,20 +113,16 @@ static int model_template_load(const char *dir, struct model_template *m, char *
         model_template_free(m);
         return rc;
     }
-    // A separate chat_template.jinja takes precedence (newer checkpoints ship one).
-    if (ms_path_join(path, sizeof path, dir, "chat_template.jinja") == 0) {
-        FILE *f = fopen(path, "rb");
-        if (f) {
-            fclose(f);
-            char *src;
-            rc = ms_read_file(path, MAX_TEMPLATE_BYTES, &src, &len, err, errlen);
-            if (rc) {
-                model_template_free(m);
-                return rc;
-            }
-            free(m->source);
-            m->source = src;
-        }
+    // A separate chat_template.jinja takes precedence, as serve's tokenizer
+    // takes it (newer checkpoints ship one).
+    char *jinja;
+    if ((rc = tok_read_chat_template_file(dir, &jinja, err, errlen))) {
+        model_template_free(m);
+        return rc;
+    }
+    if (jinja) {
+        free(m->source);
+        m->source = jinja;
     }
     if (!m->source) {
         model_template_free(m);

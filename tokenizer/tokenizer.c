@@ -8,6 +8,20 @@
 
 #define TOK_JSON_MAX ((size_t)1 << 30)
 #define TOK_CONFIG_MAX ((size_t)64 << 20)
+#define TOK_TEMPLATE_MAX ((size_t)16 << 20)
+
+int tok_read_chat_template_file(const char *dir, char **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    char path[4096];
+    int rc = ms_path_join(path, sizeof path, dir, "chat_template.jinja");
+    if (rc) return ms_err(err, errlen, rc, "the path %s/chat_template.jinja is too long", dir);
+    size_t len;
+    char terr[512];
+    rc = ms_read_file(path, TOK_TEMPLATE_MAX, out, &len, terr, sizeof terr);
+    if (rc == MS_ENOTFOUND) return 0;
+    return rc ? ms_err(err, errlen, rc, "%s", terr) : 0;
+}
 
 int tok_load(const char *dir, struct tokenizer **out, char *err, size_t errlen)
 {
@@ -39,6 +53,13 @@ int tok_load(const char *dir, struct tokenizer **out, char *err, size_t errlen)
     rc = tok_load_json(t, tok_json, tok_len, cfg_json, cfg_len, err, errlen);
     free(tok_json);
     free(cfg_json);
+    // Newer checkpoints ship their template as chat_template.jinja, which
+    // transformers and vLLM prefer to tokenizer_config.json's.
+    char *jinja = NULL;
+    if (rc == 0 && (rc = tok_read_chat_template_file(dir, &jinja, err, errlen)) == 0 && jinja) {
+        free(t->chat_template);
+        t->chat_template = jinja;
+    }
     if (rc == 0 && tok_cache_init(&t->cache))
         rc = ms_err(err, errlen, MS_ENOMEM, "out of memory for the tokenizer cache");
     if (rc) {

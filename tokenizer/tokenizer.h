@@ -50,8 +50,13 @@ int32_t tok_find_token(const struct tokenizer *t, const char *content);
 // between threads.
 void tok_set_cache(struct tokenizer *t, bool enabled);
 
-// From tokenizer_config.json (NULL when absent).
+// The chat template: DIR/chat_template.jinja where tok_load found one (it
+// takes precedence, as in transformers and vLLM), else tokenizer_config.json's
+// (NULL when neither has one).
 const char *tok_chat_template(const struct tokenizer *t);
+// DIR/chat_template.jinja: 0 with *out its text (malloc'd), 0 with *out NULL
+// when there is none, or an error (unreadable, over 16 MiB, not a regular file).
+int tok_read_chat_template_file(const char *dir, char **out, char *err, size_t errlen);
 const char *tok_bos_token(const struct tokenizer *t);
 const char *tok_eos_token(const struct tokenizer *t);
 
