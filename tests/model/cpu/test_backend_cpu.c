@@ -427,8 +427,20 @@ static void the_weights_cache_is_written_mapped_and_rebuilt_when_stale_or_corrup
     assert_int_equal(prepare_cached(ckpt, cdir, &got, &n2), 1); // mapped
     assert_memory_equal(got, ref, n);
     free(got);
-    // Corruptions: the magic, the format, a size, the key's text, the checksum.
-    const long at[] = {0, 8, 24, 96, 64};
+    // Corruptions: the magic, the format, a size, the number of data sums,
+    // the header's checksum, the key's text, a data sum, then the data: the
+    // first packed byte, one deep in the packed area, the made area's last.
+    struct stat fs;
+    assert_int_equal(stat(file, &fs), 0);
+    uint64_t hdr[10]; // magic, format, data_off, packed, made_off, made, file, key_len, n_sums, checksum
+    FILE *hf = fopen(file, "rb");
+    assert_non_null(hf);
+    assert_int_equal(fread(hdr, sizeof hdr, 1, hf), 1);
+    fclose(hf);
+    assert_int_equal(hdr[8], 1); // this small file has one data sum
+    const long key_at = (long)sizeof hdr, sums_at = key_at + (long)hdr[7], data_at = (long)hdr[2];
+    assert_true(data_at + 100003 < fs.st_size);
+    const long at[] = {0, 8, 24, 64, 72, key_at + 16, sums_at + 3, data_at, data_at + 100003, (long)fs.st_size - 1};
     for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
         flip_byte(file, at[i]);
         if (prepare_cached(ckpt, cdir, &got, &n2) != 2) fail_msg("byte %ld flipped: the file was used", at[i]);
