@@ -1,6 +1,10 @@
-// main: dispatches `moeserve <command>` to the subcommands in commands.h.
+// main: dispatches `moeserve <command>` to the subcommands in commands.h,
+// and says what a SIGBUS means before the process dies of it.
+#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "moeserve_build.h"
 #include "server/commands.h"
@@ -32,8 +36,38 @@ static void print_usage(FILE *f)
     fprintf(f, "\n`moeserve <command> --help` describes a command's options.\n");
 }
 
+// The weights (the checkpoint's safetensors, the weights cache) are files
+// mapped into memory: one truncated under a running process (root's cp over
+// the read-only cache, a checkpoint rewritten in place) or unreadable (an
+// I/O error) takes its pages away, and the next touch is a SIGBUS, which
+// would end the server with only "Bus error". Async-signal-safe: write(2)
+// only; SA_RESETHAND leaves the default action to end the process (with its
+// core dump) as the faulting access runs again.
+static void on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig;
+    (void)uc;
+    char msg[96] = "moeserve: SIGBUS at address 0x";
+    size_t n = strlen(msg);
+    const uintptr_t a = (uintptr_t)si->si_addr;
+    for (int i = (int)sizeof a * 8 - 4; i >= 0; i -= 4) msg[n++] = "0123456789abcdef"[(a >> i) & 15];
+    static const char why[] =
+        ": a file this process maps (the checkpoint's safetensors, or the weights cache its log "
+        "named) was truncated or could not be read (an I/O error) under it. Replace such files by "
+        "renaming a new one over them, never by writing into them (cp, truncate), and start again.\n";
+    ssize_t r = write(STDERR_FILENO, msg, n);
+    r = write(STDERR_FILENO, why, sizeof why - 1);
+    (void)r;
+}
+
 int main(int argc, char **argv)
 {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, NULL);
     if (argc < 2) {
         print_usage(stderr);
         return 2;
