@@ -108,6 +108,7 @@ struct engine {
     struct engine_opts o;
     int vocab;
     int max_model_len;
+    int n_threads;              // all ranks' compute threads
     int n_ranks;
     struct rank_slot *ranks;           // (n_ranks)
     struct comm **comms;               // (n_ranks) or NULL
@@ -992,6 +993,7 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = n > 0 ? (int)n : 1;
     }
+    e->n_threads = n_threads;
     enum backend_device dev;
     char note[256];
     if ((rc = backend_device_resolve(o->device, &dev, note, sizeof note, err, errlen))) goto fail;
@@ -1308,6 +1310,8 @@ void engine_drain(struct engine *e, double timeout_s)
 }
 
 int engine_max_model_len(const struct engine *e) { return e->max_model_len; }
+
+int engine_threads(const struct engine *e) { return e->n_threads; }
 
 void engine_get_stats(struct engine *e, struct engine_stats *out)
 {

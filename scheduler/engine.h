@@ -137,6 +137,8 @@ void engine_drain(struct engine *e, double timeout_s);
 void engine_destroy(struct engine *e);
 
 int engine_max_model_len(const struct engine *e);
+// The compute threads of all ranks together (--threads, or every online core when 0).
+int engine_threads(const struct engine *e);
 
 #define ENGINE_MAX_RANKS 64
 

@@ -201,7 +201,7 @@ static void print_split(const struct pass_result *r, int ri, bool decode, bool j
     }
 }
 
-static void print_pass(const struct pass_result *r, const struct engine_opts *o, int n_prompts,
+static void print_pass(const struct pass_result *r, const struct engine_opts *o, int n_threads, int n_prompts,
                        int input_len, int output_len, bool json)
 {
     double rps = r->done / r->seconds;
@@ -215,7 +215,7 @@ static void print_pass(const struct pass_result *r, const struct engine_opts *o,
                "\"output_tokens_per_second\": %.2f, \"steps\": %llu, \"padded_steps\": %llu, "
                "\"graph_steps\": %llu, \"step_ms\": [",
                r->concurrency, n_prompts, input_len, output_len, o->data_parallel_size,
-               o->n_threads, r->seconds, r->done, r->output_tokens + r->input_tokens, rps, tot_tps,
+               n_threads, r->seconds, r->done, r->output_tokens + r->input_tokens, rps, tot_tps,
                out_tps, (unsigned long long)r->steps, (unsigned long long)r->padded_steps,
                (unsigned long long)r->graph_steps);
         for (int ri = 0; ri < r->n_ranks; ri++) {
@@ -376,7 +376,7 @@ int cmd_bench_offline(int argc, char **argv)
             rc = run_pass(e, m->cfg.vocab_size, n_prompts, input_len, output_len, conc[c],
                           temperature, seed + 1000003u * (uint64_t)(n_pass + 1), &res[n_pass],
                           err, sizeof err);
-            if (!rc) print_pass(&res[n_pass], &o, n_prompts, input_len, output_len, json);
+            if (!rc) print_pass(&res[n_pass], &o, engine_threads(e), n_prompts, input_len, output_len, json);
         }
     if (rc) {
         fprintf(stderr, "moeserve bench-offline: %s\n", err);

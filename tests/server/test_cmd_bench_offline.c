@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/wait.h>
 #include <cmocka.h>
 #include <jansson.h>
@@ -102,6 +103,23 @@ static void json_passes_count_every_token(void **state)
     free(out);
 }
 
+// Without --threads the engine runs on every online core, and the JSON says
+// how many (it printed the flag's 0 for "all").
+static void json_names_the_threads_it_ran_on(void **state)
+{
+    (void)state;
+    char args[8192], *out;
+    snprintf(args, sizeof args, "%s --num-prompts 2 --input-len 8 --output-len 2 --json --kv-cache-memory 64MiB",
+             model);
+    assert_int_equal(run(args, false, &out), 0);
+    json_error_t je;
+    json_t *j = json_loads(out, JSON_DISABLE_EOF_CHECK, &je);
+    if (!j) fail_msg("not JSON: %s", out);
+    assert_int_equal(json_integer_value(json_object_get(j, "threads")), sysconf(_SC_NPROCESSORS_ONLN));
+    json_decref(j);
+    free(out);
+}
+
 static void text_output_on_two_expert_parallel_ranks(void **state)
 {
     (void)state;
@@ -162,6 +180,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(json_passes_count_every_token),
+        cmocka_unit_test(json_names_the_threads_it_ran_on),
         cmocka_unit_test(text_output_on_two_expert_parallel_ranks),
         cmocka_unit_test(bad_arguments_exit_2_with_a_reason),
     };
