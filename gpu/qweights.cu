@@ -233,8 +233,9 @@ static void stored_sizes(const struct tensor *t, size_t *data, size_t *scale, si
         break;
     }
     case QUANT_SRC_GPTQ:
-        *data = K / 8 * rows * 4;
-        *scale = ng * rows * 2;
+    case QUANT_SRC_AWQ:
+        *data = K / 8 * rows * 4; // the same dwords, (K / 8, rows) or (K, rows / 8)
+        *scale = ng * rows * (q->source == QUANT_SRC_AWQ ? dtype_size(q->scale_dtype) : 2);
         *zeros = ng * (rows / 8) * 4;
         break;
     }
@@ -277,7 +278,10 @@ cudaError_t cuda_qweight_fill(cudaStream_t s, const struct tensor *t, void *dst,
     p.G = t->quant.group > 0 ? t->quant.group : p.K;
     p.ng = quant_groups(p.K, p.G);
     const size_t n_blocks = (size_t)(p.rows + 15) / 16;
-    if (!qm_device(t) || p.ng > 65535 || n_blocks > 0x7fffffff) return fill_on_host(s, t, dst);
+    // AWQ's words hold 8 outputs of one input, where the kernel takes a
+    // word of 8 inputs of one output (GPTQ's): those are made on the host.
+    if (!qm_device(t) || t->quant.source == QUANT_SRC_AWQ || p.ng > 65535 || n_blocks > 0x7fffffff)
+        return fill_on_host(s, t, dst);
     p.block_bytes = quant_block_bytes(p.f, p.K, p.G);
     p.header_bytes = (int)quant_block_header_bytes(p.f, p.K, p.G);
     p.dst = (uint8_t *)dst;

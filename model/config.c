@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include "base/base.h"
@@ -333,10 +334,48 @@ static int parse_quant(const json_t *q, struct quant_config *out, char *err, siz
                           "moeserve reads one bits and group_size for every module", F);
         return 0;
     }
+    if (method && !strcmp(method, "awq")) {
+        // AutoAWQ's (and llm-compressor's AWQ export's) GEMM layout, the one
+        // vLLM's "awq" reads: zero points always stored, as they are.
+        out->method = QUANT_METHOD_AWQ;
+        int bits = 0, group = 0;
+        if ((rc = get_int(q, F, "bits", true, 1, 64, &bits, err, errlen))) return rc;
+        if (bits != 4)
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field bits is %d; moeserve reads "
+                          "4-bit AWQ checkpoints only", F, bits);
+        if ((rc = get_int(q, F, "group_size", true, -1, CONFIG_MAX_DIM, &group, err, errlen)))
+            return rc;
+        if (group == 0 || (group > 0 && group % 8))
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field group_size is %d; expected -1 "
+                          "or a positive multiple of 8", F, group);
+        out->group = group < 0 ? 0 : group;
+        bool zp = true;
+        if ((rc = get_bool(q, F, "zero_point", &zp, err, errlen))) return rc;
+        if (!zp)
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field zero_point is false; moeserve "
+                          "reads AWQ checkpoints with zero points (AutoAWQ's GEMM format stores "
+                          "them always)", F);
+        const json_t *v = json_object_get(q, "version");
+        if (v && !json_is_null(v) && (!json_is_string(v) || strcasecmp(json_string_value(v), "gemm")))
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field version is %s%.40s%s; moeserve "
+                          "reads AWQ's \"gemm\" layout (qweight of in_features x out_features / 8), "
+                          "as vLLM's awq does", F, json_is_string(v) ? "\"" : "",
+                          json_is_string(v) ? json_string_value(v) : json_kind(v),
+                          json_is_string(v) ? "\"" : "");
+        const json_t *nc = json_object_get(q, "modules_to_not_convert");
+        if (nc && !json_is_null(nc) && !json_is_array(nc))
+            return ms_err(err, errlen, MS_EFORMAT, "%s field modules_to_not_convert must be a list "
+                          "of module names or null, not %s", F, json_kind(nc));
+        // Those modules are stored plain (a .weight, not a .qweight), which
+        // is how every tensor is told apart anyway.
+        out->sym = false;
+        out->zero_offset = 0;
+        return 0;
+    }
     return ms_err(err, errlen, MS_EUNSUPPORTED,
                   "config.json has quantization_config (quant_method \"%s\"); moeserve reads "
-                  "fp8 (block-wise e4m3) and 4-bit gptq checkpoints, or quantizes bf16 ones at "
-                  "load with --quantization fp8|int8|int4", method ? method : "?");
+                  "fp8 (block-wise e4m3), 4-bit gptq and 4-bit awq checkpoints, or quantizes bf16 "
+                  "ones at load with --quantization fp8|int8|int4", method ? method : "?");
 }
 
 static int parse_root(json_t *root, struct model_config *cfg, char *err, size_t errlen)

@@ -360,16 +360,17 @@ static int mkdir_p(const char *dir, char *err, size_t errlen)
 }
 
 // ---- the file's tensors -------------------------------------------------------
-// A weight is one tensor of the file, or, quantized, the 2 (FP8) or 4 (GPTQ)
-// tensors of its format, next to each other.
+// A weight is one tensor of the file, or, quantized, the 2 (FP8), 4 (GPTQ)
+// or 3 (AWQ) tensors of its format, next to each other.
 enum part_kind {
     PART_BF16,
     PART_FP8_WEIGHT,      // F8_E4M3 (rows, cols)
     PART_FP8_SCALE,       // F32 (ceil(rows / B), ceil(cols / B)) weight_scale_inv
     PART_GPTQ_QWEIGHT,    // I32 (cols / 8, rows)
-    PART_GPTQ_QZEROS,     // I32 (ceil(cols / G), rows / 8)
-    PART_GPTQ_SCALES,     // F16 (ceil(cols / G), rows)
+    PART_GPTQ_QZEROS,     // I32 (ceil(cols / G), rows / 8); AWQ's the same shape
+    PART_GPTQ_SCALES,     // F16 (ceil(cols / G), rows); AWQ's the same
     PART_GPTQ_G_IDX,      // I32 (cols)
+    PART_AWQ_QWEIGHT,     // I32 (cols, rows / 8)
 };
 
 struct fpart {
@@ -424,6 +425,14 @@ static int build_parts(const struct makemodel_spec *s, const struct wlist *l, st
             rc = add_part(pl, i, w, PART_FP8_WEIGHT, "weight", "F8_E4M3", 2, R, C, 1);
             if (!rc) rc = add_part(pl, i, w, PART_FP8_SCALE, "weight_scale_inv", "F32", 2,
                                    (R + B - 1) / B, (C + B - 1) / B, 4);
+        } else if (s->quant == QUANT_METHOD_AWQ) {
+            if (R % 8)
+                return ms_err(err, errlen, MS_EINVAL, "%s has %lld outputs: AWQ needs a multiple of 8",
+                              w->name, (long long)R);
+            const int64_t ng = (C + B - 1) / B;
+            rc = add_part(pl, i, w, PART_AWQ_QWEIGHT, "qweight", "I32", 2, C, R / 8, 4);
+            if (!rc) rc = add_part(pl, i, w, PART_GPTQ_QZEROS, "qzeros", "I32", 2, ng, R / 8, 4);
+            if (!rc) rc = add_part(pl, i, w, PART_GPTQ_SCALES, "scales", "F16", 2, ng, R, 2);
         } else {
             if (R % 8 || C % 8)
                 return ms_err(err, errlen, MS_EINVAL, "%s is (%lld, %lld): GPTQ needs both sizes "
@@ -530,12 +539,44 @@ static int make_gptq(const float *v, int64_t R, int64_t C, int G, bool sym, stru
     return 0;
 }
 
+// AWQ (AutoAWQ's GEMM layout): per output and group of G inputs, the
+// at-load int4 rule's scales and zero points (0 to 15, as AutoAWQ's
+// zero_point rule makes them); a dword holds 8 outputs of one input, output
+// 8j + i in nibble quant_awq_nibble(i), the zero points likewise.
+static int make_awq(const float *v, int64_t R, int64_t C, int G, struct qtensor *q)
+{
+    const int ng = quant_groups((int)C, G);
+    void *buf = malloc(quant_rows_bytes((int)R, (int)C, QUANT_INT4, G));
+    q->qweight = calloc((size_t)C * (size_t)(R / 8), 4);
+    q->qzeros = calloc((size_t)ng * (size_t)(R / 8), 4);
+    q->scales = malloc((size_t)ng * (size_t)R * 2);
+    if (!buf || !q->qweight || !q->qzeros || !q->scales) {
+        free(buf);
+        return MS_ENOMEM;
+    }
+    struct quant_rows r;
+    quant_rows_init(&r, buf, (int)R, (int)C, QUANT_INT4, G);
+    for (int64_t o = 0; o < R; o++) quant_rows_quantize(&r, (int)o, v + o * C);
+    for (int64_t o = 0; o < R; o++) {
+        const int shift = 4 * quant_awq_nibble((int)(o % 8));
+        for (int64_t k = 0; k < C; k++)
+            q->qweight[(size_t)k * (size_t)(R / 8) + (size_t)(o / 8)] |= (uint32_t)r.q[o * C + k] << shift;
+        for (int g = 0; g < ng; g++) {
+            q->scales[(size_t)g * R + o] = ms_f32_to_f16(r.scale[o * ng + g]);
+            q->qzeros[(size_t)g * (R / 8) + o / 8] |= ((uint32_t)r.zero[o * ng + g] & 15u) << shift;
+        }
+    }
+    free(buf);
+    return 0;
+}
+
 static const void *part_bytes(const struct fpart *p, const struct qtensor *q)
 {
     switch (p->kind) {
     case PART_FP8_WEIGHT: return q->fp8;
     case PART_FP8_SCALE: return q->fp8_scale;
-    case PART_GPTQ_QWEIGHT: return q->qweight;
+    case PART_GPTQ_QWEIGHT:
+    case PART_AWQ_QWEIGHT: return q->qweight;
     case PART_GPTQ_QZEROS: return q->qzeros;
     case PART_GPTQ_SCALES: return q->scales;
     case PART_GPTQ_G_IDX: return q->g_idx;
@@ -568,9 +609,9 @@ static int write_weight(FILE *f, const char *tmp, const struct makemodel_spec *s
     if (!v) return ms_err(err, errlen, MS_ENOMEM, "out of memory for %s", w->name);
     gen_values(w, v, w->count, &state);
     struct qtensor q = {0};
-    rc = s->quant == QUANT_METHOD_FP8
-             ? make_fp8(v, w->shape[0], w->shape[1], quant_group_of(s), &q)
-             : make_gptq(v, w->shape[0], w->shape[1], quant_group_of(s), !s->quant_asym, &q);
+    rc = s->quant == QUANT_METHOD_FP8   ? make_fp8(v, w->shape[0], w->shape[1], quant_group_of(s), &q)
+         : s->quant == QUANT_METHOD_AWQ ? make_awq(v, w->shape[0], w->shape[1], quant_group_of(s), &q)
+                                        : make_gptq(v, w->shape[0], w->shape[1], quant_group_of(s), !s->quant_asym, &q);
     free(v);
     if (rc) rc = ms_err(err, errlen, MS_ENOMEM, "out of memory quantizing %s", w->name);
     for (; !rc && *pi < pl->n && pl->p[*pi].w == p->w; (*pi)++)
@@ -697,6 +738,11 @@ static json_t *config_json(const struct makemodel_spec *s)
                                       "sym", !s->quant_asym, "damp_percent", 0.01,
                                       "true_sequential", 1, "static_groups", 0,
                                       "checkpoint_format", "gptq"));
+    else if (s->quant == QUANT_METHOD_AWQ)
+        json_object_set_new(c, "quantization_config",
+                            json_pack("{s:s,s:i,s:i,s:b,s:s,s:n}", "quant_method", "awq", "bits", 4,
+                                      "group_size", quant_group_of(s), "zero_point", 1, "version", "gemm",
+                                      "modules_to_not_convert"));
     json_object_set_new(c, "initializer_range", json_real(0.02));
     json_object_set_new(c, "use_cache", json_true());
     json_object_set_new(c, "transformers_version", json_string("4.51.0"));

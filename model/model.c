@@ -206,6 +206,36 @@ static int bind_gptq(struct binder *b, struct tensor *out, const struct st_tenso
     return 0;
 }
 
+// A 4-bit AWQ projection (AutoAWQ's GEMM layout): qweight and qzeros hold
+// 8 outputs of one input a dword, scales F16 (or BF16) by group and output.
+static int bind_awq(struct binder *b, struct tensor *out, const struct st_tensor *qw, const char *base,
+                    int64_t rows, int64_t cols, char *err, size_t errlen)
+{
+    const struct quant_config *qc = &b->m->cfg.quant;
+    const int G = qc->group > 0 ? qc->group : (int)cols;
+    if (rows % 8)
+        return ms_err(err, errlen, MS_EFORMAT, "%s has %lld outputs: 4-bit AWQ packs 8 outputs per "
+                      "int32, so they must be a multiple of 8", base, (long long)rows);
+    const int64_t ng = (cols + G - 1) / G;
+    char why[96];
+    snprintf(why, sizeof why, "group_size %d over %lld inputs", G, (long long)cols);
+    const struct st_tensor *sc = find_part(b, base, "scales");
+    const char *sd = sc && !strcmp(sc->dtype_str, "BF16") ? "BF16" : "F16";
+    int rc;
+    if ((rc = check_part(qw, base, "qweight", "I32", 2, (const int64_t[]){cols, rows / 8},
+                         "in_features, out_features / 8", err, errlen)) ||
+        (rc = check_part(find_part(b, base, "qzeros"), base, "qzeros", "I32", 2,
+                         (const int64_t[]){ng, rows / 8}, why, err, errlen)) ||
+        (rc = check_part(sc, base, "scales", sd, 2, (const int64_t[]){ng, rows}, why, err, errlen)))
+        return rc;
+    out->data = qw->data;
+    out->quant = (struct tensor_quant){.format = QUANT_INT4, .source = QUANT_SRC_AWQ, .group = G,
+                                       .block_rows = 1, .scale = sc->data, .scale_dtype = sc->dtype,
+                                       .zeros = find_part(b, base, "qzeros")->data};
+    b->bound += 3;
+    return 0;
+}
+
 // A matrix the checkpoint may hold quantized, as config.json's
 // quantization_config says. Returns 1 when it bound one, 0 when the tensor
 // is stored plain, or an error.
@@ -219,7 +249,8 @@ static int bind_quantized(struct binder *b, struct tensor *out, enum weight_role
     memcpy(base, name, n - 7);
     base[n - 7] = 0;
     const struct st_tensor *t = safetensors_find(b->st, name);
-    const struct st_tensor *qw = method == QUANT_METHOD_GPTQ && !t ? find_part(b, base, "qweight") : NULL;
+    const struct st_tensor *qw =
+        (method == QUANT_METHOD_GPTQ || method == QUANT_METHOD_AWQ) && !t ? find_part(b, base, "qweight") : NULL;
     const bool fp8 = method == QUANT_METHOD_FP8 && t && !strcmp(t->dtype_str, "F8_E4M3");
     if (!fp8 && !qw) return 0;
     if (role == ROLE_EMBED)
@@ -230,8 +261,9 @@ static int bind_quantized(struct binder *b, struct tensor *out, enum weight_role
     out->shape[0] = shape[0];
     out->shape[1] = shape[1];
     out->dtype = DTYPE_BF16;
-    int rc = fp8 ? bind_fp8(b, out, t, base, shape[0], shape[1], err, errlen)
-                 : bind_gptq(b, out, qw, base, shape[0], shape[1], err, errlen);
+    int rc = fp8                          ? bind_fp8(b, out, t, base, shape[0], shape[1], err, errlen)
+             : method == QUANT_METHOD_AWQ ? bind_awq(b, out, qw, base, shape[0], shape[1], err, errlen)
+                                          : bind_gptq(b, out, qw, base, shape[0], shape[1], err, errlen);
     if (rc) return rc;
     if (b->m->quant == QUANT_NONE) b->m->quant = out->quant.format;
     return 1;
@@ -468,7 +500,7 @@ static int resolve_quant(struct model *m, const struct model_load_opts *o, enum 
     if (has != QUANT_NONE && *want != QUANT_NONE && *want != has)
         return ms_err(err, errlen, MS_EINVAL, "%s is an %s checkpoint (%s weights); --quantization %s "
                       "asks for %s: drop the flag, or start from a bf16 checkpoint", m->dir,
-                      qm == QUANT_METHOD_FP8 ? "FP8" : "GPTQ", quant_format_name(has),
+                      qm == QUANT_METHOD_FP8 ? "FP8" : qm == QUANT_METHOD_AWQ ? "AWQ" : "GPTQ", quant_format_name(has),
                       quant_format_name(*want), quant_format_name(*want));
     // A dummy load makes a quantized config's format itself; a real one
     // reads it from the tensors.

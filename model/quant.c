@@ -242,6 +242,17 @@ void quant_tensor_rows(const struct tensor *t, int r0, int n, struct quant_rows 
             (void)G;
             break;
         }
+        case QUANT_SRC_AWQ: {
+            const uint32_t *qw = t->data, *qz = tq->zeros;
+            const size_t words = (size_t)rows / 8;
+            const int shift = 4 * quant_awq_nibble(o % 8);
+            for (int k = 0; k < K; k++) q[k] = (uint8_t)((qw[(size_t)k * words + (size_t)(o / 8)] >> shift) & 15u);
+            for (int g = 0; g < ng; g++) {
+                s[g] = scale_at(tq->scale, tq->scale_dtype, (size_t)g * rows + o);
+                z[g] = (uint8_t)((qz[(size_t)g * words + (size_t)(o / 8)] >> shift) & 15u);
+            }
+            break;
+        }
         }
     }
 }
@@ -254,7 +265,8 @@ enum quant_format quant_config_format(const struct model_config *cfg)
 {
     switch (cfg->quant.method) {
     case QUANT_METHOD_FP8: return QUANT_FP8;
-    case QUANT_METHOD_GPTQ: return QUANT_INT4;
+    case QUANT_METHOD_GPTQ:
+    case QUANT_METHOD_AWQ: return QUANT_INT4;
     case QUANT_METHOD_NONE: break;
     }
     return QUANT_NONE;

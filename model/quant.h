@@ -57,6 +57,10 @@ enum quant_source {
     QUANT_SRC_GPTQ,        // data: qweight I32 (cols / 8, rows), value (k, o) in bits
                            // 4 (k % 8) of word (k / 8, o); scale: F16 (ceil(cols / group),
                            // rows); zeros: qzeros I32 (ceil(cols / group), rows / 8)
+    QUANT_SRC_AWQ,         // data: qweight I32 (cols, rows / 8), value (k, o) in nibble
+                           // quant_awq_nibble(o % 8) of word (k, o / 8); scale: scale_dtype
+                           // (ceil(cols / group), rows); zeros: qzeros I32 (ceil(cols / group),
+                           // rows / 8), packed as qweight, stored as they are
 };
 
 // How one matrix of a model is quantized (struct tensor.quant). format
@@ -68,7 +72,7 @@ struct tensor_quant {
     int block_rows;            // QUANT_SRC_FP8: outputs sharing a scale (else 1)
     const void *scale;         // QUANT_SRC_FP8 / GPTQ: the checkpoint's scales (host memory)
     enum dtype scale_dtype;
-    const void *zeros;         // QUANT_SRC_GPTQ: qzeros
+    const void *zeros;         // QUANT_SRC_GPTQ / AWQ: qzeros
     int zero_offset;           // QUANT_SRC_GPTQ: added to a stored zero point (1: v1, 0: v2)
     bool sym;                  // QUANT_SRC_GPTQ: symmetric (informational; z is read either way)
 };
@@ -85,6 +89,11 @@ static inline int quant_groups(int cols, int group)
 #else
 #define QUANT_FN static inline
 #endif
+
+// The nibble of an AWQ word that holds output 8j + i: AutoAWQ packs a
+// word's outputs in the order 0, 2, 4, 6, 1, 3, 5, 7, so output i sits in
+// nibble 0, 4, 1, 5, 2, 6, 3, 7.
+QUANT_FN int quant_awq_nibble(int i) { return (int)((0x73625140u >> (4 * (i & 7))) & 15u); }
 
 // e4m3fn code -> fp32, exactly: the magnitude bits shifted into an fp32's
 // exponent and mantissa give the value times 2^-120 (normals and subnormals

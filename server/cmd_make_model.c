@@ -17,7 +17,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: moeserve make-model --shape tiny|demo|mid --out DIR [--seed N] "
             "[--tokenizer-dir DIR]\n"
-            "                           [--quantization fp8|gptq [--group-size N] [--asym]]\n\n"
+            "                           [--quantization fp8|gptq|awq [--group-size N] [--asym]]\n\n"
             "Writes config.json, generation_config.json, model.safetensors (bf16, random\n"
             "weights from a generator seeded by --seed, default 0) and the Qwen3\n"
             "tokenizer.json and tokenizer_config.json into DIR.\n\n"
@@ -28,9 +28,10 @@ static void usage(FILE *f)
             "  --tokenizer-dir where tokenizer.json comes from (default %s)\n"
             "  --quantization  the projections (attention, experts, MLPs) quantized from the\n"
             "                  same bf16 values: fp8 (e4m3, weight_scale_inv per 128x128 block,\n"
-            "                  as Qwen's FP8 releases) or gptq (4-bit, group 128, v1 format, as\n"
-            "                  Qwen's GPTQ-Int4); the rest stays bf16\n"
-            "  --group-size N  the FP8 block (N x N) or GPTQ group size (128)\n"
+            "                  as Qwen's FP8 releases), gptq (4-bit, group 128, v1 format, as\n"
+            "                  Qwen's GPTQ-Int4) or awq (4-bit with zero points, group 128,\n"
+            "                  AutoAWQ's GEMM layout); the rest stays bf16\n"
+            "  --group-size N  the FP8 block (N x N) or GPTQ/AWQ group size (128)\n"
             "  --asym          GPTQ with zero points per group (default symmetric)\n",
             MOESERVE_TOKENIZER_DIR);
 }
@@ -72,8 +73,9 @@ int cmd_make_model(int argc, char **argv)
             char err[256];
             if (!strcmp(optarg, "fp8")) quant = QUANT_METHOD_FP8;
             else if (!strcmp(optarg, "gptq") || !strcmp(optarg, "int4")) quant = QUANT_METHOD_GPTQ;
+            else if (!strcmp(optarg, "awq")) quant = QUANT_METHOD_AWQ;
             else {
-                cli_refuse("--quantization", optarg, "fp8 or gptq", err, sizeof err);
+                cli_refuse("--quantization", optarg, "fp8, gptq or awq", err, sizeof err);
                 fprintf(stderr, "moeserve make-model: %s\n", err);
                 return 2;
             }
@@ -125,8 +127,10 @@ int cmd_make_model(int argc, char **argv)
     uint64_t params = makemodel_param_count(&spec);
     printf("wrote %s: %s model%s, %" PRIu64 " parameters (%.1f MiB in bf16), seed %" PRIu64
            ", %.2f s\n", out, shape,
-           quant == QUANT_METHOD_FP8 ? " (fp8 projections)" : quant == QUANT_METHOD_GPTQ ?
-           (asym ? " (gptq int4 asymmetric projections)" : " (gptq int4 projections)") : "",
+           quant == QUANT_METHOD_FP8    ? " (fp8 projections)"
+           : quant == QUANT_METHOD_AWQ  ? " (awq int4 projections)"
+           : quant == QUANT_METHOD_GPTQ ? (asym ? " (gptq int4 asymmetric projections)" : " (gptq int4 projections)")
+                                        : "",
            params, (double)params * 2 / (1024.0 * 1024.0), seed, ms_now() - t0);
     return 0;
 }

@@ -2,7 +2,8 @@
 // model/config (the first byte picks which; generation_config.json is merged
 // into a valid config.json's result). Promises: accepted values are the
 // shapes the loader relies on (positive sizes, heads that group, eos ids
-// within the vocabulary's range and count), or a refusal with a sentence;
+// within the vocabulary's range and count, quantization groups whole units
+// of 8), or a refusal with a sentence;
 // nothing leaks.
 #include "model/config.h"
 #include "tests/fuzz/fuzz.h"
@@ -28,6 +29,12 @@ static void check_config(const struct model_config *c)
     FUZZ_CHECK(c->n_eos >= 0 && c->n_eos <= CONFIG_MAX_EOS, "%d eos ids", c->n_eos);
     for (int i = 0; i < c->n_eos; i++)
         FUZZ_CHECK(c->eos_ids[i] >= 0, "eos id %d", c->eos_ids[i]);
+    const struct quant_config *q = &c->quant;
+    FUZZ_CHECK(q->group >= 0 && q->group % 8 == 0 && q->block_rows >= 0 && q->block_cols >= 0 &&
+                   q->zero_offset >= 0 && q->zero_offset <= 1,
+               "quantization: group %d, blocks %d x %d, zero offset %d", q->group, q->block_rows,
+               q->block_cols, q->zero_offset);
+    FUZZ_CHECK(q->method != QUANT_METHOD_AWQ || q->zero_offset == 0, "an AWQ zero offset of %d", q->zero_offset);
     bool any_moe = false;
     for (int i = 0; i < c->n_layers; i++) any_moe |= c->layer_is_moe[i];
     if (any_moe)

@@ -129,6 +129,17 @@ put("fuzz_http_head", bytes([3, 0]) + b"GET / HTTP/1.1\r\nHost: a\r\nX-Pad: " + 
 for d in ["qwen3-0.6b", "qwen3-30b-a3b", "qwen3moe-v2048"]:
     with open(os.path.join(root, "tests", "data", d, "config.json"), "rb") as f:
         put("fuzz_config", b"\x01" + f.read())
+# The same config with each quantized format's quantization_config.
+with open(os.path.join(root, "tests", "data", "qwen3moe-v2048", "config.json"), "rb") as f:
+    base_cfg = json.load(f)
+for qc in [
+    {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
+    {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True,
+     "checkpoint_format": "gptq_v2"},
+    {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm",
+     "modules_to_not_convert": ["gate"]},
+]:
+    put("fuzz_config", b"\x01" + json.dumps(dict(base_cfg, quantization_config=qc)).encode())
 with open(os.path.join(root, "tests", "data", "qwen3moe-v2048", "generation_config.json"), "rb") as f:
     put("fuzz_config", b"\x00" + f.read())
 put("fuzz_config", b'\x00{"eos_token_id": [1, 2, 151645], "temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0, '

@@ -152,7 +152,13 @@ static void unimplemented_settings_are_refused_by_name(void **state)
         {"attention_bias", "true", "attention_bias", "true"},
         {"hidden_act", "\"gelu\"", "hidden_act", "gelu"},
         {"torch_dtype", "\"float8_e4m3fn\"", "torch_dtype", "float8_e4m3fn"},
-        {"quantization_config", "{\"quant_method\": \"awq\"}", "quantization_config", "awq"},
+        {"quantization_config", "{\"quant_method\": \"bitsandbytes\"}", "quantization_config", "bitsandbytes"},
+        {"quantization_config", "{\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128, "
+         "\"version\": \"gemv\"}", "version", "gemv"},
+        {"quantization_config", "{\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128, "
+         "\"zero_point\": false}", "zero_point", "false"},
+        {"quantization_config", "{\"quant_method\": \"awq\", \"bits\": 8, \"group_size\": 128}",
+         "bits", "8"},
         {"quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 8, \"group_size\": 128}",
          "bits", "8"},
         {"quantization_config", "{\"quant_method\": \"fp8\", \"fmt\": \"e5m2\"}", "fmt", "e5m2"},
@@ -285,6 +291,23 @@ static void fp8_and_gptq_quantization_configs_parse(void **state)
                                   "\"format\": \"gptq_v2\", \"checkpoint_format\": \"gptq\"}", &c, err,
                                   sizeof err), MS_EFORMAT);
     assert_non_null(strstr(err, "gptq_v2"));
+    // AutoAWQ's quantization_config (version and modules_to_not_convert as
+    // its exports write them; the version is case-insensitive there).
+    assert_int_equal(parse_edited("quantization_config",
+                                  "{\"bits\": 4, \"group_size\": 128, \"modules_to_not_convert\": [\"gate\"], "
+                                  "\"quant_method\": \"awq\", \"version\": \"GEMM\", \"zero_point\": true}",
+                                  &c, err, sizeof err), 0);
+    assert_int_equal(c.quant.method, QUANT_METHOD_AWQ);
+    assert_int_equal(c.quant.group, 128);
+    assert_int_equal(c.quant.zero_offset, 0);
+    assert_int_equal(parse_edited("quantization_config",
+                                  "{\"bits\": 4, \"group_size\": 64, \"quant_method\": \"awq\"}", &c, err,
+                                  sizeof err), 0);
+    assert_int_equal(c.quant.group, 64);
+    assert_int_equal(parse_edited("quantization_config",
+                                  "{\"bits\": 4, \"group_size\": 128, \"quant_method\": \"awq\", "
+                                  "\"modules_to_not_convert\": \"gate\"}", &c, err, sizeof err), MS_EFORMAT);
+    assert_non_null(strstr(err, "modules_to_not_convert"));
     assert_int_equal(parse_edited("quantization_config", NULL, &c, err, sizeof err), 0);
     assert_int_equal(c.quant.method, QUANT_METHOD_NONE);
     // Malformed pieces are format errors naming the field.

@@ -212,6 +212,57 @@ static void gptq_tensors_read_as_their_format_says(void **state)
     }
 }
 
+// An AWQ tensor packed by hand the way AutoAWQ's GEMM packer packs it:
+// word j of input k holds outputs 8j + order[i] in nibble i, with order 0,
+// 2, 4, 6, 1, 3, 5, 7; the zero points (stored as they are) likewise; the
+// scales in fp16, then in bf16.
+static void awq_tensors_read_as_autoawq_packs_them(void **state)
+{
+    (void)state;
+    enum { R = 16, C = 24, G = 8, NG = 3 };
+    static const int order[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+    uint8_t q[R][C], z[NG][R];
+    float s[2][NG][R];
+    uint32_t qweight[C][R / 8] = {{0}}, qzeros[NG][R / 8] = {{0}};
+    uint16_t scales[2][NG][R];
+    for (int o = 0; o < R; o++)
+        for (int k = 0; k < C; k++) q[o][k] = (uint8_t)((o * 7 + k * 3) % 16);
+    for (int g = 0; g < NG; g++)
+        for (int o = 0; o < R; o++) {
+            z[g][o] = (uint8_t)((g * 5 + o) % 16);
+            scales[0][g][o] = ms_f32_to_f16(0.01f * (float)(1 + g * R + o));
+            s[0][g][o] = ms_f16_to_f32(scales[0][g][o]);
+            scales[1][g][o] = ms_f32_to_bf16(0.03f * (float)(1 + g * R + o));
+            s[1][g][o] = ms_bf16_to_f32(scales[1][g][o]);
+        }
+    for (int j = 0; j < R / 8; j++)
+        for (int i = 0; i < 8; i++) {
+            const int o = 8 * j + order[i];
+            for (int k = 0; k < C; k++) qweight[k][j] |= (uint32_t)q[o][k] << (4 * i);
+            for (int g = 0; g < NG; g++) qzeros[g][j] |= (uint32_t)z[g][o] << (4 * i);
+        }
+    for (int bf = 0; bf < 2; bf++) {
+        struct tensor t = {.data = qweight, .dtype = DTYPE_BF16, .ndim = 2, .shape = {R, C}};
+        t.quant = (struct tensor_quant){.format = QUANT_INT4, .source = QUANT_SRC_AWQ, .group = G,
+                                        .block_rows = 1, .scale = scales[bf],
+                                        .scale_dtype = bf ? DTYPE_BF16 : DTYPE_F16, .zeros = qzeros};
+        void *buf = malloc(quant_rows_bytes(R, C, QUANT_INT4, G));
+        float tmp[C];
+        struct quant_rows r;
+        quant_rows_init(&r, buf, R, C, QUANT_INT4, G);
+        quant_tensor_rows(&t, 0, R, &r, tmp);
+        for (int o = 0; o < R; o++) {
+            for (int k = 0; k < C; k++) {
+                assert_int_equal(r.q[o * C + k], q[o][k]);
+                const float want = (float)((int)q[o][k] - (int)z[k / G][o]) * s[bf][k / G][o];
+                assert_true(quant_rows_value(&r, o, k) == want);
+            }
+            for (int g = 0; g < NG; g++) assert_int_equal(r.zero[o * NG + g], z[g][o]);
+        }
+        free(buf);
+    }
+}
+
 // FP8 checkpoints: a block's scale (f32 or bf16) repeats for each of its rows.
 static void fp8_tensors_repeat_their_block_scales_per_row(void **state)
 {
@@ -295,6 +346,7 @@ int main(void)
         cmocka_unit_test(rows_quantized_at_load_read_back_within_half_a_step),
         cmocka_unit_test(gptq_rule_is_symmetric_or_keeps_zero_points_from_one),
         cmocka_unit_test(gptq_tensors_read_as_their_format_says),
+        cmocka_unit_test(awq_tensors_read_as_autoawq_packs_them),
         cmocka_unit_test(fp8_tensors_repeat_their_block_scales_per_row),
         cmocka_unit_test(dummy_rows_quantize_the_dummy_bf16_values),
         cmocka_unit_test(packed_sizes_follow_the_layout),

@@ -1,5 +1,5 @@
-// Pins quantized models end to end: make-model's FP8 and GPTQ (symmetric
-// and asymmetric) checkpoints load with their formats bound, as do bf16
+// Pins quantized models end to end: make-model's FP8, GPTQ (symmetric and
+// asymmetric) and AWQ checkpoints load with their formats bound, as do bf16
 // checkpoints quantized at load (--quantization fp8|int8|int4), with the
 // bytes the planner counts; their logits equal those of the same model run
 // on its dequantized weights in fp32 (bit for bit on the scalar table, whose
@@ -29,7 +29,7 @@
 static char tmpdir[256];
 
 // The checkpoints every test reads: tiny (vocabulary cut to 2048), seed 5.
-enum ckpt { C_BF16, C_FP8, C_GPTQ, C_GPTQ_ASYM, C_FP8_128, C_GPTQ_128, N_CKPT };
+enum ckpt { C_BF16, C_FP8, C_GPTQ, C_GPTQ_ASYM, C_FP8_128, C_GPTQ_128, C_AWQ, C_AWQ_128, N_CKPT };
 static const struct {
     const char *sub;
     enum quant_method q;
@@ -39,6 +39,7 @@ static const struct {
     {"bf16", QUANT_METHOD_NONE, 0, false},   {"fp8", QUANT_METHOD_FP8, 32, false},
     {"gptq", QUANT_METHOD_GPTQ, 32, false},  {"gptq-asym", QUANT_METHOD_GPTQ, 32, true},
     {"fp8-128", QUANT_METHOD_FP8, 0, false}, {"gptq-128", QUANT_METHOD_GPTQ, 0, false},
+    {"awq", QUANT_METHOD_AWQ, 32, false},    {"awq-128", QUANT_METHOD_AWQ, 0, false},
 };
 
 static void ckpt_dir(enum ckpt c, char *out, size_t len) { snprintf(out, len, "%s/%s", tmpdir, ckpts[c].sub); }
@@ -241,6 +242,7 @@ static void check_logits(struct model *(*load_quantized)(void), enum quant_forma
 static struct model *fp8_ckpt(void) { return load_ckpt(C_FP8, QUANT_NONE); }
 static struct model *gptq_ckpt(void) { return load_ckpt(C_GPTQ, QUANT_NONE); }
 static struct model *gptq_asym_ckpt(void) { return load_ckpt(C_GPTQ_ASYM, QUANT_NONE); }
+static struct model *awq_ckpt(void) { return load_ckpt(C_AWQ, QUANT_NONE); }
 static struct model *int8_at_load(void) { return load_ckpt(C_BF16, QUANT_INT8); }
 static struct model *int4_at_load(void) { return load_ckpt(C_BF16, QUANT_INT4); }
 static struct model *fp8_at_load(void) { return load_ckpt(C_BF16, QUANT_FP8); }
@@ -251,6 +253,29 @@ static void checkpoint_logits_match_their_dequantized_weights(void **state)
     check_logits(fp8_ckpt, QUANT_FP8, QUANT_SRC_FP8, 0.15, 20, "the fp8 checkpoint");
     check_logits(gptq_ckpt, QUANT_INT4, QUANT_SRC_GPTQ, 0.40, 12, "the gptq checkpoint");
     check_logits(gptq_asym_ckpt, QUANT_INT4, QUANT_SRC_GPTQ, 0.40, 12, "the asymmetric gptq checkpoint");
+    check_logits(awq_ckpt, QUANT_INT4, QUANT_SRC_AWQ, 0.40, 12, "the awq checkpoint");
+}
+
+// make-model's AWQ checkpoint quantizes its bf16 values by the rule
+// --quantization int4 applies at load (asymmetric, zero points 0 to 15, as
+// AutoAWQ's), so at the same groups of 128 the two hold the same codes,
+// scales and zero points, and give the same logits bit for bit: the AWQ
+// tensors' packing is read back exactly as it was written.
+static void an_awq_checkpoint_holds_what_int4_at_load_makes(void **state)
+{
+    (void)state;
+    const char *variants[] = {"scalar", NULL};
+    for (int vi = 0; vi < 2; vi++) {
+        struct model *a = load_ckpt(C_AWQ_128, QUANT_NONE), *b = load_ckpt(C_BF16, QUANT_INT4);
+        assert_int_equal(a->layers[1].experts[3].down.quant.source, QUANT_SRC_AWQ);
+        assert_int_equal(b->layers[1].experts[3].down.quant.source, QUANT_SRC_AT_LOAD);
+        float *la = prompt_logits(a, variants[vi]), *lb = prompt_logits(b, variants[vi]);
+        if (memcmp(la, lb, (size_t)N_TOK * 2048 * sizeof *la) != 0)
+            fail_msg("on %s: the awq checkpoint's logits differ from int4 at load's by %.3g",
+                     variants[vi] ? variants[vi] : "the best table", max_diff(la, lb, (size_t)N_TOK * 2048));
+        free(la);
+        free(lb);
+    }
 }
 
 static void logits_quantized_at_load_match_their_dequantized_weights(void **state)
@@ -295,6 +320,7 @@ static void checkpoints_bind_their_formats_and_the_planner_counts_their_bytes(vo
     } cases[] = {
         {C_FP8_128, QUANT_NONE, PLAN_FP8}, {C_GPTQ_128, QUANT_NONE, PLAN_INT4},
         {C_FP8, QUANT_NONE, PLAN_FP8},     {C_GPTQ, QUANT_NONE, PLAN_INT4},
+        {C_AWQ, QUANT_NONE, PLAN_INT4},    {C_AWQ_128, QUANT_NONE, PLAN_INT4},
         {C_BF16, QUANT_INT8, PLAN_INT8},   {C_BF16, QUANT_INT4, PLAN_INT4},
         {C_BF16, QUANT_FP8, PLAN_FP8},     {C_BF16, QUANT_NONE, PLAN_BF16},
     };
@@ -504,6 +530,23 @@ static void inconsistent_checkpoints_are_refused_with_expected_and_actual(void *
          "\"quant_method\": \"fp8\"", QUANT_NONE, {"no tensor", "q_proj.weight", NULL}},
         {C_GPTQ, {"none", NULL, NULL, 0, {0}, false}, NULL, NULL, QUANT_FP8,
          {"GPTQ", "--quantization fp8", NULL}},
+        // AWQ: (64 x 32) down_proj: qweight (32, 8), qzeros (1, 8), scales (1, 64).
+        {C_AWQ, {L0 ".qweight", NULL, "I32", 2, {4, 64}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".qweight", "[4, 64]", "[32, 8]", "in_features, out_features / 8"}},
+        {C_AWQ, {L0 ".scales", NULL, "F32", 2, {1, 64}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".scales", "F32", "F16", NULL}},
+        {C_AWQ, {L0 ".qzeros", NULL, "I32", 2, {1, 64}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".qzeros", "[1, 64]", "[1, 8]", NULL}},
+        {C_AWQ, {L0 ".qzeros", "", NULL, 0, {0}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".qzeros", "no tensor", NULL}},
+        {C_AWQ, {"none", NULL, NULL, 0, {0}, false}, "\"version\": \"gemm\"", "\"version\": \"gemv\"",
+         QUANT_NONE, {"version", "gemv", "\"gemm\"", NULL}},
+        {C_AWQ, {"none", NULL, NULL, 0, {0}, false}, "\"zero_point\": true", "\"zero_point\": false",
+         QUANT_NONE, {"zero_point is false", NULL}},
+        {C_AWQ, {"none", NULL, NULL, 0, {0}, false}, "\"group_size\": 32", "\"group_size\": 16",
+         QUANT_NONE, {"group_size 16", "qzeros", "[2, 8]", "[4, 8]"}},
+        {C_AWQ, {"none", NULL, NULL, 0, {0}, false}, NULL, NULL, QUANT_FP8,
+         {"AWQ", "--quantization fp8", NULL}},
         // FP8: (64 x 32) down_proj with 32 x 32 blocks: weight_scale_inv (2, 1).
         {C_FP8, {L0 ".weight_scale_inv", NULL, "F32", 2, {2, 2}, false}, NULL, NULL, QUANT_NONE,
          {L0 ".weight_scale_inv", "[2, 2]", "[2, 1]", NULL}},
@@ -540,9 +583,9 @@ static void inconsistent_checkpoints_are_refused_with_expected_and_actual(void *
 static void dummy_loads_of_quantized_configs_make_their_format(void **state)
 {
     (void)state;
-    const enum ckpt cs[] = {C_FP8, C_GPTQ};
-    const enum quant_format fs[] = {QUANT_FP8, QUANT_INT4};
-    for (int i = 0; i < 2; i++) {
+    const enum ckpt cs[] = {C_FP8, C_GPTQ, C_AWQ};
+    const enum quant_format fs[] = {QUANT_FP8, QUANT_INT4, QUANT_INT4};
+    for (int i = 0; i < 3; i++) {
         char dir[512], err[512];
         ckpt_dir(cs[i], dir, sizeof dir);
         struct model *m;
@@ -560,6 +603,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(checkpoints_bind_their_formats_and_the_planner_counts_their_bytes),
         cmocka_unit_test(checkpoint_logits_match_their_dequantized_weights),
+        cmocka_unit_test(an_awq_checkpoint_holds_what_int4_at_load_makes),
         cmocka_unit_test(logits_quantized_at_load_match_their_dequantized_weights),
         cmocka_unit_test(inconsistent_checkpoints_are_refused_with_expected_and_actual),
         cmocka_unit_test(dummy_loads_of_quantized_configs_make_their_format),
