@@ -472,8 +472,12 @@ static int all_messages(struct tr *t)
         // Claude Code's first system block is a per-request billing header
         // (x-anthropic-billing-header: ...), which vLLM drops: kept, it
         // would change every prompt's start and defeat the prefix cache.
-        json_t *sys = json_incref(s->system);
-        if (json_is_array(sys)) {
+        // Every block checked where the client put it, so that an error
+        // names its place in the request, then the header dropped.
+        json_t *text;
+        if ((rc = tr_text(t, "system", s->system, text_block, 1, &text))) return rc;
+        if (json_is_array(s->system)) {
+            json_decref(text);
             json_t *kept = json_array();
             size_t i;
             json_t *b;
@@ -482,17 +486,13 @@ static int all_messages(struct tr *t)
                 if (x && !strncmp(x, "x-anthropic-billing-header", 26)) continue;
                 if (!kept || json_array_append(kept, b)) {
                     json_decref(kept);
-                    json_decref(sys);
                     return tr_oom(t);
                 }
             }
-            json_decref(sys);
-            sys = kept;
+            rc = tr_text(t, "system", kept, text_block, 1, &text);
+            json_decref(kept);
+            if (rc) return rc;
         }
-        json_t *text;
-        rc = tr_text(t, "system", sys, text_block, 1, &text);
-        json_decref(sys);
-        if (rc) return rc;
         // An empty system prompt is none (no empty system turn), as vLLM takes it.
         if (!json_string_length(text)) json_decref(text);
         else if ((rc = tr_message(t, json_pack("{s:s, s:o}", "role", "system", "content", text), -1)))

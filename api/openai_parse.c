@@ -335,10 +335,13 @@ static int f_logit_bias(struct parser *p, const char *k, json_t *v, void *dst)
                              "'%.60s'",
                              p->lim->vocab_size - 1, tk);
         lb[i].id = (int32_t)id;
-        // Clamped to [-100, 100], as vLLM clamps it (OpenAI's range).
-        int rc = want_number(p, key, tv, -FLT_MAX, false, FLT_MAX, &lb[i].bias);
-        if (rc) return rc;
-        lb[i].bias = fmaxf(-100.0f, fminf(100.0f, lb[i].bias));
+        // Clamped to [-100, 100] as a double, as vLLM clamps Python's
+        // float (OpenAI's range): 1e39, past a float, is 100 too.
+        if (!json_is_number(tv)) return type_error(p, key, "a number", tv);
+        const double bias = json_number_value(tv);
+        if (isnan(bias))
+            return oa_errorf(p->e, MS_EINVAL, "invalid_value", key, "'%s' must be a number, got NaN", key);
+        lb[i].bias = (float)fmax(-100.0, fmin(100.0, bias));
         i++;
     }
     p->gen->sampling.logit_bias = lb;

@@ -242,8 +242,13 @@ static bool template_thinks(struct app *a, const char *src)
     size_t len = 0;
     struct oa_error e;
     memset(&e, 0, sizeof e);
-    bool thinks = msgs && kw && !app_render_chat(a, msgs, NULL, true, false, kw, &text, &len, &e) &&
-                  output_parser_prompt_in_reasoning(text, len);
+    const bool rendered = msgs && kw && !app_render_chat(a, msgs, NULL, true, false, kw, &text, &len, &e);
+    const bool thinks = rendered && output_parser_prompt_in_reasoning(text, len);
+    // A template that refuses the probe (one that wants a system message,
+    // say) would turn the parser off without a word.
+    if (!rendered && msgs && kw)
+        ms_log(MS_LOG_WARN, "the chat template holds <think> but refused a one-message probe (%s): "
+               "the reasoning parser stays off; --reasoning-parser qwen3 turns it on", e.message);
     free(text);
     json_decref(kw);
     json_decref(msgs);

@@ -20,7 +20,19 @@ int tok_read_chat_template_file(const char *dir, char **out, char *err, size_t e
     char terr[512];
     rc = ms_read_file(path, TOK_TEMPLATE_MAX, out, &len, terr, sizeof terr);
     if (rc == MS_ENOTFOUND) return 0;
-    return rc ? ms_err(err, errlen, rc, "%s", terr) : 0;
+    if (rc) return ms_err(err, errlen, rc, "%s", terr);
+    // The template is a C string from here on: a NUL would cut it short
+    // without a word (a template whose loops vanished renders empty prompts).
+    const char *nul = memchr(*out, 0, len);
+    if (nul) {
+        const size_t at = (size_t)(nul - *out);
+        free(*out);
+        *out = NULL;
+        return ms_err(err, errlen, MS_EFORMAT, "%s holds a NUL byte at offset %zu; a chat template "
+                      "is text: remove it (or the file, to use tokenizer_config.json's chat_template)",
+                      path, at);
+    }
+    return 0;
 }
 
 int tok_load(const char *dir, struct tokenizer **out, char *err, size_t errlen)

@@ -55,7 +55,8 @@ void tok_set_cache(struct tokenizer *t, bool enabled);
 // (NULL when neither has one).
 const char *tok_chat_template(const struct tokenizer *t);
 // DIR/chat_template.jinja: 0 with *out its text (malloc'd), 0 with *out NULL
-// when there is none, or an error (unreadable, over 16 MiB, not a regular file).
+// when there is none, or an error (unreadable, over 16 MiB, not a regular file,
+// holding a NUL byte).
 int tok_read_chat_template_file(const char *dir, char **out, char *err, size_t errlen);
 const char *tok_bos_token(const struct tokenizer *t);
 const char *tok_eos_token(const struct tokenizer *t);

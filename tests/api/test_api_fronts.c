@@ -327,6 +327,12 @@ static void anthropic_refusals_name_the_messages_parameter(void **state)
          "[{\"type\": \"text\", \"text\": 4}]}]}", "messages[0].content[0].text", 400},
         {"{\"model\": \"m\", \"max_tokens\": 5, \"system\": 7, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}",
          "system", 400},
+        // A bad block after Claude Code's billing header (which is dropped)
+        // is named where the client put it.
+        {"{" M ", \"max_tokens\": 5, \"system\": [{\"type\": \"text\", \"text\": "
+         "\"x-anthropic-billing-header: a\"}, 5]}", "system[1]", 400},
+        {"{" M ", \"max_tokens\": 5, \"system\": [{\"type\": \"text\", \"text\": "
+         "\"x-anthropic-billing-header: a\"}, {\"type\": \"image\"}]}", "system[1].type", 400},
         {"not json", "", 400},
     };
 #undef M

@@ -61,6 +61,13 @@ d = model_dir({"chat_template": "from config", "eos_token": "</s>"}, jinja="from
 rc, out, _ = run([d], REQ + "\n")
 check("jinja_file_precedence", rc == 0 and json.loads(out) == "from file </s>", out)
 
+# A NUL in chat_template.jinja is refused by name: read as a C string it
+# cut the template short (its loop gone: every prompt rendered empty).
+d = model_dir({"chat_template": "from config", "eos_token": "</s>"},
+              jinja="{# header #}\0{% for m in messages %}{{ m.content }}{% endfor %}")
+rc, out, err = run([d], REQ + "\n")
+check("jinja_file_nul", rc == 1 and "NUL byte at offset 12" in err, f"rc={rc} out={out!r} err={err!r}")
+
 # No template anywhere.
 d = model_dir({"eos_token": "</s>"})
 rc, out, err = run([d], REQ + "\n")
