@@ -238,6 +238,13 @@ static void stored_sizes(const struct tensor *t, size_t *data, size_t *scale, si
         *scale = ng * rows * (q->source == QUANT_SRC_AWQ ? dtype_size(q->scale_dtype) : 2);
         *zeros = ng * (rows / 8) * 4;
         break;
+    case QUANT_SRC_CT: { // made on the host (below): the sizes only for completeness
+        const size_t per = q->format == QUANT_INT4 ? 8 : 4;
+        *data = rows * ((K + per - 1) / per) * 4;
+        *scale = rows * ng * dtype_size(q->scale_dtype);
+        *zeros = !q->zeros ? 0 : q->zeros_i8 ? rows * ng : (rows + 7) / 8 * ng * 4;
+        break;
+    }
     }
 }
 
@@ -278,9 +285,11 @@ cudaError_t cuda_qweight_fill(cudaStream_t s, const struct tensor *t, void *dst,
     p.G = t->quant.group > 0 ? t->quant.group : p.K;
     p.ng = quant_groups(p.K, p.G);
     const size_t n_blocks = (size_t)(p.rows + 15) / 16;
-    // AWQ's words hold 8 outputs of one input, where the kernel takes a
-    // word of 8 inputs of one output (GPTQ's): those are made on the host.
-    if (!qm_device(t) || t->quant.source == QUANT_SRC_AWQ || p.ng > 65535 || n_blocks > 0x7fffffff)
+    // AWQ's words hold 8 outputs of one input, and compressed-tensors'
+    // values are offset and laid out by row, where the kernel takes a word
+    // of 8 inputs of one output (GPTQ's): those are made on the host.
+    if (!qm_device(t) || t->quant.source == QUANT_SRC_AWQ || t->quant.source == QUANT_SRC_CT || p.ng > 65535 ||
+        n_blocks > 0x7fffffff)
         return fill_on_host(s, t, dst);
     p.block_bytes = quant_block_bytes(p.f, p.K, p.G);
     p.header_bytes = (int)quant_block_header_bytes(p.f, p.K, p.G);

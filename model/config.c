@@ -238,6 +238,240 @@ static int check_rope(const json_t *root, const char *key, struct model_config *
 
 // quantization_config: FP8 block-wise (Qwen's FP8 releases; one scale per
 // tensor when weight_block_size is absent) and 4-bit GPTQ. Whatever else a
+// ---- compressed-tensors ------------------------------------------------------------
+//
+// llm-compressor's format (vLLM's "compressed-tensors"), as RedHatAI's
+// FP8-dynamic and w4a16 checkpoints are published. Its config says, per
+// group of modules, how weights and activations are quantized; moeserve
+// reads checkpoints with one weight scheme for every quantized module: int4
+// or int8 weights packed into int32 (pack-quantized; int4 symmetric or with
+// zero points, int8 symmetric) by group or channel, or FP8 weights
+// (float-quantized) by tensor, channel or block. Activations stay
+// unquantized here, as for Qwen's own FP8 files: a dynamic activation
+// scheme has nothing stored, a static one (an input_scale to apply) is
+// refused. Which modules are quantized is read off the tensors (a
+// weight_packed or an F8_E4M3 weight), not the config's targets and ignore.
+
+struct ct_weights {
+    int bits;
+    bool is_float, sym, g_idx;
+    int strategy; // 0 tensor, 1 channel, 2 group, 3 block
+    int group, block_rows, block_cols;
+};
+
+static const char *const ct_strategies[] = {"tensor", "channel", "group", "block"};
+
+// One group's "weights" QuantizationArgs (compressed-tensors' defaults for
+// what is absent: 8 bits, int, symmetric, the strategy inferred from
+// group_size).
+static int ct_parse_weights(const json_t *w, const char *F, const char *g, struct ct_weights *a, char *err,
+                            size_t errlen)
+{
+    char K[160];
+    snprintf(K, sizeof K, "%s config_groups.%.40s.weights", F, g);
+    if (!json_is_object(w))
+        return ms_err(err, errlen, MS_EUNSUPPORTED, "%s is %s; moeserve reads checkpoints whose "
+                      "weights are quantized (an activation-only scheme has nothing to read)", K,
+                      w ? json_kind(w) : "missing");
+    memset(a, 0, sizeof *a);
+    a->bits = 8;
+    a->sym = true;
+    int rc;
+    if ((rc = get_int(w, K, "num_bits", false, 1, 64, &a->bits, err, errlen)) ||
+        (rc = get_bool(w, K, "symmetric", &a->sym, err, errlen)))
+        return rc;
+    const json_t *t = json_object_get(w, "type");
+    if (t && !json_is_null(t)) {
+        if (!json_is_string(t) || (strcmp(json_string_value(t), "int") && strcmp(json_string_value(t), "float")))
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field type is %s%.20s%s; expected \"int\" or "
+                          "\"float\"", K, json_is_string(t) ? "\"" : "",
+                          json_is_string(t) ? json_string_value(t) : json_kind(t), json_is_string(t) ? "\"" : "");
+        a->is_float = !strcmp(json_string_value(t), "float");
+    }
+    const json_t *dyn = json_object_get(w, "dynamic");
+    if (dyn && !json_is_null(dyn) && !json_is_false(dyn))
+        return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field dynamic is set: weights quantized at run "
+                      "time have no scales in the file to read", K);
+    int gs = 0;
+    bool has_gs = json_object_get(w, "group_size") && !json_is_null(json_object_get(w, "group_size"));
+    if ((rc = get_int(w, K, "group_size", false, -1, CONFIG_MAX_DIM, &gs, err, errlen))) return rc;
+    const json_t *st = json_object_get(w, "strategy");
+    if (st && !json_is_null(st)) {
+        if (!json_is_string(st))
+            return ms_err(err, errlen, MS_EFORMAT, "%s field strategy must be a string, not %s", K, json_kind(st));
+        a->strategy = -1;
+        for (int i = 0; i < 4; i++)
+            if (!strcmp(json_string_value(st), ct_strategies[i])) a->strategy = i;
+        if (a->strategy < 0)
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field strategy is \"%.40s\"; moeserve reads "
+                          "tensor, channel, group and block weight scales", K, json_string_value(st));
+    } else {
+        a->strategy = !has_gs ? 0 : gs == -1 ? 1 : 2;
+    }
+    if (a->strategy == 2) {
+        if (!has_gs || gs <= 0 || gs % 8)
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s has strategy group with group_size %d; "
+                          "expected a positive multiple of 8", K, has_gs ? gs : 0);
+        a->group = gs;
+    }
+    if (a->strategy == 3) {
+        const json_t *bs = json_object_get(w, "block_structure");
+        int v[2] = {0, 0};
+        if (json_is_array(bs) && json_array_size(bs) == 2) {
+            for (int i = 0; i < 2; i++) {
+                const json_t *e = json_array_get(bs, (size_t)i);
+                v[i] = json_is_integer(e) && json_integer_value(e) > 0 && json_integer_value(e) <= CONFIG_MAX_DIM
+                           ? (int)json_integer_value(e) : 0;
+            }
+        } else if (json_is_string(bs)) {
+            char x;
+            if (sscanf(json_string_value(bs), "%d%c%d", &v[0], &x, &v[1]) != 3 || x != 'x') v[0] = 0;
+        }
+        if (v[0] <= 0 || v[1] <= 0 || v[0] > CONFIG_MAX_DIM || v[1] > CONFIG_MAX_DIM)
+            return ms_err(err, errlen, MS_EFORMAT, "%s has strategy block but no block_structure of two "
+                          "positive sizes", K);
+        a->block_rows = v[0];
+        a->block_cols = v[1];
+    }
+    const json_t *ao = json_object_get(w, "actorder");
+    if (json_is_true(ao) ||
+        (json_is_string(ao) && (!strcmp(json_string_value(ao), "group") || !strcmp(json_string_value(ao), "dynamic"))))
+        a->g_idx = true;
+    else if (ao && !json_is_null(ao) && !json_is_false(ao) &&
+             !(json_is_string(ao) && (!strcmp(json_string_value(ao), "weight") || !strcmp(json_string_value(ao), "static"))))
+        return ms_err(err, errlen, MS_EFORMAT, "%s field actorder must be null, \"group\" or \"weight\", not %s",
+                      K, json_kind(ao));
+    if (a->is_float) {
+        if (a->bits != 8)
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s has %d-bit float weights; moeserve reads FP8 "
+                          "(8-bit float, e4m3) compressed-tensors checkpoints", K, a->bits);
+        if (!a->sym)
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s has asymmetric float weights; FP8 weights have "
+                          "no zero points", K);
+        if (a->strategy == 2)
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s has FP8 weights by group; moeserve reads them "
+                          "by tensor, channel or block", K);
+    } else {
+        if (a->bits != 4 && a->bits != 8)
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s has %d-bit int weights; moeserve reads 4- and "
+                          "8-bit ones", K, a->bits);
+        if (a->strategy != 1 && a->strategy != 2)
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s has int weights by %s; moeserve reads them by "
+                          "group or channel", K, ct_strategies[a->strategy]);
+        if (a->bits == 8 && !a->sym)
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s has asymmetric int8 weights; moeserve reads "
+                          "int8 weights symmetric, int4 ones either way", K);
+    }
+    return 0;
+}
+
+// A preset scheme's name as a group ("W4A16": ["Linear"]): its weights.
+static bool ct_preset(const char *name, struct ct_weights *a)
+{
+    memset(a, 0, sizeof *a);
+    a->sym = true;
+    if (!strcmp(name, "W4A16") || !strcmp(name, "W4A16_ASYM")) {
+        *a = (struct ct_weights){.bits = 4, .sym = !strcmp(name, "W4A16"), .strategy = 2, .group = 128};
+    } else if (!strcmp(name, "W8A16")) {
+        *a = (struct ct_weights){.bits = 8, .sym = true, .strategy = 1};
+    } else if (!strcmp(name, "FP8_DYNAMIC")) {
+        *a = (struct ct_weights){.bits = 8, .is_float = true, .sym = true, .strategy = 1};
+    } else if (!strcmp(name, "FP8_BLOCK")) {
+        *a = (struct ct_weights){.bits = 8, .is_float = true, .sym = true, .strategy = 3, .block_rows = 128,
+                                 .block_cols = 128};
+    } else {
+        return false;
+    }
+    return true;
+}
+
+static int parse_ct(const json_t *q, struct quant_config *out, char *err, size_t errlen)
+{
+    static const char *F = "config.json quantization_config";
+    const json_t *fmt = json_object_get(q, "format");
+    const char *format = json_is_string(fmt) ? json_string_value(fmt) : NULL;
+    if (!format)
+        return ms_err(err, errlen, MS_EFORMAT, "%s (compressed-tensors) has no format string, which says "
+                      "how the weights are stored", F);
+    const json_t *sp = json_object_get(q, "sparsity_config");
+    if (sp && !json_is_null(sp) && !(json_is_object(sp) && !json_object_size(sp)))
+        return ms_err(err, errlen, MS_EUNSUPPORTED, "%s has a sparsity_config: moeserve reads dense "
+                      "compressed-tensors checkpoints only", F);
+    const json_t *tc = json_object_get(q, "transform_config");
+    if (tc && !json_is_null(tc) && !(json_is_object(tc) && !json_object_size(tc)))
+        return ms_err(err, errlen, MS_EUNSUPPORTED, "%s has a transform_config (rotations applied to the "
+                      "weights), which moeserve does not apply", F);
+    const json_t *qs = json_object_get(q, "quantization_status");
+    if (json_is_string(qs) && strcmp(json_string_value(qs), "compressed"))
+        return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field quantization_status is \"%.20s\"; moeserve "
+                      "reads checkpoints saved \"compressed\"", F, json_string_value(qs));
+    const json_t *groups = json_object_get(q, "config_groups");
+    if (!json_is_object(groups) || !json_object_size(groups))
+        return ms_err(err, errlen, MS_EFORMAT, "%s (compressed-tensors) has no config_groups", F);
+    struct ct_weights w = {0}, gw;
+    const char *gname;
+    json_t *g;
+    bool first = true;
+    const char *gfmt = format;
+    json_object_foreach((json_t *)groups, gname, g) {
+        int rc;
+        if (json_is_array(g)) {
+            if (!ct_preset(gname, &gw))
+                return ms_err(err, errlen, MS_EUNSUPPORTED, "%s config_groups names the preset scheme "
+                              "\"%.40s\"; moeserve reads W4A16, W4A16_ASYM, W8A16, FP8_DYNAMIC and FP8_BLOCK",
+                              F, gname);
+        } else if (!json_is_object(g)) {
+            return ms_err(err, errlen, MS_EFORMAT, "%s config_groups.%.40s must be an object, not %s", F, gname,
+                          json_kind(g));
+        } else {
+            if ((rc = ct_parse_weights(json_object_get(g, "weights"), F, gname, &gw, err, errlen))) return rc;
+            const json_t *ia = json_object_get(g, "input_activations");
+            if (ia && !json_is_null(ia)) {
+                const json_t *d = json_object_get(ia, "dynamic");
+                if (!json_is_object(ia) || !(json_is_true(d) || (json_is_string(d) && !strcmp(json_string_value(d), "local"))))
+                    return ms_err(err, errlen, MS_EUNSUPPORTED, "%s config_groups.%.40s has static input "
+                                  "activations (an input_scale to apply); moeserve computes activations "
+                                  "unquantized and reads dynamic or weight-only schemes", F, gname);
+            }
+            const json_t *oa = json_object_get(g, "output_activations");
+            if (oa && !json_is_null(oa))
+                return ms_err(err, errlen, MS_EUNSUPPORTED, "%s config_groups.%.40s quantizes output "
+                              "activations, which moeserve does not", F, gname);
+            const json_t *gf = json_object_get(g, "format");
+            if (json_is_string(gf)) gfmt = json_string_value(gf);
+        }
+        if (!first && (gw.bits != w.bits || gw.is_float != w.is_float || gw.sym != w.sym || gw.g_idx != w.g_idx ||
+                       gw.strategy != w.strategy || gw.group != w.group || gw.block_rows != w.block_rows ||
+                       gw.block_cols != w.block_cols))
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s has config_groups with different weight "
+                          "schemes; moeserve reads one scheme for every quantized module", F);
+        w = gw;
+        first = false;
+    }
+    if (!strcmp(gfmt, "mixed-precision"))
+        return ms_err(err, errlen, MS_EUNSUPPORTED, "%s format is \"mixed-precision\" without a format per "
+                      "group", F);
+    const bool packed = !strcmp(gfmt, "pack-quantized"),
+               floated = !strcmp(gfmt, "float-quantized") || !strcmp(gfmt, "naive-quantized");
+    if (w.is_float ? !floated : !packed)
+        return ms_err(err, errlen, MS_EUNSUPPORTED, "%s format is \"%.40s\" with %s weights; moeserve reads "
+                      "pack-quantized int4 and int8 and float-quantized FP8 compressed-tensors checkpoints",
+                      F, gfmt, w.is_float ? "float" : "int");
+    if (w.is_float) {
+        out->method = QUANT_METHOD_CT_FP8;
+        out->channel = w.strategy == 1;
+        out->block_rows = w.block_rows;
+        out->block_cols = w.block_cols;
+    } else {
+        out->method = QUANT_METHOD_CT_INT;
+        out->bits = w.bits;
+        out->group = w.strategy == 2 ? w.group : 0;
+        out->sym = w.sym;
+        out->desc_act = w.g_idx;
+    }
+    return 0;
+}
+
 // file names is refused with the method in the sentence.
 static int parse_quant(const json_t *q, struct quant_config *out, char *err, size_t errlen)
 {
@@ -334,6 +568,7 @@ static int parse_quant(const json_t *q, struct quant_config *out, char *err, siz
                           "moeserve reads one bits and group_size for every module", F);
         return 0;
     }
+    if (method && !strcmp(method, "compressed-tensors")) return parse_ct(q, out, err, errlen);
     if (method && !strcmp(method, "awq")) {
         // AutoAWQ's (and llm-compressor's AWQ export's) GEMM layout, the one
         // vLLM's "awq" reads: zero points always stored, as they are.
@@ -374,8 +609,9 @@ static int parse_quant(const json_t *q, struct quant_config *out, char *err, siz
     }
     return ms_err(err, errlen, MS_EUNSUPPORTED,
                   "config.json has quantization_config (quant_method \"%s\"); moeserve reads "
-                  "fp8 (block-wise e4m3), 4-bit gptq and 4-bit awq checkpoints, or quantizes bf16 "
-                  "ones at load with --quantization fp8|int8|int4", method ? method : "?");
+                  "fp8 (block-wise e4m3), 4-bit gptq, 4-bit awq and compressed-tensors (int4, int8, "
+                  "fp8) checkpoints, or quantizes bf16 ones at load with --quantization fp8|int8|int4",
+                  method ? method : "?");
 }
 
 static int parse_root(json_t *root, struct model_config *cfg, char *err, size_t errlen)

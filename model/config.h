@@ -31,15 +31,19 @@ enum quant_method {
     QUANT_METHOD_FP8,      // "fp8": F8_E4M3 weights with weight_scale_inv blocks (or one weight_scale)
     QUANT_METHOD_GPTQ,     // "gptq": 4-bit qweight, qzeros, scales, g_idx
     QUANT_METHOD_AWQ,      // "awq": 4-bit qweight, qzeros, scales in AutoAWQ's GEMM layout
+    QUANT_METHOD_CT_INT,   // "compressed-tensors", pack-quantized: weight_packed, weight_scale, weight_shape
+    QUANT_METHOD_CT_FP8,   // "compressed-tensors", float-quantized: F8_E4M3 weight, weight_scale
 };
 
 struct quant_config {
     enum quant_method method;
     int block_rows, block_cols; // fp8 weight_block_size; 0, 0: one scale per tensor (weight_scale)
     int group;                  // gptq and awq group_size; 0: one group over all inputs (-1 in the file)
-    bool sym;                   // gptq
-    bool desc_act;              // gptq: g_idx may permute the groups (refused unless trivial)
+    bool sym;                   // gptq, ct_int
+    bool desc_act;              // gptq, ct_int (actorder group): g_idx may permute the groups (refused unless trivial)
     int zero_offset;            // gptq: added to a stored zero point (1 for the v1 format, 0 for v2)
+    int bits;                   // ct_int: 4 or 8
+    bool channel;               // ct_fp8: one scale per output (weight_scale [out, 1])
 };
 
 // Default sampling from generation_config.json; has_* says the file set it.

@@ -371,6 +371,12 @@ enum part_kind {
     PART_GPTQ_SCALES,     // F16 (ceil(cols / G), rows); AWQ's the same
     PART_GPTQ_G_IDX,      // I32 (cols)
     PART_AWQ_QWEIGHT,     // I32 (cols, rows / 8)
+    PART_CT_PACKED,       // I32 (rows, cols / (32 / bits)) weight_packed
+    PART_CT_SCALE_F16,    // F16 (rows, ceil(cols / G)) weight_scale (int4)
+    PART_CT_SCALE_F32,    // F32 (rows, ceil(cols / G)) weight_scale (int8)
+    PART_CT_SHAPE,        // I64 [2]: rows, cols
+    PART_CT_ZERO,         // I32 (rows / 8, ceil(cols / G)) weight_zero_point (int4 asymmetric)
+    PART_CT_FP8_SCALE,    // BF16 (rows, 1) weight_scale
 };
 
 struct fpart {
@@ -425,6 +431,21 @@ static int build_parts(const struct makemodel_spec *s, const struct wlist *l, st
             rc = add_part(pl, i, w, PART_FP8_WEIGHT, "weight", "F8_E4M3", 2, R, C, 1);
             if (!rc) rc = add_part(pl, i, w, PART_FP8_SCALE, "weight_scale_inv", "F32", 2,
                                    (R + B - 1) / B, (C + B - 1) / B, 4);
+        } else if (s->quant == QUANT_METHOD_CT_INT) {
+            const int per = s->quant_bits == 8 ? 4 : 8;
+            if (R % 8 || C % per)
+                return ms_err(err, errlen, MS_EINVAL, "%s is (%lld, %lld): pack-quantized needs the outputs a "
+                              "multiple of 8 and the inputs of %d", w->name, (long long)R, (long long)C, per);
+            const int64_t ng = (C + B - 1) / B;
+            rc = add_part(pl, i, w, PART_CT_PACKED, "weight_packed", "I32", 2, R, C / per, 4);
+            if (!rc) rc = per == 8 ? add_part(pl, i, w, PART_CT_SCALE_F16, "weight_scale", "F16", 2, R, ng, 2)
+                                   : add_part(pl, i, w, PART_CT_SCALE_F32, "weight_scale", "F32", 2, R, ng, 4);
+            if (!rc) rc = add_part(pl, i, w, PART_CT_SHAPE, "weight_shape", "I64", 1, 2, 0, 8);
+            if (!rc && s->quant_asym)
+                rc = add_part(pl, i, w, PART_CT_ZERO, "weight_zero_point", "I32", 2, R / 8, ng, 4);
+        } else if (s->quant == QUANT_METHOD_CT_FP8) {
+            rc = add_part(pl, i, w, PART_FP8_WEIGHT, "weight", "F8_E4M3", 2, R, C, 1);
+            if (!rc) rc = add_part(pl, i, w, PART_CT_FP8_SCALE, "weight_scale", "BF16", 2, R, 1, 2);
         } else if (s->quant == QUANT_METHOD_AWQ) {
             if (R % 8)
                 return ms_err(err, errlen, MS_EINVAL, "%s has %lld outputs: AWQ needs a multiple of 8",
@@ -475,6 +496,7 @@ struct qtensor {
     uint32_t *qweight, *qzeros;
     uint16_t *scales;
     int32_t *g_idx;
+    int64_t shape[2];    // compressed-tensors' weight_shape
 };
 
 static void qtensor_free(struct qtensor *q)
@@ -570,13 +592,79 @@ static int make_awq(const float *v, int64_t R, int64_t C, int G, struct qtensor 
     return 0;
 }
 
+// compressed-tensors pack-quantized: int4 by the at-load rule when
+// asymmetric (its zero point z + 8 is ours, its value q + 8 too) or GPTQ's
+// symmetric one (every zero 8), int8 by the at-load rule (fp32 scales);
+// values stored plus 2^(bits-1), packed low bits first along the inputs;
+// asymmetric zero points packed along the outputs.
+static int make_ct_int(const float *v, int64_t R, int64_t C, int G, int bits, bool asym, struct qtensor *q)
+{
+    const int ng = quant_groups((int)C, G), per = 32 / bits;
+    const size_t words = (size_t)C / (size_t)per;
+    const enum quant_format f = bits == 8 ? QUANT_INT8 : QUANT_INT4;
+    void *buf = malloc(quant_rows_bytes((int)R, (int)C, f, G));
+    q->qweight = calloc((size_t)R * words, 4);
+    q->qzeros = asym ? calloc((size_t)(R / 8) * (size_t)ng, 4) : NULL;
+    if (bits == 8) q->fp8_scale = malloc((size_t)R * (size_t)ng * sizeof(float));
+    else q->scales = malloc((size_t)R * (size_t)ng * 2);
+    if (!buf || !q->qweight || (asym && !q->qzeros) || (bits == 8 ? !q->fp8_scale : !q->scales)) {
+        free(buf);
+        return MS_ENOMEM;
+    }
+    struct quant_rows r;
+    quant_rows_init(&r, buf, (int)R, (int)C, f, G);
+    for (int64_t o = 0; o < R; o++) {
+        if (bits == 4 && !asym) quant_rows_quantize_gptq(&r, (int)o, v + o * C, true);
+        else quant_rows_quantize(&r, (int)o, v + o * C);
+    }
+    for (int64_t o = 0; o < R; o++) {
+        for (int64_t k = 0; k < C; k++) {
+            const uint8_t c = r.q[o * C + k];
+            const uint32_t u = bits == 4 ? c : (uint32_t)((int)(int8_t)c + 128);
+            q->qweight[(size_t)o * words + (size_t)(k / per)] |= u << (bits * (k % per));
+        }
+        for (int g = 0; g < ng; g++) {
+            if (bits == 8) q->fp8_scale[(size_t)o * ng + g] = r.scale[o * ng + g];
+            else q->scales[(size_t)o * ng + g] = ms_f32_to_f16(r.scale[o * ng + g]);
+            if (asym) q->qzeros[(size_t)(o / 8) * ng + g] |= ((uint32_t)r.zero[o * ng + g] & 15u) << (4 * (o % 8));
+        }
+    }
+    q->shape[0] = R;
+    q->shape[1] = C;
+    free(buf);
+    return 0;
+}
+
+// compressed-tensors FP8 by channel (FP8_DYNAMIC): a bf16 scale per row,
+// amax / 448, and each value e4m3 of w / s.
+static int make_ct_fp8(const float *v, int64_t R, int64_t C, struct qtensor *q)
+{
+    q->fp8 = malloc((size_t)(R * C));
+    q->scales = malloc((size_t)R * 2);
+    if (!q->fp8 || !q->scales) return MS_ENOMEM;
+    for (int64_t o = 0; o < R; o++) {
+        float amax = 0;
+        for (int64_t k = 0; k < C; k++) amax = fmaxf(amax, fabsf(v[o * C + k]));
+        q->scales[o] = ms_f32_to_bf16(amax / 448.0f);
+        const float s = ms_bf16_to_f32(q->scales[o]);
+        for (int64_t k = 0; k < C; k++) q->fp8[o * C + k] = s > 0 ? quant_f32_to_fp8(v[o * C + k] / s) : 0;
+    }
+    return 0;
+}
+
 static const void *part_bytes(const struct fpart *p, const struct qtensor *q)
 {
     switch (p->kind) {
     case PART_FP8_WEIGHT: return q->fp8;
     case PART_FP8_SCALE: return q->fp8_scale;
     case PART_GPTQ_QWEIGHT:
-    case PART_AWQ_QWEIGHT: return q->qweight;
+    case PART_AWQ_QWEIGHT:
+    case PART_CT_PACKED: return q->qweight;
+    case PART_CT_SCALE_F16:
+    case PART_CT_FP8_SCALE: return q->scales;
+    case PART_CT_SCALE_F32: return q->fp8_scale;
+    case PART_CT_SHAPE: return q->shape;
+    case PART_CT_ZERO: return q->qzeros;
     case PART_GPTQ_QZEROS: return q->qzeros;
     case PART_GPTQ_SCALES: return q->scales;
     case PART_GPTQ_G_IDX: return q->g_idx;
@@ -609,9 +697,15 @@ static int write_weight(FILE *f, const char *tmp, const struct makemodel_spec *s
     if (!v) return ms_err(err, errlen, MS_ENOMEM, "out of memory for %s", w->name);
     gen_values(w, v, w->count, &state);
     struct qtensor q = {0};
-    rc = s->quant == QUANT_METHOD_FP8   ? make_fp8(v, w->shape[0], w->shape[1], quant_group_of(s), &q)
-         : s->quant == QUANT_METHOD_AWQ ? make_awq(v, w->shape[0], w->shape[1], quant_group_of(s), &q)
-                                        : make_gptq(v, w->shape[0], w->shape[1], quant_group_of(s), !s->quant_asym, &q);
+    const int64_t R = w->shape[0], C = w->shape[1];
+    const int G = quant_group_of(s);
+    switch (s->quant) {
+    case QUANT_METHOD_FP8: rc = make_fp8(v, R, C, G, &q); break;
+    case QUANT_METHOD_AWQ: rc = make_awq(v, R, C, G, &q); break;
+    case QUANT_METHOD_CT_INT: rc = make_ct_int(v, R, C, G, s->quant_bits == 8 ? 8 : 4, s->quant_asym, &q); break;
+    case QUANT_METHOD_CT_FP8: rc = make_ct_fp8(v, R, C, &q); break;
+    default: rc = make_gptq(v, R, C, G, !s->quant_asym, &q); break;
+    }
     free(v);
     if (rc) rc = ms_err(err, errlen, MS_ENOMEM, "out of memory quantizing %s", w->name);
     for (; !rc && *pi < pl->n && pl->p[*pi].w == p->w; (*pi)++)
@@ -684,6 +778,30 @@ static int write_safetensors(const char *dir, const struct makemodel_spec *s, co
     return commit_file(f, tmp, final, err, errlen);
 }
 
+// compressed-tensors' quantization_config as llm-compressor saves it: one
+// group over every Linear, the lm_head and the routers left out.
+static json_t *ct_config(const struct makemodel_spec *s)
+{
+    const bool fp8 = s->quant == QUANT_METHOD_CT_FP8;
+    const char *format = fp8 ? "float-quantized" : "pack-quantized";
+    json_t *w = fp8 ? json_pack("{s:i,s:s,s:b,s:s,s:n,s:b,s:n,s:n,s:s,s:{}}", "num_bits", 8, "type", "float",
+                                "symmetric", 1, "strategy", "channel", "group_size", "dynamic", 0, "actorder",
+                                "block_structure", "observer", "minmax", "observer_kwargs")
+                    : json_pack("{s:i,s:s,s:b,s:s,s:i,s:b,s:n,s:n,s:s,s:{}}", "num_bits",
+                                s->quant_bits == 8 ? 8 : 4, "type", "int", "symmetric", !s->quant_asym,
+                                "strategy", "group", "group_size", quant_group_of(s), "dynamic", 0, "actorder",
+                                "block_structure", "observer", "minmax", "observer_kwargs");
+    json_t *in = fp8 ? json_pack("{s:i,s:s,s:b,s:s,s:n,s:b,s:n}", "num_bits", 8, "type", "float", "symmetric", 1,
+                                 "strategy", "token", "group_size", "dynamic", 1, "observer")
+                     : json_null();
+    return json_pack("{s:{s:{s:[s],s:o,s:o,s:n,s:s}},s:s,s:n,s:[s,s],s:n,s:s,s:s,s:{},s:{},s:s}", "config_groups",
+                     "group_0", "targets", "Linear", "weights", w, "input_activations", in, "output_activations",
+                     "format", format, "format", format, "global_compression_ratio", "ignore", "lm_head",
+                     "re:.*mlp.gate$", "kv_cache_scheme", "quant_method", "compressed-tensors",
+                     "quantization_status", "compressed", "sparsity_config", "transform_config", "version",
+                     "0.10.2");
+}
+
 static json_t *config_json(const struct makemodel_spec *s)
 {
     bool moe = s->arch == ARCH_QWEN3_MOE;
@@ -738,6 +856,8 @@ static json_t *config_json(const struct makemodel_spec *s)
                                       "sym", !s->quant_asym, "damp_percent", 0.01,
                                       "true_sequential", 1, "static_groups", 0,
                                       "checkpoint_format", "gptq"));
+    else if (s->quant == QUANT_METHOD_CT_INT || s->quant == QUANT_METHOD_CT_FP8)
+        json_object_set_new(c, "quantization_config", ct_config(s));
     else if (s->quant == QUANT_METHOD_AWQ)
         json_object_set_new(c, "quantization_config",
                             json_pack("{s:s,s:i,s:i,s:b,s:s,s:n}", "quant_method", "awq", "bits", 4,

@@ -41,9 +41,13 @@ struct makemodel_spec {
     // (4-bit qweight/qzeros/scales/g_idx, v1 format, as Qwen's GPTQ-Int4),
     // quantized from the very bf16 values the plain checkpoint of the same
     // seed holds. Everything else stays bf16.
+    // AWQ (AutoAWQ's GEMM layout) and compressed-tensors (CT_INT:
+    // pack-quantized int4 or int8 by group; CT_FP8: float-quantized FP8 by
+    // channel, as RedHatAI's FP8-dynamic releases) are written the same way.
     enum quant_method quant;
-    int quant_group;            // FP8 block (rows and inputs) or GPTQ group_size; 0: 128
-    bool quant_asym;            // GPTQ: asymmetric zero points (sym: every zero 8)
+    int quant_group;            // FP8 block (rows and inputs), GPTQ/AWQ/CT_INT group_size; 0: 128
+    bool quant_asym;            // GPTQ, CT_INT int4: asymmetric zero points (sym: every zero 8)
+    int quant_bits;             // CT_INT: 4 or 8 (0: 4)
 };
 
 // What a weight is for, which sets how it is drawn.

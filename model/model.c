@@ -107,10 +107,13 @@ static int bind_fp8(struct binder *b, struct tensor *out, const struct st_tensor
                     int64_t rows, int64_t cols, char *err, size_t errlen)
 {
     const struct quant_config *qc = &b->m->cfg.quant;
-    const bool blocks = qc->block_rows > 0;
-    const int br = blocks ? qc->block_rows : (int)rows, bc = blocks ? qc->block_cols : (int)cols;
+    // compressed-tensors names every strategy's scales weight_scale, and
+    // has one a row (channel) beside blocks and one a tensor.
+    const bool ct = qc->method == QUANT_METHOD_CT_FP8, blocks = qc->block_rows > 0 || qc->channel;
+    const int br = qc->channel ? 1 : blocks ? qc->block_rows : (int)rows,
+              bc = qc->channel ? (int)cols : blocks ? qc->block_cols : (int)cols;
     const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
-    const char *part = blocks ? "weight_scale_inv" : "weight_scale";
+    const char *part = blocks && !ct ? "weight_scale_inv" : "weight_scale";
     const struct st_tensor *s = find_part(b, base, part);
     char why[96];
     int rc;
@@ -120,8 +123,9 @@ static int bind_fp8(struct binder *b, struct tensor *out, const struct st_tensor
         return ms_err(err, errlen, MS_EFORMAT, "tensor %s.weight has shape %s, but config.json "
                       "implies [%lld, %lld]", base, got, (long long)rows, (long long)cols);
     }
-    snprintf(why, sizeof why, "weight_block_size [%d, %d]", br, bc);
-    if (!s && !blocks) {
+    if (qc->channel) snprintf(why, sizeof why, "strategy channel: one scale an output");
+    else snprintf(why, sizeof why, "%s [%d, %d]", ct ? "block_structure" : "weight_block_size", br, bc);
+    if (!s && !blocks && !ct) {
         // Per-tensor scales: say which config key is missing when block
         // scales are what the file holds.
         if (find_part(b, base, "weight_scale_inv"))
@@ -236,6 +240,96 @@ static int bind_awq(struct binder *b, struct tensor *out, const struct st_tensor
     return 0;
 }
 
+// A compressed-tensors pack-quantized projection (int4 or int8 values
+// packed into int32 along the inputs, stored plus 2^(bits-1)): weight_packed,
+// weight_scale and weight_shape, and where the config says so
+// weight_zero_point (int4 asymmetric) and weight_g_idx (actorder group).
+static int bind_ct_int(struct binder *b, struct tensor *out, const struct st_tensor *wp, const char *base,
+                       int64_t rows, int64_t cols, char *err, size_t errlen)
+{
+    const struct quant_config *qc = &b->m->cfg.quant;
+    const int G = qc->group > 0 ? qc->group : (int)cols, per = 32 / qc->bits;
+    const int64_t ng = (cols + G - 1) / G;
+    char why[96];
+    if (qc->group > 0) snprintf(why, sizeof why, "group_size %d over %lld inputs", G, (long long)cols);
+    else snprintf(why, sizeof why, "strategy channel: one scale an output");
+    const struct st_tensor *sc = find_part(b, base, "weight_scale"), *shp = find_part(b, base, "weight_shape");
+    const char *sd = sc && (!strcmp(sc->dtype_str, "BF16") || !strcmp(sc->dtype_str, "F32")) ? sc->dtype_str : "F16";
+    int rc;
+    if ((rc = check_part(wp, base, "weight_packed", "I32", 2, (const int64_t[]){rows, (cols + per - 1) / per},
+                         qc->bits == 4 ? "out_features, in_features / 8" : "out_features, in_features / 4",
+                         err, errlen)) ||
+        (rc = check_part(sc, base, "weight_scale", sd, 2, (const int64_t[]){rows, ng}, why, err, errlen)))
+        return rc;
+    // weight_shape says the unpacked shape: the config's, or the file is
+    // another model's (it is [out, in] as int64; int32 in some writers).
+    if (!shp)
+        return ms_err(err, errlen, MS_ENOTFOUND, "the checkpoint has no tensor %s.weight_shape, which its "
+                      "packed weight needs", base);
+    int64_t got[2] = {0, 0};
+    if (!strcmp(shp->dtype_str, "I64") && shp->nbytes == 16) {
+        memcpy(got, shp->data, 16);
+    } else if (!strcmp(shp->dtype_str, "I32") && shp->nbytes == 8) {
+        int32_t g32[2];
+        memcpy(g32, shp->data, 8);
+        got[0] = g32[0];
+        got[1] = g32[1];
+    } else {
+        return ms_err(err, errlen, MS_EFORMAT, "tensor %s.weight_shape is %s of %zu bytes; expected two "
+                      "I64 (or I32) values", base, shp->dtype_str, shp->nbytes);
+    }
+    if (got[0] != rows || got[1] != cols)
+        return ms_err(err, errlen, MS_EFORMAT, "tensor %s.weight_shape says [%lld, %lld], but config.json "
+                      "implies [%lld, %lld]", base, (long long)got[0], (long long)got[1], (long long)rows,
+                      (long long)cols);
+    const struct st_tensor *zp = find_part(b, base, "weight_zero_point");
+    bool zeros_i8 = false;
+    if (!qc->sym) {
+        // Packed along the outputs since compressed-tensors 0.10, I8 a value before.
+        zeros_i8 = zp && !strcmp(zp->dtype_str, "I8");
+        if ((rc = zeros_i8 ? check_part(zp, base, "weight_zero_point", "I8", 2, (const int64_t[]){rows, ng}, why,
+                                        err, errlen)
+                           : check_part(zp, base, "weight_zero_point", "I32", 2,
+                                        (const int64_t[]){(rows + 7) / 8, ng}, why, err, errlen)))
+            return rc;
+        if (zeros_i8) {
+            const int8_t *z = zp->data;
+            for (int64_t i = 0; i < rows * ng; i++)
+                if (z[i] < -8 || z[i] > 7)
+                    return ms_err(err, errlen, MS_EFORMAT, "tensor %s.weight_zero_point holds %d; an int4 "
+                                  "zero point is -8 to 7", base, z[i]);
+        }
+        b->bound++;
+    } else if (zp) {
+        return ms_err(err, errlen, MS_EFORMAT, "tensor %s.weight_zero_point is there, but the config says "
+                      "symmetric: which one is right is unclear", base);
+    }
+    const struct st_tensor *gi = find_part(b, base, "weight_g_idx");
+    if (gi) {
+        if ((rc = check_part(gi, base, "weight_g_idx", "I32", 1, (const int64_t[]){cols}, "in_features",
+                             err, errlen)))
+            return rc;
+        const int32_t *g = gi->data;
+        for (int64_t k = 0; k < cols; k++)
+            if (g[k] != (int32_t)(k / G) && g[k] != -1)
+                return ms_err(err, errlen, MS_EUNSUPPORTED, "%s.weight_g_idx[%lld] is %d where input %lld's "
+                              "group is %lld: the checkpoint was quantized with actorder group, whose "
+                              "permuted groups moeserve does not read; use one made with actorder weight "
+                              "or none", base, (long long)k, (int)g[k], (long long)k, (long long)(k / G));
+        b->bound++;
+    } else if (qc->desc_act) {
+        return ms_err(err, errlen, MS_EFORMAT, "the config says actorder group but %s.weight_g_idx, which "
+                      "says each input's group, is missing", base);
+    }
+    out->data = wp->data;
+    out->quant = (struct tensor_quant){.format = qc->bits == 4 ? QUANT_INT4 : QUANT_INT8, .source = QUANT_SRC_CT,
+                                       .group = G, .block_rows = 1, .scale = sc->data, .scale_dtype = sc->dtype,
+                                       .zeros = qc->sym ? NULL : zp->data, .zeros_i8 = zeros_i8,
+                                       .sym = qc->sym};
+    b->bound += 3;
+    return 0;
+}
+
 // A matrix the checkpoint may hold quantized, as config.json's
 // quantization_config says. Returns 1 when it bound one, 0 when the tensor
 // is stored plain, or an error.
@@ -250,8 +344,11 @@ static int bind_quantized(struct binder *b, struct tensor *out, enum weight_role
     base[n - 7] = 0;
     const struct st_tensor *t = safetensors_find(b->st, name);
     const struct st_tensor *qw =
-        (method == QUANT_METHOD_GPTQ || method == QUANT_METHOD_AWQ) && !t ? find_part(b, base, "qweight") : NULL;
-    const bool fp8 = method == QUANT_METHOD_FP8 && t && !strcmp(t->dtype_str, "F8_E4M3");
+        (method == QUANT_METHOD_GPTQ || method == QUANT_METHOD_AWQ) && !t   ? find_part(b, base, "qweight")
+        : method == QUANT_METHOD_CT_INT && !t                                ? find_part(b, base, "weight_packed")
+                                                                             : NULL;
+    const bool fp8 = (method == QUANT_METHOD_FP8 || method == QUANT_METHOD_CT_FP8) && t &&
+                     !strcmp(t->dtype_str, "F8_E4M3");
     if (!fp8 && !qw) return 0;
     if (role == ROLE_EMBED)
         return ms_err(err, errlen, MS_EUNSUPPORTED, "the embedding %s is stored quantized; moeserve "
@@ -263,6 +360,7 @@ static int bind_quantized(struct binder *b, struct tensor *out, enum weight_role
     out->dtype = DTYPE_BF16;
     int rc = fp8                          ? bind_fp8(b, out, t, base, shape[0], shape[1], err, errlen)
              : method == QUANT_METHOD_AWQ ? bind_awq(b, out, qw, base, shape[0], shape[1], err, errlen)
+             : method == QUANT_METHOD_CT_INT ? bind_ct_int(b, out, qw, base, shape[0], shape[1], err, errlen)
                                           : bind_gptq(b, out, qw, base, shape[0], shape[1], err, errlen);
     if (rc) return rc;
     if (b->m->quant == QUANT_NONE) b->m->quant = out->quant.format;
@@ -498,9 +596,10 @@ static int resolve_quant(struct model *m, const struct model_load_opts *o, enum 
     const enum quant_format has = quant_config_format(&m->cfg);
     *want = o->quantization;
     if (has != QUANT_NONE && *want != QUANT_NONE && *want != has)
-        return ms_err(err, errlen, MS_EINVAL, "%s is an %s checkpoint (%s weights); --quantization %s "
+        return ms_err(err, errlen, MS_EINVAL, "%s is %s checkpoint (%s weights); --quantization %s "
                       "asks for %s: drop the flag, or start from a bf16 checkpoint", m->dir,
-                      qm == QUANT_METHOD_FP8 ? "FP8" : qm == QUANT_METHOD_AWQ ? "AWQ" : "GPTQ", quant_format_name(has),
+                      qm == QUANT_METHOD_FP8 ? "an FP8" : qm == QUANT_METHOD_AWQ ? "an AWQ"
+                      : qm == QUANT_METHOD_GPTQ ? "a GPTQ" : "a compressed-tensors", quant_format_name(has),
                       quant_format_name(*want), quant_format_name(*want));
     // A dummy load makes a quantized config's format itself; a real one
     // reads it from the tensors.

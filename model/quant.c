@@ -242,6 +242,26 @@ void quant_tensor_rows(const struct tensor *t, int r0, int n, struct quant_rows 
             (void)G;
             break;
         }
+        case QUANT_SRC_CT: {
+            const int bits = t->quant.format == QUANT_INT4 ? 4 : 8, per = 32 / bits;
+            const uint32_t mask = (1u << bits) - 1u, half = 1u << (bits - 1);
+            const size_t words = (size_t)(K + per - 1) / (size_t)per;
+            const uint32_t *row = (const uint32_t *)t->data + (size_t)o * words;
+            for (int k = 0; k < K; k++) {
+                const uint32_t u = (row[k / per] >> (bits * (k % per))) & mask;
+                // int4 keeps the stored value (its zero point is 8 when
+                // symmetric); int8 is signed: the value less 128.
+                q[k] = bits == 4 ? (uint8_t)u : (uint8_t)(int8_t)((int)u - (int)half);
+            }
+            for (int g = 0; g < ng; g++) {
+                s[g] = scale_at(tq->scale, tq->scale_dtype, (size_t)o * ng + g);
+                if (bits == 8) z[g] = 0;
+                else if (!tq->zeros) z[g] = 8;
+                else if (tq->zeros_i8) z[g] = (uint8_t)(((const int8_t *)tq->zeros)[(size_t)o * ng + g] + 8);
+                else z[g] = (uint8_t)((((const uint32_t *)tq->zeros)[(size_t)(o / 8) * ng + g] >> (4 * (o % 8))) & 15u);
+            }
+            break;
+        }
         case QUANT_SRC_AWQ: {
             const uint32_t *qw = t->data, *qz = tq->zeros;
             const size_t words = (size_t)rows / 8;
@@ -267,6 +287,8 @@ enum quant_format quant_config_format(const struct model_config *cfg)
     case QUANT_METHOD_FP8: return QUANT_FP8;
     case QUANT_METHOD_GPTQ:
     case QUANT_METHOD_AWQ: return QUANT_INT4;
+    case QUANT_METHOD_CT_INT: return cfg->quant.bits == 8 ? QUANT_INT8 : QUANT_INT4;
+    case QUANT_METHOD_CT_FP8: return QUANT_FP8;
     case QUANT_METHOD_NONE: break;
     }
     return QUANT_NONE;

@@ -2,15 +2,17 @@
 // e4m3 with per-block scales, int8 with per-group scales, int4 with
 // per-group scales and zero points — their formulas, quantization at load
 // (--quantization), and the reading of quantized checkpoints (FP8
-// block-wise, 4-bit GPTQ) into one canonical row form that every backend
-// packs from. Weights only: activations stay in fp32.
+// block-wise, 4-bit GPTQ and AWQ, compressed-tensors int4, int8 and FP8)
+// into one canonical row form that every backend packs from. Weights only:
+// activations stay in fp32.
 //
 // The formulas (w: the weight a matmul multiplies by, q: the stored value,
 // s: its group's scale, z: its group's zero point):
 //   QUANT_FP8:  w = e4m3(q) * s      q an e4m3fn code (1 sign, 4 exponent bits
 //                                    with bias 7, 3 mantissa bits); the two NaN
 //                                    codes 0x7f / 0xff read as +-480
-//   QUANT_INT8: w = q * s            q in -127..127
+//   QUANT_INT8: w = q * s            q in -127..127 (-128 too where a
+//                                    compressed-tensors checkpoint stores it)
 //   QUANT_INT4: w = (q - z) * s      q in 0..15, z in 0..16 (GPTQ's v1 format
 //                                    stores z - 1, hence 16)
 // A group is G consecutive inputs of one output row (the last group of a
@@ -61,6 +63,12 @@ enum quant_source {
                            // quant_awq_nibble(o % 8) of word (k, o / 8); scale: scale_dtype
                            // (ceil(cols / group), rows); zeros: qzeros I32 (ceil(cols / group),
                            // rows / 8), packed as qweight, stored as they are
+    QUANT_SRC_CT,          // compressed-tensors pack-quantized, b = 4 or 8 bits (the format's
+                           // width), p = 32 / b: data: weight_packed I32 (rows, ceil(cols / p)),
+                           // value (o, k) in bits b (k % p) of word (o, k / p), stored plus 2^(b-1);
+                           // scale: scale_dtype (rows, groups); zeros (int4, asymmetric): I32
+                           // (ceil(rows / 8), groups) packed along the outputs as the values, or
+                           // (zeros_i8) I8 (rows, groups) signed; NULL when symmetric (8)
 };
 
 // How one matrix of a model is quantized (struct tensor.quant). format
@@ -75,6 +83,7 @@ struct tensor_quant {
     const void *zeros;         // QUANT_SRC_GPTQ / AWQ: qzeros
     int zero_offset;           // QUANT_SRC_GPTQ: added to a stored zero point (1: v1, 0: v2)
     bool sym;                  // QUANT_SRC_GPTQ: symmetric (informational; z is read either way)
+    bool zeros_i8;             // QUANT_SRC_CT: zero points stored unpacked, I8 (before compressed-tensors 0.10)
 };
 
 // Groups of a row of cols inputs.

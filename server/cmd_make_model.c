@@ -17,7 +17,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: moeserve make-model --shape tiny|demo|mid --out DIR [--seed N] "
             "[--tokenizer-dir DIR]\n"
-            "                           [--quantization fp8|gptq|awq [--group-size N] [--asym]]\n\n"
+            "                           [--quantization fp8|gptq|awq|ct-w4a16|ct-w8a16|ct-fp8\n"
+            "                            [--group-size N] [--asym]]\n\n"
             "Writes config.json, generation_config.json, model.safetensors (bf16, random\n"
             "weights from a generator seeded by --seed, default 0) and the Qwen3\n"
             "tokenizer.json and tokenizer_config.json into DIR.\n\n"
@@ -29,10 +30,13 @@ static void usage(FILE *f)
             "  --quantization  the projections (attention, experts, MLPs) quantized from the\n"
             "                  same bf16 values: fp8 (e4m3, weight_scale_inv per 128x128 block,\n"
             "                  as Qwen's FP8 releases), gptq (4-bit, group 128, v1 format, as\n"
-            "                  Qwen's GPTQ-Int4) or awq (4-bit with zero points, group 128,\n"
-            "                  AutoAWQ's GEMM layout); the rest stays bf16\n"
-            "  --group-size N  the FP8 block (N x N) or GPTQ/AWQ group size (128)\n"
-            "  --asym          GPTQ with zero points per group (default symmetric)\n",
+            "                  Qwen's GPTQ-Int4), awq (4-bit with zero points, group 128,\n"
+            "                  AutoAWQ's GEMM layout) or compressed-tensors as llm-compressor\n"
+            "                  saves it: ct-w4a16 and ct-w8a16 (pack-quantized int4 and int8\n"
+            "                  by group), ct-fp8 (float-quantized FP8 by channel, as the\n"
+            "                  FP8-dynamic releases); the rest stays bf16\n"
+            "  --group-size N  the FP8 block (N x N) or GPTQ/AWQ/ct-w group size (128)\n"
+            "  --asym          GPTQ or ct-w4a16 with zero points per group (default symmetric)\n",
             MOESERVE_TOKENIZER_DIR);
 }
 
@@ -54,7 +58,7 @@ int cmd_make_model(int argc, char **argv)
     enum quant_method quant = QUANT_METHOD_NONE;
     long group = 0;
     bool asym = false;
-    int c;
+    int bits = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -74,8 +78,11 @@ int cmd_make_model(int argc, char **argv)
             if (!strcmp(optarg, "fp8")) quant = QUANT_METHOD_FP8;
             else if (!strcmp(optarg, "gptq") || !strcmp(optarg, "int4")) quant = QUANT_METHOD_GPTQ;
             else if (!strcmp(optarg, "awq")) quant = QUANT_METHOD_AWQ;
+            else if (!strcmp(optarg, "ct-w4a16")) quant = QUANT_METHOD_CT_INT, bits = 4;
+            else if (!strcmp(optarg, "ct-w8a16")) quant = QUANT_METHOD_CT_INT, bits = 8;
+            else if (!strcmp(optarg, "ct-fp8")) quant = QUANT_METHOD_CT_FP8;
             else {
-                cli_refuse("--quantization", optarg, "fp8, gptq or awq", err, sizeof err);
+                cli_refuse("--quantization", optarg, "fp8, gptq, awq, ct-w4a16, ct-w8a16 or ct-fp8", err, sizeof err);
                 fprintf(stderr, "moeserve make-model: %s\n", err);
                 return 2;
             }
@@ -112,11 +119,12 @@ int cmd_make_model(int argc, char **argv)
         fprintf(stderr, "moeserve make-model: %s\n", err);
         return 2;
     }
-    if (asym && quant != QUANT_METHOD_GPTQ) {
-        fprintf(stderr, "moeserve make-model: --asym is for --quantization gptq\n");
+    if (asym && quant != QUANT_METHOD_GPTQ && !(quant == QUANT_METHOD_CT_INT && bits == 4)) {
+        fprintf(stderr, "moeserve make-model: --asym is for --quantization gptq or ct-w4a16\n");
         return 2;
     }
     spec.quant = quant;
+    spec.quant_bits = bits;
     spec.quant_group = (int)group;
     spec.quant_asym = asym;
     double t0 = ms_now();
@@ -129,6 +137,10 @@ int cmd_make_model(int argc, char **argv)
            ", %.2f s\n", out, shape,
            quant == QUANT_METHOD_FP8    ? " (fp8 projections)"
            : quant == QUANT_METHOD_AWQ  ? " (awq int4 projections)"
+           : quant == QUANT_METHOD_CT_FP8 ? " (compressed-tensors fp8 projections)"
+           : quant == QUANT_METHOD_CT_INT ? (bits == 8 ? " (compressed-tensors int8 projections)"
+                                                      : asym ? " (compressed-tensors int4 asymmetric projections)"
+                                                             : " (compressed-tensors int4 projections)")
            : quant == QUANT_METHOD_GPTQ ? (asym ? " (gptq int4 asymmetric projections)" : " (gptq int4 projections)")
                                         : "",
            params, (double)params * 2 / (1024.0 * 1024.0), seed, ms_now() - t0);

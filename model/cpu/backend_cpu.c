@@ -415,12 +415,13 @@ static void *prep_worker(void *arg)
         if (j->mat->quant != QUANT_NONE) {
             pack_quantized(t, j->mat, c->packed + j->packed_off, qbuf);
             j->mat->priv = c->packed + j->packed_off;
-            // The file's values are not read again: bf16 rows, FP8 bytes, GPTQ nibbles.
+            // The file's values are not read again: bf16 rows, FP8 bytes, packed int8 bytes and
+            // int4 nibbles.
             const size_t n = tensor_elems(t);
             if (t->data)
-                drop_pages(t->data, t->quant.source == QUANT_SRC_AT_LOAD ? n * dtype_size(t->dtype)
-                                    : t->quant.source == QUANT_SRC_FP8   ? n
-                                                                         : n / 2);
+                drop_pages(t->data, t->quant.source == QUANT_SRC_AT_LOAD                          ? n * dtype_size(t->dtype)
+                                    : t->quant.source == QUANT_SRC_FP8 || t->quant.format == QUANT_INT8 ? n
+                                                                                                        : n / 2);
             continue;
         }
         struct cpu_wmat w = {.data = t->data ? t->data : tmp, .dtype = t->dtype,

@@ -35,6 +35,8 @@ static void check_config(const struct model_config *c)
                "quantization: group %d, blocks %d x %d, zero offset %d", q->group, q->block_rows,
                q->block_cols, q->zero_offset);
     FUZZ_CHECK(q->method != QUANT_METHOD_AWQ || q->zero_offset == 0, "an AWQ zero offset of %d", q->zero_offset);
+    FUZZ_CHECK(q->method != QUANT_METHOD_CT_INT || q->bits == 4 || (q->bits == 8 && q->sym),
+               "compressed-tensors int weights of %d bits (symmetric %d)", q->bits, (int)q->sym);
     bool any_moe = false;
     for (int i = 0; i < c->n_layers; i++) any_moe |= c->layer_is_moe[i];
     if (any_moe)

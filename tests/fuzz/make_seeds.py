@@ -138,6 +138,18 @@ for qc in [
      "checkpoint_format": "gptq_v2"},
     {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm",
      "modules_to_not_convert": ["gate"]},
+    {"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+     "ignore": ["lm_head", "re:.*mlp.gate$"], "sparsity_config": {},
+     "config_groups": {"group_0": {"targets": ["Linear"],
+                                   "weights": {"num_bits": 8, "type": "float", "symmetric": True,
+                                               "strategy": "channel", "dynamic": False},
+                                   "input_activations": {"num_bits": 8, "type": "float", "symmetric": True,
+                                                         "strategy": "token", "dynamic": True}}}},
+    {"quant_method": "compressed-tensors", "format": "pack-quantized",
+     "config_groups": {"group_0": {"targets": ["Linear"],
+                                   "weights": {"num_bits": 4, "type": "int", "symmetric": False,
+                                               "strategy": "group", "group_size": 128, "actorder": "weight"}}}},
+    {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"W4A16": ["Linear"]}},
 ]:
     put("fuzz_config", b"\x01" + json.dumps(dict(base_cfg, quantization_config=qc)).encode())
 with open(os.path.join(root, "tests", "data", "qwen3moe-v2048", "generation_config.json"), "rb") as f:

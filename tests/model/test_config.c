@@ -12,6 +12,7 @@
 
 #include "base/base.h"
 #include "model/config.h"
+#include "model/quant.h"
 #include "tests/hostile_json.h"
 
 // Qwen3-30B-A3B's config.json, as published.
@@ -243,6 +244,95 @@ static void default_rope_and_explicit_nulls_are_accepted(void **state)
     assert_int_equal(parse_edited("torch_dtype", "\"float32\"", &c, err, sizeof err), 0);
     assert_int_equal(c.torch_dtype, DTYPE_F32);
     assert_int_equal(parse_edited("hidden_size", "2048.0", &c, err, sizeof err), 0);
+}
+
+// compressed-tensors' quantization_config as llm-compressor saves it
+// (RedHatAI's FP8-dynamic and w4a16 releases), its preset form, and what is
+// refused by name: another format for the weights' type, sparsity, static
+// input activations, activation-only groups, schemes that differ by group,
+// weights quantized at run time, int8 with zero points, NVFP4.
+static void compressed_tensors_quantization_configs_parse(void **state)
+{
+    (void)state;
+    struct model_config c;
+    char err[512] = "";
+#define CT_W(w, fmt) "{\"quant_method\": \"compressed-tensors\", \"format\": \"" fmt "\", " \
+    "\"quantization_status\": \"compressed\", \"sparsity_config\": {}, \"ignore\": [\"lm_head\", " \
+    "\"re:.*mlp.gate$\"], \"config_groups\": {\"group_0\": {\"targets\": [\"Linear\"], \"weights\": " w "}}}"
+    assert_int_equal(parse_edited("quantization_config",
+                                  CT_W("{\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"channel\", "
+                                       "\"symmetric\": true, \"dynamic\": false, \"group_size\": null}, "
+                                       "\"input_activations\": {\"num_bits\": 8, \"type\": \"float\", "
+                                       "\"strategy\": \"token\", \"dynamic\": true}", "float-quantized"),
+                                  &c, err, sizeof err), 0);
+    assert_int_equal(c.quant.method, QUANT_METHOD_CT_FP8);
+    assert_true(c.quant.channel);
+    assert_int_equal(quant_config_format(&c), QUANT_FP8);
+    assert_int_equal(parse_edited("quantization_config",
+                                  CT_W("{\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"block\", "
+                                       "\"block_structure\": \"128x64\"}", "float-quantized"), &c, err, sizeof err), 0);
+    assert_int_equal(c.quant.block_rows, 128);
+    assert_int_equal(c.quant.block_cols, 64);
+    assert_false(c.quant.channel);
+    assert_int_equal(parse_edited("quantization_config",
+                                  CT_W("{\"num_bits\": 4, \"type\": \"int\", \"strategy\": \"group\", "
+                                       "\"group_size\": 128, \"symmetric\": true, \"actorder\": \"weight\", "
+                                       "\"observer\": \"mse\"}", "pack-quantized"), &c, err, sizeof err), 0);
+    assert_int_equal(c.quant.method, QUANT_METHOD_CT_INT);
+    assert_int_equal(c.quant.bits, 4);
+    assert_int_equal(c.quant.group, 128);
+    assert_true(c.quant.sym && !c.quant.desc_act);
+    assert_int_equal(quant_config_format(&c), QUANT_INT4);
+    // group_size -1 without a strategy is channel; 8 bits is int8.
+    assert_int_equal(parse_edited("quantization_config",
+                                  CT_W("{\"num_bits\": 8, \"group_size\": -1}", "pack-quantized"), &c, err,
+                                  sizeof err), 0);
+    assert_int_equal(c.quant.group, 0);
+    assert_int_equal(quant_config_format(&c), QUANT_INT8);
+    // A preset's name as the group.
+    assert_int_equal(parse_edited("quantization_config",
+                                  "{\"quant_method\": \"compressed-tensors\", \"format\": \"pack-quantized\", "
+                                  "\"config_groups\": {\"W4A16_ASYM\": [\"Linear\"]}}", &c, err, sizeof err), 0);
+    assert_true(!c.quant.sym && c.quant.group == 128 && c.quant.bits == 4);
+    static const struct {
+        const char *qc, *want;
+    } bad[] = {
+        {CT_W("{\"num_bits\": 4, \"group_size\": 128}", "float-quantized"), "float-quantized"},
+        {CT_W("{\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"channel\"}", "pack-quantized"),
+         "pack-quantized"},
+        {CT_W("{\"num_bits\": 4, \"type\": \"float\", \"strategy\": \"group\", \"group_size\": 16}",
+              "nvfp4-pack-quantized"), "4-bit float"},
+        {CT_W("{\"num_bits\": 8, \"group_size\": 128, \"symmetric\": false}", "pack-quantized"),
+         "asymmetric int8"},
+        {CT_W("{\"num_bits\": 4, \"strategy\": \"tensor\"}", "pack-quantized"), "by tensor"},
+        {CT_W("{\"num_bits\": 4, \"group_size\": 100}", "pack-quantized"), "group_size 100"},
+        {CT_W("{\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"channel\", \"dynamic\": true}",
+              "float-quantized"), "dynamic"},
+        {CT_W("null, \"input_activations\": {\"num_bits\": 8, \"dynamic\": true}", "float-quantized"),
+         "weights are quantized"},
+        {CT_W("{\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"tensor\"}, \"input_activations\": "
+              "{\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"tensor\", \"dynamic\": false}",
+              "float-quantized"), "static input activations"},
+        {CT_W("{\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"block\"}", "float-quantized"),
+         "block_structure"},
+        {"{\"quant_method\": \"compressed-tensors\", \"format\": \"pack-quantized\", \"config_groups\": "
+         "{\"a\": {\"weights\": {\"num_bits\": 4, \"group_size\": 128}}, \"b\": {\"weights\": "
+         "{\"num_bits\": 4, \"group_size\": 64}}}}", "different weight schemes"},
+        {"{\"quant_method\": \"compressed-tensors\", \"format\": \"pack-quantized\", \"sparsity_config\": "
+         "{\"format\": \"sparse-24-bitmask\"}, \"config_groups\": {\"W4A16\": [\"Linear\"]}}", "sparsity_config"},
+        {"{\"quant_method\": \"compressed-tensors\", \"format\": \"pack-quantized\", \"quantization_status\": "
+         "\"frozen\", \"config_groups\": {\"W4A16\": [\"Linear\"]}}", "frozen"},
+        {"{\"quant_method\": \"compressed-tensors\", \"format\": \"float-quantized\", \"config_groups\": "
+         "{\"FP8\": [\"Linear\"]}}", "preset scheme \"FP8\""},
+        {"{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"W4A16\": [\"Linear\"]}}",
+         "no format"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const int rc = parse_edited("quantization_config", bad[i].qc, &c, err, sizeof err);
+        if (rc == 0) fail_msg("case %zu: accepted", i);
+        if (!strstr(err, bad[i].want)) fail_msg("case %zu: \"%s\" does not say \"%s\"", i, err, bad[i].want);
+    }
+#undef CT_W
 }
 
 // Qwen3-30B-A3B-FP8's and -GPTQ-Int4's quantization_config, and the variants
@@ -557,6 +647,7 @@ int main(void)
         cmocka_unit_test(unimplemented_settings_are_refused_by_name),
         cmocka_unit_test(default_rope_and_explicit_nulls_are_accepted),
         cmocka_unit_test(fp8_and_gptq_quantization_configs_parse),
+        cmocka_unit_test(compressed_tensors_quantization_configs_parse),
         cmocka_unit_test(malformed_configs_are_format_errors),
         cmocka_unit_test(generation_config_sets_eos_list_and_sampling_defaults),
         cmocka_unit_test(generation_eos_outside_the_vocabulary_is_dropped),

@@ -263,6 +263,58 @@ static void awq_tensors_read_as_autoawq_packs_them(void **state)
     }
 }
 
+// compressed-tensors pack-quantized tensors packed by hand as its
+// pack_to_int32 packs them: row o's word j holds inputs 8j + i (int4; 4j + i
+// for int8) in bits 4i (8i), each stored as its signed value plus 8 (128);
+// asymmetric int4 zero points likewise plus 8, packed along the outputs
+// (word (o / 8, g), bits 4 (o % 8)) or, as older files store them, one I8 a
+// value; symmetric int4 reads every zero point as 8; scales (rows, groups).
+static void compressed_tensors_tensors_read_as_pack_to_int32_packs_them(void **state)
+{
+    (void)state;
+    enum { R = 16, C = 24, G = 8, NG = 3 };
+    int8_t q4[R][C], q8[R][C], z[R][NG];
+    float s[R][NG];
+    uint16_t sb[R][NG];
+    uint32_t p4[R][C / 8] = {{0}}, p8[R][C / 4] = {{0}}, zp[R / 8][NG] = {{0}};
+    for (int o = 0; o < R; o++) {
+        for (int k = 0; k < C; k++) {
+            q4[o][k] = (int8_t)((o * 7 + k * 3) % 16 - 8);
+            q8[o][k] = (int8_t)((o * 37 + k * 11) % 256 - 128); // -128 too
+            p4[o][k / 8] |= (uint32_t)(q4[o][k] + 8) << (4 * (k % 8));
+            p8[o][k / 4] |= (uint32_t)(q8[o][k] + 128) << (8 * (k % 4));
+        }
+        for (int g = 0; g < NG; g++) {
+            z[o][g] = (int8_t)((g * 5 + o) % 16 - 8);
+            zp[o / 8][g] |= (uint32_t)(z[o][g] + 8) << (4 * (o % 8));
+            sb[o][g] = ms_f32_to_bf16(0.02f * (float)(1 + o * NG + g));
+            s[o][g] = ms_bf16_to_f32(sb[o][g]);
+        }
+    }
+    // 0: int4 symmetric, 1: int4 with packed zero points, 2: with I8 ones, 3: int8.
+    for (int v = 0; v < 4; v++) {
+        const enum quant_format f = v == 3 ? QUANT_INT8 : QUANT_INT4;
+        struct tensor t = {.data = v == 3 ? (void *)p8 : (void *)p4, .dtype = DTYPE_BF16, .ndim = 2, .shape = {R, C}};
+        t.quant = (struct tensor_quant){.format = f, .source = QUANT_SRC_CT, .group = G, .block_rows = 1,
+                                        .scale = sb, .scale_dtype = DTYPE_BF16,
+                                        .zeros = v == 1 ? (const void *)zp : v == 2 ? (const void *)z : NULL,
+                                        .zeros_i8 = v == 2};
+        void *buf = malloc(quant_rows_bytes(R, C, f, G));
+        float tmp[C];
+        struct quant_rows r;
+        quant_rows_init(&r, buf, R, C, f, G);
+        quant_tensor_rows(&t, 0, R, &r, tmp);
+        for (int o = 0; o < R; o++)
+            for (int k = 0; k < C; k++) {
+                const int g = k / G, zero = v == 0 ? 0 : z[o][g];
+                const float want = v == 3 ? (float)q8[o][k] * s[o][g] : (float)(q4[o][k] - (v == 0 ? 0 : zero)) * s[o][g];
+                if (quant_rows_value(&r, o, k) != want)
+                    fail_msg("case %d, (%d, %d): %g, expected %g", v, o, k, quant_rows_value(&r, o, k), want);
+            }
+        free(buf);
+    }
+}
+
 // FP8 checkpoints: a block's scale (f32 or bf16) repeats for each of its rows.
 static void fp8_tensors_repeat_their_block_scales_per_row(void **state)
 {
@@ -347,6 +399,7 @@ int main(void)
         cmocka_unit_test(gptq_rule_is_symmetric_or_keeps_zero_points_from_one),
         cmocka_unit_test(gptq_tensors_read_as_their_format_says),
         cmocka_unit_test(awq_tensors_read_as_autoawq_packs_them),
+        cmocka_unit_test(compressed_tensors_tensors_read_as_pack_to_int32_packs_them),
         cmocka_unit_test(fp8_tensors_repeat_their_block_scales_per_row),
         cmocka_unit_test(dummy_rows_quantize_the_dummy_bf16_values),
         cmocka_unit_test(packed_sizes_follow_the_layout),

@@ -1,5 +1,6 @@
 // Pins quantized models end to end: make-model's FP8, GPTQ (symmetric and
-// asymmetric) and AWQ checkpoints load with their formats bound, as do bf16
+// asymmetric), AWQ and compressed-tensors (int4, int8, FP8) checkpoints load
+// with their formats bound, as do bf16
 // checkpoints quantized at load (--quantization fp8|int8|int4), with the
 // bytes the planner counts; their logits equal those of the same model run
 // on its dequantized weights in fp32 (bit for bit on the scalar table, whose
@@ -29,17 +30,23 @@
 static char tmpdir[256];
 
 // The checkpoints every test reads: tiny (vocabulary cut to 2048), seed 5.
-enum ckpt { C_BF16, C_FP8, C_GPTQ, C_GPTQ_ASYM, C_FP8_128, C_GPTQ_128, C_AWQ, C_AWQ_128, N_CKPT };
+enum ckpt {
+    C_BF16, C_FP8, C_GPTQ, C_GPTQ_ASYM, C_FP8_128, C_GPTQ_128, C_AWQ, C_AWQ_128,
+    C_CT_W4, C_CT_W4_ASYM_128, C_CT_W8_128, C_CT_FP8, N_CKPT
+};
 static const struct {
     const char *sub;
     enum quant_method q;
     int group;
     bool asym;
+    int bits;
 } ckpts[N_CKPT] = {
-    {"bf16", QUANT_METHOD_NONE, 0, false},   {"fp8", QUANT_METHOD_FP8, 32, false},
-    {"gptq", QUANT_METHOD_GPTQ, 32, false},  {"gptq-asym", QUANT_METHOD_GPTQ, 32, true},
-    {"fp8-128", QUANT_METHOD_FP8, 0, false}, {"gptq-128", QUANT_METHOD_GPTQ, 0, false},
-    {"awq", QUANT_METHOD_AWQ, 32, false},    {"awq-128", QUANT_METHOD_AWQ, 0, false},
+    {"bf16", QUANT_METHOD_NONE, 0, false, 0},     {"fp8", QUANT_METHOD_FP8, 32, false, 0},
+    {"gptq", QUANT_METHOD_GPTQ, 32, false, 0},    {"gptq-asym", QUANT_METHOD_GPTQ, 32, true, 0},
+    {"fp8-128", QUANT_METHOD_FP8, 0, false, 0},   {"gptq-128", QUANT_METHOD_GPTQ, 0, false, 0},
+    {"awq", QUANT_METHOD_AWQ, 32, false, 0},      {"awq-128", QUANT_METHOD_AWQ, 0, false, 0},
+    {"ct-w4", QUANT_METHOD_CT_INT, 32, false, 4}, {"ct-w4-asym-128", QUANT_METHOD_CT_INT, 0, true, 4},
+    {"ct-w8-128", QUANT_METHOD_CT_INT, 0, false, 8}, {"ct-fp8", QUANT_METHOD_CT_FP8, 0, false, 0},
 };
 
 static void ckpt_dir(enum ckpt c, char *out, size_t len) { snprintf(out, len, "%s/%s", tmpdir, ckpts[c].sub); }
@@ -57,6 +64,7 @@ static int setup(void **state)
         s.quant = ckpts[c].q;
         s.quant_group = ckpts[c].group;
         s.quant_asym = ckpts[c].asym;
+        s.quant_bits = ckpts[c].bits;
         ckpt_dir((enum ckpt)c, dir, sizeof dir);
         if (makemodel_write(&s, dir, 5, NULL, err, sizeof err)) {
             fprintf(stderr, "%s\n", err);
@@ -243,6 +251,8 @@ static struct model *fp8_ckpt(void) { return load_ckpt(C_FP8, QUANT_NONE); }
 static struct model *gptq_ckpt(void) { return load_ckpt(C_GPTQ, QUANT_NONE); }
 static struct model *gptq_asym_ckpt(void) { return load_ckpt(C_GPTQ_ASYM, QUANT_NONE); }
 static struct model *awq_ckpt(void) { return load_ckpt(C_AWQ, QUANT_NONE); }
+static struct model *ct_w4_ckpt(void) { return load_ckpt(C_CT_W4, QUANT_NONE); }
+static struct model *ct_fp8_ckpt(void) { return load_ckpt(C_CT_FP8, QUANT_NONE); }
 static struct model *int8_at_load(void) { return load_ckpt(C_BF16, QUANT_INT8); }
 static struct model *int4_at_load(void) { return load_ckpt(C_BF16, QUANT_INT4); }
 static struct model *fp8_at_load(void) { return load_ckpt(C_BF16, QUANT_FP8); }
@@ -254,6 +264,8 @@ static void checkpoint_logits_match_their_dequantized_weights(void **state)
     check_logits(gptq_ckpt, QUANT_INT4, QUANT_SRC_GPTQ, 0.40, 12, "the gptq checkpoint");
     check_logits(gptq_asym_ckpt, QUANT_INT4, QUANT_SRC_GPTQ, 0.40, 12, "the asymmetric gptq checkpoint");
     check_logits(awq_ckpt, QUANT_INT4, QUANT_SRC_AWQ, 0.40, 12, "the awq checkpoint");
+    check_logits(ct_w4_ckpt, QUANT_INT4, QUANT_SRC_CT, 0.40, 12, "the compressed-tensors int4 checkpoint");
+    check_logits(ct_fp8_ckpt, QUANT_FP8, QUANT_SRC_FP8, 0.15, 20, "the compressed-tensors fp8 checkpoint");
 }
 
 // make-model's AWQ checkpoint quantizes its bf16 values by the rule
@@ -261,21 +273,38 @@ static void checkpoint_logits_match_their_dequantized_weights(void **state)
 // AutoAWQ's), so at the same groups of 128 the two hold the same codes,
 // scales and zero points, and give the same logits bit for bit: the AWQ
 // tensors' packing is read back exactly as it was written.
-static void an_awq_checkpoint_holds_what_int4_at_load_makes(void **state)
+static void same_logits_as_at_load(enum ckpt c, enum quant_source src, enum quant_format f, const char *what)
 {
-    (void)state;
     const char *variants[] = {"scalar", NULL};
     for (int vi = 0; vi < 2; vi++) {
-        struct model *a = load_ckpt(C_AWQ_128, QUANT_NONE), *b = load_ckpt(C_BF16, QUANT_INT4);
-        assert_int_equal(a->layers[1].experts[3].down.quant.source, QUANT_SRC_AWQ);
+        struct model *a = load_ckpt(c, QUANT_NONE), *b = load_ckpt(C_BF16, f);
+        assert_int_equal(a->layers[1].experts[3].down.quant.source, src);
+        assert_int_equal(a->layers[1].experts[3].down.quant.format, f);
         assert_int_equal(b->layers[1].experts[3].down.quant.source, QUANT_SRC_AT_LOAD);
         float *la = prompt_logits(a, variants[vi]), *lb = prompt_logits(b, variants[vi]);
         if (memcmp(la, lb, (size_t)N_TOK * 2048 * sizeof *la) != 0)
-            fail_msg("on %s: the awq checkpoint's logits differ from int4 at load's by %.3g",
-                     variants[vi] ? variants[vi] : "the best table", max_diff(la, lb, (size_t)N_TOK * 2048));
+            fail_msg("on %s: %s's logits differ from %s at load's by %.3g", variants[vi] ? variants[vi] : "the best table",
+                     what, quant_format_name(f), max_diff(la, lb, (size_t)N_TOK * 2048));
         free(la);
         free(lb);
     }
+}
+
+static void an_awq_checkpoint_holds_what_int4_at_load_makes(void **state)
+{
+    (void)state;
+    same_logits_as_at_load(C_AWQ_128, QUANT_SRC_AWQ, QUANT_INT4, "the awq checkpoint");
+}
+
+// The same for compressed-tensors: its asymmetric int4 rule is the at-load
+// one (zero point z + 8 and value q + 8 as stored are ours), its int8 one
+// too (fp32 scales, values stored plus 128), so at groups of 128 the
+// checkpoints give --quantization int4's and int8's logits bit for bit.
+static void compressed_tensors_checkpoints_hold_what_quantizing_at_load_makes(void **state)
+{
+    (void)state;
+    same_logits_as_at_load(C_CT_W4_ASYM_128, QUANT_SRC_CT, QUANT_INT4, "the asymmetric compressed-tensors int4 checkpoint");
+    same_logits_as_at_load(C_CT_W8_128, QUANT_SRC_CT, QUANT_INT8, "the compressed-tensors int8 checkpoint");
 }
 
 static void logits_quantized_at_load_match_their_dequantized_weights(void **state)
@@ -321,6 +350,8 @@ static void checkpoints_bind_their_formats_and_the_planner_counts_their_bytes(vo
         {C_FP8_128, QUANT_NONE, PLAN_FP8}, {C_GPTQ_128, QUANT_NONE, PLAN_INT4},
         {C_FP8, QUANT_NONE, PLAN_FP8},     {C_GPTQ, QUANT_NONE, PLAN_INT4},
         {C_AWQ, QUANT_NONE, PLAN_INT4},    {C_AWQ_128, QUANT_NONE, PLAN_INT4},
+        {C_CT_W4, QUANT_NONE, PLAN_INT4},  {C_CT_W4_ASYM_128, QUANT_NONE, PLAN_INT4},
+        {C_CT_W8_128, QUANT_NONE, PLAN_INT8}, {C_CT_FP8, QUANT_NONE, PLAN_FP8},
         {C_BF16, QUANT_INT8, PLAN_INT8},   {C_BF16, QUANT_INT4, PLAN_INT4},
         {C_BF16, QUANT_FP8, PLAN_FP8},     {C_BF16, QUANT_NONE, PLAN_BF16},
     };
@@ -547,6 +578,38 @@ static void inconsistent_checkpoints_are_refused_with_expected_and_actual(void *
          QUANT_NONE, {"group_size 16", "qzeros", "[2, 8]", "[4, 8]"}},
         {C_AWQ, {"none", NULL, NULL, 0, {0}, false}, NULL, NULL, QUANT_FP8,
          {"AWQ", "--quantization fp8", NULL}},
+        // compressed-tensors int4, group 32: (64 x 32) down_proj: weight_packed (64, 4),
+        // weight_scale (64, 1) F16, weight_shape [64, 32]; asymmetric, group 128:
+        // weight_zero_point (8, 1).
+        {C_CT_W4, {L0 ".weight_packed", NULL, "I32", 2, {64, 8}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".weight_packed", "[64, 8]", "[64, 4]", NULL}},
+        {C_CT_W4, {L0 ".weight_scale", NULL, "F16", 2, {1, 64}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".weight_scale", "[1, 64]", "[64, 1]", NULL}},
+        {C_CT_W4, {L0 ".weight_shape", NULL, "I64", 1, {2}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".weight_shape", "[0, 0]", "[64, 32]", NULL}},
+        {C_CT_W4, {L0 ".weight_shape", "", NULL, 0, {0}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".weight_shape", "no tensor", NULL}},
+        {C_CT_W4_ASYM_128, {L0 ".weight_zero_point", "", NULL, 0, {0}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".weight_zero_point", "no tensor", "[8, 1]", NULL}},
+        {C_CT_W4_ASYM_128, {"none", NULL, NULL, 0, {0}, false}, "\"symmetric\": false", "\"symmetric\": true",
+         QUANT_NONE, {"weight_zero_point", "symmetric", NULL}},
+        {C_CT_W4, {"none", NULL, NULL, 0, {0}, false}, "\"actorder\": null", "\"actorder\": \"group\"",
+         QUANT_NONE, {"actorder group", "weight_g_idx", "missing", NULL}},
+        {C_CT_W4, {"none", NULL, NULL, 0, {0}, false}, "\"input_activations\": null",
+         "\"input_activations\": {\"num_bits\": 8, \"dynamic\": false}", QUANT_NONE,
+         {"static input activations", NULL}},
+        {C_CT_W4, {"none", NULL, NULL, 0, {0}, false}, "\"sparsity_config\": {}",
+         "\"sparsity_config\": {\"format\": \"sparse-24-bitmask\"}", QUANT_NONE, {"sparsity_config", NULL}},
+        // A group's own format wins over the top level's (vLLM reads it so).
+        {C_CT_W4, {"none", NULL, NULL, 0, {0}, false}, "\"format\": \"pack-quantized\"\n",
+         "\"format\": \"marlin-24\"\n", QUANT_NONE, {"marlin-24", "pack-quantized", NULL}},
+        {C_CT_W4, {"none", NULL, NULL, 0, {0}, false}, NULL, NULL, QUANT_FP8,
+         {"compressed-tensors", "--quantization fp8", NULL}},
+        // compressed-tensors FP8 by channel: (64 x 32) down_proj: weight_scale (64, 1) BF16.
+        {C_CT_FP8, {L0 ".weight_scale", NULL, "BF16", 2, {1, 1}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".weight_scale", "[1, 1]", "[64, 1]", "channel", NULL}},
+        {C_CT_FP8, {L0 ".weight_scale", "", NULL, 0, {0}, false}, NULL, NULL, QUANT_NONE,
+         {L0 ".weight_scale", "no tensor", NULL}},
         // FP8: (64 x 32) down_proj with 32 x 32 blocks: weight_scale_inv (2, 1).
         {C_FP8, {L0 ".weight_scale_inv", NULL, "F32", 2, {2, 2}, false}, NULL, NULL, QUANT_NONE,
          {L0 ".weight_scale_inv", "[2, 2]", "[2, 1]", NULL}},
@@ -583,9 +646,9 @@ static void inconsistent_checkpoints_are_refused_with_expected_and_actual(void *
 static void dummy_loads_of_quantized_configs_make_their_format(void **state)
 {
     (void)state;
-    const enum ckpt cs[] = {C_FP8, C_GPTQ, C_AWQ};
-    const enum quant_format fs[] = {QUANT_FP8, QUANT_INT4, QUANT_INT4};
-    for (int i = 0; i < 3; i++) {
+    const enum ckpt cs[] = {C_FP8, C_GPTQ, C_AWQ, C_CT_W4, C_CT_W8_128, C_CT_FP8};
+    const enum quant_format fs[] = {QUANT_FP8, QUANT_INT4, QUANT_INT4, QUANT_INT4, QUANT_INT8, QUANT_FP8};
+    for (int i = 0; i < 6; i++) {
         char dir[512], err[512];
         ckpt_dir(cs[i], dir, sizeof dir);
         struct model *m;
@@ -604,6 +667,7 @@ int main(void)
         cmocka_unit_test(checkpoints_bind_their_formats_and_the_planner_counts_their_bytes),
         cmocka_unit_test(checkpoint_logits_match_their_dequantized_weights),
         cmocka_unit_test(an_awq_checkpoint_holds_what_int4_at_load_makes),
+        cmocka_unit_test(compressed_tensors_checkpoints_hold_what_quantizing_at_load_makes),
         cmocka_unit_test(logits_quantized_at_load_match_their_dequantized_weights),
         cmocka_unit_test(inconsistent_checkpoints_are_refused_with_expected_and_actual),
         cmocka_unit_test(dummy_loads_of_quantized_configs_make_their_format),
