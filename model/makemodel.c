@@ -387,6 +387,8 @@ struct fpart {
     int ndim;
     int64_t shape[2];
     uint64_t bytes;
+    uint64_t esz;         // bytes an element: its alignment in the file
+    uint64_t off;         // where in the data area (write_safetensors)
 };
 
 struct plist {
@@ -410,6 +412,7 @@ static int add_part(struct plist *pl, size_t w, const struct wspec *ws, enum par
     p->shape[0] = a;
     p->shape[1] = b;
     p->bytes = (uint64_t)a * (uint64_t)(ndim == 2 ? b : 1) * esz;
+    p->esz = esz;
     return 0;
 }
 
@@ -672,16 +675,25 @@ static const void *part_bytes(const struct fpart *p, const struct qtensor *q)
     }
 }
 
+// To part p's place in the file (its parts are not in the file's order).
+static int seek_part(FILE *f, const char *tmp, uint64_t data_at, const struct fpart *p, char *err, size_t errlen)
+{
+    if (data_at + p->off > (uint64_t)INT64_MAX || fseeko(f, (off_t)(data_at + p->off), SEEK_SET) != 0)
+        return ms_err(err, errlen, MS_EIO, "cannot seek in %s: %s", tmp, strerror(errno));
+    return 0;
+}
+
 // One weight into f: streamed in chunks when bf16; a projection to quantize
 // is made whole (a few MiB at most), quantized, and its parts written.
-static int write_weight(FILE *f, const char *tmp, const struct makemodel_spec *s, const struct wlist *l,
-                        const struct plist *pl, size_t *pi, uint64_t seed, float *chunk, uint16_t *buf,
-                        char *err, size_t errlen)
+static int write_weight(FILE *f, const char *tmp, uint64_t data_at, const struct makemodel_spec *s,
+                        const struct wlist *l, const struct plist *pl, size_t *pi, uint64_t seed, float *chunk,
+                        uint16_t *buf, char *err, size_t errlen)
 {
     const struct fpart *p = &pl->p[*pi];
     const struct wspec *w = &l->w[p->w];
     uint64_t state = gen_start(p->w, seed);
-    int rc = 0;
+    int rc = seek_part(f, tmp, data_at, p, err, errlen);
+    if (rc) return rc;
     if (p->kind == PART_BF16) {
         for (uint64_t done = 0; done < w->count && !rc;) {
             size_t n = w->count - done < CHUNK_ELEMS ? (size_t)(w->count - done) : CHUNK_ELEMS;
@@ -709,7 +721,8 @@ static int write_weight(FILE *f, const char *tmp, const struct makemodel_spec *s
     free(v);
     if (rc) rc = ms_err(err, errlen, MS_ENOMEM, "out of memory quantizing %s", w->name);
     for (; !rc && *pi < pl->n && pl->p[*pi].w == p->w; (*pi)++)
-        rc = write_all(f, part_bytes(&pl->p[*pi], &q), pl->p[*pi].bytes, tmp, err, errlen);
+        if (!(rc = seek_part(f, tmp, data_at, &pl->p[*pi], err, errlen)))
+            rc = write_all(f, part_bytes(&pl->p[*pi], &q), pl->p[*pi].bytes, tmp, err, errlen);
     qtensor_free(&q);
     return rc;
 }
@@ -729,16 +742,25 @@ static int write_safetensors(const char *dir, const struct makemodel_spec *s, co
         return ms_err(err, errlen, MS_ENOMEM, "out of memory");
     }
     json_object_set_new(h, "__metadata__", json_pack("{s:s}", "format", "pt"));
+    // The data laid out as safetensors lays it out, wider elements first
+    // (8-byte, then 4, 2, 1), so that every tensor starts aligned to its
+    // elements with no gap between tensors (the format allows none):
+    // compressed-tensors' I64 weight_shape beside F16 scales of any size.
     uint64_t off = 0;
+    for (uint64_t esz = 8; esz >= 1; esz /= 2)
+        for (size_t i = 0; i < pl.n; i++)
+            if (pl.p[i].esz == esz) {
+                pl.p[i].off = off;
+                off += pl.p[i].bytes;
+            }
     for (size_t i = 0; i < pl.n; i++) {
         const struct fpart *p = &pl.p[i];
-        const uint64_t begin = off;
-        off += p->bytes;
+        const uint64_t begin = p->off, end = p->off + p->bytes;
         json_t *shape = p->ndim == 2 ? json_pack("[I,I]", (json_int_t)p->shape[0], (json_int_t)p->shape[1])
                                      : json_pack("[I]", (json_int_t)p->shape[0]);
         json_object_set_new(h, p->name,
                             json_pack("{s:s,s:o,s:[I,I]}", "dtype", p->dtype, "shape", shape,
-                                      "data_offsets", (json_int_t)begin, (json_int_t)off));
+                                      "data_offsets", (json_int_t)begin, (json_int_t)end));
     }
     char *text = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(h);
@@ -765,7 +787,7 @@ static int write_safetensors(const char *dir, const struct makemodel_spec *s, co
     if (!rc) rc = write_all(f, text, hlen, tmp, err, errlen);
     if (!rc) rc = write_all(f, "        ", padded - hlen, tmp, err, errlen);
     for (size_t pi = 0; pi < pl.n && !rc;)
-        rc = write_weight(f, tmp, s, l, &pl, &pi, seed, chunk, buf, err, errlen);
+        rc = write_weight(f, tmp, 8 + (uint64_t)padded, s, l, &pl, &pi, seed, chunk, buf, err, errlen);
     free(buf);
     free(chunk);
     free(text);

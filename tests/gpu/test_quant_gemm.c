@@ -2,7 +2,9 @@
 // (its scalar table, the reference), on the GPU; skips (77) where none is
 // visible. Models of one MoE layer written here by make-model — FP8
 // checkpoints with blocks of 128, 64, 40 and 36, GPTQ ones with groups of
-// 32 (symmetric), 64 and 24 (asymmetric), a bf16 one quantized at load to
+// 32 (symmetric), 64 and 24 (asymmetric), AWQ with groups of 40,
+// compressed-tensors int4 (32 symmetric, 64 with zero points), int8 (128)
+// and FP8 (by channel), a bf16 one quantized at load to
 // int4, int8 and fp8 — and dummy loads quantized at load whose K (100, 44)
 // is not even a multiple of 8. For each:
 // - the weights the GPU made (or packed) are, byte for byte, the host's
@@ -40,22 +42,28 @@ struct qcase {
     enum quant_format at_load; // --quantization
     bool dummy;               // --load-format dummy of the config alone
     int hidden, moe_ffn;
+    int bits;                 // compressed-tensors int: 4 or 8
 };
 
 static const struct qcase cases[] = {
-    {"fp8-128", QUANT_METHOD_FP8, 128, false, QUANT_NONE, false, 200, 72},
-    {"fp8-64", QUANT_METHOD_FP8, 64, false, QUANT_NONE, false, 200, 72},
-    {"fp8-40", QUANT_METHOD_FP8, 40, false, QUANT_NONE, false, 200, 72},
-    {"fp8-36", QUANT_METHOD_FP8, 36, false, QUANT_NONE, false, 200, 72},
-    {"gptq-32", QUANT_METHOD_GPTQ, 32, false, QUANT_NONE, false, 200, 72},
-    {"gptq-64-asym", QUANT_METHOD_GPTQ, 64, true, QUANT_NONE, false, 200, 72},
-    {"gptq-24-asym", QUANT_METHOD_GPTQ, 24, true, QUANT_NONE, false, 200, 72},
-    {"bf16-int4", QUANT_METHOD_NONE, 0, false, QUANT_INT4, false, 200, 72},
-    {"bf16-int8", QUANT_METHOD_NONE, 0, false, QUANT_INT8, false, 200, 72},
-    {"bf16-fp8", QUANT_METHOD_NONE, 0, false, QUANT_FP8, false, 200, 72},
-    {"dummy-int4", QUANT_METHOD_NONE, 0, false, QUANT_INT4, true, 100, 44},
-    {"dummy-int8", QUANT_METHOD_NONE, 0, false, QUANT_INT8, true, 100, 44},
-    {"dummy-fp8", QUANT_METHOD_NONE, 0, false, QUANT_FP8, true, 100, 44},
+    {"fp8-128", QUANT_METHOD_FP8, 128, false, QUANT_NONE, false, 200, 72, 0},
+    {"fp8-64", QUANT_METHOD_FP8, 64, false, QUANT_NONE, false, 200, 72, 0},
+    {"fp8-40", QUANT_METHOD_FP8, 40, false, QUANT_NONE, false, 200, 72, 0},
+    {"fp8-36", QUANT_METHOD_FP8, 36, false, QUANT_NONE, false, 200, 72, 0},
+    {"gptq-32", QUANT_METHOD_GPTQ, 32, false, QUANT_NONE, false, 200, 72, 0},
+    {"gptq-64-asym", QUANT_METHOD_GPTQ, 64, true, QUANT_NONE, false, 200, 72, 0},
+    {"gptq-24-asym", QUANT_METHOD_GPTQ, 24, true, QUANT_NONE, false, 200, 72, 0},
+    {"awq-40", QUANT_METHOD_AWQ, 40, false, QUANT_NONE, false, 200, 72, 0},
+    {"ct-w4-32", QUANT_METHOD_CT_INT, 32, false, QUANT_NONE, false, 200, 72, 4},
+    {"ct-w4-64-asym", QUANT_METHOD_CT_INT, 64, true, QUANT_NONE, false, 200, 72, 4},
+    {"ct-w8-128", QUANT_METHOD_CT_INT, 128, false, QUANT_NONE, false, 200, 72, 8},
+    {"ct-fp8", QUANT_METHOD_CT_FP8, 0, false, QUANT_NONE, false, 200, 72, 0},
+    {"bf16-int4", QUANT_METHOD_NONE, 0, false, QUANT_INT4, false, 200, 72, 0},
+    {"bf16-int8", QUANT_METHOD_NONE, 0, false, QUANT_INT8, false, 200, 72, 0},
+    {"bf16-fp8", QUANT_METHOD_NONE, 0, false, QUANT_FP8, false, 200, 72, 0},
+    {"dummy-int4", QUANT_METHOD_NONE, 0, false, QUANT_INT4, true, 100, 44, 0},
+    {"dummy-int8", QUANT_METHOD_NONE, 0, false, QUANT_INT8, true, 100, 44, 0},
+    {"dummy-fp8", QUANT_METHOD_NONE, 0, false, QUANT_FP8, true, 100, 44, 0},
 };
 #define N_CASES (sizeof cases / sizeof cases[0])
 
@@ -81,6 +89,7 @@ static int setup(void **state)
         s.quant = cases[c].ckpt;
         s.quant_group = cases[c].group;
         s.quant_asym = cases[c].asym;
+        s.quant_bits = cases[c].bits;
         snprintf(dir, sizeof dir, "%s/%s", tmpdir, cases[c].name);
         if (makemodel_write(&s, dir, 7, NULL, err, sizeof err)) {
             fprintf(stderr, "%s: %s\n", cases[c].name, err);
