@@ -301,8 +301,15 @@ static int bind_ct_int(struct binder *b, struct tensor *out, const struct st_ten
         }
         b->bound++;
     } else if (zp) {
-        return ms_err(err, errlen, MS_EFORMAT, "tensor %s.weight_zero_point is there, but the config says "
-                      "symmetric: which one is right is unclear", base);
+        // Files older than compressed-tensors' _skip_zp stored symmetric
+        // zero points too: I8 zeros, which say the same as none.
+        bool zeros = !strcmp(zp->dtype_str, "I8") && zp->nbytes == (size_t)(rows * ng);
+        for (size_t i = 0; zeros && i < zp->nbytes; i++) zeros = ((const int8_t *)zp->data)[i] == 0;
+        if (!zeros)
+            return ms_err(err, errlen, MS_EFORMAT, "tensor %s.weight_zero_point is there, but the config says "
+                          "symmetric (only an older file's I8 zeros go with that): which one is right is "
+                          "unclear", base);
+        b->bound++;
     }
     const struct st_tensor *gi = find_part(b, base, "weight_g_idx");
     if (gi) {

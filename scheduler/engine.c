@@ -993,7 +993,6 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = n > 0 ? (int)n : 1;
     }
-    e->n_threads = n_threads;
     enum backend_device dev;
     char note[256];
     if ((rc = backend_device_resolve(o->device, &dev, note, sizeof note, err, errlen))) goto fail;
@@ -1009,7 +1008,8 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
             .device_index = i,
             .rank = i,
         };
-        if (bo.n_threads < 1) bo.n_threads = 1;
+        if (bo.n_threads < 1) bo.n_threads = 1; // more ranks than threads: one each all the same
+        e->n_threads += bo.n_threads;
         e->ranks[i].index = i;
         e->ranks[i].e = e;
         if ((rc = backend_create(dev, &bo, &e->ranks[i].b, err, errlen))) goto fail;
@@ -1148,7 +1148,7 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
            "(%s, %.1f MiB each), max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, "
            "prefix caching %s, chunked prefill %s",
            n_ranks, n_ranks > 1 ? "s" : "", backend_device_name(dev),
-           b0->ops->variant(b0), n_threads, (int)n_blocks, KV_BLOCK_TOKENS,
+           b0->ops->variant(b0), e->n_threads, (int)n_blocks, KV_BLOCK_TOKENS,
            dtype_name(o->kv_dtype), (double)n_blocks * (double)block_bytes / 1048576.0, max_len,
            o->max_num_seqs, o->max_num_batched_tokens, o->enable_prefix_caching ? "on" : "off",
            o->enable_chunked_prefill ? "on" : "off");

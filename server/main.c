@@ -1,6 +1,8 @@
 // main: dispatches `moeserve <command>` to the subcommands in commands.h,
 // and says what a SIGBUS means before the process dies of it.
 #include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -40,24 +42,46 @@ static void print_usage(FILE *f)
 // mapped into memory: one truncated under a running process (root's cp over
 // the read-only cache, a checkpoint rewritten in place) or unreadable (an
 // I/O error) takes its pages away, and the next touch is a SIGBUS, which
-// would end the server with only "Bus error". Async-signal-safe: write(2)
-// only; SA_RESETHAND leaves the default action to end the process (with its
-// core dump) as the faulting access runs again.
+// would end the server with only "Bus error". The first thread to fault
+// writes the sentence in one write(2) (every compute thread may fault at
+// once: the others wait, so that none ends the process mid-sentence), puts
+// the default action back and returns: the access runs again and ends the
+// process with its core dump. A SIGBUS another process sent (kill -BUS) has
+// no address and is only named, then raised again to end the process as it
+// would have. Async-signal-safe: a lock-free flag, write, sigaction, raise.
+static atomic_flag sigbus_first = ATOMIC_FLAG_INIT;
+static atomic_int sigbus_done;
+
 static void on_sigbus(int sig, siginfo_t *si, void *uc)
 {
-    (void)sig;
     (void)uc;
-    char msg[96] = "moeserve: SIGBUS at address 0x";
-    size_t n = strlen(msg);
-    const uintptr_t a = (uintptr_t)si->si_addr;
-    for (int i = (int)sizeof a * 8 - 4; i >= 0; i -= 4) msg[n++] = "0123456789abcdef"[(a >> i) & 15];
+    if (atomic_flag_test_and_set(&sigbus_first)) {
+        while (!atomic_load(&sigbus_done)) {}
+        return;
+    }
     static const char why[] =
         ": a file this process maps (the checkpoint's safetensors, or the weights cache its log "
         "named) was truncated or could not be read (an I/O error) under it. Replace such files by "
         "renaming a new one over them, never by writing into them (cp, truncate), and start again.\n";
-    ssize_t r = write(STDERR_FILENO, msg, n);
-    r = write(STDERR_FILENO, why, sizeof why - 1);
+    static const char sent[] = "moeserve: SIGBUS sent by another process (kill -BUS): ending\n";
+    char msg[64 + sizeof why] = "moeserve: SIGBUS at address 0x";
+    size_t n = strlen(msg);
+    const bool fault = si && si->si_code > 0;
+    if (fault) {
+        const uintptr_t a = (uintptr_t)si->si_addr;
+        for (int i = (int)sizeof a * 8 - 4; i >= 0; i -= 4) msg[n++] = "0123456789abcdef"[(a >> i) & 15];
+        memcpy(msg + n, why, sizeof why - 1);
+        n += sizeof why - 1;
+    }
+    ssize_t r = fault ? write(STDERR_FILENO, msg, n) : write(STDERR_FILENO, sent, sizeof sent - 1);
     (void)r;
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(SIGBUS, &dfl, NULL);
+    atomic_store(&sigbus_done, 1);
+    if (!fault) raise(sig); // blocked in here: pending until the handler returns, then the default
 }
 
 int main(int argc, char **argv)
@@ -65,7 +89,7 @@ int main(int argc, char **argv)
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_sigbus;
-    sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+    sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGBUS, &sa, NULL);
     if (argc < 2) {

@@ -576,7 +576,17 @@ static int shared_build(struct backend *b, const struct model *m, const struct c
             shared_free(s);
             return backend_fail(b, MS_ENOMEM, "out of memory making the dummy weights");
         }
-        if (cached == 2 && !weights_cache_commit(&wc)) cached = 0;
+        if (cached == 2 && !weights_cache_commit(&wc)) {
+            cached = 0;
+            if (wc.damaged) {
+                // The weights in memory are the file's pages read back: damaged.
+                weights_cache_close(&wc);
+                shared_free(s);
+                return backend_fail(b, MS_EIO, "the weights cache file read back from the disk differs "
+                                    "from what was written to it (the disk or file system damaged it); "
+                                    "--cache-dir none prepares the weights in memory without it");
+            }
+        }
         const char *how = cached == 1 ? "mapped from the cache" : cached == 2 ? "written to the cache" : "";
         ms_log(MS_LOG_INFO, "prepared %zu tensors for the %s kernels (%.1f MiB packed%s%s%s) in "
                "%.2f s%s%s on %d thread%s", c.n_jobs, k->name, (double)s->packed_bytes / (1 << 20),

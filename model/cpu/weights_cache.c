@@ -300,7 +300,18 @@ static const char *check_file(struct weights_cache *c, int fd)
     return why;
 }
 
-static void repage(struct weights_cache *c, int fd);
+static bool repage(struct weights_cache *c, int fd);
+
+// The data against the header's sums (what the file holds now): logs a
+// mismatch with the first damaged offset.
+static bool data_ok(const struct weights_cache *c)
+{
+    const uint64_t bad = sum_data(c, true);
+    if (bad >= c->n_sums) return true;
+    ms_log(MS_LOG_WARN, "the weights cache %s is corrupt (its data from byte %llu fails its checksum)", c->path,
+           (unsigned long long)(c->data_off + bad * WEIGHTS_CACHE_SUM_BYTES));
+    return false;
+}
 
 bool weights_cache_map(struct weights_cache *c)
 {
@@ -340,11 +351,8 @@ bool weights_cache_map(struct weights_cache *c)
     // memory; what it could not lock is read here): bytes damaged on the
     // disk after the file was written are never served.
     const double t0 = ms_now();
-    const uint64_t bad = sum_data(c, true);
-    if (bad < c->n_sums) {
-        ms_log(MS_LOG_WARN, "the weights cache %s is corrupt (its data from byte %llu fails its checksum): "
-               "preparing the weights again", c->path,
-               (unsigned long long)(c->data_off + bad * WEIGHTS_CACHE_SUM_BYTES));
+    if (!data_ok(c)) {
+        ms_log(MS_LOG_WARN, "preparing the weights again");
         munmap(c->map, c->map_bytes);
         c->map = NULL;
         c->map_bytes = 0;
@@ -402,13 +410,14 @@ static void unpage(const struct weights_cache *c, int fd, size_t off, size_t len
 // MiB pages). When under 90% of the locked mapping is in 2 MiB pages, and a
 // first 2 MiB dropped and read again through a mapping of its own comes
 // back as one (the kernel keeps this file system's pages in large folios),
-// the whole file is dropped from the page cache and read again.
-static void repage(struct weights_cache *c, int fd)
+// the whole file is dropped from the page cache and read again. Returns
+// whether anything was read again.
+static bool repage(struct weights_cache *c, int fd)
 {
     const size_t huge = (size_t)2 << 20, whole = c->map_bytes & ~(huge - 1); // the tail gets none
-    if (whole < 2 * huge) return;
+    if (whole < 2 * huge) return false;
     const long long before = weights_cache_pmd_bytes(c->map, c->map_bytes);
-    if (before < 0 || (double)before >= 0.9 * (double)whole) return;
+    if (before < 0 || (double)before >= 0.9 * (double)whole) return false;
     const double t0 = ms_now();
     unpage(c, fd, 0, huge);
     void *p = ms_map_huge(fd, huge, PROT_READ);
@@ -426,12 +435,13 @@ static void repage(struct weights_cache *c, int fd)
                "read again did not come back as one (a kernel that keeps this file system's pages "
                "in 4 KiB folios, or memory too fragmented); --cache-dir none keeps the weights in "
                "anonymous memory, in 2 MiB pages", pct);
-        return;
+        return true; // its first 2 MiB were read again
     }
     const long long after = weights_cache_pmd_bytes(c->map, c->map_bytes);
     ms_log(MS_LOG_INFO, "weights cache: read again into 2 MiB pages in %.2f s (%.0f%% of it was in "
            "them, now %.0f%%)", ms_now() - t0, pct,
            100.0 * (double)(after > 0 ? after : 0) / (double)c->map_bytes);
+    return true;
 }
 
 // The mapping is the file's page cache, which the kernel may drop under
@@ -576,10 +586,16 @@ bool weights_cache_commit(struct weights_cache *c)
               fdatasync(c->fd) == 0 && rename(c->tmp, c->path) == 0;
     const int e = errno;
     mprotect(c->map, c->map_bytes, PROT_READ);
-    // Read again only once committed: the disk then holds what comes back.
-    if (weights_cache_pin(c) && ok) repage(c, c->fd);
+    // Read again only once committed: the disk then holds what comes back,
+    // and what comes back is checked (the sums were taken in memory).
+    if (weights_cache_pin(c) && ok && repage(c, c->fd) && !data_ok(c)) {
+        unlink(c->path);
+        c->damaged = true;
+        ok = false;
+    }
     close(c->fd);
     c->fd = -1;
+    if (c->damaged) return false; // data_ok said why; the caller fails the load
     if (!ok) {
         unlink(c->tmp);
         ms_log(MS_LOG_WARN, "cannot write the weights cache %s (%s); the next start prepares them "

@@ -17,7 +17,8 @@
 // checksums (checked at every start, on every core: 0.1-0.2 s a GiB on
 // two), or that is not a regular file of this user's that no one
 // else can write, is never trusted (the weights are prepared again and the
-// file replaced).
+// file replaced). The check is once, at start: without the lock (ulimit -l)
+// the kernel may drop pages and read them again later, unchecked.
 #ifndef MOESERVE_MODEL_CPU_WEIGHTS_CACHE_H
 #define MOESERVE_MODEL_CPU_WEIGHTS_CACHE_H
 
@@ -48,6 +49,8 @@ struct weights_cache {
     void *map;                  // the whole file, mapped
     size_t map_bytes;
     int fd;                     // a file being written, else -1
+    bool damaged;               // commit read the data back from the disk and it failed its sums:
+                                // the mapping's weights must not be used
     char tmp[4200];             // its temporary name
 };
 
@@ -71,7 +74,9 @@ bool weights_cache_map(struct weights_cache *c);
 // + made_off, then commit. False (logged) when the file cannot be made.
 bool weights_cache_create(struct weights_cache *c);
 // Sums the data, syncs it, writes the header, syncs and renames the file
-// into place.
+// into place. Where it then reads the file back into 2 MiB pages, it checks
+// what came back: a mismatch (the disk damaged it) removes the file and
+// sets c->damaged.
 // The mapping stays valid either way (it becomes read-only); false (logged)
 // when the file could not be committed (it is then removed).
 bool weights_cache_commit(struct weights_cache *c);

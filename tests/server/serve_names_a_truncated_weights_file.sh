@@ -2,7 +2,9 @@
 # A weights cache truncated under a running server (root's cp over the
 # read-only file) takes its mapped pages away: the server's next step dies of
 # SIGBUS, and its log must say which files can do that and how to replace
-# them, not only "Bus error". A fresh start then rebuilds the file.
+# them, not only "Bus error", in one piece though both compute threads fault
+# at once. A fresh start then rebuilds the file. A SIGBUS another process
+# sends still ends the server, named as such.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/serve_env.sh"
 bin="$MOESERVE_BIN"
@@ -12,7 +14,7 @@ pid=
 fail() { echo "FAIL: $*" >&2; [ -n "$pid" ] && kill "$pid" 2>/dev/null; exit 1; }
 
 start() {
-    "$bin" serve "$model" --threads 1 --max-model-len 256 --kv-cache-memory 16MiB --port 0 \
+    "$bin" serve "$model" --threads 2 --max-model-len 256 --kv-cache-memory 16MiB --port 0 \
         --cache-dir "$dir/cache" 2>"$dir/$1.log" &
     pid=$!
     serve_wait_ready "$dir/$1.log" "$pid" || fail "the server did not start: $(cat "$dir/$1.log")"
@@ -43,7 +45,15 @@ start second
 grep -q "is truncated: preparing the weights again" "$dir/second.log" ||
     fail "the next start should rebuild the truncated file: $(cat "$dir/second.log")"
 ask | grep -q '"text"' || fail "the rebuilt server does not answer"
-kill "$pid"
+kill -BUS "$pid"
+for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$pid" 2>/dev/null && fail "the server survived a SIGBUS sent to it"
 wait "$pid"
+rc=$?
+pid=
+[ "$rc" -eq $((128 + 7)) ] || fail "a sent SIGBUS should end the server (exit $((128 + 7))), got $rc"
+grep -q "SIGBUS sent by another process" "$dir/second.log" ||
+    fail "the log should name a sent SIGBUS: $(tail -3 "$dir/second.log")"
+grep -q "a file this process maps" "$dir/second.log" && fail "a sent SIGBUS is no truncated file"
 rm -rf "$dir"
-echo "ok: a weights file truncated under the server ends it with a SIGBUS that says why; the next start rebuilds it"
+echo "ok: a weights file truncated under the server ends it with a SIGBUS that says why; the next start rebuilds it; a sent SIGBUS ends it named"

@@ -104,7 +104,8 @@ static void json_passes_count_every_token(void **state)
 }
 
 // Without --threads the engine runs on every online core, and the JSON says
-// how many (it printed the flag's 0 for "all").
+// how many (it printed the flag's 0 for "all"); with more ranks than
+// threads, the one each rank runs all the same.
 static void json_names_the_threads_it_ran_on(void **state)
 {
     (void)state;
@@ -116,6 +117,15 @@ static void json_names_the_threads_it_ran_on(void **state)
     json_t *j = json_loads(out, JSON_DISABLE_EOF_CHECK, &je);
     if (!j) fail_msg("not JSON: %s", out);
     assert_int_equal(json_integer_value(json_object_get(j, "threads")), sysconf(_SC_NPROCESSORS_ONLN));
+    json_decref(j);
+    free(out);
+    // More ranks than threads: each rank runs one all the same.
+    snprintf(args, sizeof args, "%s --num-prompts 2 --input-len 8 --output-len 2 --json --kv-cache-memory 64MiB "
+             "--threads 1 --data-parallel-size 2 --enable-expert-parallel", model);
+    assert_int_equal(run(args, false, &out), 0);
+    j = json_loads(out, JSON_DISABLE_EOF_CHECK, &je);
+    if (!j) fail_msg("not JSON: %s", out);
+    assert_int_equal(json_integer_value(json_object_get(j, "threads")), 2);
     json_decref(j);
     free(out);
 }
