@@ -41,6 +41,7 @@ targets=(
     "fuzz_http_head|server/http_head.c|-ljansson -lm"
     "fuzz_config|model/config.c|-ljansson -lm"
     "fuzz_safetensors|model/safetensors.c model/config.c|-ljansson -lm"
+    "fuzz_checkpoint|model/model.c model/safetensors.c model/config.c model/quant.c model/makemodel.c|-ljansson -lm"
     "fuzz_tokenizer|$tok|$tok_libs"
     "fuzz_output_parser|api/output_parser.c|-ljansson -lm"
     "fuzz_grammar|$(echo grammar/*.c) $tok|$tok_libs"
