@@ -665,7 +665,11 @@ static int parse_root(json_t *root, struct model_config *cfg, char *err, size_t 
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", want_type);
 
     // ---- settings we do not implement ----
-    if ((rc = parse_quant(json_object_get(root, "quantization_config"), &cfg->quant, err, errlen)))
+    // Early compressed-tensors files name it compression_config, which
+    // transformers and vLLM read when quantization_config is absent.
+    const json_t *qc = json_object_get(root, "quantization_config");
+    if (!qc || json_is_null(qc)) qc = json_object_get(root, "compression_config");
+    if ((rc = parse_quant(qc, &cfg->quant, err, errlen)))
         return rc;
     json_t *act = json_object_get(root, "hidden_act");
     if (act && !json_is_null(act)) {

@@ -294,6 +294,12 @@ static void compressed_tensors_quantization_configs_parse(void **state)
                                   "{\"quant_method\": \"compressed-tensors\", \"format\": \"pack-quantized\", "
                                   "\"config_groups\": {\"W4A16_ASYM\": [\"Linear\"]}}", &c, err, sizeof err), 0);
     assert_true(!c.quant.sym && c.quant.group == 128 && c.quant.bits == 4);
+    // Early files name it compression_config.
+    assert_int_equal(parse_edited("compression_config",
+                                  "{\"quant_method\": \"compressed-tensors\", \"format\": \"pack-quantized\", "
+                                  "\"config_groups\": {\"W8A16\": [\"Linear\"]}}", &c, err, sizeof err), 0);
+    assert_int_equal(c.quant.method, QUANT_METHOD_CT_INT);
+    assert_int_equal(c.quant.bits, 8);
     static const struct {
         const char *qc, *want;
     } bad[] = {
