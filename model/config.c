@@ -238,6 +238,24 @@ static int check_rope(const json_t *root, const char *key, struct model_config *
 
 // quantization_config: FP8 block-wise (Qwen's FP8 releases; one scale per
 // tensor when weight_block_size is absent) and 4-bit GPTQ. Whatever else a
+// GPTQ's and AWQ's bits (4) and group_size (-1, one group a row: 0 here, or
+// a positive multiple of 8).
+static int int4_bits_and_group(const json_t *q, const char *F, const char *what, int *group_out, char *err,
+                               size_t errlen)
+{
+    int bits = 0, group = 0, rc;
+    if ((rc = get_int(q, F, "bits", true, 1, 64, &bits, err, errlen))) return rc;
+    if (bits != 4)
+        return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field bits is %d; moeserve reads 4-bit %s "
+                      "checkpoints only", F, bits, what);
+    if ((rc = get_int(q, F, "group_size", true, -1, CONFIG_MAX_DIM, &group, err, errlen))) return rc;
+    if (group == 0 || (group > 0 && group % 8))
+        return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field group_size is %d; expected -1 or a positive "
+                      "multiple of 8", F, group);
+    *group_out = group < 0 ? 0 : group;
+    return 0;
+}
+
 // ---- compressed-tensors ------------------------------------------------------------
 //
 // llm-compressor's format (vLLM's "compressed-tensors"), as RedHatAI's
@@ -525,17 +543,7 @@ static int parse_quant(const json_t *q, struct quant_config *out, char *err, siz
         out->method = QUANT_METHOD_GPTQ;
         out->sym = true;
         out->zero_offset = 1;
-        int bits = 0, group = 0;
-        if ((rc = get_int(q, F, "bits", true, 1, 64, &bits, err, errlen))) return rc;
-        if (bits != 4)
-            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field bits is %d; moeserve reads "
-                          "4-bit GPTQ checkpoints only", F, bits);
-        if ((rc = get_int(q, F, "group_size", true, -1, CONFIG_MAX_DIM, &group, err, errlen)))
-            return rc;
-        if (group == 0 || (group > 0 && group % 8))
-            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field group_size is %d; expected -1 "
-                          "or a positive multiple of 8", F, group);
-        out->group = group < 0 ? 0 : group;
+        if ((rc = int4_bits_and_group(q, F, "GPTQ", &out->group, err, errlen))) return rc;
         if ((rc = get_bool(q, F, "sym", &out->sym, err, errlen)) ||
             (rc = get_bool(q, F, "desc_act", &out->desc_act, err, errlen)))
             return rc;
@@ -573,17 +581,7 @@ static int parse_quant(const json_t *q, struct quant_config *out, char *err, siz
         // AutoAWQ's (and llm-compressor's AWQ export's) GEMM layout, the one
         // vLLM's "awq" reads: zero points always stored, as they are.
         out->method = QUANT_METHOD_AWQ;
-        int bits = 0, group = 0;
-        if ((rc = get_int(q, F, "bits", true, 1, 64, &bits, err, errlen))) return rc;
-        if (bits != 4)
-            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field bits is %d; moeserve reads "
-                          "4-bit AWQ checkpoints only", F, bits);
-        if ((rc = get_int(q, F, "group_size", true, -1, CONFIG_MAX_DIM, &group, err, errlen)))
-            return rc;
-        if (group == 0 || (group > 0 && group % 8))
-            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field group_size is %d; expected -1 "
-                          "or a positive multiple of 8", F, group);
-        out->group = group < 0 ? 0 : group;
+        if ((rc = int4_bits_and_group(q, F, "AWQ", &out->group, err, errlen))) return rc;
         bool zp = true;
         if ((rc = get_bool(q, F, "zero_point", &zp, err, errlen))) return rc;
         if (!zp)
