@@ -292,8 +292,9 @@ static void quantization_generates_and_the_next_start_maps_its_cache(void **stat
     free(out);
     free(out2);
     free(err);
-    const char *kinds[] = {"fp8", "gptq"};
-    for (int i = 0; i < 2; i++) {
+    // make-model's every checkpoint format, through the command line.
+    const char *kinds[] = {"fp8", "gptq", "awq", "ct-w4a16", "ct-w8a16", "ct-fp8"};
+    for (int i = 0; i < 6; i++) {
         snprintf(cmd, sizeof cmd, "%s make-model --shape tiny --out %s/%s --quantization %s", bin, tmp,
                  kinds[i], kinds[i]);
         assert_int_equal(run(cmd, &out, &err), 0);
