@@ -14,8 +14,8 @@
 // locked while written; one no writer holds is an earlier start's leftover
 // and removed), synced, made read-only and renamed into place. A file whose
 // header is truncated, corrupt or keyed otherwise, whose data fails its
-// checksums (checked at every start, on every core: 0.1-0.2 s a GiB on
-// two), or that is not a regular file of this user's that no one
+// checksums (checked at every start on every core, each locking a piece
+// of the file and checking it: 0.1-0.2 s a GiB on two in the page cache), or that is not a regular file of this user's that no one
 // else can write, is never trusted (the weights are prepared again and the
 // file replaced). The check is once, at start: without the lock (ulimit -l)
 // the kernel may drop pages and read them again later, unchecked.
