@@ -281,7 +281,8 @@ static const char *const ct_strategies[] = {"tensor", "channel", "group", "block
 
 // One group's "weights" QuantizationArgs (compressed-tensors' defaults for
 // what is absent: 8 bits, int, symmetric, the strategy inferred from
-// group_size).
+// group_size). Long because each of its fields has a default, a check and
+// a sentence for what moeserve does not compute.
 static int ct_parse_weights(const json_t *w, const char *F, const char *g, struct ct_weights *a, char *err,
                             size_t errlen)
 {
@@ -403,6 +404,8 @@ static bool ct_preset(const char *name, struct ct_weights *a)
     return true;
 }
 
+// The whole quantization_config: the top level's refusals, then every
+// group's scheme (one for all), then the format that stores it.
 static int parse_ct(const json_t *q, struct quant_config *out, char *err, size_t errlen)
 {
     static const char *F = "config.json quantization_config";
