@@ -187,7 +187,8 @@ static void qmat_make(struct qmat *q, enum quant_format f, int out, int in, int 
         const uint32_t u = (uint32_t)((rnd() + 1.0) * 2147483647.0);
         uint8_t v = (uint8_t)u;
         if (f == QUANT_FP8 && (v & 0x7f) == 0x7f) v ^= 1;  // not the NaN codes
-        if (f == QUANT_INT8 && v == 0x80) v = 0x81;         // -127..127
+        // int8 codes take -128 too: compressed-tensors checkpoints store it
+        // (their symmetric scale is the largest magnitude over 127.5).
         if (f == QUANT_INT4) v &= 15;
         q->r.q[i] = v;
     }
