@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "moeserve_build.h"
@@ -48,21 +49,44 @@ static void print_usage(FILE *f)
 // the default action back and returns: the access runs again and ends the
 // process with its core dump. A SIGBUS another process sent (kill -BUS) has
 // no address and is only named, then raised again to end the process as it
-// would have. Async-signal-safe: a lock-free flag, write, sigaction, raise.
+// would have. Async-signal-safe: a lock-free flag, clock_gettime, write,
+// sigaction, raise.
 static atomic_flag sigbus_first = ATOMIC_FLAG_INIT;
 static atomic_int sigbus_done;
+
+static void sigbus_default(void)
+{
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(SIGBUS, &dfl, NULL);
+}
 
 static void on_sigbus(int sig, siginfo_t *si, void *uc)
 {
     (void)uc;
     if (atomic_flag_test_and_set(&sigbus_first)) {
-        while (!atomic_load(&sigbus_done)) {}
+        // Another thread is saying why. Its write may block (stderr a full
+        // pipe whose reader stalled): after 2 s the default action is put
+        // back here, and the access running again ends the process.
+        struct timespec t0, t;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        while (!atomic_load(&sigbus_done)) {
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            if (t.tv_sec - t0.tv_sec > 2) {
+                sigbus_default();
+                break;
+            }
+        }
         return;
     }
     static const char why[] =
         ": a file this process maps (the checkpoint's safetensors, or the weights cache its log "
         "named) was truncated or could not be read (an I/O error) under it. Replace such files by "
         "renaming a new one over them, never by writing into them (cp, truncate), and start again.\n";
+    static const char other[] = ": not a mapped file's missing page (a misaligned access, or a memory "
+                                "error the hardware reported)\n";
     static const char sent[] = "moeserve: SIGBUS sent by another process (kill -BUS): ending\n";
     char msg[64 + sizeof why] = "moeserve: SIGBUS at address 0x";
     size_t n = strlen(msg);
@@ -70,16 +94,15 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
     if (fault) {
         const uintptr_t a = (uintptr_t)si->si_addr;
         for (int i = (int)sizeof a * 8 - 4; i >= 0; i -= 4) msg[n++] = "0123456789abcdef"[(a >> i) & 15];
-        memcpy(msg + n, why, sizeof why - 1);
-        n += sizeof why - 1;
+        // A page past a file's end is BUS_ADRERR; the rest are not ours to explain.
+        const char *tail = si->si_code == BUS_ADRERR ? why : other;
+        const size_t tl = si->si_code == BUS_ADRERR ? sizeof why - 1 : sizeof other - 1;
+        memcpy(msg + n, tail, tl);
+        n += tl;
     }
     ssize_t r = fault ? write(STDERR_FILENO, msg, n) : write(STDERR_FILENO, sent, sizeof sent - 1);
     (void)r;
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    sigaction(SIGBUS, &dfl, NULL);
+    sigbus_default();
     atomic_store(&sigbus_done, 1);
     if (!fault) raise(sig); // blocked in here: pending until the handler returns, then the default
 }

@@ -154,7 +154,7 @@ static uint64_t sum_data_locking(const struct weights_cache *c, bool check, bool
         if (pthread_create(&th[started], NULL, sum_worker, &j)) break;
     sum_worker(&j); // and what threads could not be started leave to this one
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-    if (lock_err) *lock_err = atomic_load(&j.lock_err);
+    if (lock_err && atomic_load(&j.lock_err)) *lock_err = atomic_load(&j.lock_err); // keeps the caller's
     return atomic_load(&j.bad);
 }
 
