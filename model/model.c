@@ -159,6 +159,35 @@ static int bind_fp8(struct binder *b, struct tensor *out, const struct st_tensor
     return 0;
 }
 
+// A GPTQ g_idx or compressed-tensors weight_g_idx: each input's group,
+// which must be its place's (k / G) — an act-order file's permuted groups
+// are refused, naming the setting that made them (order) and what to use
+// instead (fix). unset_ok: -1 (compressed-tensors' unset) reads as the
+// place's group. Missing is an error only where the config (setting) says
+// the file has one.
+static int bind_g_idx(struct binder *b, const char *base, const char *part, int64_t cols, int G,
+                      bool expected, bool unset_ok, const char *setting, const char *order, const char *fix,
+                      char *err, size_t errlen)
+{
+    const struct st_tensor *gi = find_part(b, base, part);
+    if (!gi) {
+        if (!expected) return 0;
+        return ms_err(err, errlen, MS_EFORMAT, "quantization_config says %s but %s.%s, which says each "
+                      "input's group, is missing", setting, base, part);
+    }
+    int rc = check_part(gi, base, part, "I32", 1, (const int64_t[]){cols}, "in_features", err, errlen);
+    if (rc) return rc;
+    const int32_t *g = gi->data;
+    for (int64_t k = 0; k < cols; k++)
+        if (g[k] != (int32_t)(k / G) && !(unset_ok && g[k] == -1))
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s.%s[%lld] is %d where input %lld's group is %lld: "
+                          "the checkpoint was quantized with %s, whose permuted groups moeserve does not "
+                          "read; use %s", base, part, (long long)k, (int)g[k], (long long)k,
+                          (long long)(k / G), order, fix);
+    b->bound++;
+    return 0;
+}
+
 // A 4-bit GPTQ projection: qweight, qzeros, scales and g_idx, checked
 // against each other and the config's group size.
 static int bind_gptq(struct binder *b, struct tensor *out, const struct st_tensor *qw, const char *base,
@@ -181,24 +210,9 @@ static int bind_gptq(struct binder *b, struct tensor *out, const struct st_tenso
         (rc = check_part(find_part(b, base, "scales"), base, "scales", "F16", 2,
                          (const int64_t[]){ng, rows}, why, err, errlen)))
         return rc;
-    const struct st_tensor *gi = find_part(b, base, "g_idx");
-    if (gi) {
-        if ((rc = check_part(gi, base, "g_idx", "I32", 1, (const int64_t[]){cols}, "in_features",
-                             err, errlen)))
-            return rc;
-        const int32_t *g = gi->data;
-        for (int64_t k = 0; k < cols; k++)
-            if (g[k] != (int32_t)(k / G))
-                return ms_err(err, errlen, MS_EUNSUPPORTED, "%s.g_idx[%lld] is %d where input %lld's "
-                              "group is %lld: the checkpoint was quantized with desc_act (act-order), "
-                              "whose permuted groups moeserve does not read; use a checkpoint made "
-                              "with desc_act false", base, (long long)k, (int)g[k], (long long)k,
-                              (long long)(k / G));
-        b->bound++;
-    } else if (qc->desc_act) {
-        return ms_err(err, errlen, MS_EFORMAT, "quantization_config says desc_act true but %s.g_idx, "
-                      "which says each input's group under act-order, is missing", base);
-    }
+    if ((rc = bind_g_idx(b, base, "g_idx", cols, G, qc->desc_act, false, "desc_act true",
+                         "desc_act (act-order)", "a checkpoint made with desc_act false", err, errlen)))
+        return rc;
     out->data = qw->data;
     out->quant = (struct tensor_quant){.format = QUANT_INT4, .source = QUANT_SRC_GPTQ, .group = G,
                                        .block_rows = 1,
@@ -311,23 +325,9 @@ static int bind_ct_int(struct binder *b, struct tensor *out, const struct st_ten
                           "unclear", base);
         b->bound++;
     }
-    const struct st_tensor *gi = find_part(b, base, "weight_g_idx");
-    if (gi) {
-        if ((rc = check_part(gi, base, "weight_g_idx", "I32", 1, (const int64_t[]){cols}, "in_features",
-                             err, errlen)))
-            return rc;
-        const int32_t *g = gi->data;
-        for (int64_t k = 0; k < cols; k++)
-            if (g[k] != (int32_t)(k / G) && g[k] != -1)
-                return ms_err(err, errlen, MS_EUNSUPPORTED, "%s.weight_g_idx[%lld] is %d where input %lld's "
-                              "group is %lld: the checkpoint was quantized with actorder group, whose "
-                              "permuted groups moeserve does not read; use one made with actorder weight "
-                              "or none", base, (long long)k, (int)g[k], (long long)k, (long long)(k / G));
-        b->bound++;
-    } else if (qc->desc_act) {
-        return ms_err(err, errlen, MS_EFORMAT, "the config says actorder group but %s.weight_g_idx, which "
-                      "says each input's group, is missing", base);
-    }
+    if ((rc = bind_g_idx(b, base, "weight_g_idx", cols, G, qc->desc_act, true, "actorder group",
+                         "actorder group", "one made with actorder weight or none", err, errlen)))
+        return rc;
     out->data = wp->data;
     out->quant = (struct tensor_quant){.format = qc->bits == 4 ? QUANT_INT4 : QUANT_INT8, .source = QUANT_SRC_CT,
                                        .group = G, .block_rows = 1, .scale = sc->data, .scale_dtype = sc->dtype,
