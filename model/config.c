@@ -43,6 +43,15 @@ size_t dtype_size(enum dtype t)
     return 0;
 }
 
+// A value as a refusal shows it: a string quoted (at most 60 bytes of it),
+// anything else by its kind.
+static const char *shown(const json_t *v, char *buf, size_t n)
+{
+    if (!json_is_string(v)) return json_kind(v);
+    snprintf(buf, n, "\"%.60s\"", json_string_value(v));
+    return buf;
+}
+
 // Reads an integer field in [lo, hi]. Absent or null leaves *out untouched
 // unless required. Integral reals (4096.0) are accepted: some exporters write them.
 static int get_int(const json_t *o, const char *file, const char *key, bool required,
@@ -286,6 +295,7 @@ static const char *const ct_strategies[] = {"tensor", "channel", "group", "block
 static int ct_parse_weights(const json_t *w, const char *F, const char *g, struct ct_weights *a, char *err,
                             size_t errlen)
 {
+    char vb[64]; // shown()'s buffer
     char K[160];
     snprintf(K, sizeof K, "%s config_groups.%.40s.weights", F, g);
     if (!json_is_object(w))
@@ -302,9 +312,8 @@ static int ct_parse_weights(const json_t *w, const char *F, const char *g, struc
     const json_t *t = json_object_get(w, "type");
     if (t && !json_is_null(t)) {
         if (!json_is_string(t) || (strcmp(json_string_value(t), "int") && strcmp(json_string_value(t), "float")))
-            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field type is %s%.20s%s; expected \"int\" or "
-                          "\"float\"", K, json_is_string(t) ? "\"" : "",
-                          json_is_string(t) ? json_string_value(t) : json_kind(t), json_is_string(t) ? "\"" : "");
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field type is %s; expected \"int\" or "
+                          "\"float\"", K, shown(t, vb, sizeof vb));
         a->is_float = !strcmp(json_string_value(t), "float");
     }
     const json_t *dyn = json_object_get(w, "dynamic");
@@ -496,6 +505,7 @@ static int parse_ct(const json_t *q, struct quant_config *out, char *err, size_t
 // file names is refused with the method in the sentence.
 static int parse_quant(const json_t *q, struct quant_config *out, char *err, size_t errlen)
 {
+    char vb[64]; // shown()'s buffer
     static const char *F = "config.json quantization_config";
     memset(out, 0, sizeof *out);
     if (!q || json_is_null(q)) return 0;
@@ -509,20 +519,16 @@ static int parse_quant(const json_t *q, struct quant_config *out, char *err, siz
         const json_t *fmt = json_object_get(q, "fmt");
         if (fmt && !json_is_null(fmt) &&
             (!json_is_string(fmt) || strcmp(json_string_value(fmt), "e4m3") != 0))
-            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field fmt is %s%s%s; moeserve reads "
-                          "FP8 weights in e4m3 only", F, json_is_string(fmt) ? "\"" : "",
-                          json_is_string(fmt) ? json_string_value(fmt) : json_kind(fmt),
-                          json_is_string(fmt) ? "\"" : "");
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field fmt is %s; moeserve reads "
+                          "FP8 weights in e4m3 only", F, shown(fmt, vb, sizeof vb));
         // Static activations come with an input_scale a kernel must apply
         // to its activations (vLLM does); ours stay unquantized, so such a
         // file would compute something else than it was calibrated for.
         const json_t *as = json_object_get(q, "activation_scheme");
         if (as && !json_is_null(as) && (!json_is_string(as) || strcmp(json_string_value(as), "dynamic")))
-            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field activation_scheme is %s%s%s; moeserve "
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field activation_scheme is %s; moeserve "
                           "reads \"dynamic\" FP8 checkpoints only (it computes activations unquantized "
-                          "and has no use for an input_scale)", F, json_is_string(as) ? "\"" : "",
-                          json_is_string(as) ? json_string_value(as) : json_kind(as),
-                          json_is_string(as) ? "\"" : "");
+                          "and has no use for an input_scale)", F, shown(as, vb, sizeof vb));
         const json_t *bs = json_object_get(q, "weight_block_size");
         if (bs && !json_is_null(bs)) {
             if (!json_is_array(bs) || json_array_size(bs) != 2)
@@ -593,11 +599,9 @@ static int parse_quant(const json_t *q, struct quant_config *out, char *err, siz
                           "them always)", F);
         const json_t *v = json_object_get(q, "version");
         if (v && !json_is_null(v) && (!json_is_string(v) || strcasecmp(json_string_value(v), "gemm")))
-            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field version is %s%.40s%s; moeserve "
+            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s field version is %s; moeserve "
                           "reads AWQ's \"gemm\" layout (qweight of in_features x out_features / 8), "
-                          "as vLLM's awq does", F, json_is_string(v) ? "\"" : "",
-                          json_is_string(v) ? json_string_value(v) : json_kind(v),
-                          json_is_string(v) ? "\"" : "");
+                          "as vLLM's awq does", F, shown(v, vb, sizeof vb));
         const json_t *nc = json_object_get(q, "modules_to_not_convert");
         if (nc && !json_is_null(nc) && !json_is_array(nc))
             return ms_err(err, errlen, MS_EFORMAT, "%s field modules_to_not_convert must be a list "
@@ -617,6 +621,7 @@ static int parse_quant(const json_t *q, struct quant_config *out, char *err, siz
 
 static int parse_root(json_t *root, struct model_config *cfg, char *err, size_t errlen)
 {
+    char vb[64]; // shown()'s buffer
     const char *F = "config.json";
     int rc;
     if (!json_is_object(root))
@@ -708,11 +713,9 @@ static int parse_root(json_t *root, struct model_config *cfg, char *err, size_t 
         json_array_foreach(lt, i, e) {
             if (!json_is_string(e) || strcmp(json_string_value(e), "full_attention") != 0)
                 return ms_err(err, errlen, MS_EUNSUPPORTED,
-                              "config.json field layer_types[%zu] is %s%s%s; only "
+                              "config.json field layer_types[%zu] is %s; only "
                               "\"full_attention\" is supported", i,
-                              json_is_string(e) ? "\"" : "",
-                              json_is_string(e) ? json_string_value(e) : json_kind(e),
-                              json_is_string(e) ? "\"" : "");
+                              shown(e, vb, sizeof vb));
         }
     }
 
@@ -852,10 +855,8 @@ static int parse_root(json_t *root, struct model_config *cfg, char *err, size_t 
     if (dt && !json_is_null(dt)) {
         if (!json_is_string(dt) || parse_dtype_name(json_string_value(dt), &cfg->torch_dtype))
             return ms_err(err, errlen, MS_EUNSUPPORTED,
-                          "config.json field torch_dtype is %s%s%s; moeserve serves bfloat16, "
-                          "float16 or float32 weights", json_is_string(dt) ? "\"" : "",
-                          json_is_string(dt) ? json_string_value(dt) : json_kind(dt),
-                          json_is_string(dt) ? "\"" : "");
+                          "config.json field torch_dtype is %s; moeserve serves bfloat16, "
+                          "float16 or float32 weights", shown(dt, vb, sizeof vb));
     }
 
     // ---- special tokens ----
