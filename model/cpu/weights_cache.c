@@ -319,16 +319,18 @@ static const char *check_file(struct weights_cache *c, int fd)
 static bool repage(struct weights_cache *c, int fd);
 static void pin_refused(const struct weights_cache *c, int e);
 
-// The data against the header's sums (what the file holds now): logs a
-// mismatch with the first damaged offset.
-static bool data_ok(const struct weights_cache *c)
+// Whether a check found no damaged chunk (bad, the first one, is n_sums);
+// a mismatch is logged with the first damaged offset.
+static bool sums_match(const struct weights_cache *c, uint64_t bad)
 {
-    const uint64_t bad = sum_data(c, true);
     if (bad >= c->n_sums) return true;
     ms_log(MS_LOG_WARN, "the weights cache %s is corrupt (its data from byte %llu fails its checksum)", c->path,
            (unsigned long long)(c->data_off + bad * WEIGHTS_CACHE_SUM_BYTES));
     return false;
 }
+
+// The data against the header's sums (what the file holds now).
+static bool data_ok(const struct weights_cache *c) { return sums_match(c, sum_data(c, true)); }
 
 bool weights_cache_map(struct weights_cache *c)
 {
@@ -368,17 +370,13 @@ bool weights_cache_map(struct weights_cache *c)
     // (repage), what came back is checked again.
     const double t0 = ms_now();
     int lock_err = mlock(c->map, (size_t)c->data_off) == 0 ? 0 : errno;
-    const uint64_t bad = sum_data_locking(c, true, lock_err == 0, &lock_err);
-    bool ok = bad >= c->n_sums;
-    if (!ok) {
-        ms_log(MS_LOG_WARN, "the weights cache %s is corrupt (its data from byte %llu fails its checksum)",
-               c->path, (unsigned long long)(c->data_off + bad * WEIGHTS_CACHE_SUM_BYTES));
-    } else if (lock_err) {
+    bool ok = sums_match(c, sum_data_locking(c, true, lock_err == 0, &lock_err));
+    if (ok && lock_err) {
         munlock(c->map, c->map_bytes);
         pin_refused(c, lock_err);
         ms_log(MS_LOG_INFO, "weights cache: %.1f GiB checked in %.2f s", (double)c->map_bytes / (1u << 30),
                ms_now() - t0);
-    } else {
+    } else if (ok) {
         ms_log(MS_LOG_INFO, "weights cache: %.1f GiB locked in memory and checked in %.2f s",
                (double)c->map_bytes / (1u << 30), ms_now() - t0);
         ok = !repage(c, fd) || data_ok(c);
