@@ -559,16 +559,7 @@ static int shared_build(struct backend *b, const struct model *m, const struct c
         if (cached == 1) {
             bind_areas(&c);
         } else {
-            long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
-            int n_threads = n_cpu < 1 ? 1 : n_cpu > 64 ? 64 : (int)n_cpu;
-            if ((size_t)n_threads > c.n_jobs) n_threads = (int)c.n_jobs;
-            pthread_t th[64];
-            int started = 0;
-            for (; started < n_threads - 1; started++)
-                if (pthread_create(&th[started], NULL, prep_worker, &c)) break;
-            prep_worker(&c); // and whatever threads could not be started leave to this one
-            for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-            threads = started + 1;
+            threads = threadpool_run_once(prep_worker, &c, c.n_jobs > 64 ? 64 : (int)c.n_jobs);
         }
         free(c.jobs);
         if (atomic_load(&c.failed)) {

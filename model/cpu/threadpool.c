@@ -122,6 +122,20 @@ int threadpool_cpu_count(void)
     return n > 0 ? (int)n : 1;
 }
 
+int threadpool_run_once(void *(*fn)(void *), void *arg, int max_threads)
+{
+    const long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = n_cpu < 1 ? 1 : n_cpu > 64 ? 64 : (int)n_cpu;
+    if (max_threads >= 1 && n > max_threads) n = max_threads;
+    pthread_t th[64];
+    int started = 0;
+    for (; started < n - 1; started++)
+        if (pthread_create(&th[started], NULL, fn, arg)) break;
+    fn(arg); // and what threads could not be started leave to this one
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    return started + 1;
+}
+
 int threadpool_create(int n_threads, struct threadpool **out, char *err, size_t errlen)
 {
     *out = NULL;

@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -20,6 +19,7 @@
 
 #include "base/base.h"
 #include "base/buf.h"
+#include "model/cpu/threadpool.h"
 #include "model/safetensors.h"
 #include "moeserve_build.h"
 
@@ -145,15 +145,7 @@ static uint64_t sum_data_locking(const struct weights_cache *c, bool check, bool
     atomic_init(&j.next, 0);
     atomic_init(&j.bad, c->n_sums);
     atomic_init(&j.lock_err, 0);
-    const long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int n = n_cpu < 1 ? 1 : n_cpu > 64 ? 64 : (int)n_cpu;
-    if ((uint64_t)n > c->n_sums) n = c->n_sums ? (int)c->n_sums : 1;
-    pthread_t th[64];
-    int started = 0;
-    for (; started < n - 1; started++)
-        if (pthread_create(&th[started], NULL, sum_worker, &j)) break;
-    sum_worker(&j); // and what threads could not be started leave to this one
-    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    threadpool_run_once(sum_worker, &j, c->n_sums > 64 ? 64 : c->n_sums ? (int)c->n_sums : 1);
     if (lock_err && atomic_load(&j.lock_err)) *lock_err = atomic_load(&j.lock_err); // keeps the caller's
     return atomic_load(&j.bad);
 }
