@@ -248,14 +248,6 @@ static int f_metadata(struct tr *t, const char *k, json_t *v)
     return 0;
 }
 
-static int f_accept(struct tr *t, const char *k, json_t *v)
-{
-    (void)t;
-    (void)k;
-    (void)v;
-    return 0;
-}
-
 // Server-side features nothing here runs: refused unless null or empty.
 static int f_unserved(struct tr *t, const char *k, json_t *v)
 {
@@ -278,7 +270,7 @@ static const struct tr_field an_fields[] = {
     {"tool_choice", NULL, f_tool_choice},
     {"thinking", NULL, f_thinking},
     {"metadata", NULL, f_metadata},
-    {"service_tier", NULL, f_accept},
+    {"service_tier", NULL, tr_field_accept},
     {"container", NULL, f_unserved},
     {"mcp_servers", NULL, f_unserved},
     {"context_management", NULL, f_context_management},

@@ -460,9 +460,16 @@ static int tool_call_arguments_as_objects(json_t *mc)
             continue;
         }
         if (!json_is_string(args)) continue;
-        // Any JSON value its text holds, and {} where it holds none, as
-        // vLLM's json.loads with its fallback.
+        // The object its text holds, and {} where it holds none (text cut
+        // short by max_tokens, a list, a number), as vLLM has guarded its
+        // json.loads since mid-2026 (PR 48922): a conversation replaying a
+        // broken call is not refused on every later turn, and templates
+        // that iterate arguments|items get an object.
         json_t *val = json_loadb_wide(json_string_value(args), json_string_length(args), JSON_DECODE_ANY);
+        if (val && !json_is_object(val)) {
+            json_decref(val);
+            val = NULL;
+        }
         if (json_object_set_new(f, "arguments", val ? val : json_object())) return MS_ENOMEM;
     }
     return 0;
@@ -594,8 +601,20 @@ static bool tool_name_ok(const char *s)
     return true;
 }
 
-// tools: [{type: "function", function: {name, description?, parameters?,
-// strict?}}], names distinct. The array reaches the chat template as given.
+// Sets on dst every key of src it lacks (a reference each), in src's
+// order. 0 or -1 (out of memory).
+static int copy_other_keys(json_t *dst, json_t *src)
+{
+    const char *key;
+    json_t *x;
+    json_object_foreach(src, key, x) {
+        if (!json_object_get(dst, key) && json_object_set(dst, key, x)) return -1;
+    }
+    return 0;
+}
+
+// tools: [{type?: "function", function: {name, description?, parameters?,
+// ...}, ...}], names distinct.
 static int f_tools(struct parser *p, const char *k, json_t *v, void *dst)
 {
     if (!json_is_array(v)) return type_error(p, k, "an array of tools", v);
@@ -610,7 +629,7 @@ static int f_tools(struct parser *p, const char *k, json_t *v, void *dst)
         if (!json_is_object(t)) return type_error(p, key, "an object", t);
         x = json_object_get(t, "type");
         snprintf(key, sizeof key, "tools[%zu].type", i);
-        if (!json_is_string(x) || strcmp(json_string_value(x), "function"))
+        if (x && (!json_is_string(x) || strcmp(json_string_value(x), "function")))
             return oa_errorf(p->e, MS_EINVAL, "invalid_value", key,
                              "'%s' must be \"function\" (the only tool type served)", key);
         f = json_object_get(t, "function");
@@ -638,22 +657,19 @@ static int f_tools(struct parser *p, const char *k, json_t *v, void *dst)
     }
     if (n == 0) return 0;
     // The template sees each tool as vLLM re-serializes it (its pydantic
-    // model's dump): {type, function: {name, description, parameters}} in
-    // that order, absent ones null, strict where it is set, nothing else.
+    // models' dump, extra keys allowed): {type, function: {name,
+    // description, parameters}} in that order, absent ones null, type
+    // "function" where it was left out, then each level's other keys (such
+    // as strict) as the client wrote them, in its order.
     json_t *tools = json_array();
     if (!tools) return oom(p);
     for (size_t i = 0; i < n; i++) {
-        json_t *f = json_object_get(json_array_get(v, i), "function");
-        json_t *d = json_object_get(f, "description"), *par = json_object_get(f, "parameters"),
-               *strict = json_object_get(f, "strict");
+        json_t *t = json_array_get(v, i), *f = json_object_get(t, "function");
+        json_t *d = json_object_get(f, "description"), *par = json_object_get(f, "parameters");
         json_t *nf = json_pack("{s:O, s:O, s:O}", "name", json_object_get(f, "name"), "description",
                                d ? d : json_null(), "parameters", par ? par : json_null());
-        if (nf && strict && !json_is_null(strict) && json_object_set(nf, "strict", strict)) {
-            json_decref(nf);
-            nf = NULL;
-        }
-        if (!nf || json_array_append_new(tools, json_pack("{s:s, s:o}", "type", "function", "function", nf)) ||
-            !json_is_object(json_array_get(tools, i))) {
+        json_t *nt = nf ? json_pack("{s:s, s:o}", "type", "function", "function", nf) : NULL;
+        if (!nt || json_array_append_new(tools, nt) || copy_other_keys(nf, f) || copy_other_keys(nt, t)) {
             json_decref(tools);
             return oom(p);
         }

@@ -237,15 +237,6 @@ static int f_unserved(struct tr *t, const char *k, json_t *v)
     return tr_unsupported(t, k, "'%s' is not served by moeserve's /v1/responses; leave it out", k);
 }
 
-// Informational fields: accepted, nothing to do.
-static int f_accept(struct tr *t, const char *k, json_t *v)
-{
-    (void)t;
-    (void)k;
-    (void)v;
-    return 0;
-}
-
 static const struct tr_field rs_fields[] = {
     {"model", "model", NULL},
     {"input", NULL, f_input},
@@ -268,10 +259,10 @@ static const struct tr_field rs_fields[] = {
     {"include", NULL, f_include},
     {"top_logprobs", NULL, f_top_logprobs},
     {"truncation", NULL, f_truncation},
-    {"service_tier", NULL, f_accept},
-    {"prompt_cache_key", NULL, f_accept},
-    {"prompt_cache_retention", NULL, f_accept},
-    {"safety_identifier", NULL, f_accept},
+    {"service_tier", NULL, tr_field_accept},
+    {"prompt_cache_key", NULL, tr_field_accept},
+    {"prompt_cache_retention", NULL, tr_field_accept},
+    {"safety_identifier", NULL, tr_field_accept},
     {"max_tool_calls", NULL, f_unserved},
     {"prompt", NULL, f_unserved},
     {"conversation", NULL, f_unserved},

@@ -36,6 +36,8 @@ struct tr_field {
     const char *rename;          // the chat field it becomes
     tr_field_fn fn;
 };
+// A row's fn for a field that is informational: accepted, nothing to do.
+int tr_field_accept(struct tr *t, const char *key, json_t *v);
 
 // One error name: a chat parameter (a prefix: "tools[" matches "tools[3]…"
 // when the row says so) and the API's own spelling.

@@ -363,7 +363,8 @@ static void text_parts_join_with_newlines_and_other_keys_pass_through(void **sta
     oa_chat_request_release(&r);
     // As vLLM hands them to templates: an assistant's reasoning (our own
     // answers' name for it) is its reasoning_content, over one also given;
-    // call arguments are the JSON value their text holds, {} where none.
+    // call arguments are the JSON object their text holds, {} where the
+    // text holds none (not JSON, or a list: vLLM since its PR 48922).
     body = "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": "
            "\"\", \"reasoning\": \"think A\", \"reasoning_content\": \"old\", \"tool_calls\": ["
            "{\"id\": \"1\", \"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": \"not json\"}},"
@@ -375,9 +376,8 @@ static void text_parts_join_with_newlines_and_other_keys_pass_through(void **sta
     json_t *calls = json_object_get(m1, "tool_calls");
     json_t *none = json_object_get(json_object_get(json_array_get(calls, 0), "function"), "arguments");
     assert_true(json_is_object(none) && json_object_size(none) == 0);
-    json_t *want = json_pack("[i, i]", 1, 2);
-    assert_true(json_equal(json_object_get(json_object_get(json_array_get(calls, 1), "function"), "arguments"), want));
-    json_decref(want);
+    json_t *list = json_object_get(json_object_get(json_array_get(calls, 1), "function"), "arguments");
+    assert_true(json_is_object(list) && json_object_size(list) == 0);
     assert_int_equal(json_integer_value(json_object_get(
                          json_object_get(json_object_get(json_array_get(calls, 2), "function"), "arguments"), "x")), 1);
     oa_chat_request_release(&r);
@@ -613,16 +613,20 @@ static void agent_fields_are_parsed_and_checked(void **state)
     assert_int_equal(r.thinking, 0);
     assert_false(r.include_reasoning);
     oa_chat_request_release(&r);
-    // The template gets tools as vLLM re-serializes them: type, then
-    // function's name, description, parameters (null when absent), strict
-    // when set, no other keys, whatever order the client wrote.
+    // The template gets tools as vLLM's pydantic models dump them: type
+    // (given or not), then function's name, description, parameters (null
+    // when absent), then each level's other keys as the client wrote them,
+    // nulls too, in its order.
     assert_int_equal(chat("{" MSGS ", \"tools\": [{\"function\": {\"parameters\": {\"type\": \"object\"}, \"x-extra\": 1, "
-                          "\"strict\": true, \"name\": \"f\"}, \"type\": \"function\"}, {\"type\": \"function\", "
-                          "\"function\": {\"name\": \"g\", \"strict\": null}}]}", &r, &e, a, NULL), 0);
+                          "\"strict\": true, \"name\": \"f\"}, \"cache_control\": {\"type\": \"ephemeral\"}, "
+                          "\"type\": \"function\"}, {\"function\": {\"name\": \"g\", \"strict\": null}}]}",
+                          &r, &e, a, NULL), 0);
     char *dumped = json_dumps(r.tools, JSON_COMPACT);
     assert_string_equal(dumped, "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":null,"
-                                "\"parameters\":{\"type\":\"object\"},\"strict\":true}},{\"type\":\"function\","
-                                "\"function\":{\"name\":\"g\",\"description\":null,\"parameters\":null}}]");
+                                "\"parameters\":{\"type\":\"object\"},\"x-extra\":1,\"strict\":true},"
+                                "\"cache_control\":{\"type\":\"ephemeral\"}},{\"type\":\"function\","
+                                "\"function\":{\"name\":\"g\",\"description\":null,\"parameters\":null,"
+                                "\"strict\":null}}]");
     free(dumped);
     oa_chat_request_release(&r);
     assert_int_equal(chat("{" MSGS "}", &r, &e, a, NULL), 0);

@@ -94,6 +94,30 @@ static void prompt_of(const char *text, int32_t **ids, int *n)
     *n = (int)nn;
 }
 
+// A test's reference: text's tokens as the prompt (*prompt, the caller's to
+// free after the last run of *r), *r the greedy request of max_tokens
+// (ignore_eos), and that request run alone.
+static struct h_batch *run_reference(const char *text, int max_tokens, int32_t **prompt,
+                                     struct engine_request *r)
+{
+    int n;
+    prompt_of(text, prompt, &n);
+    base_request(r, *prompt, n, max_tokens);
+    return run_one(r);
+}
+
+// base with the one stop string stop (and min_tokens), run alone.
+static struct h_batch *run_with_stop(const struct engine_request *base, const char *stop,
+                                     int min_tokens)
+{
+    struct engine_request r = *base;
+    const char *strs[] = {stop};
+    r.stop.stop_strs = strs;
+    r.stop.n_stop_strs = 1;
+    r.stop.min_tokens = min_tokens;
+    return run_one(&r);
+}
+
 static void streamed_text_equals_the_full_decode(void **state)
 {
     (void)state;
@@ -156,11 +180,7 @@ static void check_stop(const struct engine_request *base, const struct h_result 
 {
     size_t cut = reference_cut(ref->text, ref->text_len, stop);
     assert_true(cut != SIZE_MAX);
-    struct engine_request r = *base;
-    const char *strs[] = {stop};
-    r.stop.stop_strs = strs;
-    r.stop.n_stop_strs = 1;
-    struct h_batch *b = run_one(&r);
+    struct h_batch *b = run_with_stop(base, stop, base->stop.min_tokens);
     struct h_result *res = &b->res[0];
     assert_int_equal(res->finish, FINISH_STOP);
     assert_string_equal(res->stop_str, stop);
@@ -180,11 +200,8 @@ static void stop_strings_split_across_tokens_cut_the_text_and_never_appear(void 
 {
     (void)state;
     int32_t *prompt;
-    int n;
-    prompt_of("Once upon a time", &prompt, &n);
     struct engine_request r;
-    base_request(&r, prompt, n, 120);
-    struct h_batch *rb = run_one(&r);
+    struct h_batch *rb = run_reference("Once upon a time", 120, &prompt, &r);
     struct h_result *ref = &rb->res[0];
     // Stop strings made of the end of one token's text and the start of the
     // next one's, at several places in the output.
@@ -217,11 +234,8 @@ static void stop_strings_wait_for_min_tokens(void **state)
 {
     (void)state;
     int32_t *prompt;
-    int n;
-    prompt_of("Once upon a time", &prompt, &n);
     struct engine_request r;
-    base_request(&r, prompt, n, 120);
-    struct h_batch *rb = run_one(&r);
+    struct h_batch *rb = run_reference("Once upon a time", 120, &prompt, &r);
     struct h_result *ref = &rb->res[0];
     // The stop string: the ref's first character, so it occurs early; then
     // min_tokens past the token that completes that occurrence.
@@ -243,12 +257,7 @@ static void stop_strings_wait_for_min_tokens(void **state)
         // The first occurrence that ends in text after the first m tokens'.
         const size_t from = before - cl + 1;
         const char *later = memmem(ref->text + from, ref->text_len - from, stop, cl);
-        struct engine_request rm = r;
-        const char *strs[] = {stop};
-        rm.stop.stop_strs = strs;
-        rm.stop.n_stop_strs = 1;
-        rm.stop.min_tokens = m;
-        struct h_batch *b = run_one(&rm);
+        struct h_batch *b = run_with_stop(&r, stop, m);
         struct h_result *res = &b->res[0];
         if (later) {
             const size_t cut = (size_t)(later - ref->text);
@@ -319,11 +328,8 @@ static void stop_token_ids_and_eos_end_generation_without_their_text(void **stat
 {
     (void)state;
     int32_t *prompt;
-    int n;
-    prompt_of("Hello", &prompt, &n);
     struct engine_request r;
-    base_request(&r, prompt, n, 60);
-    struct h_batch *rb = run_one(&r);
+    struct h_batch *rb = run_reference("Hello", 60, &prompt, &r);
     struct h_result *ref = &rb->res[0];
     // Stop on the id of the 10th generated token.
     int32_t sid = ref->tokens[9];
