@@ -2,6 +2,8 @@
 // macro call and with block, as Jinja scopes them), expressions with Python
 // semantics, macros and call blocks, output capture — and owns jinja_parse/render.
 #include <math.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -669,9 +671,49 @@ static int eval_seq(struct jrender *r, struct jframe *f, const struct jnode *n, 
     return 0;
 }
 
+// The stack a render may use. The parser bounds how deep one expression or
+// block nests (JINJA_MAX_PARSE_DEPTH), and max_call_depth bounds macro
+// calls, but their product, with an evaluator's frames per level, can pass
+// a thread's stack (a fuzzed template recursing 64 deep through a long
+// chain did, under ASan). So the evaluator also watches the stack itself:
+// at most JINJA_MAX_STACK_BYTES below the render's first frame, and never
+// within JINJA_STACK_MARGIN of the calling thread's stack's end (room for
+// the libc calls an error makes at the deepest point).
+#define JINJA_MAX_STACK_BYTES ((uintptr_t)4 << 20)
+#define JINJA_STACK_MARGIN ((uintptr_t)128 << 10)
+
+static uintptr_t stack_floor(void)
+{
+    const uintptr_t here = (uintptr_t)__builtin_frame_address(0);
+    uintptr_t floor = here > JINJA_MAX_STACK_BYTES ? here - JINJA_MAX_STACK_BYTES : 0;
+    // This thread's stack, once per thread (for the main thread glibc reads
+    // /proc/self/maps).
+    static _Thread_local uintptr_t low;
+    static _Thread_local bool known;
+    if (!known) {
+        pthread_attr_t a;
+        void *addr;
+        size_t size;
+        if (pthread_getattr_np(pthread_self(), &a) == 0) {
+            if (pthread_attr_getstack(&a, &addr, &size) == 0) low = (uintptr_t)addr + JINJA_STACK_MARGIN;
+            pthread_attr_destroy(&a);
+        }
+        known = true;
+    }
+    return low > floor ? low : floor;
+}
+
+static int stack_deep(struct jrender *r)
+{
+    return jr_fail(r, "the template nests too deeply for the stack (expressions within macro "
+                   "calls within macro calls, over %zu KiB)",
+                   (size_t)(JINJA_MAX_STACK_BYTES >> 10));
+}
+
 static int eval(struct jrender *r, struct jframe *f, const struct jnode *n, struct jv *out)
 {
     r->line = n->line;
+    if ((uintptr_t)__builtin_frame_address(0) < r->stack_floor) return stack_deep(r);
     int rc;
     struct jv a, b;
     switch (n->kind) {
@@ -898,6 +940,7 @@ static int exec_set(struct jrender *r, struct jframe *f, const struct jnode *t, 
 static int exec_stmt(struct jrender *r, struct jframe *f, const struct jnode *n)
 {
     r->line = n->line;
+    if ((uintptr_t)__builtin_frame_address(0) < r->stack_floor) return stack_deep(r);
     int rc;
     struct jv v;
     switch (n->kind) {
@@ -1055,7 +1098,7 @@ int jinja_render(const struct jinja_template *t, const struct jinja_var *vars, s
 {
     *out = NULL;
     *len = 0;
-    struct jrender r = {.err = err, .errlen = errlen, .line = 1};
+    struct jrender r = {.err = err, .errlen = errlen, .line = 1, .stack_floor = stack_floor()};
     if (lim) r.lim = *lim;
     else jinja_limits_default(&r.lim);
     r.a = arena_create(64 * 1024);

@@ -143,6 +143,16 @@ static int enter(struct parser *P)
     return 0;
 }
 
+// One more link of a chain the loops below build left-deep (a + b + c is
+// (a + b) + c; x|f|g and a.b.c likewise): the evaluator recurses into the
+// left operand, so each link counts as one level of nesting until the
+// chain ends (*links of them, which the caller gives back).
+static int chain_link(struct parser *P, int *links)
+{
+    (*links)++;
+    return enter(P);
+}
+
 #define TRY(x)                 \
     do {                       \
         int rc_ = (x);         \
@@ -385,29 +395,32 @@ static int parse_call(struct parser *P, struct jnode *callee, struct jnode **out
 
 static int parse_postfix(struct parser *P, struct jnode *node, struct jnode **out)
 {
-    for (;;) {
-        if (is_op(P, JOP_DOT) || is_op(P, JOP_LBRACKET)) TRY(parse_subscript(P, node, &node));
-        else if (is_op(P, JOP_LPAREN)) TRY(parse_call(P, node, &node));
-        else break;
+    int links = 0;
+    while (is_op(P, JOP_DOT) || is_op(P, JOP_LBRACKET) || is_op(P, JOP_LPAREN)) {
+        TRY(chain_link(P, &links));
+        if (is_op(P, JOP_LPAREN)) TRY(parse_call(P, node, &node));
+        else TRY(parse_subscript(P, node, &node));
     }
+    P->depth -= links;
     *out = node;
     return 0;
 }
 
 static int parse_filter_expr(struct parser *P, struct jnode *node, struct jnode **out)
 {
-    for (;;) {
+    int links = 0;
+    while (is_op(P, JOP_PIPE) || is_name(P, "is") || is_op(P, JOP_LPAREN)) {
+        TRY(chain_link(P, &links));
         if (is_op(P, JOP_PIPE)) {
             advance(P);
             TRY(parse_filter_one(P, node, &node));
         } else if (is_name(P, "is")) {
             TRY(parse_test(P, node, &node));
-        } else if (is_op(P, JOP_LPAREN)) {
-            TRY(parse_call(P, node, &node));
         } else {
-            break;
+            TRY(parse_call(P, node, &node));
         }
     }
+    P->depth -= links;
     *out = node;
     return 0;
 }
@@ -542,24 +555,29 @@ static int binary(struct parser *P, int op, struct jnode *a, struct jnode *b, ui
 
 static int parse_pow(struct parser *P, struct jnode **out)
 {
+    int links = 0;
     struct jnode *left;
     TRY(parse_unary(P, true, &left));
     while (is_op(P, JOP_POW)) {
+        TRY(chain_link(P, &links));
         uint32_t line = cur(P)->line;
         advance(P);
         struct jnode *right;
         TRY(parse_unary(P, true, &right));
         TRY(binary(P, JOP_POW, left, right, line, &left));
     }
+    P->depth -= links;
     *out = left;
     return 0;
 }
 
 static int parse_math2(struct parser *P, struct jnode **out)
 {
+    int links = 0;
     struct jnode *left;
     TRY(parse_pow(P, &left));
     while (is_op(P, JOP_MUL) || is_op(P, JOP_DIV) || is_op(P, JOP_FLOORDIV) || is_op(P, JOP_MOD)) {
+        TRY(chain_link(P, &links));
         int op = cur(P)->op;
         uint32_t line = cur(P)->line;
         advance(P);
@@ -567,6 +585,7 @@ static int parse_math2(struct parser *P, struct jnode **out)
         TRY(parse_pow(P, &right));
         TRY(binary(P, op, left, right, line, &left));
     }
+    P->depth -= links;
     *out = left;
     return 0;
 }
@@ -598,9 +617,11 @@ static int parse_concat(struct parser *P, struct jnode **out)
 
 static int parse_math1(struct parser *P, struct jnode **out)
 {
+    int links = 0;
     struct jnode *left;
     TRY(parse_concat(P, &left));
     while (is_op(P, JOP_ADD) || is_op(P, JOP_SUB)) {
+        TRY(chain_link(P, &links));
         int op = cur(P)->op;
         uint32_t line = cur(P)->line;
         advance(P);
@@ -608,6 +629,7 @@ static int parse_math1(struct parser *P, struct jnode **out)
         TRY(parse_concat(P, &right));
         TRY(binary(P, op, left, right, line, &left));
     }
+    P->depth -= links;
     *out = left;
     return 0;
 }
@@ -678,9 +700,11 @@ static int parse_not(struct parser *P, struct jnode **out)
 
 static int parse_and(struct parser *P, struct jnode **out)
 {
+    int links = 0;
     struct jnode *left;
     TRY(parse_not(P, &left));
     while (is_name(P, "and")) {
+        TRY(chain_link(P, &links));
         uint32_t line = cur(P)->line;
         advance(P);
         struct jnode *right, *n;
@@ -690,15 +714,18 @@ static int parse_and(struct parser *P, struct jnode **out)
         n->b = right;
         left = n;
     }
+    P->depth -= links;
     *out = left;
     return 0;
 }
 
 static int parse_or(struct parser *P, struct jnode **out)
 {
+    int links = 0;
     struct jnode *left;
     TRY(parse_and(P, &left));
     while (is_name(P, "or")) {
+        TRY(chain_link(P, &links));
         uint32_t line = cur(P)->line;
         advance(P);
         struct jnode *right, *n;
@@ -708,6 +735,7 @@ static int parse_or(struct parser *P, struct jnode **out)
         n->b = right;
         left = n;
     }
+    P->depth -= links;
     *out = left;
     return 0;
 }

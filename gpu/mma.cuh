@@ -106,14 +106,16 @@ __device__ __forceinline__ bool mm_tile(const mm_params &p, int nt, int *g, int 
 }
 
 // Lane gid's activation row in each 8-row slice of the tile (nullptr past its
-// end, and for a padding row: a negative row index).
+// end, and for a padding row: a negative x_rows or y_rows entry, which
+// backend.h says is neither read nor written).
 template <int NT>
 __device__ __forceinline__ void mm_x_rows(const mm_params &p, int r0, int r_end, int gid,
                                           const float *xr[NT])
 {
     for (int t = 0; t < NT; t++) {
         const int r = r0 + t * 8 + gid;
-        const int xi = r < r_end ? (p.x_rows ? p.x_rows[r] : r) : -1;
+        const bool pad = r < r_end && p.y_rows && p.y_rows[r] < 0;
+        const int xi = r < r_end && !pad ? (p.x_rows ? p.x_rows[r] : r) : -1;
         xr[t] = xi >= 0 ? p.x + (size_t)xi * p.ldx : nullptr;
     }
 }

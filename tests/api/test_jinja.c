@@ -250,6 +250,25 @@ static void deep_nesting_is_refused_without_crashing(void **state)
     o = 0;
     for (size_t i = 0; i < 5000; i++) o += (size_t)sprintf(src + o, "{%% if true %%}");
     assert_int_equal(jinja_parse(src, o, &t, err, sizeof err), MS_EINVAL);
+    // Chains the parser builds left-deep, whose evaluation recursed once
+    // per link with no bound (fuzz_jinja: 1 + 1 + ... overflowed the
+    // stack): each link is a level of nesting.
+    static const char *const links[] = {" + 1", " * 1", " ** 1", " and 1", " or 0", "|string", ".x", "[0]", "()", "|e"};
+    for (size_t l = 0; l < sizeof links / sizeof links[0]; l++) {
+        o = 0;
+        o += (size_t)sprintf(src + o, "{{ 1");
+        for (size_t i = 0; i < 20000; i++) o += (size_t)sprintf(src + o, "%s", links[l]);
+        o += (size_t)sprintf(src + o, " }}");
+        if (jinja_parse(src, o, &t, err, sizeof err) != MS_EINVAL || !strstr(err, "nests more than"))
+            fail_msg("a chain of 20000 '%s' was not refused by depth: [%s]", links[l], err);
+    }
+    // 150 links, inside the limit, still render.
+    o = 0;
+    o += (size_t)sprintf(src + o, "{{ 0");
+    for (size_t i = 0; i < 150; i++) o += (size_t)sprintf(src + o, " + 1");
+    o += (size_t)sprintf(src + o, " }}");
+    src[o] = 0;
+    expect(src, NULL, "150");
     // A deep but legal template still works.
     o = 0;
     for (size_t i = 0; i < 50; i++) o += (size_t)sprintf(src + o, "{%% if true %%}");
@@ -272,6 +291,14 @@ static void loops_and_recursion_cannot_hang_the_server(void **state)
     expect_error("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", NULL,
                  "more than 10000000 loop iterations");
     expect_error("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", NULL, "macro calls nest more than 64 deep");
+    // Past the stack, whatever the call limit says: refused, not a crash.
+    {
+        struct jinja_limits deep;
+        jinja_limits_default(&deep);
+        deep.max_call_depth = 1 << 30;
+        assert_null(render_lim("{% macro f(n) %}{{ n + f(n + 1) }}{% endmacro %}{{ f(0) }}", NULL, &deep));
+        assert_non_null(strstr(err, "nests too deeply for the stack"));
+    }
     expect_error("{{ range(1000000)|length }}", NULL, "Range too big");
     // Doubling a string 40 times would need a terabyte: the memory or output limit stops it.
     expect_error("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
