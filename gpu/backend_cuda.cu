@@ -33,6 +33,7 @@ struct dbuf {
     void *p;
     size_t cap;
     size_t max;                     // if nonzero, growth never allocates more than this
+    bool exact;                     // growth allocates what is asked, no more (a planned bound)
     bool no_graph;                  // never used by an op a graph records (see cu_create)
 };
 
@@ -133,7 +134,7 @@ static int dbuf_need(struct cuda_backend *c, struct dbuf *d, size_t bytes, const
     int rc = not_while_recording(c, what);
     if (rc) return rc;
     if (!d->no_graph) c->gen++; // graphs may hold the old buffer
-    size_t want = bytes + bytes / 2;
+    size_t want = d->exact ? bytes : bytes + bytes / 2;
     if (d->max && want > d->max) want = bytes > d->max ? bytes : d->max;
     // Stream-ordered where the device has memory pools: cudaFree waits for
     // the whole device, and a rank's NCCL kernel in flight may be waiting
@@ -276,6 +277,8 @@ static int cu_memory(struct backend *b, struct backend_memory *out)
     // most ATTN_PARTS_MAX: both are allocated at the first steps that split,
     // after the KV pool has taken its share.
     out->scratch_bytes = 2 * ATTN_PARTS_BUF;
+    // The sampler's work and probability rows (swork): 8 bytes a logit.
+    out->sample_bytes_per_logit = 2 * sizeof(float);
     return 0;
 }
 
@@ -1401,6 +1404,7 @@ int backend_cuda_create(int device_index, int rank, struct backend **out, char *
     // partials; an uploaded matrix table; a counted grouped matmul's tile
     // list): growing them keeps the graphs.
     c->stab.no_graph = c->swork.no_graph = c->sout.no_graph = true;
+    c->swork.exact = true; // the planner's bound: sample_bytes_per_logit (cu_memory)
     c->plan.no_graph = c->parts.no_graph = c->ptrs.no_graph = c->tiles.no_graph = true;
     c->parts.max = c->dparts.max = ATTN_PARTS_BUF; // as scratch_bytes reports them
     cudaError_t e;

@@ -14,7 +14,10 @@
 // sees the flag, or its destroy does: an operation it launched after the
 // revoke had finished runs with no abort flag, waiting for peers that never
 // come. With an older NCCL the abort itself calls ncclCommAbort on every
-// endpoint, as the only way to release them. NCCL cannot check that the
+// endpoint, as the only way to release them. Without an abort, the
+// communicators outlive their endpoints until the group's last endpoint
+// goes, and are then finalized in one NCCL group and destroyed (NCCL's
+// finalize is an intra-node collective). NCCL cannot check that the
 // sizes agree: a mismatch is the caller's bug (comm.h).
 #include "gpu/backend_cuda.h"
 
@@ -32,7 +35,9 @@ struct nccl_group {
     int aborted;                    // atomic: set once by abort
     bool revoked;                   // the abort revoked (each endpoint aborts its own), under mu
     pthread_mutex_t mu;
-    ncclComm_t *comms;              // (n_ranks), this process's endpoints (NULL: another process's)
+    ncclComm_t *comms;              // (n_ranks), this process's endpoints (NULL: another process's,
+                                    // or freed), under mu
+    int *devs;                      // (n_ranks) each comms[r]'s GPU
 };
 
 struct nccl_ep {
@@ -82,18 +87,25 @@ static void nccl_release_check(ncclResult_t r, const char *what, int rank)
 
 // After a revoking abort, the endpoint's own thread (the one thread with no
 // call of its in flight then) frees its communicator: what it launched after
-// the revoke would otherwise spin on its stream. Returns MS_ECANCELLED.
+// the revoke would otherwise spin on its stream. The communicator leaves the
+// group under its lock and is aborted outside it: NCCL may have an abort
+// wait for the other ranks of this process, whose threads would then wait
+// on the lock. Returns MS_ECANCELLED.
 static int ep_cancelled(struct nccl_ep *e)
 {
     struct nccl_group *g = e->g;
+    ncclComm_t nc = NULL;
     pthread_mutex_lock(&g->mu);
     if (g->revoked && e->nc) {
-        cuda_release_check(cudaSetDevice(e->dev), "selecting the endpoint's GPU");
-        nccl_release_check(ncclCommAbort(e->nc), "aborting", e->c.rank);
+        nc = e->nc;
         e->nc = NULL;
         g->comms[e->c.rank] = NULL;
     }
     pthread_mutex_unlock(&g->mu);
+    if (nc) {
+        cuda_release_check(cudaSetDevice(e->dev), "selecting the endpoint's GPU");
+        nccl_release_check(ncclCommAbort(nc), "aborting", e->c.rank);
+    }
     return MS_ECANCELLED;
 }
 
@@ -178,26 +190,62 @@ static void ep_abort(struct comm *c)
             }
 #endif
             nccl_release_check(ncclCommAbort(g->comms[r]), "aborting", r);
+            g->comms[r] = NULL; // freed: neither destroyed nor finalized later
         }
     }
     pthread_mutex_unlock(&g->mu);
 }
 
+// The last endpoint of the group gone: its communicators still held go.
+// Unaborted ones are finalized together, in one NCCL group, then destroyed
+// (each destroy then purely local): NCCL's finalize is an intra-node
+// collective, and one thread finalizing several ranks one by one waits in
+// the first for the others. Revoked ones are aborted.
+static void group_teardown(struct nccl_group *g)
+{
+    if (!aborted(g)) {
+        nccl_release_check(ncclGroupStart(), "grouping the finalize of", 0);
+        for (int r = 0; r < g->n_ranks; r++) {
+            if (!g->comms[r]) continue;
+            cuda_release_check(cudaSetDevice(g->devs[r]), "selecting a rank's GPU");
+            nccl_release_check(ncclCommFinalize(g->comms[r]), "finalizing", r);
+        }
+        nccl_release_check(ncclGroupEnd(), "finalizing the group of", 0);
+    }
+    for (int r = 0; r < g->n_ranks; r++) {
+        if (!g->comms[r]) continue;
+        cuda_release_check(cudaSetDevice(g->devs[r]), "selecting a rank's GPU");
+        if (aborted(g)) nccl_release_check(ncclCommAbort(g->comms[r]), "aborting", r);
+        else nccl_release_check(ncclCommDestroy(g->comms[r]), "destroying", r);
+        g->comms[r] = NULL;
+    }
+}
+
+// An endpoint's communicator stays in the group until the last endpoint goes
+// (group_teardown), but for a revoked one, which its endpoint aborts now
+// (outside the lock, as ep_cancelled does).
 static void ep_destroy(struct comm *c)
 {
     if (!c) return;
     struct nccl_ep *e = ep_of(c);
     struct nccl_group *g = e->g;
-    cudaSetDevice(e->dev);
+    ncclComm_t revoked = NULL;
     pthread_mutex_lock(&g->mu);
-    if (e->nc && !g->aborted) nccl_release_check(ncclCommDestroy(e->nc), "destroying", c->rank);
-    else if (e->nc && g->revoked) nccl_release_check(ncclCommAbort(e->nc), "aborting", c->rank);
-    g->comms[c->rank] = NULL;
+    if (e->nc && g->revoked) {
+        revoked = e->nc;
+        g->comms[c->rank] = NULL;
+    }
+    e->nc = NULL;
     const bool last = --g->refs == 0;
     pthread_mutex_unlock(&g->mu);
+    cuda_release_check(cudaSetDevice(e->dev), "selecting the endpoint's GPU");
+    if (revoked) nccl_release_check(ncclCommAbort(revoked), "aborting", c->rank);
     cuda_release_check(cudaFree(e->flag), "an NCCL endpoint's flag");
     free(e);
-    if (last) group_free(g);
+    if (last) {
+        group_teardown(g);
+        group_free(g);
+    }
 }
 
 static int ep_check(struct comm *c)
@@ -214,7 +262,10 @@ static struct nccl_group *group_new(int n_ranks)
     struct nccl_group *g = (struct nccl_group *)calloc(1, sizeof *g);
     if (!g) return NULL;
     g->comms = (ncclComm_t *)calloc((size_t)n_ranks, sizeof *g->comms);
-    if (!g->comms) {
+    g->devs = (int *)calloc((size_t)n_ranks, sizeof *g->devs);
+    if (!g->comms || !g->devs) {
+        free(g->comms);
+        free(g->devs);
         free(g);
         return NULL;
     }
@@ -227,6 +278,7 @@ static void group_free(struct nccl_group *g)
 {
     pthread_mutex_destroy(&g->mu);
     free(g->comms);
+    free(g->devs);
     free(g);
 }
 
@@ -245,7 +297,7 @@ static int ep_new(struct nccl_group *g, int rank, ncclComm_t nc, struct backend 
     e->c.impl = e;
     cudaError_t ce;
     if ((ce = cudaSetDevice(e->dev)) != cudaSuccess || (ce = cudaMalloc(&e->flag, 64)) != cudaSuccess ||
-        (ce = cudaMemset(e->flag, 0, 64)) != cudaSuccess) {
+        (ce = cudaMemsetAsync(e->flag, 0, 64, e->stream)) != cudaSuccess) {
         if (e->flag) cudaFree(e->flag);
         cudaGetLastError();
         free(e);
@@ -253,6 +305,7 @@ static int ep_new(struct nccl_group *g, int rank, ncclComm_t nc, struct backend 
                       backend_cuda_device(b), cudaGetErrorString(ce));
     }
     g->comms[rank] = nc;
+    g->devs[rank] = e->dev;
     g->refs++;
     *out = &e->c;
     return 0;
@@ -297,9 +350,15 @@ int comm_nccl_create(int n_ranks, struct backend *const *ranks, struct comm **ou
     }
     for (int r = 0; r < n_ranks; r++) {
         if ((rc = ep_new(g, r, nc[r], ranks[r], &out[r], err, errlen))) {
-            for (int q = r; q < n_ranks; q++) ncclCommDestroy(nc[q]);
-            // The endpoints made so far hold the group: the last one frees it.
-            if (r > 0) g = NULL;
+            // The communicators without an endpoint join the group's, all
+            // finalized together when the last endpoint made so far goes
+            // (or now, when none was made).
+            for (int q = r; q < n_ranks; q++) {
+                g->comms[q] = nc[q];
+                g->devs[q] = devs[q];
+            }
+            if (r == 0) group_teardown(g);
+            else g = NULL; // the endpoints made so far hold the group: the last one frees it
             for (int q = 0; q < r; q++) {
                 ep_destroy(out[q]);
                 out[q] = NULL; // as comm_inproc leaves out: the caller destroys what it finds there

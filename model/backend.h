@@ -242,6 +242,10 @@ struct backend_memory {
     // once steps run (a GPU's split-KV attention partials): the planner
     // counts it in the runtime reserve, so that the KV pool leaves it room.
     uint64_t scratch_bytes;
+    // Bytes the sampler allocates per logit of a call (rows x vocab) beyond
+    // the logits themselves (a GPU's work and probability rows): the
+    // planner adds them to its logits allowance (max_num_seqs x vocab).
+    uint32_t sample_bytes_per_logit;
 };
 
 struct backend_limits {

@@ -437,6 +437,10 @@ void plan_opts_default(struct plan_opts *o)
     // CUDA backend's two 256 MiB buffers of attention partials (its
     // backend_memory.scratch_bytes, which the engine adds the same way).
     o->runtime_reserve = (uint64_t)1 << 30;
+    // The sampler's rows beyond the logits are the backend's to say
+    // (backend_memory: the engine passes them); the forecast leaves them to
+    // the headroom above memory_utilization, as the figures it reproduces do.
+    o->sample_bytes_per_logit = 0;
     o->memory_bandwidth = 4.8e12;
 }
 
@@ -453,7 +457,8 @@ void plan_opts_default(struct plan_opts *o)
 // of its own batch on average (uniform routing; a rank that receives more
 // processes them in chunks). On top: fp32 logits for every sequence that
 // samples in the step (max_num_seqs * vocab; tp gathers the whole
-// vocabulary on every device), and a fixed runtime reserve (runtime context,
+// vocabulary on every device) and what the sampler allocates beside each
+// (sample_bytes_per_logit), and a fixed runtime reserve (runtime context,
 // GEMM workspace, communicator buffers, allocator slack, attention scratch).
 uint64_t plan_workspace_bytes(const struct model_config *cfg, const struct plan_opts *o,
                               enum plan_layout layout, int devices)
@@ -474,7 +479,8 @@ uint64_t plan_workspace_bytes(const struct model_config *cfg, const struct plan_
     const uint64_t tokens = o->max_num_batched_tokens > 0 ? (uint64_t)o->max_num_batched_tokens : 0;
     const uint64_t seqs = o->max_num_seqs > 0 ? (uint64_t)o->max_num_seqs : 0;
     uint64_t total = ck_mul(&k, per_token, tokens);
-    total = ck_add(&k, total, ck_mul(&k, ck_mul(&k, seqs, (uint64_t)cfg->vocab_size), 4));
+    total = ck_add(&k, total, ck_mul(&k, ck_mul(&k, seqs, (uint64_t)cfg->vocab_size),
+                                     4 + (uint64_t)o->sample_bytes_per_logit));
     total = ck_add(&k, total, o->runtime_reserve);
     return k.overflow ? UINT64_MAX : total;
 }

@@ -89,6 +89,8 @@ struct plan_opts {
     int max_num_seqs;                 // sequences in one step on one rank (1024)
     int activation_bytes;             // bytes of one activation element: 2 (bf16 on GPU), 4 (CPU fp32)
     uint64_t runtime_reserve;         // per device: runtime, GEMM and communicator buffers, a backend's scratch (1 GiB)
+    uint32_t sample_bytes_per_logit;  // the sampler's bytes per logit beyond the fp32 logits
+                                      // (backend_memory's: 0 on the CPU, 8 on a GPU; default 0)
     double memory_bandwidth;          // bytes/s of one device (4.8e12)
     uint64_t weight_bytes;            // > 0: the busiest device's weights as the loader holds
                                       // them (the engine's, from its model: a checkpoint's own

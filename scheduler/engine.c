@@ -869,6 +869,7 @@ static void fit_opts(const struct model *m, const struct engine_opts *o,
     po->activation_bytes = 4;
     po->runtime_reserve = (mem->host_shared ? (uint64_t)64 << 20 : (uint64_t)512 << 20) +
                           mem->scratch_bytes;
+    po->sample_bytes_per_logit = mem->sample_bytes_per_logit;
 }
 
 // A GPU's default KV pool: what --gpu-memory-utilization leaves after the

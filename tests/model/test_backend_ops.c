@@ -922,7 +922,10 @@ static void sample_matches_greedy_scores_and_draws(struct pair *p)
         if (exact) assert_int_equal(out[1][r].id, out[0][r].id);
         differ += out[1][r].id != out[0][r].id;
         assert_int_equal(out[1][r].n_top, out[0][r].n_top);
-        assert_true(fabsf(out[1][r].logprob - out[0][r].logprob) <= 1e-4f * (1 + fabsf(out[0][r].logprob)));
+        // A draw allowed to differ (sums in another order move a boundary)
+        // has its own token's logprob.
+        if (out[1][r].id == out[0][r].id)
+            assert_true(fabsf(out[1][r].logprob - out[0][r].logprob) <= 1e-4f * (1 + fabsf(out[0][r].logprob)));
     }
     if (differ > R / 20) fail_msg("sample on %s: %d of %d draws differ from the reference", p->who, differ, R);
     free(l);

@@ -269,6 +269,14 @@ static void cpu_ranks_sharing_memory_count_the_weights_once(void **state)
     assert_true(d.shared_memory);
     assert_int_equal(d.weight_bytes, 61064245248ull);
     assert_int_equal(d.workspace_bytes, 2 * plan_workspace_bytes(&c, &o, PLAN_DP_EP, 2));
+    // A sampler with rows of its own beside the logits (the GPU's 8 bytes a
+    // logit) adds them for every sequence, on each rank.
+    {
+        struct plan_opts g = o;
+        g.sample_bytes_per_logit = 8;
+        assert_int_equal(plan_workspace_bytes(&c, &g, PLAN_DP_EP, 2) - plan_workspace_bytes(&c, &o, PLAN_DP_EP, 2),
+                         (uint64_t)256 * 151936 * 8);
+    }
     assert_int_equal(d.kv_bytes, (uint64_t)4 << 30);
     assert_int_equal(d.kv_blocks, ((uint64_t)4 << 30) / (16 * 98304));
     assert_int_equal(d.used_bytes, d.weight_bytes + d.workspace_bytes + ((uint64_t)8 << 30));
