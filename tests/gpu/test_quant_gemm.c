@@ -14,6 +14,8 @@
 //   matrices, 1 to 130 rows, and an output slice off the 16-row blocks,
 //   which the plain kernel takes) agree with the CPU within GPU_MM_TOL of the
 //   largest output: the activations go to the tensor cores in bf16;
+// - one-hot rows read each weight of q_proj to within a few fp32 roundings
+//   of the CPU's value (the decoding of every code, fp8 subnormals too);
 // - a row computes the same bits alone or in a 70-row group, and alone or
 //   in a 130-row dense call (backend.h's alone-or-batched).
 #include <math.h>
@@ -330,6 +332,34 @@ static void quantized_matmuls_match_the_cpu(void **state)
     }
 }
 
+// One-hot rows read each weight alone: row k of y is column k of W, so the
+// GPU's decoding of every code the matrix holds (fp8 subnormals, which its
+// bf16 multiply must not flush, int8's -128, int4 with its zero points)
+// must give the CPU's value to within a few fp32 roundings of that value
+// itself, where the test above allows 1% of the largest output.
+static void one_hot_rows_read_each_weight_exactly(void **state)
+{
+    (void)state;
+    for (size_t ci = 0; ci < N_CASES; ci++) {
+        struct sides s;
+        sides_open(&cases[ci], &s);
+        const struct backend_mat *wq[2] = {&s.w[0]->layers[0].wq, &s.w[1]->layers[0].wq};
+        const int K = wq[0]->cols, N = wq[0]->rows;
+        float *x = calloc((size_t)K * K, sizeof *x), *y[2];
+        assert_non_null(x);
+        for (int k = 0; k < K; k++) x[(size_t)k * K + k] = 1.0f;
+        for (int k = 0; k < 2; k++) dense_on(s.b[k], wq[k], 0, x, K, &y[k]);
+        for (size_t i = 0; i < (size_t)K * N; i++)
+            if (!(fabs((double)y[1][i] - y[0][i]) <= 0x1p-21 * fabs((double)y[0][i])))
+                fail_msg("%s: weight (%zu, %zu) reads %.9g on the GPU, %.9g on the CPU", cases[ci].name,
+                         i % (size_t)N, i / (size_t)N, (double)y[1][i], (double)y[0][i]);
+        free(x);
+        free(y[0]);
+        free(y[1]);
+        sides_close(&s);
+    }
+}
+
 // ---- alone or batched ---------------------------------------------------------------------
 
 static void a_row_computes_the_same_alone_or_batched(void **state)
@@ -390,6 +420,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(made_weights_equal_the_host_packing),
         cmocka_unit_test(quantized_matmuls_match_the_cpu),
+        cmocka_unit_test(one_hot_rows_read_each_weight_exactly),
         cmocka_unit_test(a_row_computes_the_same_alone_or_batched),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
