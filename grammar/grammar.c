@@ -60,6 +60,29 @@ out:
     return rc;
 }
 
+// Where the output starts, every rule a start can reach through calls is
+// opened at once: a chain of rules each starting with the next (r0 ::= r1
+// ..., r1 ::= r2 ...) deeper than the matcher's stack can never start. Found
+// here, once per compiled text, the refusal names the grammar; found by the
+// first request's matcher, it read as a request that did not fit.
+static int try_start(const struct grammar_source *src, struct grammar **g, char *err, size_t errlen)
+{
+    struct grammar_matcher *m;
+    char why[256];
+    const int rc = grammar_matcher_create(*g, &m, why, sizeof why);
+    if (!rc) {
+        grammar_matcher_destroy(m);
+        return 0;
+    }
+    grammar_unref(*g);
+    *g = NULL;
+    if (rc == MS_ENOFIT)
+        return ms_err(err, errlen, rc, "%s: where the output starts, its rules call each other more "
+                      "than %d deep or open more than %d parses at once; nest the rules less",
+                      kinds[src->kind].name, GRAMMAR_MAX_STACK_DEPTH, GRAMMAR_MAX_TOPS);
+    return ms_err(err, errlen, rc, "%s: %s", kinds[src->kind].name, why);
+}
+
 int grammar_compile(const struct grammar_vocab *v, const struct grammar_source *src, struct grammar **out,
                     char *err, size_t errlen)
 {
@@ -93,5 +116,6 @@ int grammar_compile(const struct grammar_vocab *v, const struct grammar_source *
         rc = grammar_build(&b, root, v, out, err, errlen);
     }
     gb_free(&b);
+    if (!rc) rc = try_start(src, out, err, errlen);
     return rc;
 }

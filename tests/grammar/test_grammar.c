@@ -760,6 +760,24 @@ static void hostile_grammars_are_refused_or_bounded(void **state)
     refused(GRAMMAR_GBNF, gbnf, MS_ENOFIT, "nested too deeply");
     free(gbnf);
     free(s);
+    // A chain of rules each starting with the next opens every one of them
+    // where the output starts: past the matcher's stack, refused when it
+    // compiles (it was the first request's matcher that failed, reported
+    // as a request that did not fit); a shorter one still matches.
+    for (int n = 3000; n >= 300; n -= 2700) {
+        size_t cap = (size_t)n * 32 + 64;
+        char *chain = malloc(cap), *p = chain;
+        p += sprintf(p, "root ::= r0\n");
+        for (int i = 0; i < n; i++) p += sprintf(p, "r%d ::= r%d \"x\"\n", i, i + 1);
+        sprintf(p, "r%d ::= \"b\"\n", n);
+        if (n == 3000) {
+            refused(GRAMMAR_GBNF, chain, MS_ENOFIT, "where the output starts");
+        } else {
+            g = must_compile(GRAMMAR_GBNF, chain);
+            grammar_unref(g);
+        }
+        free(chain);
+    }
     // exponential determinization: refused at the state limit, not run for ever
     refused(GRAMMAR_REGEX, "(a|b)*a(a|b){40}", MS_ENOFIT, "automaton states");
     refused(GRAMMAR_REGEX, "((a{100}){100}){100}", MS_ENOFIT, "automaton states");
