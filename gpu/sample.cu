@@ -209,10 +209,15 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(const struct cud
         out->n_top = 0;
     }
     if (row.score >= 0) {
+        // The rank as the CPU's score_row counts it: the logits >= the token's.
+        const float v = clean(L[row.score]);
+        double ge = 0;
+        for (int i = threadIdx.x; i < V; i += blockDim.x) ge += clean(L[i]) >= v ? 1.0 : 0.0;
+        ge = block_sum_d(ge, r.d);
         if (threadIdx.x == 0) {
-            const float v = clean(L[row.score]);
             out->id = row.score;
             out->logprob = v == -INFINITY ? -INFINITY : (float)((double)v - lse);
+            out->rank = (int32_t)ge;
         }
         return;
     }
@@ -353,6 +358,7 @@ done:
     }
     if (threadIdx.x == 0) {
         out->id = id;
+        out->rank = 0;
         if (want_lp) {
             const float v = clean(L[id]);
             out->logprob = v == -INFINITY ? -INFINITY : (float)((double)v - lse);

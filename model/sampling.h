@@ -79,6 +79,10 @@ struct sample_logprob {
 struct sample_token {
     int32_t id;
     float logprob;                      // of id in the raw distribution, when asked
+    // A scored row's (a prompt token's): how many tokens of the raw row are
+    // at least as likely as id (1: the most likely), vLLM's rank; 0 on a
+    // drawn row.
+    int32_t rank;
     int n_top;                          // alternatives in top, best first
     struct sample_logprob top[SAMPLING_MAX_LOGPROBS];
 };

@@ -105,7 +105,19 @@ static float raw_logprob(float v, double lse)
     return v == -INFINITY ? -INFINITY : (float)((double)v - lse);
 }
 
-// The logprob of id and k alternatives from a raw row (no draw).
+// How many of x (NaN as -inf) are >= v: one pass without branches, which
+// the compiler turns into vector compares.
+__attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic"))) static int32_t count_at_least(const float *x, int n, float v)
+{
+    int32_t c = 0;
+    for (int i = 0; i < n; i++) c += clean(x[i]) >= v;
+    return c;
+}
+
+// The logprob of id, its rank and k alternatives from a raw row (no draw).
+// The rank compares logits, which orders the tokens as their logprobs do
+// (vLLM compares the fp32 logprobs: a tie there that the logits break
+// counts once more in its rank).
 static void score_row(const float *logits, int vocab, int32_t id, int k,
                       struct cpu_sample_scratch *scratch, struct sample_token *out)
 {
@@ -113,9 +125,13 @@ static void score_row(const float *logits, int vocab, int32_t id, int k,
     out->id = id;
     out->n_top = 0;
     out->logprob = -INFINITY;
+    out->rank = 0;
     if (!scratch || vocab < 1 || vocab > scratch->vocab) return;
     const double lse = raw_log_sum_exp(logits, vocab, scratch);
-    if (id >= 0 && id < vocab) out->logprob = raw_logprob(scratch->raw[id], lse);
+    if (id >= 0 && id < vocab) {
+        out->logprob = raw_logprob(scratch->raw[id], lse);
+        out->rank = count_at_least(scratch->raw, vocab, clean(scratch->raw[id]));
+    }
     if (k > 0) top_alternatives(scratch->raw, vocab, k, lse, out);
 }
 
@@ -322,6 +338,7 @@ int cpu_sample_row(const struct backend_sample_row *row, int vocab, struct cpu_s
         if (!valid_id(p->logit_bias[i].id, vocab) || !isfinite(p->logit_bias[i].bias)) return MS_EINVAL;
     out->n_top = 0;
     out->logprob = 0;
+    out->rank = 0;
     double lse = 0;
     const bool want_lp = p->logprobs >= 0;
     if (want_lp) {

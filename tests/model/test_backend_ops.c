@@ -920,6 +920,7 @@ static void sample_matches_greedy_scores_and_draws(struct pair *p)
     for (int r = 0; r < R; r++) {
         const bool exact = r % 3 == 0 || r % 10 == 9;
         if (exact) assert_int_equal(out[1][r].id, out[0][r].id);
+        assert_int_equal(out[1][r].rank, out[0][r].rank); // scored rows' ranks; 0 for drawn ones
         differ += out[1][r].id != out[0][r].id;
         assert_int_equal(out[1][r].n_top, out[0][r].n_top);
         // A draw allowed to differ (sums in another order move a boundary)

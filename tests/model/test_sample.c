@@ -504,14 +504,22 @@ static void logprobs_come_from_the_raw_distribution(void **state)
     assert_int_equal(sampler_sample(&p, buf, 5, NULL, 0, NULL, 0, &rng, s, &t), 0);
     assert_int_equal(t.n_top, 0);
     assert_float_equal(t.logprob, -2.0 - log(z), 1e-5);
+    assert_int_equal(t.rank, 0); // a drawn row has none
     p.logprobs = SAMPLING_MAX_LOGPROBS + 1;
     assert_int_equal(sampler_sample(&p, buf, 5, NULL, 0, NULL, 0, &rng, s, &t), MS_EINVAL);
-    // Prompt logprobs: any id, k alternatives.
+    // Prompt logprobs: any id, its rank (vLLM's: the tokens at least as
+    // likely, itself and ties included), k alternatives.
     sampler_logprobs(raw, 5, 4, 2, s, &t);
     assert_int_equal(t.id, 4);
     assert_float_equal(t.logprob, 0.5 - log(z), 1e-5);
+    assert_int_equal(t.rank, 4);
     assert_int_equal(t.n_top, 2);
     assert_int_equal(t.top[0].id, 1);
+    const int32_t ranks[5] = {3, 2, 2, 5, 4};
+    for (int32_t id = 0; id < 5; id++) {
+        sampler_logprobs(raw, 5, id, 0, s, &t);
+        assert_int_equal(t.rank, ranks[id]);
+    }
     sampler_scratch_destroy(s);
 }
 
