@@ -115,6 +115,9 @@ struct oa_gen_params {
     bool include_usage;             // stream_options.include_usage
     bool continuous_usage_stats;    // stream_options.continuous_usage_stats (vLLM)
     int logprobs;                   // -1 none; else alternatives per token (chat: top_logprobs)
+    // vLLM's: -1 none; else each prompt token's logprob, rank and this many
+    // alternatives (the response's prompt_logprobs; not when streaming)
+    int prompt_logprobs;
     bool return_tokens_as_token_ids;
     const char *user;               // or NULL
     const char *request_id;         // vLLM's request_id, or NULL
@@ -225,6 +228,7 @@ struct oa_logprob {
 struct oa_token {
     int32_t id;
     float logprob;
+    int32_t rank;                   // a prompt token's (prompt_logprobs), else 0
     bool has_logprob;               // false for the first prompt token under echo
     int n_top;
     struct oa_logprob top[OA_MAX_LOGPROBS];
@@ -244,6 +248,7 @@ struct oa_meta {
     const struct tokenizer *tok;    // token strings for logprobs
     bool tokens_as_ids;             // return_tokens_as_token_ids
     int logprobs;                   // -1: no logprobs in the output
+    int prompt_logprobs;            // -1: no prompt_logprobs in the output (vLLM's)
 };
 
 // One choice, as the server accumulated it.
@@ -261,6 +266,10 @@ struct oa_choice {
     size_t echo_len;
     const struct oa_token *echo_tokens;
     int n_echo_tokens;
+    // prompt_logprobs: the prompt's tokens, each but the first with its
+    // logprob, rank and alternatives
+    const struct oa_token *prompt_tokens;
+    int n_prompt_tokens;
     // chat: the message's fields as the output parser split them (content,
     // reasoning_content, tool_calls), or NULL for plain content = text
     const json_t *message;
@@ -299,6 +308,11 @@ json_t *oa_usage_chunk(const struct oa_meta *m, const char *object, const struct
 // Chat logprobs {"content": [...]} and legacy {"tokens", "token_logprobs",
 // "top_logprobs", "text_offset"} (text_offset advanced past the tokens).
 json_t *oa_chat_logprobs(const struct oa_meta *m, const struct oa_token *t, int n);
+// vLLM's prompt_logprobs: [null, {"id": {"logprob", "rank", "decoded_token"},
+// ...}, ...], a dict per prompt token after the first holding the token and
+// m->prompt_logprobs alternatives (the token first; where it is one of them,
+// it takes that entry's rank, as vLLM's dict does).
+json_t *oa_prompt_logprobs(const struct oa_meta *m, const struct oa_token *t, int n);
 json_t *oa_legacy_logprobs(const struct oa_meta *m, const struct oa_token *t, int n,
                            long *text_offset);
 

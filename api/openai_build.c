@@ -287,6 +287,44 @@ json_t *oa_chat_logprobs(const struct oa_meta *m, const struct oa_token *t, int 
     return root;
 }
 
+static json_t *prompt_lp_entry(const struct oa_meta *m, int32_t id, float lp, int32_t rank)
+{
+    // The token's own text, as the tokenizer decodes it alone (vLLM's
+    // decoded_token; return_tokens_as_token_ids does not reach it).
+    char s[TOKSTR_CAP];
+    size_t len = 0;
+    const uint8_t *b = m->tok ? tok_token_bytes(m->tok, id, &len) : NULL;
+    if (!b) len = 0;
+    if (3 * len + 1 > sizeof s) len = (sizeof s - 1) / 3;
+    const size_t n = oa_utf8_lossy(b ? b : (const uint8_t *)"", len, s);
+    return json_pack("{s:o, s:i, s:s%}", "logprob", lp_json(lp), "rank", (json_int_t)rank, "decoded_token",
+                     s, n);
+}
+
+json_t *oa_prompt_logprobs(const struct oa_meta *m, const struct oa_token *t, int n)
+{
+    json_t *list = json_array();
+    if (!list) return NULL;
+    const int k = m->prompt_logprobs < 0 ? 0 : m->prompt_logprobs;
+    char key[16];
+    for (int i = 0; i < n; i++) {
+        json_t *d = t[i].has_logprob ? json_object() : json_null();
+        if (!d || json_array_append_new(list, d)) {
+            json_decref(list);
+            return NULL;
+        }
+        if (!t[i].has_logprob) continue;
+        snprintf(key, sizeof key, "%d", (int)t[i].id);
+        json_object_set_new(d, key, prompt_lp_entry(m, t[i].id, t[i].logprob, t[i].rank));
+        const int nt = t[i].n_top < k ? t[i].n_top : k;
+        for (int j = 0; j < nt; j++) {
+            snprintf(key, sizeof key, "%d", (int)t[i].top[j].id);
+            json_object_set_new(d, key, prompt_lp_entry(m, t[i].top[j].id, t[i].top[j].logprob, j + 1));
+        }
+    }
+    return list;
+}
+
 json_t *oa_legacy_logprobs(const struct oa_meta *m, const struct oa_token *t, int n,
                            long *text_offset)
 {
@@ -402,6 +440,9 @@ json_t *oa_chat_response(const struct oa_meta *m, const struct oa_choice *c, int
     }
     json_object_set_new(o, "choices", choices);
     json_object_set_new(o, "usage", oa_usage_json(u));
+    // vLLM's, beside the choices: every choice shares the one prompt.
+    if (m->prompt_logprobs >= 0 && n > 0)
+        json_object_set_new(o, "prompt_logprobs", oa_prompt_logprobs(m, c[0].prompt_tokens, c[0].n_prompt_tokens));
     return o;
 }
 
@@ -446,6 +487,9 @@ json_t *oa_completion_response(const struct oa_meta *m, const struct oa_choice *
         }
         json_object_set_new(ch, "finish_reason", json_string(c[i].finish_reason));
         json_object_set_new(ch, "stop_reason", stop_reason_json(c[i].stop_str, c[i].stop_id));
+        if (m->prompt_logprobs >= 0)
+            json_object_set_new(ch, "prompt_logprobs",
+                                oa_prompt_logprobs(m, c[i].prompt_tokens, c[i].n_prompt_tokens));
         json_array_append_new(choices, ch);
     }
     json_object_set_new(o, "choices", choices);

@@ -1036,7 +1036,6 @@ static const struct unsupported unsupported_common[] = {
     {"logits_processors", N_NULL},
     {"metadata", N_ANY},     // informational, like user
     {"priority", N_ZERO},
-    {"prompt_logprobs", N_NULL},
     {"service_tier", N_ANY}, // billing tier: nothing to do with the output
     {"spaces_between_special_tokens", N_TRUE},
     {"store", N_ANY},        // nothing is stored here either way
@@ -1138,6 +1137,7 @@ static const struct field gen_fields[] = {
     CUSTOM_FIELD("truncate_prompt_tokens", f_truncate_prompt_tokens, GEN(truncate_prompt_tokens)),
     INT_FIELD("n", 1, OA_MAX_N, GEN(n)),
     SAMPLING_FIELD("presence_penalty", GEN(sampling.presence_penalty)),
+    INT_FIELD("prompt_logprobs", 0, OA_MAX_LOGPROBS, GEN(prompt_logprobs)), // vLLM's
     SAMPLING_FIELD("repetition_penalty", GEN(sampling.repetition_penalty),
                    SEEN(SEEN_REPETITION_PENALTY)),
     CUSTOM_FIELD("request_id", f_request_id, GEN(request_id)),
@@ -1362,6 +1362,7 @@ static void gen_init(struct oa_gen_params *g)
     g->skip_special_tokens = true;
     g->n = 1;
     g->logprobs = -1;
+    g->prompt_logprobs = -1;
 }
 
 // Sampling values the request left out come from generation_config.json, as
@@ -1425,6 +1426,14 @@ static int gen_finish(struct parser *p)
                          "'%s' asks for %d logprobs per token; this server gives at most %d "
                          "(--max-logprobs)", k, g->logprobs, p->lim->max_logprobs);
     }
+    if (p->lim->logprobs_capped && g->prompt_logprobs > p->lim->max_logprobs)
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", "prompt_logprobs",
+                         "'prompt_logprobs' asks for %d logprobs per prompt token; this server gives "
+                         "at most %d (--max-logprobs)", g->prompt_logprobs, p->lim->max_logprobs);
+    // As vLLM: they come with the whole answer, which a stream never is.
+    if (g->prompt_logprobs >= 0 && g->stream)
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", "prompt_logprobs",
+                         "'prompt_logprobs' are not available when 'stream' is true");
     if ((p->seen & SEEN_BEST_OF) && p->best_of != g->n)
         return oa_errorf(p->e, MS_EUNSUPPORTED, "unsupported_parameter", "best_of",
                          "'best_of' other than n is not supported by moeserve yet (got %d with "

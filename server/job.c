@@ -76,6 +76,7 @@ static void token_from_engine(struct oa_token *o, const struct sample_token *t, 
 {
     o->id = t->id;
     o->logprob = t->logprob;
+    o->rank = t->rank;
     o->has_logprob = with_lp;
     o->n_top = with_lp ? t->n_top : 0;
     if (o->n_top > OA_MAX_LOGPROBS) o->n_top = OA_MAX_LOGPROBS;
@@ -189,12 +190,16 @@ static void job_choice_view(struct job *j, const struct job_choice *c, struct oa
     o->finish_reason = c->finish ? c->finish : "abort";
     o->stop_str = c->stop_str;
     o->stop_id = c->stop_str ? -1 : c->stop_id;
+    const struct job_prompt *p = &j->prompts[c->prompt];
     if (j->echo) {
-        const struct job_prompt *p = &j->prompts[c->prompt];
         o->echo_text = p->text;
         o->echo_len = p->text_len;
         o->echo_tokens = p->echo_tokens;
         o->n_echo_tokens = p->echo_tokens ? p->n_ids : 0;
+    }
+    if (j->meta.prompt_logprobs >= 0) {
+        o->prompt_tokens = p->echo_tokens;
+        o->n_prompt_tokens = p->echo_tokens ? p->n_ids : 0;
     }
 }
 

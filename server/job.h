@@ -29,7 +29,9 @@ struct job_prompt {
     int n_ids;
     char *text;                      // for echo: the prompt as text (malloc'd)
     size_t text_len;
-    struct oa_token *echo_tokens;    // (n_ids) when echo; logprobs filled from the engine
+    // (n_ids) when echo with logprobs or prompt_logprobs: the prompt's tokens,
+    // their logprobs filled from the engine
+    struct oa_token *echo_tokens;
     bool max_cut;                    // its choices' max_tokens cut to the room it leaves (a front's)
 };
 

@@ -172,7 +172,7 @@ static int check_prompts(struct app *a, struct job *j, const struct parsed *q, s
                              "This model's maximum context length is %d tokens, and the prompt is "
                              "%d tokens, which leaves no room for a completion (--max-model-len)",
                              a->max_model_len, p->n_ids);
-        if (j->echo && q->g->logprobs >= 0) {
+        if ((j->echo && q->g->logprobs >= 0) || q->g->prompt_logprobs >= 0) {
             p->echo_tokens = calloc((size_t)p->n_ids, sizeof *p->echo_tokens);
             if (!p->echo_tokens)
                 return oa_errorf(e, MS_ENOMEM, "internal_error", NULL, "out of memory");
@@ -230,6 +230,7 @@ static int make_choices(struct app *a, struct job *j, const struct parsed *q, st
     j->meta.tok = a->tok;
     j->meta.tokens_as_ids = g->return_tokens_as_token_ids;
     j->meta.logprobs = g->logprobs;
+    j->meta.prompt_logprobs = g->prompt_logprobs;
     j->stream = g->stream;
     j->parse_output = q->chat && (a->reasoning_parser || q->tools);
     // A continued final message is answer text: no reasoning to split off.
@@ -397,7 +398,11 @@ static void fill_engine_request(struct app *a, const struct parsed *q, struct jo
     // n > 1: each choice draws its own stream under the one seed, all reproducible.
     s->stream = (uint32_t)choice_in_prompt;
     s->logprobs = g->logprobs;
+    // Echo's logprobs and prompt_logprobs come from one scoring of the
+    // prompt, with as many alternatives as either asks for (each output
+    // shows its own count).
     s->prompt_logprobs = want_prompt_lp ? g->logprobs : -1;
+    if (g->prompt_logprobs > s->prompt_logprobs) s->prompt_logprobs = g->prompt_logprobs;
     struct engine_stop *st = &er->stop;
     int room = a->max_model_len - p->n_ids;
     int max = g->max_tokens;

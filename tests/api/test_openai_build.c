@@ -60,8 +60,65 @@ static void ids_have_the_prefix_and_differ(void **state)
 static struct oa_meta meta(int logprobs, bool as_ids)
 {
     struct oa_meta m = {.id = "chatcmpl-x", .created = 1700000000, .model = "m", .tok = tok,
-                        .tokens_as_ids = as_ids, .logprobs = logprobs};
+                        .tokens_as_ids = as_ids, .logprobs = logprobs, .prompt_logprobs = -1};
     return m;
+}
+
+// vLLM's prompt_logprobs: null for the first token, then per token a dict
+// keyed by id, the token first with its rank, then k alternatives ranked
+// 1..k; the token among them keeps its place and takes their rank; -inf is
+// -9999.0; decoded_token is the token's text even with token ids asked for.
+static void prompt_logprobs_are_vllms_dicts(void **state)
+{
+    (void)state;
+    const int32_t a = tok_find_token(tok, "Hello"), b = tok_find_token(tok, "\xc4\xa0world");
+    assert_true(a >= 0 && b >= 0);
+    struct oa_token t[3] = {{.id = a}};
+    t[1] = (struct oa_token){.id = b, .logprob = -2.5f, .rank = 3, .has_logprob = true, .n_top = 2};
+    t[1].top[0] = (struct oa_logprob){a, -0.5f};
+    t[1].top[1] = (struct oa_logprob){7, -1.0f};
+    t[2] = (struct oa_token){.id = a, .logprob = -INFINITY, .rank = 9, .has_logprob = true, .n_top = 2};
+    t[2].top[0] = (struct oa_logprob){b, -0.2f};
+    t[2].top[1] = (struct oa_logprob){a, -INFINITY};
+    struct oa_meta m = meta(-1, true);
+    m.prompt_logprobs = 1; // one alternative shown of the two held
+    json_t *j = oa_prompt_logprobs(&m, t, 3);
+    char *s = json_dumps(j, JSON_COMPACT);
+    char want[512];
+    snprintf(want, sizeof want,
+             "[null,{\"%d\":{\"logprob\":-2.5,\"rank\":3,\"decoded_token\":\" world\"},"
+             "\"%d\":{\"logprob\":-0.5,\"rank\":1,\"decoded_token\":\"Hello\"}},"
+             "{\"%d\":{\"logprob\":-9999.0,\"rank\":9,\"decoded_token\":\"Hello\"},"
+             "\"%d\":{\"logprob\":-0.20000000298023224,\"rank\":1,\"decoded_token\":\" world\"}}]",
+             (int)b, (int)a, (int)a, (int)b);
+    assert_string_equal(s, want);
+    free(s);
+    json_decref(j);
+    // Two alternatives: the token is the second, and takes its rank.
+    m.prompt_logprobs = 2;
+    j = oa_prompt_logprobs(&m, t, 3);
+    json_t *e = json_object_get(json_array_get(j, 2), (snprintf(want, sizeof want, "%d", (int)a), want));
+    assert_int_equal(json_integer_value(json_object_get(e, "rank")), 2);
+    assert_int_equal(json_object_size(json_array_get(j, 2)), 2);
+    const char *first = json_object_iter_key(json_object_iter(json_array_get(j, 2)));
+    assert_string_equal(first, want); // still first
+    json_decref(j);
+    // In the responses: beside chat's choices, in each completion choice.
+    struct oa_choice ch = {.index = 0, .text = "x", .text_len = 1, .finish_reason = "stop", .stop_id = -1,
+                           .prompt_tokens = t, .n_prompt_tokens = 3};
+    struct oa_usage u = {.prompt_tokens = 3, .completion_tokens = 1};
+    json_t *r = oa_chat_response(&m, &ch, 1, &u);
+    assert_int_equal(json_array_size(json_object_get(r, "prompt_logprobs")), 3);
+    json_decref(r);
+    r = oa_completion_response(&m, &ch, 1, &u);
+    assert_int_equal(json_array_size(json_object_get(json_array_get(json_object_get(r, "choices"), 0),
+                                                     "prompt_logprobs")), 3);
+    assert_null(json_object_get(r, "prompt_logprobs"));
+    json_decref(r);
+    m.prompt_logprobs = -1;
+    r = oa_completion_response(&m, &ch, 1, &u);
+    assert_null(json_object_get(json_array_get(json_object_get(r, "choices"), 0), "prompt_logprobs"));
+    json_decref(r);
 }
 
 static void chat_logprobs_name_tokens_and_their_bytes(void **state)
@@ -304,6 +361,7 @@ int main(void)
         cmocka_unit_test(error_envelopes_keep_their_message_on_any_bytes),
         cmocka_unit_test(chat_logprobs_name_tokens_and_their_bytes),
         cmocka_unit_test(legacy_logprobs_have_parallel_lists_and_offsets),
+        cmocka_unit_test(prompt_logprobs_are_vllms_dicts),
         cmocka_unit_test(responses_and_chunks_have_openai_shapes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

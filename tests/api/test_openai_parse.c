@@ -562,7 +562,6 @@ static void unimplemented_parameters_are_refused_by_name(void **state)
     const struct wrong cases[] = {
         {"functions", "[{\"name\": \"f\"}]"},
         {"use_beam_search", "true"},
-        {"prompt_logprobs", "1"},
         {"echo", "true"},
         {"chat_template", "\"{{ messages }}\""},
         {"audio", "{}"},
@@ -750,6 +749,10 @@ static void cross_field_rules(void **state)
     expect_chat_error("{" MSGS ", \"logprobs\": false, \"top_logprobs\": 3}", 400, "top_logprobs");
     // llama-server's n_predict beside max_tokens: which one wins would hang
     // on the order of the keys, so neither does; alone it sets the length.
+    // vLLM's prompt_logprobs: 0 to 20 (its max_logprobs), never streamed.
+    expect_chat_error("{" MSGS ", \"prompt_logprobs\": -1}", 400, "prompt_logprobs");
+    expect_chat_error("{" MSGS ", \"prompt_logprobs\": 21}", 400, "prompt_logprobs");
+    expect_chat_error("{" MSGS ", \"prompt_logprobs\": 2, \"stream\": true}", 400, "prompt_logprobs");
     expect_chat_error("{" MSGS ", \"n_predict\": 5, \"max_tokens\": 7}", 400, "n_predict");
     expect_chat_error("{" MSGS ", \"max_tokens\": 7, \"n_predict\": 5}", 400, "n_predict");
     struct arena *a = arena_create(4096);
@@ -758,6 +761,10 @@ static void cross_field_rules(void **state)
     const char *b = "{" MSGS ", \"n_predict\": 5}";
     assert_int_equal(chat(b, &r, &e, a, NULL), 0);
     assert_int_equal(r.gen.max_tokens, 5);
+    assert_int_equal(r.gen.prompt_logprobs, -1);
+    oa_chat_request_release(&r);
+    assert_int_equal(chat("{" MSGS ", \"prompt_logprobs\": 0}", &r, &e, a, NULL), 0);
+    assert_int_equal(r.gen.prompt_logprobs, 0);
     oa_chat_request_release(&r);
     arena_destroy(a);
 }

@@ -340,7 +340,56 @@ static void logprobs_come_in_the_chat_and_the_legacy_shape(void **state)
     assert_true(json_is_null(json_array_get(json_object_get(lp, "token_logprobs"), 0)));
     assert_true(json_is_number(json_array_get(json_object_get(lp, "token_logprobs"), 1)));
     assert_int_equal(json_integer_value(json_array_get(json_object_get(lp, "text_offset"), 0)), 0);
+
+    // vLLM's prompt_logprobs beside echo's: the same scoring of the prompt,
+    // each output with its own count of alternatives; null first, then the
+    // token's entry (first, its rank) and 2 alternatives ranked 1 and 2.
+    json_t *pl = post("/v1/completions",
+                      "{\"prompt\": \"Hello world\", \"max_tokens\": 3, \"temperature\": 0, "
+                      "\"ignore_eos\": true, \"logprobs\": 1, \"echo\": true, \"prompt_logprobs\": 2}",
+                      200);
+    json_t *plp = at(pl, "choices.0.prompt_logprobs"), *lp2 = at(pl, "choices.0.logprobs");
+    assert_int_equal(json_array_size(plp), (size_t)pt);
+    assert_true(json_is_null(json_array_get(plp, 0)));
+    assert_true(json_equal(json_object_get(lp2, "top_logprobs"), json_object_get(lp, "top_logprobs")));
+    for (size_t k = 1; k < (size_t)pt; k++) {
+        json_t *d = json_array_get(plp, k);
+        assert_true(json_object_size(d) >= 2 && json_object_size(d) <= 3);
+        // The token's entry is first, with echo's logprob for it.
+        void *it = json_object_iter(d);
+        json_t *own = json_object_iter_value(it);
+        assert_true(json_real_value(json_object_get(own, "logprob")) ==
+                    json_real_value(json_array_get(json_object_get(lp, "token_logprobs"), k)));
+        const long rank = (long)json_integer_value(json_object_get(own, "rank"));
+        assert_true(rank >= 1);
+        assert_true(json_is_string(json_object_get(own, "decoded_token")));
+        long seen = 0;
+        const char *key;
+        json_t *v;
+        json_object_foreach(d, key, v) {
+            const long rk = (long)json_integer_value(json_object_get(v, "rank"));
+            if (v != own) assert_true(rk == 1 || rk == 2);
+            seen |= 1L << (rk > 2 ? 3 : rk);
+        }
+        assert_true((seen & 6) == 6); // ranks 1 and 2 both there
+    }
+    json_decref(pl);
     json_decref(r);
+    // Chat: beside the choices, for the templated prompt; refused streaming.
+    r = post("/v1/chat/completions",
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2, "
+             "\"prompt_logprobs\": 0}",
+             200);
+    plp = at(r, "prompt_logprobs");
+    assert_int_equal(json_array_size(plp), (size_t)num(r, "usage.prompt_tokens"));
+    assert_true(json_is_null(json_array_get(plp, 0)));
+    assert_int_equal(json_object_size(json_array_get(plp, 1)), 1);
+    assert_null(json_object_get(at(r, "choices.0"), "prompt_logprobs"));
+    json_decref(r);
+    json_decref(post("/v1/chat/completions",
+                     "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"stream\": true, "
+                     "\"prompt_logprobs\": 1}",
+                     400));
     expect_idle();
 }
 
