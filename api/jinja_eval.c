@@ -706,8 +706,8 @@ static uintptr_t stack_floor(void)
 static int stack_deep(struct jrender *r)
 {
     return jr_fail(r, "the template nests too deeply for the stack (expressions within macro "
-                   "calls within macro calls, over %zu KiB)",
-                   (size_t)(JINJA_MAX_STACK_BYTES >> 10));
+                   "calls within macro calls, over the %zu KiB this render may use)",
+                   (size_t)(r->stack_budget >> 10));
 }
 
 static int eval(struct jrender *r, struct jframe *f, const struct jnode *n, struct jv *out)
@@ -1099,6 +1099,8 @@ int jinja_render(const struct jinja_template *t, const struct jinja_var *vars, s
     *out = NULL;
     *len = 0;
     struct jrender r = {.err = err, .errlen = errlen, .line = 1, .stack_floor = stack_floor()};
+    const uintptr_t here = (uintptr_t)__builtin_frame_address(0);
+    r.stack_budget = here > r.stack_floor ? here - r.stack_floor : 0;
     if (lim) r.lim = *lim;
     else jinja_limits_default(&r.lim);
     r.a = arena_create(64 * 1024);

@@ -282,7 +282,8 @@ struct jrender {
     uint32_t line;    // line of the node being evaluated, for errors
     uint64_t steps;
     int call_depth;
-    uintptr_t stack_floor; // the lowest frame address eval may reach (jr_stack_deep)
+    uintptr_t stack_floor; // the lowest frame address eval may reach (stack_deep)
+    uintptr_t stack_budget; // bytes from the render's frame down to it, for the refusal
     bool raised;      // err holds a raise_exception message
     struct jframe *root;
     struct ms_buf *out; // where output goes now (captures push their own)

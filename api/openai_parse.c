@@ -232,6 +232,22 @@ static int f_top_k(struct parser *p, const char *k, json_t *v, void *dst)
     return 0;
 }
 
+// vLLM's prompt_logprobs: 0 to OA_MAX_LOGPROBS alternatives; its -1, the
+// whole vocabulary, is refused by name (vLLM too refuses it unless
+// --max-logprobs is -1).
+static int f_prompt_logprobs(struct parser *p, const char *k, json_t *v, void *dst)
+{
+    long long x;
+    int rc = want_int(p, k, v, -1, OA_MAX_LOGPROBS, &x);
+    if (rc) return rc;
+    if (x < 0)
+        return oa_errorf(p->e, MS_EINVAL, "invalid_value", k,
+                         "'prompt_logprobs' -1 (every token of the vocabulary) is not served; ask "
+                         "for 0 to %d alternatives", OA_MAX_LOGPROBS);
+    *(int *)dst = (int)x;
+    return 0;
+}
+
 static int f_stop(struct parser *p, const char *k, json_t *v, void *dst)
 {
     (void)dst;
@@ -1137,7 +1153,7 @@ static const struct field gen_fields[] = {
     CUSTOM_FIELD("truncate_prompt_tokens", f_truncate_prompt_tokens, GEN(truncate_prompt_tokens)),
     INT_FIELD("n", 1, OA_MAX_N, GEN(n)),
     SAMPLING_FIELD("presence_penalty", GEN(sampling.presence_penalty)),
-    INT_FIELD("prompt_logprobs", 0, OA_MAX_LOGPROBS, GEN(prompt_logprobs)), // vLLM's
+    CUSTOM_FIELD("prompt_logprobs", f_prompt_logprobs, GEN(prompt_logprobs)), // vLLM's
     SAMPLING_FIELD("repetition_penalty", GEN(sampling.repetition_penalty),
                    SEEN(SEEN_REPETITION_PENALTY)),
     CUSTOM_FIELD("request_id", f_request_id, GEN(request_id)),
@@ -1430,10 +1446,12 @@ static int gen_finish(struct parser *p)
         return oa_errorf(p->e, MS_EINVAL, "invalid_value", "prompt_logprobs",
                          "'prompt_logprobs' asks for %d logprobs per prompt token; this server gives "
                          "at most %d (--max-logprobs)", g->prompt_logprobs, p->lim->max_logprobs);
-    // As vLLM: they come with the whole answer, which a stream never is.
-    if (g->prompt_logprobs >= 0 && g->stream)
+    // As vLLM: they come with the whole answer, which a stream never is;
+    // 0 (no alternatives) it lets pass, and streams nothing of it.
+    if (g->prompt_logprobs > 0 && g->stream)
         return oa_errorf(p->e, MS_EINVAL, "invalid_value", "prompt_logprobs",
                          "'prompt_logprobs' are not available when 'stream' is true");
+    if (g->stream) g->prompt_logprobs = -1;
     if ((p->seen & SEEN_BEST_OF) && p->best_of != g->n)
         return oa_errorf(p->e, MS_EUNSUPPORTED, "unsupported_parameter", "best_of",
                          "'best_of' other than n is not supported by moeserve yet (got %d with "

@@ -1178,7 +1178,11 @@ static int sample_chunk(struct cuda_backend *c, const struct backend_sample_row 
     }
     const size_t used = o_pen + np * sizeof(struct cuda_penalty);
     if ((rc = dbuf_need(c, &c->stab, total, "the sampling tables")) ||
-        (rc = dbuf_need(c, &c->swork, (size_t)n * vocab * 2 * sizeof(float), "sampling rows")) ||
+        // Whole steps of 64 rows: a batch growing one sequence at a time
+        // reallocates every 64th, and the planner's bound (its logits rows,
+        // sample_bytes_per_logit) holds to within one step.
+        (rc = dbuf_need(c, &c->swork, (((size_t)n + 63) & ~(size_t)63) * vocab * 2 * sizeof(float),
+                        "sampling rows")) ||
         (rc = dbuf_need(c, &c->sout, (size_t)n * sizeof(struct sample_token), "sampled tokens")))
         return rc;
     // The copies below are from and to pageable memory: drain the stream

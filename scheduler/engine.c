@@ -27,6 +27,14 @@
 // Logits rows beyond one per sequence, for prompt-logprob chunks.
 #define EXTRA_LOGIT_ROWS 64
 
+// The logits rows of one step: every sequence's, and up to EXTRA_LOGIT_ROWS
+// more for prompt rows scored, within max_num_batched_tokens.
+static int engine_logit_rows(const struct engine_opts *o)
+{
+    const int rows = o->max_num_seqs + EXTRA_LOGIT_ROWS;
+    return rows > o->max_num_batched_tokens ? o->max_num_batched_tokens : rows;
+}
+
 struct seq {
     struct sched_seq q;                // first: the planner's view (tokens, blocks, plan)
     uint64_t id;
@@ -865,7 +873,10 @@ static void fit_opts(const struct model *m, const struct engine_opts *o,
     po->shared_memory = mem->host_shared;
     po->max_model_len = max_len;
     po->max_num_batched_tokens = o->max_num_batched_tokens;
-    po->max_num_seqs = o->max_num_seqs;
+    // The planner's logits rows: as many as a step may sample or score
+    // (engine_logit_rows), beyond max_num_seqs by the prompt rows a step
+    // scores for prompt logprobs.
+    po->max_num_seqs = engine_logit_rows(o);
     po->activation_bytes = 4;
     po->runtime_reserve = (mem->host_shared ? (uint64_t)64 << 20 : (uint64_t)512 << 20) +
                           mem->scratch_bytes;
@@ -1058,8 +1069,7 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
         rc = backend_comm_create(dev, n_ranks, bs, e->comms, err, errlen);
         if (rc) goto fail;
     }
-    int max_rows = o->max_num_seqs + EXTRA_LOGIT_ROWS;
-    if (max_rows > o->max_num_batched_tokens) max_rows = o->max_num_batched_tokens;
+    int max_rows = engine_logit_rows(o);
     // Decode steps replay graphs where the backend records them (CUDA).
     const struct backend_ops *ops0 = e->ranks[0].b->ops;
     const bool graphs = !o->enforce_eager && ops0->graph_begin;

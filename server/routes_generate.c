@@ -386,7 +386,7 @@ static int make_grammar(struct app *a, struct parsed *q, struct oa_error *e)
 }
 
 static void fill_engine_request(struct app *a, const struct parsed *q, struct job_prompt *p,
-                                int choice_in_prompt, bool want_prompt_lp,
+                                int choice_in_prompt, int prompt_lp_k,
                                 struct engine_request *er)
 {
     const struct oa_gen_params *g = q->g;
@@ -398,11 +398,7 @@ static void fill_engine_request(struct app *a, const struct parsed *q, struct jo
     // n > 1: each choice draws its own stream under the one seed, all reproducible.
     s->stream = (uint32_t)choice_in_prompt;
     s->logprobs = g->logprobs;
-    // Echo's logprobs and prompt_logprobs come from one scoring of the
-    // prompt, with as many alternatives as either asks for (each output
-    // shows its own count).
-    s->prompt_logprobs = want_prompt_lp ? g->logprobs : -1;
-    if (g->prompt_logprobs > s->prompt_logprobs) s->prompt_logprobs = g->prompt_logprobs;
+    s->prompt_logprobs = prompt_lp_k;
     struct engine_stop *st = &er->stop;
     int room = a->max_model_len - p->n_ids;
     int max = g->max_tokens;
@@ -448,7 +444,15 @@ static int submit_choices(struct app *a, struct job *j, const struct parsed *q, 
     for (int i = 0; i < j->n_choices; i++) {
         int prompt = i / g->n;
         struct engine_request er;
-        fill_engine_request(a, q, &j->prompts[prompt], i % g->n, j->echo && g->logprobs >= 0, &er);
+        // Echo's logprobs and prompt_logprobs come from one scoring of the
+        // prompt, with as many alternatives as either asks for (each output
+        // shows its own count). Every choice scores it for echo (each
+        // streams its own echo), the first alone for prompt_logprobs; every
+        // scoring choice asks for the same count, as they fill one array.
+        const int echo_k = j->echo && g->logprobs >= 0 ? g->logprobs : -1;
+        int k = echo_k > g->prompt_logprobs ? echo_k : g->prompt_logprobs;
+        if (echo_k < 0 && i % g->n != 0) k = -1;
+        fill_engine_request(a, q, &j->prompts[prompt], i % g->n, k, &er);
         char err[512];
         int rc = job_submit(j, i, prompt, &er, err, sizeof err);
         if (rc) {

@@ -766,6 +766,9 @@ static void cross_field_rules(void **state)
     assert_int_equal(chat("{" MSGS ", \"prompt_logprobs\": 0}", &r, &e, a, NULL), 0);
     assert_int_equal(r.gen.prompt_logprobs, 0);
     oa_chat_request_release(&r);
+    assert_int_equal(chat("{" MSGS ", \"prompt_logprobs\": 0, \"stream\": true}", &r, &e, a, NULL), 0);
+    assert_int_equal(r.gen.prompt_logprobs, -1); // vLLM lets 0 stream, and streams none
+    oa_chat_request_release(&r);
     arena_destroy(a);
 }
 

@@ -374,6 +374,18 @@ static void logprobs_come_in_the_chat_and_the_legacy_shape(void **state)
         assert_true((seen & 6) == 6); // ranks 1 and 2 both there
     }
     json_decref(pl);
+    // n choices: the first scores the prompt for all of them.
+    pl = post("/v1/completions",
+              "{\"prompt\": \"Hello world\", \"max_tokens\": 2, \"n\": 3, \"seed\": 1, "
+              "\"prompt_logprobs\": 1}",
+              200);
+    for (int c = 1; c < 3; c++) {
+        char path[64];
+        snprintf(path, sizeof path, "choices.%d.prompt_logprobs", c);
+        assert_true(json_equal(at(pl, path), at(pl, "choices.0.prompt_logprobs")));
+    }
+    assert_int_equal(json_array_size(at(pl, "choices.2.prompt_logprobs")), (size_t)pt);
+    json_decref(pl);
     json_decref(r);
     // Chat: beside the choices, for the templated prompt; refused streaming.
     r = post("/v1/chat/completions",
