@@ -220,6 +220,16 @@ static json_t *lp_json(float lp)
     return json_real(isfinite(lp) ? (double)lp : -9999.0);
 }
 
+// The token's bytes as text (invalid UTF-8 as U+FFFD), cut to fit cap.
+static size_t token_text(const struct tokenizer *tok, int32_t id, char *out, size_t cap)
+{
+    size_t len = 0;
+    const uint8_t *b = tok ? tok_token_bytes(tok, id, &len) : NULL;
+    if (!b) len = 0;
+    if (3 * len + 1 > cap) len = (cap - 1) / 3;
+    return oa_utf8_lossy(b ? b : (const uint8_t *)"", len, out);
+}
+
 size_t oa_token_str(const struct oa_meta *m, int32_t id, char *out, size_t cap)
 {
     if (cap == 0) return 0;
@@ -227,11 +237,7 @@ size_t oa_token_str(const struct oa_meta *m, int32_t id, char *out, size_t cap)
         int n = snprintf(out, cap, "token_id:%d", (int)id);
         return n < 0 ? 0 : ((size_t)n >= cap ? cap - 1 : (size_t)n);
     }
-    size_t len = 0;
-    const uint8_t *b = tok_token_bytes(m->tok, id, &len);
-    if (!b) len = 0;
-    if (3 * len + 1 > cap) len = (cap - 1) / 3;
-    return oa_utf8_lossy(b ? b : (const uint8_t *)"", len, out);
+    return token_text(m->tok, id, out, cap);
 }
 
 // The bytes a chat logprob entry lists: the token's raw bytes (OpenAI's
@@ -292,11 +298,7 @@ static json_t *prompt_lp_entry(const struct oa_meta *m, int32_t id, float lp, in
     // The token's own text, as the tokenizer decodes it alone (vLLM's
     // decoded_token; return_tokens_as_token_ids does not reach it).
     char s[TOKSTR_CAP];
-    size_t len = 0;
-    const uint8_t *b = m->tok ? tok_token_bytes(m->tok, id, &len) : NULL;
-    if (!b) len = 0;
-    if (3 * len + 1 > sizeof s) len = (sizeof s - 1) / 3;
-    const size_t n = oa_utf8_lossy(b ? b : (const uint8_t *)"", len, s);
+    const size_t n = token_text(m->tok, id, s, sizeof s);
     return json_pack("{s:o, s:i, s:s%}", "logprob", lp_json(lp), "rank", (json_int_t)rank, "decoded_token",
                      s, n);
 }
