@@ -47,7 +47,7 @@ static void job_free(struct job *j)
     for (int i = 0; i < j->n_prompts; i++) {
         free(j->prompts[i].ids);
         free(j->prompts[i].text);
-        free(j->prompts[i].echo_tokens);
+        free(j->prompts[i].scored_tokens);
     }
     free(j->prompts);
     free(j->choices);
@@ -97,10 +97,10 @@ static void on_delta(void *ctx, const struct engine_delta *d)
     bool with_lp = j->meta.logprobs >= 0;
     pthread_mutex_lock(&j->mu);
     struct job_prompt *p = &j->prompts[c->prompt];
-    if (d->prompt_tokens_lp && p->echo_tokens && !c->got_prompt_lp) {
+    if (d->prompt_tokens_lp && p->scored_tokens && !c->got_prompt_lp) {
         // Entries are for prompt tokens 1..n-1; the first has no logprob.
         for (int i = 0; i < d->n_prompt_tokens_lp && i + 1 < p->n_ids; i++)
-            token_from_engine(&p->echo_tokens[i + 1], &d->prompt_tokens_lp[i], true);
+            token_from_engine(&p->scored_tokens[i + 1], &d->prompt_tokens_lp[i], true);
     }
     c->got_prompt_lp = true;
     bool oom = false;
@@ -194,12 +194,12 @@ static void job_choice_view(struct job *j, const struct job_choice *c, struct oa
     if (j->echo) {
         o->echo_text = p->text;
         o->echo_len = p->text_len;
-        o->echo_tokens = p->echo_tokens;
-        o->n_echo_tokens = p->echo_tokens ? p->n_ids : 0;
+        o->echo_tokens = p->scored_tokens;
+        o->n_echo_tokens = p->scored_tokens ? p->n_ids : 0;
     }
     if (j->meta.prompt_logprobs >= 0) {
-        o->prompt_tokens = p->echo_tokens;
-        o->n_prompt_tokens = p->echo_tokens ? p->n_ids : 0;
+        o->prompt_tokens = p->scored_tokens;
+        o->n_prompt_tokens = p->scored_tokens ? p->n_ids : 0;
     }
 }
 
@@ -549,7 +549,7 @@ static bool job_fill(void *ctx, struct ms_buf *out)
         if (p->echo) {
             const struct job_prompt *pr = &j->prompts[c->prompt];
             sse_event(out, oa_completion_chunk(&j->meta, c->index, pr->text, pr->text_len,
-                                               pr->echo_tokens, pr->echo_tokens ? pr->n_ids : 0,
+                                               pr->scored_tokens, pr->scored_tokens ? pr->n_ids : 0,
                                                &c->text_offset, NULL, NULL, -1, cu));
             continue;
         }

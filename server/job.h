@@ -29,9 +29,10 @@ struct job_prompt {
     int n_ids;
     char *text;                      // for echo: the prompt as text (malloc'd)
     size_t text_len;
-    // (n_ids) when echo with logprobs or prompt_logprobs: the prompt's tokens,
-    // their logprobs filled from the engine
-    struct oa_token *echo_tokens;
+    // (n_ids) when echo with logprobs or prompt_logprobs: the prompt's tokens
+    // as the engine scored them (one array for echo's logprobs and for
+    // prompt_logprobs)
+    struct oa_token *scored_tokens;
     bool max_cut;                    // its choices' max_tokens cut to the room it leaves (a front's)
 };
 

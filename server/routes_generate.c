@@ -156,8 +156,8 @@ static int completion_prompt(struct app *a, const struct parsed *q, bool echo,
     return rc ? oa_errorf(e, rc, "invalid_value", q->param, "%s", err) : 0;
 }
 
-// Every prompt holds a token and leaves room for one; echoed prompts with
-// logprobs get the entries the engine's prompt logprobs will fill.
+// Every prompt holds a token and leaves room for one; prompts scored for
+// echo's logprobs or prompt_logprobs get the entries the engine will fill.
 static int check_prompts(struct app *a, struct job *j, const struct parsed *q, struct oa_error *e)
 {
     for (int i = 0; i < j->n_prompts; i++) {
@@ -173,10 +173,10 @@ static int check_prompts(struct app *a, struct job *j, const struct parsed *q, s
                              "%d tokens, which leaves no room for a completion (--max-model-len)",
                              a->max_model_len, p->n_ids);
         if ((j->echo && q->g->logprobs >= 0) || q->g->prompt_logprobs >= 0) {
-            p->echo_tokens = calloc((size_t)p->n_ids, sizeof *p->echo_tokens);
-            if (!p->echo_tokens)
+            p->scored_tokens = calloc((size_t)p->n_ids, sizeof *p->scored_tokens);
+            if (!p->scored_tokens)
                 return oa_errorf(e, MS_ENOMEM, "internal_error", NULL, "out of memory");
-            for (int k = 0; k < p->n_ids; k++) p->echo_tokens[k].id = p->ids[k];
+            for (int k = 0; k < p->n_ids; k++) p->scored_tokens[k].id = p->ids[k];
         }
     }
     return 0;
