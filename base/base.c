@@ -1,8 +1,9 @@
-// base: error sentences, clocks, half-precision conversion, logging, whole-file reads.
+// base: error sentences, clocks, core counts, half-precision conversion, logging, whole-file reads.
 #include "base/base.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -81,6 +82,25 @@ void *ms_map_huge(int fd, size_t n, int prot)
 int64_t ms_unix_time(void)
 {
     return (int64_t)time(NULL);
+}
+
+int ms_cpu_count(void)
+{
+    // A cpu_set_t holds 1024 CPUs; a larger machine's mask needs a larger
+    // set, which the kernel says by EINVAL.
+    for (int n_bits = 1024; n_bits <= (1 << 20); n_bits *= 2) {
+        cpu_set_t *set = CPU_ALLOC(n_bits);
+        if (!set) break;
+        const size_t size = CPU_ALLOC_SIZE(n_bits);
+        CPU_ZERO_S(size, set);
+        const int rc = sched_getaffinity(0, size, set);
+        const int n = rc == 0 ? CPU_COUNT_S(size, set) : 0;
+        CPU_FREE(set);
+        if (n > 0) return n;
+        if (rc == 0 || errno != EINVAL) break;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
 }
 
 float ms_f16_to_f32(uint16_t h)

@@ -55,6 +55,13 @@ double ms_now(void);
 void *ms_map_huge(int fd, size_t n, int prot);
 int64_t ms_unix_time(void);
 
+// Cores this process may run on, at least 1: its CPU affinity mask
+// (taskset, systemd's CPUAffinity=, docker --cpuset-cpus), else the online
+// cores. Every "all cores" default reads this one count, since a thread
+// pool that spins with more threads than it has cores loses each step to
+// the scheduler.
+int ms_cpu_count(void);
+
 // bf16 is the top half of an fp32; conversion to it rounds to nearest even.
 static inline float ms_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;

@@ -24,7 +24,7 @@ int backend_device_resolve(enum backend_device want, enum backend_device *out, c
                            size_t notelen, char *err, size_t errlen);
 
 struct backend_opts {
-    int n_threads;        // CPU: this rank's compute threads (0: all cores)
+    int n_threads;        // CPU: this rank's compute threads (0: every core the process may use)
     int device_index;     // CUDA: the GPU (after CUDA_VISIBLE_DEVICES)
     int rank;             // the rank the backend serves (logs)
     const char *variant;  // CPU: the kernel table ("scalar", "avx2", "avx512", "avx512_bf16",

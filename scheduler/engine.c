@@ -1001,10 +1001,7 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
 
     // Threads: the total split between ranks, the first ranks taking the remainder.
     int n_threads = o->n_threads;
-    if (n_threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        n_threads = n > 0 ? (int)n : 1;
-    }
+    if (n_threads <= 0) n_threads = ms_cpu_count();
     enum backend_device dev;
     char note[256];
     if ((rc = backend_device_resolve(o->device, &dev, note, sizeof note, err, errlen))) goto fail;

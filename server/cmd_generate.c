@@ -43,7 +43,7 @@ static void usage(FILE *f)
             "  --json                 one JSON object: prompt_tokens, tokens (id, logprob,\n"
             "                         top_logprobs), text (with a tokenizer), finish_reason,\n"
             "                         timings\n"
-            "  --threads N            compute threads (default: all cores)\n"
+            "  --threads N            compute threads (default: all the cores it may use)\n"
             "  --kv-cache-dtype D     auto (the checkpoint's dtype), bfloat16, float16, float32\n"
             "  --device D             auto, cpu or cuda (vLLM's --device; default auto)\n"
             "  --load-format F        auto (the safetensors) or dummy (random weights of\n"
@@ -615,7 +615,7 @@ static int run_bench(const struct gen_opts *o, struct model *m)
         prefill_sum += pt;
     }
     const char *kernels = probe->ops->variant(probe);
-    const int shown_threads = threads ? threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    const int shown_threads = threads ? threads : ms_cpu_count();
     const double active = (double)model_active_bytes(m), flops = prefill_flops(m, n_prompt);
     const double bw_mean = bw_sum / rounds, peak_mean = peak_sum / rounds;
     const double step_mean = step_sum / rounds, prefill_mean = prefill_sum / rounds;

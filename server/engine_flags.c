@@ -51,7 +51,7 @@ void engine_flags_usage(FILE *out)
         "                                weights of 1 GiB or more); none: never\n"
         "  --data-parallel-size N        ranks, each with its own KV pool and thread share (1)\n"
         "  --enable-expert-parallel      shard the experts over the ranks (needed when N > 1)\n"
-        "  --threads T                   compute threads in all, split between ranks (all cores)\n"
+        "  --threads T                   compute threads in all, split between ranks (all the cores it may use)\n"
         "  --kv-cache-memory SIZE        KV cache in all, split between ranks: bytes, 4GiB, 4G,\n"
         "                                512MiB, 4GB, 4g (default: a quarter of free RAM, at most 4 GiB)\n"
         "  --kv-cache-memory-bytes SIZE  KV cache per rank (vLLM's, per GPU): SIZE x the ranks in all\n"

@@ -111,21 +111,10 @@ static void *worker_main(void *arg)
     }
 }
 
-int threadpool_cpu_count(void)
-{
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) {
-        int n = CPU_COUNT(&set);
-        if (n > 0) return n;
-    }
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
 int threadpool_run_once(void *(*fn)(void *), void *arg, int max_threads)
 {
-    const long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int n = n_cpu < 1 ? 1 : n_cpu > 64 ? 64 : (int)n_cpu;
+    const int n_cpu = ms_cpu_count();
+    int n = n_cpu > 64 ? 64 : n_cpu;
     if (max_threads >= 1 && n > max_threads) n = max_threads;
     pthread_t th[64];
     int started = 0;
@@ -142,7 +131,7 @@ int threadpool_create(int n_threads, struct threadpool **out, char *err, size_t 
     if (n_threads < 0 || n_threads > 4096)
         return ms_err(err, errlen, MS_EINVAL, "threads must be between 1 and 4096 (or 0 for all "
                       "cores), not %d", n_threads);
-    if (n_threads == 0) n_threads = threadpool_cpu_count();
+    if (n_threads == 0) n_threads = ms_cpu_count();
     struct threadpool *p = calloc(1, sizeof *p);
     if (!p) return ms_err(err, errlen, MS_ENOMEM, "out of memory creating a thread pool");
     p->n_threads = n_threads;

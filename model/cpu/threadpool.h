@@ -11,17 +11,15 @@ struct threadpool;
 // The function every thread runs: tid in [0, n_threads).
 typedef void (*threadpool_fn)(void *ctx, int tid, int n_threads);
 
-// Cores this process may run on (sched_getaffinity), at least 1.
-int threadpool_cpu_count(void);
-
-// Runs fn(arg) on every online core at once, at most max_threads (and 64)
-// threads, the caller one of them, and returns how many ran: one-off work
-// at load (packing, checking the weights cache) before any pool exists.
-// fn takes its pieces from arg itself (a shared counter), so the share of
-// a thread that could not be started is left to the others.
+// Runs fn(arg) on every core this process may run on (ms_cpu_count) at
+// once, at most max_threads (and 64) threads, the caller one of them, and
+// returns how many ran: one-off work at load (packing, checking the weights
+// cache) before any pool exists. fn takes its pieces from arg itself (a
+// shared counter), so the share of a thread that could not be started is
+// left to the others.
 int threadpool_run_once(void *(*fn)(void *), void *arg, int max_threads);
 
-// n_threads counts the caller; 0 means threadpool_cpu_count().
+// n_threads counts the caller; 0 means ms_cpu_count().
 int threadpool_create(int n_threads, struct threadpool **out, char *err, size_t errlen);
 void threadpool_destroy(struct threadpool *p);
 int threadpool_size(const struct threadpool *p);

@@ -3,6 +3,7 @@
 // the text output names vLLM's three figures, 2 expert-parallel ranks run,
 // and bad arguments exit 2 with a sentence.
 #include <math.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -103,8 +104,23 @@ static void json_passes_count_every_token(void **state)
     free(out);
 }
 
-// Without --threads the engine runs on every online core, and the JSON says
-// how many (it printed the flag's 0 for "all"); with more ranks than
+// The "threads" of a run without --threads.
+static long default_threads(const char *args)
+{
+    char *out;
+    assert_int_equal(run(args, false, &out), 0);
+    json_error_t je;
+    json_t *j = json_loads(out, JSON_DISABLE_EOF_CHECK, &je);
+    if (!j) fail_msg("not JSON: %s", out);
+    const long n = (long)json_integer_value(json_object_get(j, "threads"));
+    json_decref(j);
+    free(out);
+    return n;
+}
+
+// Without --threads the engine runs on every core the process may use (its
+// affinity mask, as taskset or systemd's CPUAffinity= set it), and the JSON
+// says how many (it printed the flag's 0 for "all"); with more ranks than
 // threads, the one each rank runs all the same.
 static void json_names_the_threads_it_ran_on(void **state)
 {
@@ -112,13 +128,22 @@ static void json_names_the_threads_it_ran_on(void **state)
     char args[8192], *out;
     snprintf(args, sizeof args, "%s --num-prompts 2 --input-len 8 --output-len 2 --json --kv-cache-memory 64MiB",
              model);
-    assert_int_equal(run(args, false, &out), 0);
+    cpu_set_t mine;
+    assert_int_equal(sched_getaffinity(0, sizeof mine, &mine), 0);
+    assert_int_equal(default_threads(args), CPU_COUNT(&mine));
+    // On one core of the machine's several, one thread (it had counted
+    // every online core and spun that many threads on the one).
+    int first = 0;
+    while (!CPU_ISSET(first, &mine)) first++;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
+    const long on_one = default_threads(args);
+    assert_int_equal(sched_setaffinity(0, sizeof mine, &mine), 0);
+    assert_int_equal(on_one, 1);
     json_error_t je;
-    json_t *j = json_loads(out, JSON_DISABLE_EOF_CHECK, &je);
-    if (!j) fail_msg("not JSON: %s", out);
-    assert_int_equal(json_integer_value(json_object_get(j, "threads")), sysconf(_SC_NPROCESSORS_ONLN));
-    json_decref(j);
-    free(out);
+    json_t *j;
     // More ranks than threads: each rank runs one all the same.
     snprintf(args, sizeof args, "%s --num-prompts 2 --input-len 8 --output-len 2 --json --kv-cache-memory 64MiB "
              "--threads 1 --data-parallel-size 2 --enable-expert-parallel", model);

@@ -978,7 +978,7 @@ static void threadpool_runs_every_range_exactly_once(void **state)
     assert_int_equal(threadpool_create(-1, &p, err, sizeof err), MS_EINVAL);
     assert_non_null(strstr(err, "threads"));
     assert_int_equal(threadpool_create(0, &p, err, sizeof err), 0);
-    assert_int_equal(threadpool_size(p), threadpool_cpu_count());
+    assert_int_equal(threadpool_size(p), ms_cpu_count());
     threadpool_destroy(p);
 }
 
