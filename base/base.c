@@ -84,6 +84,89 @@ int64_t ms_unix_time(void)
     return (int64_t)time(NULL);
 }
 
+// Up to cap - 1 bytes of a small kernel file (/proc and /sys ones say
+// size 0 or 4096 whatever they hold, so ms_read_file's size check does not
+// fit them), NUL-terminated; -1 when it cannot be opened or read.
+static ssize_t read_small_file(const char *path, char *buf, size_t cap)
+{
+    const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return -1;
+    size_t n = 0;
+    while (n + 1 < cap) {
+        const ssize_t k = read(fd, buf + n, cap - 1 - n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) {
+            close(fd);
+            return -1;
+        }
+        if (k == 0) break;
+        n += (size_t)k;
+    }
+    close(fd);
+    buf[n] = 0;
+    return (ssize_t)n;
+}
+
+// cpu.max holds "max PERIOD" (no quota) or "QUOTA PERIOD" in microseconds.
+static int cpu_max_cores(const char *text)
+{
+    char *end;
+    // strtoull would take a sign or spaces (and negate "-5"): digits only.
+    if (text[0] < '0' || text[0] > '9') return 0;
+    errno = 0;
+    const unsigned long long quota = strtoull(text, &end, 10);
+    if (errno || end == text || *end != ' ') return 0;
+    const char *p = end + 1;
+    if (p[0] < '0' || p[0] > '9') return 0;
+    const unsigned long long period = strtoull(p, &end, 10);
+    if (errno || end == p || period == 0 || quota == 0) return 0;
+    const unsigned long long cores = quota / period + (quota % period != 0);
+    return cores > 1u << 20 ? 1 << 20 : (int)cores;
+}
+
+int ms_cgroup_cpu_limit(const char *proc_self_cgroup, const char *cgroup_root)
+{
+    char text[8192];
+    if (read_small_file(proc_self_cgroup, text, sizeof text) <= 0) return 0;
+    // The v2 line is "0::/path"; v1 lines name their controllers instead.
+    const char *line = text;
+    while (line && strncmp(line, "0::/", 4) != 0) {
+        line = strchr(line, '\n');
+        if (line) line++;
+    }
+    if (!line) return 0;
+    const char *path = line + 3;
+    const size_t path_len = strcspn(path, "\n");
+    char dir[4096];
+    const size_t root_len = strlen(cgroup_root);
+    if (root_len + path_len + sizeof "/cpu.max" > sizeof dir) return 0;
+    memcpy(dir, cgroup_root, root_len);
+    memcpy(dir + root_len, path, path_len);
+    size_t dir_len = root_len + path_len;
+    while (dir_len > root_len && dir[dir_len - 1] == '/') dir_len--;
+    // The group and each ancestor: a parent's quota bounds its children.
+    int limit = 0;
+    for (;;) {
+        char file[4096 + sizeof "/cpu.max"], cpu_max[128];
+        memcpy(file, dir, dir_len);
+        memcpy(file + dir_len, "/cpu.max", sizeof "/cpu.max");
+        if (read_small_file(file, cpu_max, sizeof cpu_max) > 0) {
+            const int cores = cpu_max_cores(cpu_max);
+            if (cores > 0 && (limit == 0 || cores < limit)) limit = cores;
+        }
+        if (dir_len <= root_len) break;
+        while (dir_len > root_len && dir[dir_len - 1] != '/') dir_len--;
+        while (dir_len > root_len && dir[dir_len - 1] == '/') dir_len--;
+    }
+    return limit;
+}
+
+static int cap_by_quota(int n)
+{
+    const int quota = ms_cgroup_cpu_limit("/proc/self/cgroup", "/sys/fs/cgroup");
+    return quota > 0 && quota < n ? quota : n;
+}
+
 int ms_cpu_count(void)
 {
     // A cpu_set_t holds 1024 CPUs; a larger machine's mask needs a larger
@@ -96,11 +179,11 @@ int ms_cpu_count(void)
         const int rc = sched_getaffinity(0, size, set);
         const int n = rc == 0 ? CPU_COUNT_S(size, set) : 0;
         CPU_FREE(set);
-        if (n > 0) return n;
+        if (n > 0) return cap_by_quota(n);
         if (rc == 0 || errno != EINVAL) break;
     }
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    return cap_by_quota(online > 0 ? (int)online : 1);
 }
 
 float ms_f16_to_f32(uint16_t h)

@@ -57,10 +57,18 @@ int64_t ms_unix_time(void);
 
 // Cores this process may run on, at least 1: its CPU affinity mask
 // (taskset, systemd's CPUAffinity=, docker --cpuset-cpus), else the online
-// cores. Every "all cores" default reads this one count, since a thread
-// pool that spins with more threads than it has cores loses each step to
-// the scheduler.
+// cores, and no more than its cgroup's CPU quota allows (docker --cpus,
+// systemd's CPUQuota=, a Kubernetes CPU limit; ms_cgroup_cpu_limit). Every
+// "all cores" default reads this one count, since a thread pool that spins
+// with more threads than it has cores loses each step to the scheduler.
 int ms_cpu_count(void);
+
+// The CPU quota, in whole cores rounded up, of the cgroup (v2) that
+// proc_self_cgroup names (its "0::/path" line), the tightest of that group's
+// cpu.max and its ancestors' up to cgroup_root; 0 when none is set or the
+// files cannot be read. The paths are parameters for the tests
+// ("/proc/self/cgroup" and "/sys/fs/cgroup" in use).
+int ms_cgroup_cpu_limit(const char *proc_self_cgroup, const char *cgroup_root);
 
 // bf16 is the top half of an fp32; conversion to it rounds to nearest even.
 static inline float ms_bf16_to_f32(uint16_t h) {

@@ -1152,11 +1152,11 @@ int engine_create(const struct model *m, const struct tokenizer *tok, const stru
     }
     e->thread_started = true;
     ms_log(MS_LOG_INFO,
-           "engine: %d rank%s on %s (%s kernels), %d threads, KV %d blocks of %d tokens per rank "
+           "engine: %d rank%s on %s (%s kernels), %d thread%s, KV %d blocks of %d tokens per rank "
            "(%s, %.1f MiB each), max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, "
            "prefix caching %s, chunked prefill %s",
            n_ranks, n_ranks > 1 ? "s" : "", backend_device_name(dev),
-           b0->ops->variant(b0), e->n_threads, (int)n_blocks, KV_BLOCK_TOKENS,
+           b0->ops->variant(b0), e->n_threads, e->n_threads > 1 ? "s" : "", (int)n_blocks, KV_BLOCK_TOKENS,
            dtype_name(o->kv_dtype), (double)n_blocks * (double)block_bytes / 1048576.0, max_len,
            o->max_num_seqs, o->max_num_batched_tokens, o->enable_prefix_caching ? "on" : "off",
            o->enable_chunked_prefill ? "on" : "off");

@@ -1,5 +1,6 @@
 // Pins the base helpers: bf16/f16 rounding, overflow checks, arena alignment,
-// huge-page mappings, error buffers and log lines.
+// huge-page mappings, error buffers, log lines and the core count under a
+// cgroup's CPU quota.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -191,6 +192,67 @@ static void reading_a_fifo_is_refused_not_waited_on(void **state)
     rmdir(dir);
 }
 
+// Writes text to dir/rel, making the folders on the way.
+static void put_file(const char *dir, const char *rel, const char *text)
+{
+    char path[8192];
+    snprintf(path, sizeof path, "%s/%s", dir, rel);
+    for (char *slash = path + strlen(dir) + 1; (slash = strchr(slash, '/')); slash++) {
+        *slash = 0;
+        mkdir(path, 0700);
+        *slash = '/';
+    }
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+// A quota in a cgroup (docker --cpus 1.5, systemd's CPUQuota=150%, a
+// Kubernetes limit) caps the cores a pool spins on, rounded up; the tightest
+// of the group and its ancestors wins; "max", v1-only hierarchies, missing
+// and malformed files set no limit.
+static void cgroup_quota_caps_the_cores(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/moeserve-cgroup-XXXXXX", proc[64], root[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(proc, sizeof proc, "%s/cgroup", dir);
+    snprintf(root, sizeof root, "%s/fs", dir);
+    put_file(dir, "cgroup", "12:cpu,cpuacct:/docker/x\n0::/system.slice/moeserve.service\n");
+    put_file(dir, "fs/system.slice/moeserve.service/cpu.max", "150000 100000\n");
+    assert_int_equal(ms_cgroup_cpu_limit(proc, root), 2);
+    put_file(dir, "fs/system.slice/cpu.max", "100000 100000\n"); // the parent is tighter
+    assert_int_equal(ms_cgroup_cpu_limit(proc, root), 1);
+    put_file(dir, "fs/system.slice/cpu.max", "max 100000\n");
+    put_file(dir, "fs/system.slice/moeserve.service/cpu.max", "max 100000\n");
+    assert_int_equal(ms_cgroup_cpu_limit(proc, root), 0);
+    put_file(dir, "fs/cpu.max", "250000 100000\n"); // a container's own root
+    assert_int_equal(ms_cgroup_cpu_limit(proc, root), 3);
+    put_file(dir, "cgroup", "0::/\n");
+    assert_int_equal(ms_cgroup_cpu_limit(proc, root), 3);
+    put_file(dir, "fs/cpu.max", "18446744073709551615 1\n"); // no overflow
+    assert_int_equal(ms_cgroup_cpu_limit(proc, root), 1 << 20);
+    const char *malformed[] = {"", "abc 100000", "100000 0", "0 100000", "100000", "-5 100000",
+                               "99999999999999999999999 1"};
+    for (size_t i = 0; i < sizeof malformed / sizeof *malformed; i++) {
+        put_file(dir, "fs/cpu.max", malformed[i]);
+        assert_int_equal(ms_cgroup_cpu_limit(proc, root), 0);
+    }
+    put_file(dir, "cgroup", "4:memory:/x\n1:cpu:/\n"); // v1 only
+    assert_int_equal(ms_cgroup_cpu_limit(proc, root), 0);
+    char long_line[9000] = "0::/";
+    memset(long_line + 4, 'a', sizeof long_line - 6);
+    long_line[sizeof long_line - 2] = '\n';
+    put_file(dir, "cgroup", long_line); // a path longer than any the check builds
+    assert_int_equal(ms_cgroup_cpu_limit(proc, root), 0);
+    assert_int_equal(ms_cgroup_cpu_limit("/nonexistent/cgroup", root), 0);
+    assert_true(ms_cpu_count() >= 1);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -202,6 +264,7 @@ int main(void)
         cmocka_unit_test(err_fills_buffer_and_returns_code),
         cmocka_unit_test(log_lines_cannot_be_forged),
         cmocka_unit_test(reading_a_fifo_is_refused_not_waited_on),
+        cmocka_unit_test(cgroup_quota_caps_the_cores),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
