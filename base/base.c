@@ -124,39 +124,89 @@ static int cpu_max_cores(const char *text)
     return cores > 1u << 20 ? 1 << 20 : (int)cores;
 }
 
+// The cores one group's files allow, 0 for no limit: v2's cpu.max, or v1's
+// cpu.cfs_quota_us (-1: none) over cpu.cfs_period_us.
+static int group_cores(char *dir, size_t dir_len, bool v1)
+{
+    char text[128];
+    if (!v1) {
+        memcpy(dir + dir_len, "/cpu.max", sizeof "/cpu.max");
+        return read_small_file(dir, text, sizeof text) > 0 ? cpu_max_cores(text) : 0;
+    }
+    memcpy(dir + dir_len, "/cpu.cfs_quota_us", sizeof "/cpu.cfs_quota_us");
+    if (read_small_file(dir, text, sizeof text) <= 0) return 0;
+    const size_t q = strcspn(text, "\n");
+    if (q + 1 >= sizeof text) return 0;
+    text[q] = ' ';
+    memcpy(dir + dir_len, "/cpu.cfs_period_us", sizeof "/cpu.cfs_period_us");
+    if (read_small_file(dir, text + q + 1, sizeof text - q - 1) <= 0) return 0;
+    return cpu_max_cores(text); // "QUOTA PERIOD", as cpu.max writes it
+}
+
+// The tightest limit of the group at mount + path and its ancestors up to
+// the mount: a parent's quota bounds its children, and inside a container
+// the mount is its own group while the path still names the host's.
+static int tightest_cores(const char *mount, const char *path, size_t path_len, bool v1)
+{
+    char dir[4096 + sizeof "/cpu.cfs_period_us"];
+    const size_t root_len = strlen(mount);
+    if (root_len + path_len >= 4096) return 0;
+    memcpy(dir, mount, root_len);
+    memcpy(dir + root_len, path, path_len);
+    size_t dir_len = root_len + path_len;
+    while (dir_len > root_len && dir[dir_len - 1] == '/') dir_len--;
+    int limit = 0;
+    for (;;) {
+        const int cores = group_cores(dir, dir_len, v1);
+        if (cores > 0 && (limit == 0 || cores < limit)) limit = cores;
+        if (dir_len <= root_len) break;
+        while (dir_len > root_len && dir[dir_len - 1] != '/') dir_len--;
+        while (dir_len > root_len && dir[dir_len - 1] == '/') dir_len--;
+    }
+    return limit;
+}
+
+// Whether a v1 line's controller list ("4:cpu,cpuacct:/path") holds cpu.
+static bool v1_line_has_cpu(const char *line, const char **path)
+{
+    const char *c = strchr(line, ':');
+    const char *end = c ? strchr(c + 1, ':') : NULL;
+    const char *nl = strchr(line, '\n');
+    if (!c || !end || (nl && end > nl) || end[1] != '/') return false;
+    for (const char *w = c + 1; w < end;) {
+        const size_t n = strcspn(w, ",:");
+        if (n == 3 && memcmp(w, "cpu", 3) == 0) {
+            *path = end + 1;
+            return true;
+        }
+        w += n + (w[n] == ',');
+    }
+    return false;
+}
+
 int ms_cgroup_cpu_limit(const char *proc_self_cgroup, const char *cgroup_root)
 {
     char text[8192];
     if (read_small_file(proc_self_cgroup, text, sizeof text) <= 0) return 0;
-    // The v2 line is "0::/path"; v1 lines name their controllers instead.
-    const char *line = text;
-    while (line && strncmp(line, "0::/", 4) != 0) {
-        line = strchr(line, '\n');
-        if (line) line++;
-    }
-    if (!line) return 0;
-    const char *path = line + 3;
-    const size_t path_len = strcspn(path, "\n");
-    char dir[4096];
-    const size_t root_len = strlen(cgroup_root);
-    if (root_len + path_len + sizeof "/cpu.max" > sizeof dir) return 0;
-    memcpy(dir, cgroup_root, root_len);
-    memcpy(dir + root_len, path, path_len);
-    size_t dir_len = root_len + path_len;
-    while (dir_len > root_len && dir[dir_len - 1] == '/') dir_len--;
-    // The group and each ancestor: a parent's quota bounds its children.
+    // The v2 line is "0::/path" (files under the root); a v1 line names its
+    // controllers, and cpu's files are under root/cpu. A hybrid host has
+    // both; the tighter wins.
     int limit = 0;
-    for (;;) {
-        char file[4096 + sizeof "/cpu.max"], cpu_max[128];
-        memcpy(file, dir, dir_len);
-        memcpy(file + dir_len, "/cpu.max", sizeof "/cpu.max");
-        if (read_small_file(file, cpu_max, sizeof cpu_max) > 0) {
-            const int cores = cpu_max_cores(cpu_max);
+    for (const char *line = text; line && *line;) {
+        const char *path = NULL;
+        bool v1 = false;
+        if (strncmp(line, "0::/", 4) == 0) path = line + 3;
+        else v1 = v1_line_has_cpu(line, &path);
+        if (path) {
+            char mount[4096];
+            if (snprintf(mount, sizeof mount, "%s%s", cgroup_root, v1 ? "/cpu" : "") >=
+                (int)sizeof mount)
+                return limit;
+            const int cores = tightest_cores(mount, path, strcspn(path, "\n"), v1);
             if (cores > 0 && (limit == 0 || cores < limit)) limit = cores;
         }
-        if (dir_len <= root_len) break;
-        while (dir_len > root_len && dir[dir_len - 1] != '/') dir_len--;
-        while (dir_len > root_len && dir[dir_len - 1] == '/') dir_len--;
+        line = strchr(line, '\n');
+        if (line) line++;
     }
     return limit;
 }

@@ -63,10 +63,11 @@ int64_t ms_unix_time(void);
 // with more threads than it has cores loses each step to the scheduler.
 int ms_cpu_count(void);
 
-// The CPU quota, in whole cores rounded up, of the cgroup (v2) that
-// proc_self_cgroup names (its "0::/path" line), the tightest of that group's
-// cpu.max and its ancestors' up to cgroup_root; 0 when none is set or the
-// files cannot be read. The paths are parameters for the tests
+// The CPU quota, in whole cores rounded up, of the cgroups that
+// proc_self_cgroup names: v2's "0::/path" (cpu.max under cgroup_root) and
+// v1's cpu controller ("N:cpu,cpuacct:/path", cpu.cfs_quota_us and
+// cpu.cfs_period_us under cgroup_root/cpu), the tightest of each group's and
+// its ancestors'; 0 when none is set or the files cannot be read. The paths are parameters for the tests
 // ("/proc/self/cgroup" and "/sys/fs/cgroup" in use).
 int ms_cgroup_cpu_limit(const char *proc_self_cgroup, const char *cgroup_root);
 

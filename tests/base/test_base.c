@@ -239,7 +239,26 @@ static void cgroup_quota_caps_the_cores(void **state)
         put_file(dir, "fs/cpu.max", malformed[i]);
         assert_int_equal(ms_cgroup_cpu_limit(proc, root), 0);
     }
-    put_file(dir, "cgroup", "4:memory:/x\n1:cpu:/\n"); // v1 only
+    put_file(dir, "cgroup", "4:memory:/x\n1:cpuacct:/\n"); // v1, no cpu controller
+    assert_int_equal(ms_cgroup_cpu_limit(proc, root), 0);
+    // v1 (docker on an older host): cpu.cfs_quota_us over cpu.cfs_period_us
+    // under root/cpu; -1 is no quota. Inside a container the mount is its
+    // own group while the path names the host's, which the walk up finds.
+    put_file(dir, "cgroup", "5:memory:/docker/c1\n3:cpu,cpuacct:/docker/c1\n0::/\n");
+    put_file(dir, "fs/cpu.max", "max 100000\n");
+    put_file(dir, "fs/cpu/cpu.cfs_quota_us", "-1\n");
+    put_file(dir, "fs/cpu/cpu.cfs_period_us", "100000\n");
+    assert_int_equal(ms_cgroup_cpu_limit(proc, root), 0);
+    put_file(dir, "fs/cpu/cpu.cfs_quota_us", "350000\n");
+    assert_int_equal(ms_cgroup_cpu_limit(proc, root), 4);
+    put_file(dir, "fs/cpu/docker/c1/cpu.cfs_quota_us", "50000\n");
+    put_file(dir, "fs/cpu/docker/c1/cpu.cfs_period_us", "100000\n");
+    assert_int_equal(ms_cgroup_cpu_limit(proc, root), 1);
+    put_file(dir, "fs/cpu/docker/c1/cpu.cfs_period_us", "0\n");
+    assert_int_equal(ms_cgroup_cpu_limit(proc, root), 4);
+    put_file(dir, "fs/cpu.max", "200000 100000\n"); // both hierarchies: the tighter
+    assert_int_equal(ms_cgroup_cpu_limit(proc, root), 2);
+    put_file(dir, "cgroup", "3:cpu\n3:cpu:\n3:cpux:/\n3:,cpu\n::\n0::\n0:/\n"); // none names a group
     assert_int_equal(ms_cgroup_cpu_limit(proc, root), 0);
     char long_line[9000] = "0::/";
     memset(long_line + 4, 'a', sizeof long_line - 6);
