@@ -166,10 +166,18 @@ static int ep_barrier(struct comm *c)
         if (aborted(e->g)) return ep_cancelled(e);
         if (q == cudaSuccess) return 0;
         if (q != cudaErrorNotReady) return MS_EIO;
-        ncclResult_t ar;
-        if (ncclCommGetAsyncError(e->nc, &ar) == ncclSuccess && ar != ncclSuccess &&
-            ar != ncclInProgress)
-            return MS_EIO;
+        // Under the group's lock, the flag read again: with an NCCL
+        // without revoke, another thread's abort frees the communicator,
+        // and it does so holding this lock, so between the check above and
+        // this read it could have gone.
+        ncclResult_t ar = ncclSuccess;
+        pthread_mutex_lock(&e->g->mu);
+        const bool gone = aborted(e->g);
+        const bool failed = !gone && ncclCommGetAsyncError(e->nc, &ar) == ncclSuccess &&
+                            ar != ncclSuccess && ar != ncclInProgress;
+        pthread_mutex_unlock(&e->g->mu);
+        if (gone) return ep_cancelled(e);
+        if (failed) return MS_EIO;
         sched_yield();
     }
 }
