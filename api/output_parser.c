@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/py_literal.h"
 #include "base/base.h"
 #include "base/json.h"
 #include "base/utf8.h"
@@ -469,8 +470,10 @@ static json_t *xml_value(const char *v, size_t n, const json_t *schema)
     }
     if (!strcmp(type, "boolean") || !strcmp(type, "bool") || !strcmp(type, "binary"))
         return json_boolean(n == 4 && starts_ci(v, "true"));
-    // objects and arrays, and any other type: its JSON when it parses
+    // Objects and arrays, and any other type: its JSON when it parses, else
+    // its value as a Python literal ({'k': True}: vLLM's ast.literal_eval).
     json_t *j = json_loadb_wide(v, n, JSON_DECODE_ANY);
+    if (!j) j = py_literal_parse(v, n);
     return j ? j : json_stringn(v, n);
 }
 

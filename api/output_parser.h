@@ -37,7 +37,9 @@
 //   converts: "null" (any case) is null; string types and keys the schema
 //   does not name stay strings; integer and number types become numbers,
 //   boolean ones true when "true" (any case) and else false, object and
-//   array ones their JSON; a value that does not convert stays a string.
+//   array ones (and any other type) their JSON, else their value as a Python
+//   literal ({'k': True}, as vLLM's ast.literal_eval reads it: py_literal.h);
+//   a value that does not convert stays a string.
 //   The arguments are that object serialized (keys in order, a repeated key
 //   keeping its first place and its last value). A JSON body as above is a
 //   call too (the grammar of a forced call writes one).

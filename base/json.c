@@ -101,11 +101,13 @@ static int dump_py(const json_t *v, struct ms_buf *b, int depth)
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
         const char *k;
+        size_t k_len;
         json_t *x;
         bool first = true;
         if (ms_buf_append(b, "{", 1)) return MS_ENOMEM;
-        json_object_foreach((json_t *)v, k, x) {
-            json_t *key = json_string(k);
+        // By length: a key may hold a NUL (a Python literal's '\x00').
+        json_object_keylen_foreach((json_t *)v, k, k_len, x) {
+            json_t *key = json_stringn(k, k_len);
             int rc = key ? 0 : MS_ENOMEM;
             if (!rc && !first) rc = ms_buf_append(b, ", ", 2);
             if (!rc) rc = dump_py(key, b, depth + 1);

@@ -390,6 +390,20 @@ static void qwen3_coder_xml_calls_take_their_types_from_the_tools(void **state)
                                                 XPAR("tags", "not json")));
     assert_call(p, 0, "write_file", "{\"lines\": \"forty\", \"ratio\": \"1e400\", \"force\": false, \"tags\": \"not json\"}");
     output_parser_destroy(p);
+    // Python's spelling of an object or array, which json.loads refuses, is
+    // read as vLLM's ast.literal_eval reads it; what json.dumps could not
+    // write (a set, bytes) stays the model's text.
+    const char *py = XCALL("write_file", XPAR("tags", "['x', (1, 2), None, True]")
+                                             XPAR("meta", "{'path': 'a.txt', 'n': 1_000, 1: -0.5,}")
+                                             XPAR("tags", "[b'raw']"));
+    p = parse_whole(&o, py);
+    assert_call(p, 0, "write_file", "{\"tags\": \"[b'raw']\", \"meta\": {\"path\": \"a.txt\", \"n\": 1000, "
+                                    "\"1\": -0.5}}");
+    output_parser_destroy(p);
+    p = parse_whole(&o, XCALL("write_file", XPAR("meta", "{1, 2}") XPAR("tags", "('a',)")));
+    assert_call(p, 0, "write_file", "{\"meta\": \"{1, 2}\", \"tags\": [\"a\"]}");
+    output_parser_destroy(p);
+    check_every_split(&o, py, strlen(py), false);
 
     // A parameter ends where the next begins or the function ends; </function>
     // may be missing; no parameters is {}; an unknown tool's values are strings.

@@ -247,4 +247,10 @@ for rx in ["[A-Z][a-z]{2,5} [0-9]{3}", "(ab|cd)*e?", "\\d+(\\.\\d+)?", "[^\\n]{1
 put("fuzz_grammar", bytes([3]) + json.dumps(["red", "green", "<think>x</think>y"]).encode())
 put("fuzz_grammar", bytes([4]) + b'root ::= ("yes" | "no") " " [0-9]+\nws ::= [ \\t]*')
 put("fuzz_grammar", bytes([4]) + b'root ::= obj\nobj ::= "{" ws pair ("," ws pair)* "}"\npair ::= [a-z]+ ":" [0-9]\nws ::= " "?')
+# ---- Python literals (Qwen3-Coder tool arguments) ------------------------------
+for lit in ["{'path': 'a.txt', 'lines': [1, 2, 3]}", "(1, 'b', None, True, False)", "[1_000, 0x1f, 0o17, 0b1, .5, 1e-3]",
+            "{1: 'a', 1.0: 'b', True: 'c', None: [], (1,): {}}", r"r'\d+' u'\u00e9' '\x41\101\n'",
+            "'''multi\nline'''", "[1, # comment\n 2,]", "{'a': b'x', 'a': {1, 2}, 'a': 1-2j, 'a': ...}", "-(1.5), +2",
+            "set()", "[[[[[[[[]]]]]]]]", r"{'k': '\ud800', 'k': 0}"]:
+    put("fuzz_py_literal", lit)
 print("seeds written under", corpus)

@@ -1,0 +1,33 @@
+// py_literal: a Python literal, as ast.literal_eval reads it, made the JSON
+// value json.dumps writes of it: what vLLM's qwen3_coder tool parser does
+// with a parameter value that is not JSON (a model writing Python's spelling:
+// {'path': 'a.txt'}, ['x', 'y'], True, None, (1, 2), 1_000).
+//
+// Read as Python 3.11 reads them: strings in either quote, triple-quoted,
+// with the r and u prefixes, their escapes (\n, \xhh, \uXXXX, \UXXXXXXXX,
+// octal, a backslash-newline; an unknown escape keeps its backslash) and
+// adjacent strings joined; decimal, hex, octal and binary integers and
+// floats with underscores between digits; one sign before a number; True,
+// False, None; lists, tuples (as arrays) and dicts, trailing commas,
+// comments and line breaks inside brackets, a bare top-level tuple (1, 2).
+// Dict keys may be strings, numbers, booleans or None, written as
+// json.dumps writes them ("1", "1.5", "true", "null"); keys Python holds
+// equal (1, 1.0, True) are one key, keeping the first's spelling and the
+// last value.
+//
+// NULL (the caller keeps the text) where ast.literal_eval fails, and where
+// json.dumps would fail or write what is not JSON: sets, bytes, complex
+// numbers, Ellipsis, \N{...} escapes (names not known here), lone
+// surrogates, tuple keys, floats out of range (inf); also past 200 nested
+// brackets (Python's parser stops there too). Integers past 64 bits become
+// reals (json_loadb_wide's rule). s need not be NUL-terminated.
+#ifndef MOESERVE_API_PY_LITERAL_H
+#define MOESERVE_API_PY_LITERAL_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+// The value of s[0..n), or NULL as above (or when out of memory).
+json_t *py_literal_parse(const char *s, size_t n);
+
+#endif
