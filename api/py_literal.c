@@ -513,6 +513,7 @@ static json_t *read_operand(struct rd *r, enum num_kind *kind, bool *sign)
         // not literals.
         r->p++;
         skip_space(r);
+        if (r->p < r->end && (*r->p == '+' || *r->p == '-')) return NULL; // and no sign reads a sign
         const bool next_digit = r->p < r->end && ((*r->p >= '0' && *r->p <= '9') ||
                                  (*r->p == '.' && r->end - r->p >= 2 && r->p[1] >= '0' && r->p[1] <= '9'));
         json_t *v;
