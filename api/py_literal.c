@@ -48,7 +48,7 @@ static void skip_space(struct rd *r)
 {
     while (r->p < r->end) {
         const char c = *r->p;
-        if (c != ' ' && c != '\t' && c != '\f' && c != '\\') r->last_cont = false;
+        if (c != '\\') r->last_cont = false;
         if (c == ' ' || c == '\t' || c == '\f') {
             r->p++;
         } else if (c == '#') {
@@ -275,6 +275,39 @@ static bool digit_run(struct rd *r, int base, struct ms_buf *out, bool after_pre
     return any;
 }
 
+// digits (of base 16, 8 or 2, none above the base) as "[-]0x..." for
+// strtod, which rounds the whole value once: an octal or binary digit
+// string is regrouped into hex digits. malloc'd; NULL when out of memory.
+static char *big_to_hex(const char *digits, int base, bool negative)
+{
+    const size_t n = strlen(digits);
+    const int bits = base == 16 ? 4 : base == 8 ? 3 : 1;
+    const size_t total = n * (size_t)bits, n_hex = (total + 3) / 4;
+    char *out = malloc(n_hex + 4);
+    if (!out) return NULL;
+    size_t at = 0;
+    if (negative) out[at++] = '-';
+    out[at++] = '0';
+    out[at++] = 'x';
+    // Bit i (from the top, the string left-padded to whole hex digits).
+    const size_t pad = n_hex * 4 - total;
+    for (size_t h = 0; h < n_hex; h++) {
+        int x = 0;
+        for (int b = 0; b < 4; b++) {
+            const size_t i = h * 4 + (size_t)b;
+            int bit = 0;
+            if (i >= pad) {
+                const size_t j = i - pad, digit = j / (size_t)bits, within = j % (size_t)bits;
+                bit = (hex_val(digits[digit]) >> (bits - 1 - (int)within)) & 1;
+            }
+            x = x * 2 + bit;
+        }
+        out[at++] = "0123456789abcdef"[x];
+    }
+    out[at] = 0;
+    return out;
+}
+
 // A number: an integer (any base) or a float (*kind NUM_REAL), or an
 // imaginary one (NUM_IMAG: bad_hashable, complex); NULL for anything
 // Python's tokenizer refuses.
@@ -295,10 +328,20 @@ static json_t *read_number(struct rd *r, bool negative, enum num_kind *kind)
         const long long x = strtoll(d.data, &end, base);
         if (!errno) {
             v = json_integer(x);
-        } else { // past 64 bits: the value as a real
-            double f = 0;
-            for (const char *c = d.data + negative; *c; c++) f = f * base + hex_val(*c);
-            v = isfinite(f) ? json_real(negative ? -f : f) : json_incref(r->bad_hashable);
+        } else { // past 64 bits: the value as a real, rounded once (strtod's hex floats)
+            v = json_incref(r->bad_hashable);
+            char *hex = big_to_hex(d.data + negative, base, negative);
+            if (hex) {
+                const double f = strtod(hex, &end);
+                if (isfinite(f)) {
+                    json_decref(v);
+                    v = json_real(f);
+                }
+                free(hex);
+            } else {
+                json_decref(v);
+                v = NULL;
+            }
         }
         goto out;
     }
@@ -451,7 +494,11 @@ static json_t *read_dict(struct rd *r, json_t *key)
         } else {
             const int rc = json_array_append_new(keys, key);
             key = NULL;
-            if (rc || json_array_append_new(vals, val)) goto fail;
+            if (rc) {
+                json_decref(val);
+                goto fail;
+            }
+            if (json_array_append_new(vals, val)) goto fail;
         }
         if (take(r, '}')) break;
         if (!take(r, ',')) goto fail;
@@ -526,7 +573,7 @@ static json_t *read_operand(struct rd *r, enum num_kind *kind, bool *sign)
                 json_decref(v);
                 return NULL;
             }
-            if (v && c == '-' && *kind == NUM_REAL) {
+            if (v && c == '-' && *kind == NUM_REAL && v != r->bad_hashable) {
                 json_t *neg = json_is_integer(v) && json_integer_value(v) != INT64_MIN
                                   ? json_integer(-json_integer_value(v))
                                   : json_real(-json_number_value(v));
@@ -560,6 +607,7 @@ static json_t *read_operand(struct rd *r, enum num_kind *kind, bool *sign)
                 *sign = sg;
             } else {
                 v = c == '(' ? json_pack("[O]", r->tuple) : json_array();
+                if (!v) json_decref(first);
                 if (!v || json_array_append_new(v, first) || !read_more_items(r, v, close)) {
                     json_decref(v);
                     v = NULL;
@@ -577,7 +625,8 @@ static json_t *read_operand(struct rd *r, enum num_kind *kind, bool *sign)
         if (n == 5 && !memcmp(s, "False", 5)) return json_false();
         if (n == 4 && !memcmp(s, "None", 4)) return json_null();
         // set(): the one call literal_eval reads.
-        if (n == 3 && !memcmp(s, "set", 3) && take(r, '(') && take(r, ')')) return json_incref(r->bad_unhashable);
+        if (n == 3 && !memcmp(s, "set", 3) && r->depth < PY_MAX_DEPTH && take(r, '(') && take(r, ')'))
+            return json_incref(r->bad_unhashable);
         return NULL;
     }
     if (c == '.' && r->end - r->p >= 3 && r->p[1] == '.' && r->p[2] == '.') { // Ellipsis
@@ -654,60 +703,104 @@ static json_t *finish(const struct rd *r, const json_t *v, struct ms_buf *key)
     return json_incref((json_t *)v);
 }
 
+// The column after the blanks at *p, as Python's tokenizer counts it (a
+// tab to the next multiple of 8, a form feed back to 0); *p past them.
+static int blank_column(const char **p, const char *end, int col)
+{
+    for (; *p < end; (*p)++) {
+        if (**p == ' ') col++;
+        else if (**p == '\t') col = (col / 8 + 1) * 8;
+        else if (**p == '\f') col = 0;
+        else break;
+    }
+    return col;
+}
+
+// Before the expression: blank and comment lines, and backslash-newlines
+// at column 0, but no indentation (ast.literal_eval strips leading spaces
+// and tabs of the first line only). False when the first token is indented.
+static bool skip_leading(struct rd *r)
+{
+    while (r->p < r->end && (*r->p == ' ' || *r->p == '\t')) r->p++;
+    int col = 0;
+    for (;;) {
+        col = blank_column(&r->p, r->end, col);
+        if (r->p >= r->end) return true;
+        const char c = *r->p;
+        if (c == '#') {
+            while (r->p < r->end && *r->p != '\n') r->p++;
+        } else if (c == '\n') {
+            r->p++;
+            col = 0;
+        } else if (c == '\\' && r->end - r->p >= 2 && r->p[1] == '\n') {
+            if (col > 0) return false; // the indentation before it counts
+            r->p += 2;
+        } else {
+            return col == 0;
+        }
+    }
+}
+
+static json_t *parse(struct rd *r)
+{
+    json_t *v = NULL, *out = NULL;
+    if (!skip_leading(r) || !(v = read_expr(r))) goto done;
+    // A bare tuple: 1, 2 (and 1,).
+    if (take(r, ',')) {
+        json_t *t = json_pack("[OO]", r->tuple, v);
+        json_decref(v);
+        if (!(v = t)) goto done;
+        for (;;) {
+            skip_space(r);
+            if (r->p >= r->end || *r->p == '\n') break;
+            json_t *item = read_expr(r);
+            if (!item || json_array_append_new(v, item)) goto done;
+            if (!take(r, ',')) break;
+        }
+    }
+    // What follows may only be blank space, comments and line breaks; a
+    // last line of blanks alone must not be indented (Python takes it for
+    // an indent), and no backslash-newline may end the text.
+    for (;;) {
+        skip_space(r);
+        if (r->p >= r->end) break;
+        if (*r->p != '\n') goto done;
+        r->p++;
+        const char *line = r->p;
+        if (blank_column(&line, r->end, 0) > 0 && line >= r->end) goto done;
+    }
+    if (r->last_cont) goto done;
+    struct ms_buf key = {0};
+    out = finish(r, v, &key);
+    ms_buf_free(&key);
+done:
+    json_decref(v);
+    return out;
+}
+
 json_t *py_literal_parse(const char *s, size_t n)
 {
     // Python refuses source with a NUL byte in it.
     if (!s || memchr(s, 0, n)) return NULL;
-    struct rd r = {.p = s, .end = s + n};
-    json_t *v = NULL, *out = NULL;
+    // And reads \r\n and a lone \r as \n everywhere, inside strings too.
+    char *text = malloc(n ? n : 1);
+    if (!text) return NULL;
+    size_t len = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '\r' && i + 1 < n && s[i + 1] == '\n') continue;
+        text[len++] = s[i] == '\r' ? '\n' : s[i];
+    }
+    struct rd r = {.p = text, .end = text + len};
+    json_t *out = NULL;
     r.tuple = json_object();
     r.dict = json_object();
     r.bad_hashable = json_object();
     r.bad_unhashable = json_object();
-    if (!r.tuple || !r.dict || !r.bad_hashable || !r.bad_unhashable) goto done;
-    // ast.literal_eval strips leading spaces and tabs; then blank and
-    // comment lines may come before the expression, but not indentation.
-    while (r.p < r.end && (*r.p == ' ' || *r.p == '\t')) r.p++;
-    for (;;) {
-        skip_space(&r);
-        if (r.p >= r.end || (*r.p != '\n' && *r.p != '\r')) break;
-        r.p++;
-        const char *line = r.p;
-        while (r.p < r.end && (*r.p == ' ' || *r.p == '\t' || *r.p == '\f')) r.p++;
-        if (r.p > line && r.p < r.end && *r.p != '\n' && *r.p != '\r' && *r.p != '#') goto done;
-    }
-    if (!(v = read_expr(&r))) goto done;
-    // A bare tuple: 1, 2 (and 1,).
-    if (take(&r, ',')) {
-        json_t *t = json_pack("[OO]", r.tuple, v);
-        json_decref(v);
-        if (!(v = t)) goto done;
-        for (;;) {
-            skip_space(&r);
-            if (r.p >= r.end || *r.p == '\n' || *r.p == '\r') break;
-            json_t *item = read_expr(&r);
-            if (!item || json_array_append_new(v, item)) goto done;
-            if (!take(&r, ',')) break;
-        }
-    }
-    // What follows may only be line breaks, blank space and comments, and
-    // no backslash-newline may be left hanging at the end.
-    for (;;) {
-        skip_space(&r);
-        if (r.p >= r.end) break;
-        if (*r.p != '\n' && *r.p != '\r') goto done;
-        r.p++;
-        r.last_cont = false;
-    }
-    if (r.last_cont) goto done;
-    struct ms_buf key = {0};
-    out = finish(&r, v, &key);
-    ms_buf_free(&key);
-done:
-    json_decref(v);
+    if (r.tuple && r.dict && r.bad_hashable && r.bad_unhashable) out = parse(&r);
     json_decref(r.tuple);
     json_decref(r.dict);
     json_decref(r.bad_hashable);
     json_decref(r.bad_unhashable);
+    free(text);
     return out;
 }

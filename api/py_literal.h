@@ -9,7 +9,10 @@
 // adjacent strings joined; decimal, hex, octal and binary integers and
 // floats with underscores between digits; one sign before a number; True,
 // False, None; lists, tuples (as arrays) and dicts, trailing commas,
-// comments and line breaks inside brackets, a bare top-level tuple (1, 2).
+// comments and line breaks inside brackets, a bare top-level tuple (1, 2);
+// lines as Python's tokenizer reads them (\r\n and \r are \n, in strings
+// too; blank, comment and backslash-continued lines around the expression,
+// but no indentation before it and no indented blank last line).
 // Dict keys may be strings, numbers, booleans or None, written as
 // json.dumps writes them ("1", "1.5", "true", "null"); keys Python holds
 // equal (1, 1.0, True) are one key, keeping the first's spelling and the
@@ -18,9 +21,13 @@
 // NULL (the caller keeps the text) where ast.literal_eval fails, and where
 // json.dumps would fail or write what is not JSON: sets, bytes, complex
 // numbers, Ellipsis, \N{...} escapes (names not known here), lone
-// surrogates, tuple keys, floats out of range (inf); also past 200 nested
-// brackets (Python's parser stops there too). Integers past 64 bits become
-// reals (json_loadb_wide's rule). s need not be NUL-terminated.
+// surrogates, tuple keys, floats out of range (inf, where json.dumps writes
+// Infinity); also past 200 nested brackets (Python's parser stops there
+// too). Integers past 64 bits become reals (json_loadb_wide's rule), rounded
+// once, so that two such keys may become one, and -(2**63) written in
+// brackets is a real. Keys json.dumps would write as the same text (1 and
+// '1') are one key here, the first's place with the last value, where
+// json.dumps writes both. s need not be NUL-terminated.
 #ifndef MOESERVE_API_PY_LITERAL_H
 #define MOESERVE_API_PY_LITERAL_H
 
