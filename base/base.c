@@ -202,7 +202,14 @@ int ms_cgroup_cpu_limit(const char *proc_self_cgroup, const char *cgroup_root)
             if (snprintf(mount, sizeof mount, "%s%s", cgroup_root, v1 ? "/cpu" : "") >=
                 (int)sizeof mount)
                 return limit;
-            const int cores = tightest_cores(mount, path, strcspn(path, "\n"), v1);
+            int cores = tightest_cores(mount, path, strcspn(path, "\n"), v1);
+            // v1's cpu controller is mounted at cpu, or only at the name of
+            // its hierarchy ("cpu,cpuacct") where no link says cpu.
+            const char *names = strchr(line, ':') + 1;
+            const int names_len = (int)(path - 1 - names);
+            if (v1 && !cores && snprintf(mount, sizeof mount, "%s/%.*s", cgroup_root, names_len, names) <
+                                    (int)sizeof mount)
+                cores = tightest_cores(mount, path, strcspn(path, "\n"), v1);
             if (cores > 0 && (limit == 0 || cores < limit)) limit = cores;
         }
         line = strchr(line, '\n');

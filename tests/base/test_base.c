@@ -256,6 +256,13 @@ static void cgroup_quota_caps_the_cores(void **state)
     assert_int_equal(ms_cgroup_cpu_limit(proc, root), 1);
     put_file(dir, "fs/cpu/docker/c1/cpu.cfs_period_us", "0\n");
     assert_int_equal(ms_cgroup_cpu_limit(proc, root), 4);
+    // Mounted only under the hierarchy's name, with no cpu link.
+    char moved[128], to[128];
+    snprintf(moved, sizeof moved, "%s/fs/cpu", dir);
+    snprintf(to, sizeof to, "%s/fs/cpu,cpuacct", dir);
+    assert_int_equal(rename(moved, to), 0);
+    assert_int_equal(ms_cgroup_cpu_limit(proc, root), 4);
+    assert_int_equal(rename(to, moved), 0);
     put_file(dir, "fs/cpu.max", "200000 100000\n"); // both hierarchies: the tighter
     assert_int_equal(ms_cgroup_cpu_limit(proc, root), 2);
     put_file(dir, "cgroup", "3:cpu\n3:cpu:\n3:cpux:/\n3:,cpu\n::\n0::\n0:/\n"); // none names a group
