@@ -195,11 +195,8 @@ static int lex_number(struct lexer *L)
         bool any = false;
         while (j < n) {
             char c = p[j];
-            int d = -1;
-            if (c >= '0' && c <= '9') d = c - '0';
-            else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-            else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
-            else if (c == '_' && any) { j++; continue; }
+            const int d = ms_hex_digit(c);
+            if (d < 0 && c == '_' && any) { j++; continue; }
             if (d < 0 || d >= base) break;
             if (v > (uint64_t)INT64_MAX / (uint64_t)base) return lex_fail(L, "integer literal too large%s", "");
             v = v * (uint64_t)base + (uint64_t)d;
@@ -234,14 +231,6 @@ static int lex_number(struct lexer *L)
     }
     L->pos += i;
     return 0;
-}
-
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
 }
 
 // A quoted string with Python's escapes (Jinja decodes with unicode-escape).
@@ -282,7 +271,7 @@ static int lex_string(struct lexer *L)
             int nd = e == 'x' ? 2 : e == 'u' ? 4 : 8;
             uint32_t cp = 0;
             for (int d = 0; d < nd; d++) {
-                int h = j + 1 < i ? hexval(L->src[j + 1]) : -1;
+                int h = j + 1 < i ? ms_hex_digit(L->src[j + 1]) : -1;
                 if (h < 0) return lex_fail(L, "malformed \\%s escape in a string literal", (char[]){e, 0});
                 cp = cp * 16 + (uint32_t)h;
                 j++;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "base/buf.h"
 #include "base/json.h"
 #include "base/utf8.h"
@@ -75,21 +76,13 @@ static bool take(struct rd *r, char c)
     return false;
 }
 
-static int hex_val(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 // n hex digits at p as a code point; -1 when any is not one.
 static long hex_run(const char *p, const char *end, int n)
 {
     if (end - p < n) return -1;
     long v = 0;
     for (int i = 0; i < n; i++) {
-        const int h = hex_val(p[i]);
+        const int h = ms_hex_digit(p[i]);
         if (h < 0) return -1;
         v = v * 16 + h;
     }
@@ -258,14 +251,14 @@ static bool digit_run(struct rd *r, int base, struct ms_buf *out, bool after_pre
     const char *p = r->p;
     bool any = false;
     for (; p < r->end; p++) {
-        const int h = hex_val(*p);
+        const int h = ms_hex_digit(*p);
         if (h >= 0 && h < base) {
             if (ms_buf_append(out, p, 1)) return false;
             any = true;
         } else if (*p == '_' && (any || after_prefix)) {
             // 0x_1f: one underscore may follow a base prefix; elsewhere
             // only between digits.
-            if (p + 1 >= r->end || hex_val(p[1]) < 0 || hex_val(p[1]) >= base) return false;
+            if (p + 1 >= r->end || ms_hex_digit(p[1]) < 0 || ms_hex_digit(p[1]) >= base) return false;
         } else {
             break;
         }
@@ -298,7 +291,7 @@ static char *big_to_hex(const char *digits, int base, bool negative)
             int bit = 0;
             if (i >= pad) {
                 const size_t j = i - pad, digit = j / (size_t)bits, within = j % (size_t)bits;
-                bit = (hex_val(digits[digit]) >> (bits - 1 - (int)within)) & 1;
+                bit = (ms_hex_digit(digits[digit]) >> (bits - 1 - (int)within)) & 1;
             }
             x = x * 2 + bit;
         }

@@ -86,6 +86,15 @@ static inline uint16_t ms_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 float ms_f16_to_f32(uint16_t h);
+
+// A hex digit's value (either case), -1 for any other character.
+static inline int ms_hex_digit(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
 uint16_t ms_f32_to_f16(float f);
 
 // Logging to stderr with a timestamp. Level: 0 error, 1 warn, 2 info, 3 debug.
