@@ -44,7 +44,8 @@ static bool is_ident(char c)
 }
 
 // Spaces, tabs, form feeds, comments and backslash-newlines; line breaks
-// too inside brackets (outside, one ends the expression).
+// too inside brackets (outside, one ends the expression). The text holds no
+// \r: py_literal_parse folded every line end into \n.
 static void skip_space(struct rd *r)
 {
     while (r->p < r->end) {
@@ -53,12 +54,11 @@ static void skip_space(struct rd *r)
         if (c == ' ' || c == '\t' || c == '\f') {
             r->p++;
         } else if (c == '#') {
-            while (r->p < r->end && *r->p != '\n' && *r->p != '\r') r->p++;
-        } else if (c == '\\' && r->end - r->p >= 2 && (r->p[1] == '\n' || r->p[1] == '\r')) {
+            while (r->p < r->end && *r->p != '\n') r->p++;
+        } else if (c == '\\' && r->end - r->p >= 2 && r->p[1] == '\n') {
             r->last_cont = true;
             r->p += 2;
-            if (r->p[-1] == '\r' && r->p < r->end && *r->p == '\n') r->p++;
-        } else if ((c == '\n' || c == '\r') && r->depth > 0) {
+        } else if (c == '\n' && r->depth > 0) {
             r->p++;
         } else {
             break;
@@ -114,14 +114,16 @@ static bool str_prefix(const char *p, const char *end, enum str_kind *kind, bool
 }
 
 // One string literal appended to b (its bytes; a bytes literal's too, which
-// is checked and kept only to be refused later); *kind says which. False
-// when it is not one Python reads.
-static bool read_string(struct rd *r, struct ms_buf *b, enum str_kind *kind)
+// is checked and kept only to be refused later); *kind says which, and
+// *unwritable is set where json.dumps could not write it (bytes, a lone
+// surrogate). False when it is not one Python reads.
+static bool read_string(struct rd *r, struct ms_buf *b, enum str_kind *kind, bool *unwritable)
 {
     bool raw;
     const char *p;
     if (!str_prefix(r->p, r->end, kind, &raw, &p)) return false;
     const bool bytes = *kind == STR_BYTES;
+    if (bytes) *unwritable = true;
     const char q = *p;
     const bool triple = r->end - p >= 3 && p[1] == q && p[2] == q;
     p += triple ? 3 : 1;
@@ -132,7 +134,7 @@ static bool read_string(struct rd *r, struct ms_buf *b, enum str_kind *kind)
             p += triple ? 3 : 1;
             break;
         }
-        if ((c == '\n' || c == '\r') && !triple) return false;
+        if (c == '\n' && !triple) return false;
         if (bytes && (unsigned char)c >= 0x80) return false; // bytes hold ASCII only
         if (c != '\\') {
             if (ms_buf_append(b, p, 1)) return false;
@@ -151,9 +153,6 @@ static bool read_string(struct rd *r, struct ms_buf *b, enum str_kind *kind)
         long cp = -1;
         switch (e) {
         case '\n': continue;
-        case '\r':
-            if (p < r->end && *p == '\n') p++;
-            continue;
         case '\\': cp = '\\'; break;
         case '\'': cp = '\''; break;
         case '"': cp = '"'; break;
@@ -200,7 +199,7 @@ static bool read_string(struct rd *r, struct ms_buf *b, enum str_kind *kind)
         if (cp >= 0xD800 && cp <= 0xDFFF) {
             // A lone surrogate: a str Python holds but UTF-8 cannot; the
             // literal reads, and is refused if it is kept.
-            *kind = STR_BYTES;
+            *unwritable = true;
             continue;
         }
         uint8_t u[4];
@@ -230,11 +229,9 @@ static json_t *read_strings(struct rd *r)
     bool any_bytes = false, any_text = false, unwritable = false;
     do {
         enum str_kind k;
-        const bool was_bytes = str_prefix(r->p, r->end, &k, &(bool){0}, &(const char *){0}) && k == STR_BYTES;
-        if (!read_string(r, &b, &k) || k == STR_FORMAT) goto out;
-        if (was_bytes) any_bytes = true;
+        if (!read_string(r, &b, &k, &unwritable) || k == STR_FORMAT) goto out;
+        if (k == STR_BYTES) any_bytes = true;
         else any_text = true;
-        if (k == STR_BYTES) unwritable = true;
         skip_space(r);
     } while (r->p < r->end && string_starts(r));
     if (any_bytes && any_text) goto out;
