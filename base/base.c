@@ -143,6 +143,9 @@ static int group_cores(char *dir, size_t dir_len, bool v1)
     return cpu_max_cores(text); // "QUOTA PERIOD", as cpu.max writes it
 }
 
+// The tighter of two limits, 0 being none.
+static int tighter(int a, int b) { return a > 0 && (b == 0 || a < b) ? a : b; }
+
 // The tightest limit of the group at mount + path and its ancestors up to
 // the mount: a parent's quota bounds its children, and inside a container
 // the mount is its own group while the path still names the host's.
@@ -157,8 +160,7 @@ static int tightest_cores(const char *mount, const char *path, size_t path_len, 
     while (dir_len > root_len && dir[dir_len - 1] == '/') dir_len--;
     int limit = 0;
     for (;;) {
-        const int cores = group_cores(dir, dir_len, v1);
-        if (cores > 0 && (limit == 0 || cores < limit)) limit = cores;
+        limit = tighter(group_cores(dir, dir_len, v1), limit);
         if (dir_len <= root_len) break;
         while (dir_len > root_len && dir[dir_len - 1] != '/') dir_len--;
         while (dir_len > root_len && dir[dir_len - 1] == '/') dir_len--;
@@ -210,7 +212,7 @@ int ms_cgroup_cpu_limit(const char *proc_self_cgroup, const char *cgroup_root)
             if (v1 && !cores && snprintf(mount, sizeof mount, "%s/%.*s", cgroup_root, names_len, names) <
                                     (int)sizeof mount)
                 cores = tightest_cores(mount, path, strcspn(path, "\n"), v1);
-            if (cores > 0 && (limit == 0 || cores < limit)) limit = cores;
+            limit = tighter(cores, limit);
         }
         line = strchr(line, '\n');
         if (line) line++;

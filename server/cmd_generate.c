@@ -615,7 +615,7 @@ static int run_bench(const struct gen_opts *o, struct model *m)
         prefill_sum += pt;
     }
     const char *kernels = probe->ops->variant(probe);
-    const int shown_threads = threads ? threads : ms_cpu_count();
+    const int shown_threads = engine_threads(e); // what the engine ran on, not a second count
     const double active = (double)model_active_bytes(m), flops = prefill_flops(m, n_prompt);
     const double bw_mean = bw_sum / rounds, peak_mean = peak_sum / rounds;
     const double step_mean = step_sum / rounds, prefill_mean = prefill_sum / rounds;
