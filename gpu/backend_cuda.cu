@@ -491,6 +491,15 @@ static int cu_prepare_weights(struct backend *b, const struct model *m, int expe
     if (expert_begin < 0 || expert_end < expert_begin || expert_end > cfg->n_experts)
         return cu_fail(b, MS_EINVAL, "expert range [%d, %d) is outside the model's %d experts",
                        expert_begin, expert_end, cfg->n_experts);
+    // An act-order checkpoint's matrices read x in their own input order
+    // (tensor_quant.perm): a gather per expert before the GEMM, which the
+    // CUDA kernels do not have yet. Said before anything is uploaded.
+    if (m->n_perms)
+        return cu_fail(b, MS_EUNSUPPORTED, "%s is an act-order checkpoint (GPTQ desc_act or "
+                       "compressed-tensors actorder group, with inputs grouped out of their order), "
+                       "which the CUDA backend does not run yet: serve it with --device cpu, or use "
+                       "a checkpoint quantized without act-order (desc_act false, actorder weight "
+                       "or none)", m->dir);
     ON_DEVICE(c);
     const double t0 = ms_now();
     struct backend_weights *w = (struct backend_weights *)calloc(1, sizeof *w);
@@ -633,6 +642,9 @@ static int mm_check(struct backend *b, const struct backend_mat *w, const char *
     if (!w->data || w->rows <= 0 || w->cols <= 0)
         return cu_fail(b, MS_EINVAL, "%s: the matrix is not on this GPU (an expert outside "
                        "the rank's range, or a tensor the model does not bind)", what);
+    if (w->perm)
+        return cu_fail(b, MS_EUNSUPPORTED, "%s: the matrix reads its inputs in an act-order "
+                       "checkpoint's order, which the CUDA kernels do not gather", what);
     return 0;
 }
 

@@ -86,6 +86,12 @@ struct backend_mat {
                                  // 128 x 128; int8 / int4: 1 x 128 or the checkpoint's group)
     const void *scale;           // backend memory, or NULL
     const void *zero;            // QUANT_INT4: backend memory, or NULL
+    // An act-order checkpoint's matrix (struct tensor_quant.perm): (cols)
+    // backend memory, input j of the held matrix multiplies input perm[j]
+    // of x, so a matmul computes y = x[:, perm] . w^T; NULL: x as it is.
+    // The CPU backend points it at the model's copy (which outlives the
+    // weights); the CUDA backend refuses such matrices.
+    const int32_t *perm;
 };
 
 // One layer's weights on this rank.

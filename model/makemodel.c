@@ -123,6 +123,9 @@ static int spec_check(const struct makemodel_spec *s, char *err, size_t errlen)
                       "> 0 and 1 <= num_experts_per_tok <= num_experts");
     if (any_dense && s->intermediate_size < 1)
         return ms_err(err, errlen, MS_EINVAL, "model spec: dense layers need intermediate_size > 0");
+    if (s->quant_act_order && s->quant != QUANT_METHOD_GPTQ && s->quant != QUANT_METHOD_CT_INT)
+        return ms_err(err, errlen, MS_EINVAL, "model spec: act-order is GPTQ's and compressed-tensors "
+                      "int's (their g_idx); the other formats have none");
     return 0;
 }
 
@@ -369,7 +372,7 @@ enum part_kind {
     PART_GPTQ_QWEIGHT,    // I32 (cols / 8, rows)
     PART_GPTQ_QZEROS,     // I32 (ceil(cols / G), rows / 8); AWQ's the same shape
     PART_GPTQ_SCALES,     // F16 (ceil(cols / G), rows); AWQ's the same
-    PART_GPTQ_G_IDX,      // I32 (cols)
+    PART_GPTQ_G_IDX,      // I32 (cols); compressed-tensors' weight_g_idx the same
     PART_AWQ_QWEIGHT,     // I32 (cols, rows / 8)
     PART_CT_PACKED,       // I32 (rows, cols / (32 / bits)) weight_packed
     PART_CT_SCALE_F16,    // F16 (rows, ceil(cols / G)) weight_scale (int4)
@@ -446,6 +449,8 @@ static int build_parts(const struct makemodel_spec *s, const struct wlist *l, st
             if (!rc) rc = add_part(pl, i, w, PART_CT_SHAPE, "weight_shape", "I64", 1, 2, 0, 8);
             if (!rc && s->quant_asym)
                 rc = add_part(pl, i, w, PART_CT_ZERO, "weight_zero_point", "I32", 2, R / 8, ng, 4);
+            if (!rc && s->quant_act_order)
+                rc = add_part(pl, i, w, PART_GPTQ_G_IDX, "weight_g_idx", "I32", 1, C, 0, 4);
         } else if (s->quant == QUANT_METHOD_CT_FP8) {
             rc = add_part(pl, i, w, PART_FP8_WEIGHT, "weight", "F8_E4M3", 2, R, C, 1);
             if (!rc) rc = add_part(pl, i, w, PART_CT_FP8_SCALE, "weight_scale", "BF16", 2, R, 1, 2);
@@ -534,17 +539,80 @@ static int make_fp8(const float *v, int64_t R, int64_t C, int64_t B, struct qten
     return 0;
 }
 
-// GPTQ v1: per output and group of G inputs, quant_rows_quantize_gptq's
-// scales and zeros; the zeros stored minus one.
-static int make_gptq(const float *v, int64_t R, int64_t C, int G, bool sym, struct qtensor *q)
+// The order act-order quantizes weight w's inputs in: GPTQ sorts them by
+// the Hessian's diagonal, which the matrices reading one input share (an
+// expert's gate and up; q, k and v), so the order here is keyed by the
+// input's matrix (the gate's, or q's, name) and drawn from seed: a shuffle.
+// Its inverse is what the checkpoint's g_idx says (input perm[j] in group
+// j / G). NULL without act-order, or without memory (*oom set).
+static int32_t *act_order_perm(const struct makemodel_spec *s, const struct wspec *w, uint64_t seed, bool *oom)
+{
+    *oom = false;
+    if (!s->quant_act_order) return NULL;
+    const int64_t C = w->shape[1];
+    int32_t *perm = malloc((size_t)C * sizeof *perm);
+    if (!perm) {
+        *oom = true;
+        return NULL;
+    }
+    char key[sizeof w->name + 8];
+    const char *at = strstr(w->name, "up_proj");
+    if (at) snprintf(key, sizeof key, "%.*sgate%s", (int)(at - w->name), w->name, at + 2);
+    else snprintf(key, sizeof key, "%s", w->name);
+    char *kv = strstr(key, "k_proj");
+    if (!kv) kv = strstr(key, "v_proj");
+    if (kv) *kv = 'q';
+    uint64_t h = 0xcbf29ce484222325ull ^ seed; // FNV-1a of the key
+    for (const char *c = key; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+    for (int64_t k = 0; k < C; k++) perm[k] = (int32_t)k;
+    for (int64_t k = C - 1; k > 0; k--) {
+        const int64_t j = (int64_t)(splitmix64(&h) % (uint64_t)(k + 1));
+        const int32_t t = perm[k];
+        perm[k] = perm[j];
+        perm[j] = t;
+    }
+    return perm;
+}
+
+// Weight values v (R, C) with their inputs in perm's order (a copy), or v
+// itself without one.
+static const float *permuted_values(const float *v, int64_t R, int64_t C, const int32_t *perm, float **owned)
+{
+    *owned = NULL;
+    if (!perm) return v;
+    float *p = malloc((size_t)(R * C) * sizeof *p);
+    if (!p) return NULL;
+    for (int64_t o = 0; o < R; o++)
+        for (int64_t j = 0; j < C; j++) p[o * C + j] = v[o * C + perm[j]];
+    *owned = p;
+    return p;
+}
+
+// g_idx: input k's group, as the quantizer took the inputs (perm's order,
+// or the stored one).
+static int32_t *make_g_idx(int64_t C, int G, const int32_t *perm)
+{
+    int32_t *g = malloc((size_t)C * 4);
+    if (g)
+        for (int64_t j = 0; j < C; j++) g[perm ? perm[j] : j] = (int32_t)(j / G);
+    return g;
+}
+
+// GPTQ v1: per output and group of G inputs (taken in perm's order when
+// act-order), quant_rows_quantize_gptq's scales and zeros; the zeros
+// stored minus one; each value at its input's place.
+static int make_gptq(const float *v0, int64_t R, int64_t C, int G, bool sym, const int32_t *perm, struct qtensor *q)
 {
     const int ng = quant_groups((int)C, G);
+    float *owned;
+    const float *v = permuted_values(v0, R, C, perm, &owned);
     void *buf = malloc(quant_rows_bytes((int)R, (int)C, QUANT_INT4, G));
     q->qweight = calloc((size_t)(C / 8 * R), 4);
     q->qzeros = calloc((size_t)ng * (size_t)(R / 8), 4);
     q->scales = malloc((size_t)ng * (size_t)R * 2);
-    q->g_idx = malloc((size_t)C * 4);
-    if (!buf || !q->qweight || !q->qzeros || !q->scales || !q->g_idx) {
+    q->g_idx = make_g_idx(C, G, perm);
+    if (!v || !buf || !q->qweight || !q->qzeros || !q->scales || !q->g_idx) {
+        free(owned);
         free(buf);
         return MS_ENOMEM;
     }
@@ -552,14 +620,16 @@ static int make_gptq(const float *v, int64_t R, int64_t C, int G, bool sym, stru
     quant_rows_init(&r, buf, (int)R, (int)C, QUANT_INT4, G);
     for (int64_t o = 0; o < R; o++) quant_rows_quantize_gptq(&r, (int)o, v + o * C, sym);
     for (int64_t o = 0; o < R; o++) {
-        for (int64_t k = 0; k < C; k++)
-            q->qweight[(k / 8) * R + o] |= (uint32_t)r.q[o * C + k] << (4 * (k % 8));
+        for (int64_t j = 0; j < C; j++) {
+            const int64_t k = perm ? perm[j] : j;
+            q->qweight[(k / 8) * R + o] |= (uint32_t)r.q[o * C + j] << (4 * (k % 8));
+        }
         for (int g = 0; g < ng; g++) {
             q->scales[(size_t)g * R + o] = ms_f32_to_f16(r.scale[o * ng + g]);
             q->qzeros[(size_t)g * (R / 8) + o / 8] |= ((uint32_t)(r.zero[o * ng + g] - 1) & 15u) << (4 * (o % 8));
         }
     }
-    for (int64_t k = 0; k < C; k++) q->g_idx[k] = (int32_t)(k / G);
+    free(owned);
     free(buf);
     return 0;
 }
@@ -600,17 +670,23 @@ static int make_awq(const float *v, int64_t R, int64_t C, int G, struct qtensor 
 // symmetric one (every zero 8), int8 by the at-load rule (fp32 scales);
 // values stored plus 2^(bits-1), packed low bits first along the inputs;
 // asymmetric zero points packed along the outputs.
-static int make_ct_int(const float *v, int64_t R, int64_t C, int G, int bits, bool asym, struct qtensor *q)
+static int make_ct_int(const float *v0, int64_t R, int64_t C, int G, int bits, bool asym, const int32_t *perm,
+                       struct qtensor *q)
 {
     const int ng = quant_groups((int)C, G), per = 32 / bits;
     const size_t words = (size_t)C / (size_t)per;
     const enum quant_format f = bits == 8 ? QUANT_INT8 : QUANT_INT4;
+    float *owned;
+    const float *v = permuted_values(v0, R, C, perm, &owned);
     void *buf = malloc(quant_rows_bytes((int)R, (int)C, f, G));
     q->qweight = calloc((size_t)R * words, 4);
     q->qzeros = asym ? calloc((size_t)(R / 8) * (size_t)ng, 4) : NULL;
     if (bits == 8) q->fp8_scale = malloc((size_t)R * (size_t)ng * sizeof(float));
     else q->scales = malloc((size_t)R * (size_t)ng * 2);
-    if (!buf || !q->qweight || (asym && !q->qzeros) || (bits == 8 ? !q->fp8_scale : !q->scales)) {
+    if (perm) q->g_idx = make_g_idx(C, G, perm);
+    if (!v || !buf || !q->qweight || (asym && !q->qzeros) || (bits == 8 ? !q->fp8_scale : !q->scales) ||
+        (perm && !q->g_idx)) {
+        free(owned);
         free(buf);
         return MS_ENOMEM;
     }
@@ -621,8 +697,9 @@ static int make_ct_int(const float *v, int64_t R, int64_t C, int G, int bits, bo
         else quant_rows_quantize(&r, (int)o, v + o * C);
     }
     for (int64_t o = 0; o < R; o++) {
-        for (int64_t k = 0; k < C; k++) {
-            const uint8_t c = r.q[o * C + k];
+        for (int64_t j = 0; j < C; j++) {
+            const int64_t k = perm ? perm[j] : j;
+            const uint8_t c = r.q[o * C + j];
             const uint32_t u = bits == 4 ? c : (uint32_t)((int)(int8_t)c + 128);
             q->qweight[(size_t)o * words + (size_t)(k / per)] |= u << (bits * (k % per));
         }
@@ -634,6 +711,7 @@ static int make_ct_int(const float *v, int64_t R, int64_t C, int G, int bits, bo
     }
     q->shape[0] = R;
     q->shape[1] = C;
+    free(owned);
     free(buf);
     return 0;
 }
@@ -711,13 +789,19 @@ static int write_weight(FILE *f, const char *tmp, uint64_t data_at, const struct
     struct qtensor q = {0};
     const int64_t R = w->shape[0], C = w->shape[1];
     const int G = quant_group_of(s);
+    bool oom;
+    int32_t *perm = act_order_perm(s, w, seed, &oom);
     switch (s->quant) {
     case QUANT_METHOD_FP8: rc = make_fp8(v, R, C, G, &q); break;
     case QUANT_METHOD_AWQ: rc = make_awq(v, R, C, G, &q); break;
-    case QUANT_METHOD_CT_INT: rc = make_ct_int(v, R, C, G, s->quant_bits == 8 ? 8 : 4, s->quant_asym, &q); break;
+    case QUANT_METHOD_CT_INT:
+        rc = make_ct_int(v, R, C, G, s->quant_bits == 8 ? 8 : 4, s->quant_asym, perm, &q);
+        break;
     case QUANT_METHOD_CT_FP8: rc = make_ct_fp8(v, R, C, &q); break;
-    default: rc = make_gptq(v, R, C, G, !s->quant_asym, &q); break;
+    default: rc = make_gptq(v, R, C, G, !s->quant_asym, perm, &q); break;
     }
+    if (oom) rc = MS_ENOMEM;
+    free(perm);
     free(v);
     if (rc) rc = ms_err(err, errlen, MS_ENOMEM, "out of memory quantizing %s", w->name);
     for (; !rc && *pi < pl->n && pl->p[*pi].w == p->w; (*pi)++)
@@ -809,9 +893,10 @@ static json_t *ct_config(const struct makemodel_spec *s)
     json_t *w = fp8 ? json_pack("{s:i,s:s,s:b,s:s,s:n,s:b,s:n,s:n,s:s,s:{}}", "num_bits", 8, "type", "float",
                                 "symmetric", 1, "strategy", "channel", "group_size", "dynamic", 0, "actorder",
                                 "block_structure", "observer", "minmax", "observer_kwargs")
-                    : json_pack("{s:i,s:s,s:b,s:s,s:i,s:b,s:n,s:n,s:s,s:{}}", "num_bits",
+                    : json_pack("{s:i,s:s,s:b,s:s,s:i,s:b,s:o,s:n,s:s,s:{}}", "num_bits",
                                 s->quant_bits == 8 ? 8 : 4, "type", "int", "symmetric", !s->quant_asym,
                                 "strategy", "group", "group_size", quant_group_of(s), "dynamic", 0, "actorder",
+                                s->quant_act_order ? json_string("group") : json_null(),
                                 "block_structure", "observer", "minmax", "observer_kwargs");
     json_t *in = fp8 ? json_pack("{s:i,s:s,s:b,s:s,s:n,s:b,s:n}", "num_bits", 8, "type", "float", "symmetric", 1,
                                  "strategy", "token", "group_size", "dynamic", 1, "observer")
@@ -874,7 +959,7 @@ static json_t *config_json(const struct makemodel_spec *s)
     else if (s->quant == QUANT_METHOD_GPTQ)
         json_object_set_new(c, "quantization_config",
                             json_pack("{s:s,s:i,s:i,s:b,s:b,s:f,s:b,s:b,s:s}", "quant_method", "gptq",
-                                      "bits", 4, "group_size", quant_group_of(s), "desc_act", 0,
+                                      "bits", 4, "group_size", quant_group_of(s), "desc_act", s->quant_act_order,
                                       "sym", !s->quant_asym, "damp_percent", 0.01,
                                       "true_sequential", 1, "static_groups", 0,
                                       "checkpoint_format", "gptq"));

@@ -48,6 +48,12 @@ struct makemodel_spec {
     int quant_group;            // FP8 block (rows and inputs), GPTQ/AWQ/CT_INT group_size; 0: 128
     bool quant_asym;            // GPTQ, CT_INT int4: asymmetric zero points (sym: every zero 8)
     int quant_bits;             // CT_INT: 4 or 8 (0: 4)
+    // GPTQ, CT_INT: act-order, as GPTQ's desc_act (compressed-tensors'
+    // actorder group) writes it: each projection's inputs quantized in a
+    // random order of their own (the same for the matrices that read one
+    // input: an expert's gate and up, q, k and v), G at a time, and g_idx
+    // (weight_g_idx) saying each input's group.
+    bool quant_act_order;
 };
 
 // What a weight is for, which sets how it is drawn.

@@ -21,6 +21,8 @@ struct binder {
     bool have_dtype;       // the first bound tensor fixes the weights' dtype
     enum dtype dtype;
     const char *dtype_from; // the tensor that fixed it
+    const int32_t *last_perm; // the act-order input order kept last (keep_perm), of
+    int64_t last_perm_cols;   // this many inputs
 };
 
 static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
@@ -159,16 +161,48 @@ static int bind_fp8(struct binder *b, struct tensor *out, const struct st_tensor
     return 0;
 }
 
-// A GPTQ g_idx or compressed-tensors weight_g_idx: each input's group,
-// which must be its place's (k / G) — an act-order file's permuted groups
-// are refused, naming the setting that made them (order) and what to use
-// instead (fix). unset_ok: -1 (compressed-tensors' unset) reads as the
-// place's group. Missing is an error only where the config (setting) says
-// the file has one.
+// Keeps perm (cols entries, malloc'd) as the model's, or, where the last
+// one kept is the same order, frees it and gives that one: the matrices
+// bound one after another that read one input (an expert's gate and up; q,
+// k and v) were quantized in one order, since act-order sorts by the
+// input's statistics, and sharing it lets the matmul gather that input once.
+static int keep_perm(struct binder *b, int32_t *perm, int64_t cols, const int32_t **out)
+{
+    struct model *m = b->m;
+    if (b->last_perm && b->last_perm_cols == cols && !memcmp(b->last_perm, perm, (size_t)cols * sizeof *perm)) {
+        free(perm);
+        *out = b->last_perm;
+        return 0;
+    }
+    int32_t **grown = realloc(m->perms, (m->n_perms + 1) * sizeof *grown);
+    if (!grown) {
+        free(perm);
+        return MS_ENOMEM;
+    }
+    m->perms = grown;
+    m->perms[m->n_perms++] = perm;
+    b->last_perm = perm;
+    b->last_perm_cols = cols;
+    *out = perm;
+    return 0;
+}
+
+// A GPTQ g_idx or compressed-tensors weight_g_idx: each input's group. In
+// the stored order (input k in group k / G) it says nothing; an act-order
+// file's (GPTQ's desc_act, compressed-tensors' actorder group) puts the
+// inputs in groups out of their order, G to a group as the quantizer took
+// them (the last one shorter): *perm becomes the order that makes each
+// group's inputs consecutive, the group's inputs ascending (what vLLM's
+// GPTQ kernels sort g_idx into), or NULL for the stored order. Anything
+// else — a group out of range, a group with more or fewer inputs than G —
+// is no order a quantizer writes, and is refused. unset_ok: -1
+// (compressed-tensors' unset) reads as the place's group. Missing is an
+// error only where the config (setting) says the file has one.
 static int bind_g_idx(struct binder *b, const char *base, const char *part, int64_t cols, int G,
-                      bool expected, bool unset_ok, const char *setting, const char *order, const char *fix,
+                      bool expected, bool unset_ok, const char *setting, const int32_t **perm,
                       char *err, size_t errlen)
 {
+    *perm = NULL;
     const struct st_tensor *gi = find_part(b, base, part);
     if (!gi) {
         if (!expected) return 0;
@@ -177,14 +211,45 @@ static int bind_g_idx(struct binder *b, const char *base, const char *part, int6
     }
     int rc = check_part(gi, base, part, "I32", 1, (const int64_t[]){cols}, "in_features", err, errlen);
     if (rc) return rc;
-    const int32_t *g = gi->data;
-    for (int64_t k = 0; k < cols; k++)
-        if (g[k] != (int32_t)(k / G) && !(unset_ok && g[k] == -1))
-            return ms_err(err, errlen, MS_EUNSUPPORTED, "%s.%s[%lld] is %d where input %lld's group is %lld: "
-                          "the checkpoint was quantized with %s, whose permuted groups moeserve does not "
-                          "read; use %s", base, part, (long long)k, (int)g[k], (long long)k,
-                          (long long)(k / G), order, fix);
     b->bound++;
+    const int32_t *g = gi->data;
+    const int64_t ng = (cols + G - 1) / G;
+    bool stored = true;
+    for (int64_t k = 0; k < cols; k++) {
+        const int64_t want = k / G;
+        if (g[k] == want || (unset_ok && g[k] == -1)) continue;
+        if (g[k] < 0 || g[k] >= ng)
+            return ms_err(err, errlen, MS_EFORMAT, "%s.%s[%lld] is %d, but group_size %d over %lld inputs "
+                          "makes groups 0 to %lld", base, part, (long long)k, (int)g[k], G, (long long)cols,
+                          (long long)(ng - 1));
+        stored = false;
+    }
+    if (stored) return 0;
+    // A counting sort by group: start[g] is where group g's inputs begin.
+    int64_t *start = calloc((size_t)ng + 1, sizeof *start);
+    int32_t *p = malloc((size_t)cols * sizeof *p);
+    if (!start || !p) {
+        free(start);
+        free(p);
+        return ms_err(err, errlen, MS_ENOMEM, "out of memory for %s.%s's input order", base, part);
+    }
+    for (int64_t k = 0; k < cols; k++) start[(g[k] == -1 ? k / G : g[k]) + 1]++;
+    for (int64_t i = 0; i < ng; i++) {
+        const int64_t size = i + 1 < ng ? G : cols - i * G;
+        if (start[i + 1] != size) {
+            const long long n = (long long)start[i + 1];
+            free(start);
+            free(p);
+            return ms_err(err, errlen, MS_EFORMAT, "%s.%s puts %lld inputs in group %lld, but group_size %d "
+                          "over %lld inputs gives that group %lld (an act-order quantizer fills every "
+                          "group)", base, part, n, (long long)i, G, (long long)cols, (long long)size);
+        }
+        start[i + 1] += start[i];
+    }
+    for (int64_t k = 0; k < cols; k++) p[start[g[k] == -1 ? k / G : g[k]]++] = (int32_t)k;
+    free(start);
+    if ((rc = keep_perm(b, p, cols, perm)))
+        return ms_err(err, errlen, rc, "out of memory for %s.%s's input order", base, part);
     return 0;
 }
 
@@ -210,8 +275,8 @@ static int bind_gptq(struct binder *b, struct tensor *out, const struct st_tenso
         (rc = check_part(find_part(b, base, "scales"), base, "scales", "F16", 2,
                          (const int64_t[]){ng, rows}, why, err, errlen)))
         return rc;
-    if ((rc = bind_g_idx(b, base, "g_idx", cols, G, qc->desc_act, false, "desc_act true",
-                         "desc_act (act-order)", "a checkpoint made with desc_act false", err, errlen)))
+    const int32_t *perm;
+    if ((rc = bind_g_idx(b, base, "g_idx", cols, G, qc->desc_act, false, "desc_act true", &perm, err, errlen)))
         return rc;
     out->data = qw->data;
     out->quant = (struct tensor_quant){.format = QUANT_INT4, .source = QUANT_SRC_GPTQ, .group = G,
@@ -219,7 +284,7 @@ static int bind_gptq(struct binder *b, struct tensor *out, const struct st_tenso
                                        .scale = find_part(b, base, "scales")->data,
                                        .scale_dtype = DTYPE_F16,
                                        .zeros = find_part(b, base, "qzeros")->data,
-                                       .zero_offset = qc->zero_offset, .sym = qc->sym};
+                                       .zero_offset = qc->zero_offset, .sym = qc->sym, .perm = perm};
     b->bound += 3;
     return 0;
 }
@@ -325,14 +390,15 @@ static int bind_ct_int(struct binder *b, struct tensor *out, const struct st_ten
                           "unclear", base);
         b->bound++;
     }
-    if ((rc = bind_g_idx(b, base, "weight_g_idx", cols, G, qc->desc_act, true, "actorder group",
-                         "actorder group", "one made with actorder weight or none", err, errlen)))
+    const int32_t *perm;
+    if ((rc = bind_g_idx(b, base, "weight_g_idx", cols, G, qc->desc_act, true, "actorder group", &perm, err,
+                         errlen)))
         return rc;
     out->data = wp->data;
     out->quant = (struct tensor_quant){.format = qc->bits == 4 ? QUANT_INT4 : QUANT_INT8, .source = QUANT_SRC_CT,
                                        .group = G, .block_rows = 1, .scale = sc->data, .scale_dtype = sc->dtype,
                                        .zeros = qc->sym ? NULL : zp->data, .zeros_i8 = zeros_i8,
-                                       .sym = qc->sym};
+                                       .sym = qc->sym, .perm = perm};
     b->bound += 3;
     return 0;
 }
@@ -717,6 +783,8 @@ void model_destroy(struct model *m)
     if (m->layers)
         for (int i = 0; i < m->cfg.n_layers; i++) free(m->layers[i].experts);
     free(m->layers);
+    for (size_t i = 0; i < m->n_perms; i++) free(m->perms[i]);
+    free(m->perms);
     safetensors_close(m->storage);
     free(m);
 }

@@ -76,6 +76,11 @@ struct model {
     // moeserve, used when the prepared weights are large), "none" for never.
     char cache_dir[4096];
     uint64_t seed;                // the dummy weights' seed
+    // The input orders of an act-order checkpoint's matrices (struct
+    // tensor_quant.perm), each allocated once: matrices that read the same
+    // input in the same order (an expert's gate and up; q, k and v) share one.
+    int32_t **perms;
+    size_t n_perms;
 };
 
 // Loads DIR's config.json (+ generation_config.json) and maps its

@@ -232,8 +232,10 @@ void quant_tensor_rows(const struct tensor *t, int r0, int n, struct quant_rows 
         }
         case QUANT_SRC_GPTQ: {
             const uint32_t *qw = t->data, *qz = tq->zeros;
-            for (int k = 0; k < K; k++)
-                q[k] = (uint8_t)((qw[(size_t)(k / 8) * rows + o] >> (4 * (k % 8))) & 15u);
+            for (int j = 0; j < K; j++) {
+                const int k = tq->perm ? tq->perm[j] : j;
+                q[j] = (uint8_t)((qw[(size_t)(k / 8) * rows + o] >> (4 * (k % 8))) & 15u);
+            }
             for (int g = 0; g < ng; g++) {
                 s[g] = scale_at(tq->scale, DTYPE_F16, (size_t)g * rows + o);
                 const uint32_t word = qz[(size_t)g * (rows / 8) + o / 8];
@@ -247,11 +249,12 @@ void quant_tensor_rows(const struct tensor *t, int r0, int n, struct quant_rows 
             const uint32_t mask = (1u << bits) - 1u, half = 1u << (bits - 1);
             const size_t words = (size_t)(K + per - 1) / (size_t)per;
             const uint32_t *row = (const uint32_t *)t->data + (size_t)o * words;
-            for (int k = 0; k < K; k++) {
+            for (int j = 0; j < K; j++) {
+                const int k = tq->perm ? tq->perm[j] : j;
                 const uint32_t u = (row[k / per] >> (bits * (k % per))) & mask;
                 // int4 keeps the stored value (its zero point is 8 when
                 // symmetric); int8 is signed: the value less 128.
-                q[k] = bits == 4 ? (uint8_t)u : (uint8_t)(int8_t)((int)u - (int)half);
+                q[j] = bits == 4 ? (uint8_t)u : (uint8_t)(int8_t)((int)u - (int)half);
             }
             for (int g = 0; g < ng; g++) {
                 s[g] = scale_at(tq->scale, tq->scale_dtype, (size_t)o * ng + g);

@@ -84,6 +84,14 @@ struct tensor_quant {
     int zero_offset;           // QUANT_SRC_GPTQ: added to a stored zero point (1: v1, 0: v2)
     bool sym;                  // QUANT_SRC_GPTQ: symmetric (informational; z is read either way)
     bool zeros_i8;             // QUANT_SRC_CT: zero points stored unpacked, I8 (before compressed-tensors 0.10)
+    // QUANT_SRC_GPTQ / CT, an act-order checkpoint (GPTQ's desc_act,
+    // compressed-tensors' actorder group), whose g_idx puts the inputs in
+    // groups out of their order: (cols) input j of the canonical rows is
+    // the checkpoint's input perm[j], so that each group's inputs are
+    // consecutive there (j / group); the matmul reads x through the same
+    // order (struct backend_mat.perm). NULL: the stored order. Host
+    // memory the model owns.
+    const int32_t *perm;
 };
 
 // Groups of a row of cols inputs.
@@ -189,8 +197,9 @@ struct tensor; // model/model.h
 
 // Rows [r0, r0 + n) of a quantized matrix tensor (t->quant.format !=
 // QUANT_NONE) in canonical form: read from a quantized checkpoint's
-// tensors, or made from its values (the mapped data, or the dummy recipe,
-// rounded to the tensor's dtype first) and quantized. r must have been laid
+// tensors (inputs in t->quant.perm's order when it has one), or made from
+// its values (the mapped data, or the dummy recipe, rounded to the
+// tensor's dtype first) and quantized. r must have been laid
 // out for n rows of t's format and group; tmp holds t's cols floats.
 // Thread-safe: reads t only.
 void quant_tensor_rows(const struct tensor *t, int r0, int n, struct quant_rows *r, float *tmp);

@@ -18,7 +18,7 @@ static void usage(FILE *f)
             "usage: moeserve make-model --shape tiny|demo|mid --out DIR [--seed N] "
             "[--tokenizer-dir DIR]\n"
             "                           [--quantization fp8|gptq|awq|ct-w4a16|ct-w8a16|ct-fp8\n"
-            "                            [--group-size N] [--asym]]\n\n"
+            "                            [--group-size N] [--asym] [--desc-act]]\n\n"
             "Writes config.json, generation_config.json, model.safetensors (bf16, random\n"
             "weights from a generator seeded by --seed, default 0) and the Qwen3\n"
             "tokenizer.json and tokenizer_config.json into DIR.\n\n"
@@ -36,7 +36,10 @@ static void usage(FILE *f)
             "                  by group), ct-fp8 (float-quantized FP8 by channel, as the\n"
             "                  FP8-dynamic releases); the rest stays bf16\n"
             "  --group-size N  the FP8 block (N x N) or GPTQ/AWQ/ct-w group size (128)\n"
-            "  --asym          GPTQ or ct-w4a16 with zero points per group (default symmetric)\n",
+            "  --asym          GPTQ or ct-w4a16 with zero points per group (default symmetric)\n"
+            "  --desc-act      GPTQ, ct-w4a16 or ct-w8a16 quantized in act-order: each\n"
+            "                  projection's inputs grouped in an order of their own, which\n"
+            "                  g_idx (weight_g_idx) says (desc_act true, actorder group)\n",
             MOESERVE_TOKENIZER_DIR);
 }
 
@@ -50,6 +53,7 @@ int cmd_make_model(int argc, char **argv)
         {"quantization", required_argument, NULL, 'q'},
         {"group-size", required_argument, NULL, 'g'},
         {"asym", no_argument, NULL, 'a'},
+        {"desc-act", no_argument, NULL, 'd'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -57,7 +61,7 @@ int cmd_make_model(int argc, char **argv)
     uint64_t seed = 0;
     enum quant_method quant = QUANT_METHOD_NONE;
     long group = 0;
-    bool asym = false;
+    bool asym = false, desc_act = false;
     int bits = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -100,6 +104,7 @@ int cmd_make_model(int argc, char **argv)
             break;
         }
         case 'a': asym = true; break;
+        case 'd': desc_act = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -123,7 +128,12 @@ int cmd_make_model(int argc, char **argv)
         fprintf(stderr, "moeserve make-model: --asym is for --quantization gptq or ct-w4a16\n");
         return 2;
     }
+    if (desc_act && quant != QUANT_METHOD_GPTQ && quant != QUANT_METHOD_CT_INT) {
+        fprintf(stderr, "moeserve make-model: --desc-act is for --quantization gptq, ct-w4a16 or ct-w8a16\n");
+        return 2;
+    }
     spec.quant = quant;
+    spec.quant_act_order = desc_act;
     spec.quant_bits = bits;
     spec.quant_group = (int)group;
     spec.quant_asym = asym;
@@ -133,7 +143,7 @@ int cmd_make_model(int argc, char **argv)
         return 1;
     }
     uint64_t params = makemodel_param_count(&spec);
-    printf("wrote %s: %s model%s, %" PRIu64 " parameters (%.1f MiB in bf16), seed %" PRIu64
+    printf("wrote %s: %s model%s%s, %" PRIu64 " parameters (%.1f MiB in bf16), seed %" PRIu64
            ", %.2f s\n", out, shape,
            quant == QUANT_METHOD_FP8    ? " (fp8 projections)"
            : quant == QUANT_METHOD_AWQ  ? " (awq int4 projections)"
@@ -143,6 +153,6 @@ int cmd_make_model(int argc, char **argv)
                                                              : " (compressed-tensors int4 projections)")
            : quant == QUANT_METHOD_GPTQ ? (asym ? " (gptq int4 asymmetric projections)" : " (gptq int4 projections)")
                                         : "",
-           params, (double)params * 2 / (1024.0 * 1024.0), seed, ms_now() - t0);
+           desc_act ? " in act-order" : "", params, (double)params * 2 / (1024.0 * 1024.0), seed, ms_now() - t0);
     return 0;
 }

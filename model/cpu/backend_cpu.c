@@ -38,6 +38,16 @@ struct cpu_backend {
     int sample_vocab;
     struct cpu_mm *jobs;           // matmul jobs of one op
     int jobs_cap;
+    const int32_t **job_perm;      // each job's act-order input order, or NULL
+    int job_perm_cap;
+    // An op's act-order inputs (permute_inputs): x gathered into each
+    // order, the distinct gathers, and the pieces the threads take.
+    float *xp;
+    size_t xp_cap;                 // floats
+    struct xp_gather *xg;
+    int xg_cap;
+    struct xp_piece *xpc;
+    int xpc_cap;
     int32_t *tiles;                // attention tiles: (first token, tokens) pairs
     int tiles_cap;
     int32_t *fill;                 // moe_route: each expert's pairs, then its next free row
@@ -318,6 +328,7 @@ static void plan_tensor(const struct tensor *t, struct backend_mat *mat, void *a
         mat->quant = t->quant.format;
         mat->group_rows = 1;
         mat->group_cols = t->quant.group;
+        mat->perm = t->quant.perm;
     }
     struct prep_job j = {.t = t, .mat = mat, .packed_off = SIZE_MAX, .made_off = SIZE_MAX};
     const struct cpu_wmat w = {.data = t->data, .dtype = t->dtype, .out = mat->rows, .in = mat->cols,
@@ -821,6 +832,106 @@ static int cpu_rmsnorm_op(struct backend *b, const float *x, size_t ldx, const i
     return 0;
 }
 
+// ---- act-order inputs -------------------------------------------------------------
+// A matrix of an act-order checkpoint holds its inputs in the order that
+// makes each scale group's inputs consecutive (backend_mat.perm), so its
+// job reads x gathered into that order: once per distinct (order, x, rows)
+// of an op, since an expert's gate and up share one order and one x, into
+// c->xp, and the job then reads that copy. The gather is a row of the
+// hidden size per (token, expert): at 16 decode streams a few hundred KiB
+// against the tens of MiB of weights the experts read.
+struct xp_gather {
+    const int32_t *perm;
+    const float *x;
+    size_t ldx;
+    const int32_t *x_rows;
+    int rows, in;
+    size_t off;                    // its rows at c->xp + off, in apart
+};
+
+struct xp_piece {
+    int gather, r0, r1;
+};
+
+#define XP_PIECE_ROWS 32
+
+static void xp_pieces(void *arg, int b, int e, int tid)
+{
+    (void)tid;
+    const struct cpu_backend *c = arg;
+    for (int i = b; i < e; i++) {
+        const struct xp_piece *pc = &c->xpc[i];
+        const struct xp_gather *g = &c->xg[pc->gather];
+        for (int r = pc->r0; r < pc->r1; r++) {
+            float *dst = c->xp + g->off + (size_t)r * (size_t)g->in;
+            const int xi = g->x_rows ? g->x_rows[r] : r;
+            if (xi < 0) {
+                memset(dst, 0, (size_t)g->in * sizeof *dst); // a padding row: read by nobody
+                continue;
+            }
+            const float *src = g->x + (size_t)xi * g->ldx;
+            for (int k = 0; k < g->in; k++) dst[k] = src[g->perm[k]];
+        }
+    }
+}
+
+// The gather among c->xg[0, n) that job m with order perm reads, or n.
+static int xp_find(const struct cpu_backend *c, int n, const int32_t *perm, const struct cpu_mm *m)
+{
+    int g = 0;
+    while (g < n && !(c->xg[g].perm == perm && c->xg[g].x == m->x && c->xg[g].ldx == m->ldx &&
+                      c->xg[g].x_rows == m->x_rows && c->xg[g].rows == m->rows && c->xg[g].in == m->w.in))
+        g++;
+    return g;
+}
+
+// Points each of jobs[0, n) whose perms[i] is set at its x gathered into
+// that order (see above), for the matmul run next: c->xp is the next op's.
+static int permute_inputs(struct cpu_backend *c, struct cpu_mm *jobs, const int32_t *const *perms, int n)
+{
+    int ng = 0, npc = 0;
+    size_t floats = 0;
+    for (int i = 0; i < n; i++) {
+        if (!perms[i] || jobs[i].rows <= 0 || xp_find(c, ng, perms[i], &jobs[i]) < ng) continue;
+        int rc = grow(c, (void **)&c->xg, &c->xg_cap, ng + 1, sizeof *c->xg, "act-order gathers");
+        if (rc) return rc;
+        const size_t f = (size_t)jobs[i].rows * (size_t)jobs[i].w.in;
+        if (f > SIZE_MAX / sizeof(float) - floats)
+            return backend_fail(&c->b, MS_ENOMEM, "act-order inputs of %d rows are too large", jobs[i].rows);
+        c->xg[ng++] = (struct xp_gather){.perm = perms[i], .x = jobs[i].x, .ldx = jobs[i].ldx,
+                                         .x_rows = jobs[i].x_rows, .rows = jobs[i].rows,
+                                         .in = jobs[i].w.in, .off = floats};
+        floats += f;
+        npc += (jobs[i].rows + XP_PIECE_ROWS - 1) / XP_PIECE_ROWS;
+    }
+    if (!ng) return 0;
+    if (floats > c->xp_cap) {
+        float *xp = NULL;
+        if (posix_memalign((void **)&xp, 64, floats * sizeof *xp))
+            return backend_fail(&c->b, MS_ENOMEM, "out of memory for %.1f MiB of act-order inputs",
+                                (double)floats * sizeof *xp / (1 << 20));
+        free(c->xp);
+        c->xp = xp;
+        c->xp_cap = floats;
+    }
+    int rc = grow(c, (void **)&c->xpc, &c->xpc_cap, npc, sizeof *c->xpc, "act-order gather pieces");
+    if (rc) return rc;
+    npc = 0;
+    for (int g = 0; g < ng; g++)
+        for (int r0 = 0; r0 < c->xg[g].rows; r0 += XP_PIECE_ROWS) {
+            const int r1 = r0 + XP_PIECE_ROWS < c->xg[g].rows ? r0 + XP_PIECE_ROWS : c->xg[g].rows;
+            c->xpc[npc++] = (struct xp_piece){.gather = g, .r0 = r0, .r1 = r1};
+        }
+    par_for(c, npc, xp_pieces, c);
+    for (int i = 0; i < n; i++) {
+        if (!perms[i] || jobs[i].rows <= 0) continue;
+        jobs[i].x = c->xp + c->xg[xp_find(c, ng, perms[i], &jobs[i])].off;
+        jobs[i].ldx = (size_t)jobs[i].w.in;
+        jobs[i].x_rows = NULL;
+    }
+    return 0;
+}
+
 static struct cpu_mm mm_of(const struct backend_mm *j)
 {
     struct cpu_wmat w = wmat_of(j->w);
@@ -849,6 +960,12 @@ static int matmul_unaligned(struct cpu_backend *c, const struct backend_mm *j)
     a.y_rows = NULL;
     a.accumulate = false;
     struct cpu_mm m = mm_of(&a);
+    const int32_t *perm = j->w->perm;
+    int rc = permute_inputs(c, &m, &perm, 1);
+    if (rc) {
+        free(tmp);
+        return rc;
+    }
     cpu_matmul(&c->ex, &m, 1);
     for (int r = 0; r < j->rows; r++) {
         float *y = j->y + (size_t)(j->y_rows ? j->y_rows[r] : r) * j->ldy;
@@ -862,9 +979,12 @@ static int matmul_unaligned(struct cpu_backend *c, const struct backend_mm *j)
 static int cpu_matmul_op(struct backend *b, const struct backend_mm *jobs, int n_jobs)
 {
     struct cpu_backend *c = cpu_of(b);
-    int rc = grow(c, (void **)&c->jobs, &c->jobs_cap, n_jobs, sizeof *c->jobs, "matmul jobs");
-    if (rc) return rc;
+    int rc;
+    if ((rc = grow(c, (void **)&c->jobs, &c->jobs_cap, n_jobs, sizeof *c->jobs, "matmul jobs")) ||
+        (rc = grow(c, (void **)&c->job_perm, &c->job_perm_cap, n_jobs, sizeof *c->job_perm, "matmul jobs")))
+        return rc;
     int nj = 0;
+    bool permuted = false;
     for (int i = 0; i < n_jobs; i++) {
         const struct backend_mm *j = &jobs[i];
         if (j->o0 < 0 || j->n_out < 0 || j->o0 + j->n_out > j->w->rows)
@@ -874,8 +994,11 @@ static int cpu_matmul_op(struct backend *b, const struct backend_mm *jobs, int n
             if ((rc = matmul_unaligned(c, j))) return rc;
             continue;
         }
+        c->job_perm[nj] = j->w->perm;
+        permuted |= j->w->perm != NULL;
         c->jobs[nj++] = mm_of(j);
     }
+    if (permuted && (rc = permute_inputs(c, c->jobs, c->job_perm, nj))) return rc;
     cpu_matmul(&c->ex, c->jobs, nj);
     return 0;
 }
@@ -887,9 +1010,12 @@ static int cpu_grouped_matmul(struct backend *b, const struct backend_gmm *jobs,
     struct cpu_backend *c = cpu_of(b);
     int total = 0;
     for (int i = 0; i < n_jobs; i++) total += jobs[i].n_groups;
-    int rc = grow(c, (void **)&c->jobs, &c->jobs_cap, total, sizeof *c->jobs, "matmul jobs");
-    if (rc) return rc;
+    int rc;
+    if ((rc = grow(c, (void **)&c->jobs, &c->jobs_cap, total, sizeof *c->jobs, "matmul jobs")) ||
+        (rc = grow(c, (void **)&c->job_perm, &c->job_perm_cap, total, sizeof *c->job_perm, "matmul jobs")))
+        return rc;
     int nj = 0;
+    bool permuted = false;
     for (int i = 0; i < n_jobs; i++) {
         const struct backend_gmm *j = &jobs[i];
         const int32_t *off = j->h_off ? j->h_off : j->off; // host memory either way here
@@ -901,6 +1027,8 @@ static int cpu_grouped_matmul(struct backend *b, const struct backend_gmm *jobs,
                     (j->y_rows && j->y_rows[off[g] + n - 1] < 0)))
                 n--;
             if (n <= 0) continue;
+            c->job_perm[nj] = j->w[g].perm;
+            permuted |= j->w[g].perm != NULL;
             struct cpu_mm *m = &c->jobs[nj++];
             *m = (struct cpu_mm){.w = wmat_of(&j->w[g]), .x = j->x, .ldx = j->ldx, .y = j->y,
                                  .ldy = j->ldy, .rows = n};
@@ -910,6 +1038,7 @@ static int cpu_grouped_matmul(struct backend *b, const struct backend_gmm *jobs,
             else m->y = j->y + (size_t)off[g] * j->ldy;
         }
     }
+    if (permuted && (rc = permute_inputs(c, c->jobs, c->job_perm, nj))) return rc;
     cpu_matmul(&c->ex, c->jobs, nj);
     return 0;
 }
@@ -1347,6 +1476,10 @@ static void cpu_destroy(struct backend *b)
     free(c->ex.scratch);
     cpu_xq_free(&c->xq);
     free(c->jobs);
+    free(c->job_perm);
+    free(c->xp);
+    free(c->xg);
+    free(c->xpc);
     free(c->tiles);
     free(c->fill);
     free(c->rope_cs);

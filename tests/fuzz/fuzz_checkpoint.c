@@ -5,7 +5,8 @@
 // call make-model writes a micro model (hidden 32, one MoE layer of two
 // experts, vocabulary 32) in each quantized format: FP8 by block, GPTQ
 // symmetric and with zero points, AWQ, compressed-tensors int4 symmetric
-// and with zero points, int8 and FP8 by channel. An input is the format's
+// and with zero points, int8 and FP8 by channel, GPTQ and compressed-tensors
+// int4 in act-order. An input is the format's
 // index, then edits of 8 bytes each: a tensor's dtype or one dimension
 // changed, the tensor dropped, copied under a companion's name (g_idx,
 // zero points, scales, weight_shape), bytes of its data overwritten, or a
@@ -14,7 +15,7 @@
 // loaded. Promises: a refusal with a sentence, or a model whose every
 // quantized projection reads back into its canonical rows within its
 // tensors (ASan sees any byte outside), with finite-or-not values but no
-// crash; nothing leaks.
+// crash, and an act-order one's input order a permutation; nothing leaks.
 #include <dirent.h>
 #include <jansson.h>
 #include <stdbool.h>
@@ -30,12 +31,14 @@
 static const struct {
     enum quant_method q;
     int group, bits;
-    bool asym;
+    bool asym, act;
 } formats[] = {
-    {QUANT_METHOD_FP8, 16, 0, false},    {QUANT_METHOD_GPTQ, 16, 0, false}, {QUANT_METHOD_GPTQ, 16, 0, true},
-    {QUANT_METHOD_AWQ, 16, 0, false},    {QUANT_METHOD_CT_INT, 16, 4, false},
-    {QUANT_METHOD_CT_INT, 16, 4, true},  {QUANT_METHOD_CT_INT, 16, 8, false},
-    {QUANT_METHOD_CT_FP8, 0, 0, false},
+    {QUANT_METHOD_FP8, 16, 0, false, false},   {QUANT_METHOD_GPTQ, 16, 0, false, false},
+    {QUANT_METHOD_GPTQ, 16, 0, true, false},   {QUANT_METHOD_AWQ, 16, 0, false, false},
+    {QUANT_METHOD_CT_INT, 16, 4, false, false}, {QUANT_METHOD_CT_INT, 16, 4, true, false},
+    {QUANT_METHOD_CT_INT, 16, 8, false, false}, {QUANT_METHOD_CT_FP8, 0, 0, false, false},
+    // act-order: g_idx groups the inputs out of their order
+    {QUANT_METHOD_GPTQ, 8, 0, true, true},     {QUANT_METHOD_CT_INT, 8, 4, false, true},
 };
 #define N_FORMATS (sizeof formats / sizeof formats[0])
 #define MAX_TENSORS 128
@@ -121,6 +124,7 @@ static void make_bases(void)
         s.quant_group = formats[f].group;
         s.quant_bits = formats[f].bits;
         s.quant_asym = formats[f].asym;
+        s.quant_act_order = formats[f].act;
         snprintf(dir, sizeof dir, "%s/f%zu", root, f);
         if (makemodel_write(&s, dir, 3, NULL, err, sizeof err)) {
             fprintf(stderr, "make-model: %s\n", err);
@@ -240,6 +244,17 @@ static void read_back(const struct tensor *t)
     if (!buf || !tmp) abort();
     struct quant_rows r;
     quant_rows_init(&r, buf, 1, K, t->quant.format, G);
+    if (t->quant.perm) {
+        // An act-order input order: each input once, in its own group.
+        bool *seen = calloc((size_t)K, 1);
+        if (!seen) abort();
+        for (int j = 0; j < K; j++) {
+            const int32_t k = t->quant.perm[j];
+            FUZZ_CHECK(k >= 0 && k < K && !seen[k], "input order entry %d is %d of %d inputs", j, (int)k, K);
+            seen[k] = true;
+        }
+        free(seen);
+    }
     for (int o = 0; o < rows; o++) {
         quant_tensor_rows(t, o, 1, &r, tmp);
         for (int g = 0; g < r.n_groups; g++)

@@ -158,14 +158,15 @@ put("fuzz_config", b'\x00{"eos_token_id": [1, 2, 151645], "temperature": 0.6, "t
     b'"repetition_penalty": 1.05, "max_new_tokens": 100, "do_sample": true}')
 
 # ---- checkpoints: a format's index, then 8-byte edits (fuzz_checkpoint.c) --------
-for f in range(8):
+for f in range(10):
     put("fuzz_checkpoint", bytes([f]))
 # Some edits of each kind: a dtype, a dimension, a drop, a companion, bytes,
 # a config setting, a fill.
 for f, edits in [(1, [[0, 5, 3, 0, 0, 0, 0, 0]]), (3, [[1, 7, 40, 0, 2, 1, 0, 0]]), (4, [[2, 9, 0, 0, 0, 0, 0, 0]]),
                  (5, [[3, 11, 2, 0, 0, 0, 0, 0]]), (6, [[4, 13, 3, 0, 0xff, 0x80, 7, 1]]),
                  (2, [[6, 0, 0, 1, 0, 0, 0, 0]]), (7, [[7, 15, 0, 0, 0x7f, 0, 0, 0]]),
-                 (0, [[6, 0, 8, 15, 0, 0, 0, 0], [1, 20, 7, 0, 3, 0, 0, 0]])]:
+                 (0, [[6, 0, 8, 15, 0, 0, 0, 0], [1, 20, 7, 0, 3, 0, 0, 0]]),
+                 (8, [[4, 3, 3, 0, 1, 0, 0, 0]]), (9, [[4, 7, 3, 0, 0xff, 0xff, 0xff, 0xff]])]:
     put("fuzz_checkpoint", bytes([f]) + b"".join(bytes(e) for e in edits))
 
 # ---- safetensors: small files of every dtype and shape kind ---------------------

@@ -411,6 +411,200 @@ static void grouped_matmul_runs_each_group_on_its_rows(struct pair *p)
     free(x);
 }
 
+// ---- act-order matrices -----------------------------------------------------------------
+
+// A shuffle of 0..n-1 into p.
+static void shuffle(int32_t *p, int n)
+{
+    for (int i = 0; i < n; i++) p[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        const int j = irand(i + 1);
+        const int32_t t = p[i];
+        p[i] = p[j];
+        p[j] = t;
+    }
+}
+
+// dst row r (rows, n) = src row (rows_of ? rows_of[r] : r) (ld apart), its
+// inputs in order: what a matmul of a matrix with that order reads.
+static float *gather_in_order(const float *src, size_t ld, const int32_t *rows_of, int rows, const int32_t *order,
+                              int n)
+{
+    float *d = malloc((size_t)(rows ? rows : 1) * n * sizeof *d);
+    assert_non_null(d);
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < n; j++) d[(size_t)r * n + j] = src[(size_t)(rows_of ? rows_of[r] : r) * ld + order[j]];
+    return d;
+}
+
+// Side k's matmul of wq (given order) over rows of x picked by xr, and the
+// same matmul of wq as it is over x gathered into that order on the host:
+// the same bits. Returns the first's output, or NULL where the backend
+// refuses matrices with an order (the CUDA one, with its sentence).
+static float *ordered_matmul(struct side *s, const float *x, const int32_t *xr, int rows, const int32_t *order)
+{
+    const struct model_config *c = s->w->cfg;
+    const int H = c->hidden_size, Q = c->n_heads * c->head_dim;
+    const size_t yb = (size_t)(rows ? rows : 1) * Q * sizeof(float);
+    float *dx = dev(s, x, (size_t)40 * H * sizeof *x), *dy = dev(s, NULL, yb), *dy2 = dev(s, NULL, yb);
+    int32_t *dxr = dev(s, xr, (size_t)40 * sizeof *xr), *dord = dev(s, order, (size_t)H * sizeof *order);
+    float *xg = gather_in_order(x, (size_t)H, xr, rows, order, H);
+    float *dxg = dev(s, xg, (size_t)(rows ? rows : 1) * H * sizeof *xg);
+    struct backend_mat w = s->w->layers[0].wq;
+    w.perm = dord;
+    const struct backend_mm a = {.w = &w, .x = dx, .ldx = (size_t)H, .x_rows = dxr, .y = dy, .ldy = (size_t)Q,
+                                 .rows = rows};
+    const struct backend_mm b = {.w = &s->w->layers[0].wq, .x = dxg, .ldx = (size_t)H, .y = dy2,
+                                 .ldy = (size_t)Q, .rows = rows};
+    float *out = NULL;
+    const int rc = s->b->ops->matmul(s->b, &a, 1);
+    if (rc) {
+        assert_int_equal(rc, MS_EUNSUPPORTED);
+        assert_non_null(strstr(s->b->err, "act-order"));
+    } else {
+        assert_int_equal(s->b->ops->matmul(s->b, &b, 1), 0);
+        out = host(s, dy, yb);
+        float *plain = host(s, dy2, yb);
+        assert_memory_equal(out, plain, yb);
+        free(plain);
+    }
+    free(xg);
+    release(s, dx);
+    release(s, dy);
+    release(s, dy2);
+    release(s, dxr);
+    release(s, dord);
+    release(s, dxg);
+    return out;
+}
+
+// Act-order checkpoints' matrices (backend_mat.perm): a matmul reads x
+// through its matrix's input order, giving the bits a matmul of the matrix
+// without one gives over x gathered into that order first, at 1, 17 and 40
+// rows through a row list; grouped, with an order per expert, the gate and
+// up of even experts sharing one (as act-order checkpoints have them) and
+// odd ones each their own, and down's orders over the intermediate width.
+// Each against the reference too. The CUDA backend refuses them.
+static void matmul_reads_inputs_in_the_matrix_order(struct pair *p)
+{
+    const struct model_config *c = &p->m->cfg;
+    const int H = c->hidden_size, Q = c->n_heads * c->head_dim, E = c->n_experts, F = c->moe_intermediate_size;
+    float *x = frand_array((size_t)40 * H);
+    int32_t xr[40], *order = malloc((size_t)H * sizeof *order);
+    assert_non_null(order);
+    for (int i = 0; i < 40; i++) xr[i] = (i * 7 + 3) % 40;
+    shuffle(order, H);
+    const int row_counts[] = {1, 17, 40};
+    for (int ri = 0; ri < 3; ri++) {
+        float *got = ordered_matmul(&p->t, x, xr, row_counts[ri], order);
+        if (!got) goto done; // refused, with the sentence
+        float *want = ordered_matmul(&p->ref, x, xr, row_counts[ri], order);
+        assert_close_tol("matmul in an input order", p->who, got, want, (size_t)row_counts[ri] * Q, mm_tol);
+        free(got);
+        free(want);
+    }
+
+    int32_t off[65] = {0};
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + (e % 3 == 1 ? 0 : e % 3 == 2 ? 1 : 2 + e);
+    const int rows = off[E];
+    int32_t rowp[512];
+    for (int i = 0; i < rows; i++) rowp[i] = (i * 5 + 3) % rows;
+    float *xs = frand_array((size_t)rows * H);
+    int32_t *og = malloc((size_t)E * H * sizeof *og), *ou = malloc((size_t)E * H * sizeof *ou);
+    int32_t *od = malloc((size_t)E * F * sizeof *od);
+    assert_true(og && ou && od);
+    for (int e = 0; e < E; e++) {
+        shuffle(og + (size_t)e * H, H);
+        if (e % 2) shuffle(ou + (size_t)e * H, H);
+        else memcpy(ou + (size_t)e * H, og + (size_t)e * H, (size_t)H * sizeof *ou);
+        shuffle(od + (size_t)e * F, F);
+    }
+    struct side *s[2] = {&p->ref, &p->t};
+    float *res[2][3];
+    for (int k = 0; k < 2; k++) {
+        const struct backend_layer *L = &s[k]->w->layers[0];
+        struct backend_mat *wg = malloc((size_t)E * 3 * sizeof *wg), *wu = wg + E, *wd = wu + E;
+        assert_non_null(wg);
+        int32_t *dog = dev(s[k], og, (size_t)E * H * 4), *dou = dev(s[k], ou, (size_t)E * H * 4);
+        int32_t *dod = dev(s[k], od, (size_t)E * F * 4);
+        for (int e = 0; e < E; e++) {
+            wg[e] = L->expert_gate[e];
+            wg[e].perm = dog + (size_t)e * H;
+            // The even experts' up share the gate's order, as its pointer.
+            wu[e] = L->expert_up[e];
+            wu[e].perm = e % 2 ? dou + (size_t)e * H : wg[e].perm;
+            wd[e] = L->expert_down[e];
+            wd[e].perm = dod + (size_t)e * F;
+        }
+        float *dx = dev(s[k], xs, (size_t)rows * H * sizeof *xs);
+        int32_t *doff = dev(s[k], off, (size_t)(E + 1) * sizeof *off), *dr = dev(s[k], rowp, (size_t)rows * 4);
+        float *dg = dev(s[k], NULL, (size_t)rows * F * 4), *du = dev(s[k], NULL, (size_t)rows * F * 4);
+        float *dy = dev(s[k], NULL, (size_t)rows * H * 4);
+        const struct backend_gmm gu[2] = {
+            {.w = wg, .n_groups = E, .off = doff, .h_off = off, .max_rows = rows, .x = dx, .ldx = (size_t)H,
+             .x_rows = dr, .y = dg, .ldy = (size_t)F},
+            {.w = wu, .n_groups = E, .off = doff, .h_off = off, .max_rows = rows, .x = dx, .ldx = (size_t)H,
+             .x_rows = dr, .y = du, .ldy = (size_t)F},
+        };
+        assert_int_equal(s[k]->b->ops->grouped_matmul(s[k]->b, gu, 2), 0);
+        const struct backend_gmm down = {.w = wd, .n_groups = E, .off = doff, .h_off = off, .max_rows = rows,
+                                         .x = dg, .ldx = (size_t)F, .y = dy, .ldy = (size_t)H};
+        assert_int_equal(s[k]->b->ops->grouped_matmul(s[k]->b, &down, 1), 0);
+        res[k][0] = host(s[k], dg, (size_t)rows * F * 4);
+        res[k][1] = host(s[k], du, (size_t)rows * F * 4);
+        res[k][2] = host(s[k], dy, (size_t)rows * H * 4);
+        // The same without orders, over inputs gathered here group by group.
+        float *xg = malloc((size_t)rows * H * 4), *xu = malloc((size_t)rows * H * 4);
+        float *xd = malloc((size_t)rows * F * 4);
+        assert_true(xg && xu && xd);
+        for (int e = 0; e < E; e++)
+            for (int i = off[e]; i < off[e + 1]; i++)
+                for (int j = 0; j < H; j++) {
+                    xg[(size_t)i * H + j] = xs[(size_t)rowp[i] * H + og[(size_t)e * H + j]];
+                    xu[(size_t)i * H + j] = xs[(size_t)rowp[i] * H + ou[(size_t)e * H + j]];
+                    if (j < F) xd[(size_t)i * F + j] = res[k][0][(size_t)i * F + od[(size_t)e * F + j]];
+                }
+        float *dxg = dev(s[k], xg, (size_t)rows * H * 4), *dxu = dev(s[k], xu, (size_t)rows * H * 4);
+        float *dxd = dev(s[k], xd, (size_t)rows * F * 4);
+        const struct backend_gmm pg[3] = {
+            {.w = L->expert_gate, .n_groups = E, .off = doff, .h_off = off, .max_rows = rows, .x = dxg,
+             .ldx = (size_t)H, .y = dg, .ldy = (size_t)F},
+            {.w = L->expert_up, .n_groups = E, .off = doff, .h_off = off, .max_rows = rows, .x = dxu,
+             .ldx = (size_t)H, .y = du, .ldy = (size_t)F},
+            {.w = L->expert_down, .n_groups = E, .off = doff, .h_off = off, .max_rows = rows, .x = dxd,
+             .ldx = (size_t)F, .y = dy, .ldy = (size_t)H},
+        };
+        assert_int_equal(s[k]->b->ops->grouped_matmul(s[k]->b, pg, 3), 0);
+        float *plain[3] = {host(s[k], dg, (size_t)rows * F * 4), host(s[k], du, (size_t)rows * F * 4),
+                           host(s[k], dy, (size_t)rows * H * 4)};
+        const size_t n[3] = {(size_t)rows * F, (size_t)rows * F, (size_t)rows * H};
+        for (int i = 0; i < 3; i++) {
+            if (memcmp(plain[i], res[k][i], n[i] * 4))
+                fail_msg("grouped matmul in input orders (%s) on %s: not the bits of the gathered inputs'",
+                         i == 0 ? "gate" : i == 1 ? "up" : "down", k ? p->who : "the reference");
+            free(plain[i]);
+        }
+        free(xg);
+        free(xu);
+        free(xd);
+        void *bufs[] = {dog, dou, dod, dx, doff, dr, dg, du, dy, dxg, dxu, dxd};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) release(s[k], bufs[i]);
+        free(wg);
+    }
+    assert_close_tol("grouped matmul in input orders (gate)", p->who, res[1][0], res[0][0], (size_t)rows * F, mm_tol);
+    assert_close_tol("grouped matmul in input orders (up)", p->who, res[1][1], res[0][1], (size_t)rows * F, mm_tol);
+    assert_close_tol("grouped matmul in input orders (down)", p->who, res[1][2], res[0][2], (size_t)rows * H, mm_tol);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 3; i++) free(res[k][i]);
+    free(xs);
+    free(og);
+    free(ou);
+    free(od);
+done:
+    free(x);
+    free(order);
+}
+
 // The step layout of three sequences: a prefill from 0, a decode crossing
 // into a new KV block, and a chunk straddling a block boundary.
 struct step_spec {
@@ -981,6 +1175,7 @@ OP_TEST(embed_gathers_rows)
 OP_TEST(rmsnorm_normalises_gathered_rows)
 OP_TEST(matmul_matches_at_every_row_count)
 OP_TEST(grouped_matmul_runs_each_group_on_its_rows)
+OP_TEST(matmul_reads_inputs_in_the_matrix_order)
 OP_TEST(attention_over_paged_kv_matches)
 OP_TEST(decode_attention_matches)
 OP_TEST(moe_pieces_match)
@@ -1007,6 +1202,7 @@ int main(void)
         cmocka_unit_test(test_rmsnorm_normalises_gathered_rows),
         cmocka_unit_test(test_matmul_matches_at_every_row_count),
         cmocka_unit_test(test_grouped_matmul_runs_each_group_on_its_rows),
+        cmocka_unit_test(test_matmul_reads_inputs_in_the_matrix_order),
         cmocka_unit_test(test_attention_over_paged_kv_matches),
         cmocka_unit_test(test_decode_attention_matches),
         cmocka_unit_test(test_moe_pieces_match),

@@ -1,6 +1,7 @@
 // Pins quantized models end to end: make-model's FP8, GPTQ (symmetric and
 // asymmetric), AWQ and compressed-tensors (int4, int8, FP8) checkpoints load
-// with their formats bound, as do bf16
+// with their formats bound, act-order ones (GPTQ desc_act, compressed-
+// tensors actorder group) with each matrix's input order, as do bf16
 // checkpoints quantized at load (--quantization fp8|int8|int4), with the
 // bytes the planner counts; their logits equal those of the same model run
 // on its dequantized weights in fp32 (bit for bit on the scalar table, whose
@@ -26,13 +27,14 @@
 #include "model/makemodel.h"
 #include "model/planner.h"
 #include "model/quant.h"
+#include "model/safetensors.h"
 
 static char tmpdir[256];
 
 // The checkpoints every test reads: tiny (vocabulary cut to 2048), seed 5.
 enum ckpt {
     C_BF16, C_FP8, C_GPTQ, C_GPTQ_ASYM, C_FP8_128, C_GPTQ_128, C_AWQ, C_AWQ_128,
-    C_CT_W4, C_CT_W4_ASYM_128, C_CT_W8_128, C_CT_FP8, N_CKPT
+    C_CT_W4, C_CT_W4_ASYM_128, C_CT_W8_128, C_CT_FP8, C_GPTQ_ACT, C_CT_W4_ACT, C_CT_W8_ACT, N_CKPT
 };
 static const struct {
     const char *sub;
@@ -40,13 +42,18 @@ static const struct {
     int group;
     bool asym;
     int bits;
+    bool act; // act-order (desc_act, actorder group)
 } ckpts[N_CKPT] = {
-    {"bf16", QUANT_METHOD_NONE, 0, false, 0},     {"fp8", QUANT_METHOD_FP8, 32, false, 0},
-    {"gptq", QUANT_METHOD_GPTQ, 32, false, 0},    {"gptq-asym", QUANT_METHOD_GPTQ, 32, true, 0},
-    {"fp8-128", QUANT_METHOD_FP8, 0, false, 0},   {"gptq-128", QUANT_METHOD_GPTQ, 0, false, 0},
-    {"awq", QUANT_METHOD_AWQ, 32, false, 0},      {"awq-128", QUANT_METHOD_AWQ, 0, false, 0},
-    {"ct-w4", QUANT_METHOD_CT_INT, 32, false, 4}, {"ct-w4-asym-128", QUANT_METHOD_CT_INT, 0, true, 4},
-    {"ct-w8-128", QUANT_METHOD_CT_INT, 0, false, 8}, {"ct-fp8", QUANT_METHOD_CT_FP8, 0, false, 0},
+    {"bf16", QUANT_METHOD_NONE, 0, false, 0, false},     {"fp8", QUANT_METHOD_FP8, 32, false, 0, false},
+    {"gptq", QUANT_METHOD_GPTQ, 32, false, 0, false},    {"gptq-asym", QUANT_METHOD_GPTQ, 32, true, 0, false},
+    {"fp8-128", QUANT_METHOD_FP8, 0, false, 0, false},   {"gptq-128", QUANT_METHOD_GPTQ, 0, false, 0, false},
+    {"awq", QUANT_METHOD_AWQ, 32, false, 0, false},      {"awq-128", QUANT_METHOD_AWQ, 0, false, 0, false},
+    {"ct-w4", QUANT_METHOD_CT_INT, 32, false, 4, false}, {"ct-w4-asym-128", QUANT_METHOD_CT_INT, 0, true, 4, false},
+    {"ct-w8-128", QUANT_METHOD_CT_INT, 0, false, 8, false}, {"ct-fp8", QUANT_METHOD_CT_FP8, 0, false, 0, false},
+    // Groups smaller than tiny's widths (64 and 32), so that every matrix's
+    // inputs change groups.
+    {"gptq-act", QUANT_METHOD_GPTQ, 16, true, 0, true}, {"ct-w4-act", QUANT_METHOD_CT_INT, 8, false, 4, true},
+    {"ct-w8-act", QUANT_METHOD_CT_INT, 16, false, 8, true},
 };
 
 static void ckpt_dir(enum ckpt c, char *out, size_t len) { snprintf(out, len, "%s/%s", tmpdir, ckpts[c].sub); }
@@ -65,6 +72,7 @@ static int setup(void **state)
         s.quant_group = ckpts[c].group;
         s.quant_asym = ckpts[c].asym;
         s.quant_bits = ckpts[c].bits;
+        s.quant_act_order = ckpts[c].act;
         ckpt_dir((enum ckpt)c, dir, sizeof dir);
         if (makemodel_write(&s, dir, 5, NULL, err, sizeof err)) {
             fprintf(stderr, "%s\n", err);
@@ -133,7 +141,8 @@ struct dequant {
     int n;
 };
 
-// p becomes q's values dequantized by the formula (model/quant.h), in fp32.
+// p becomes q's values dequantized by the formula (model/quant.h), in fp32,
+// each at its input's place (canonical input k is the stored perm[k]).
 static void dequantize_into(const struct tensor *q, struct tensor *p, void *ctx)
 {
     struct dequant *d = ctx;
@@ -147,7 +156,8 @@ static void dequantize_into(const struct tensor *q, struct tensor *p, void *ctx)
     quant_rows_init(&r, buf, 1, C, q->quant.format, q->quant.group);
     for (int o = 0; o < R; o++) {
         quant_tensor_rows(q, o, 1, &r, tmp);
-        for (int k = 0; k < C; k++) v[(size_t)o * C + k] = quant_rows_value(&r, 0, k);
+        for (int k = 0; k < C; k++)
+            v[(size_t)o * C + (q->quant.perm ? q->quant.perm[k] : k)] = quant_rows_value(&r, 0, k);
     }
     free(tmp);
     free(buf);
@@ -217,7 +227,9 @@ static int same_argmax(const float *a, const float *b, int rows, int n)
 
 // The quantized model against its dequantized twin (fp32 projections, the
 // rest as the bf16 checkpoint holds it) and the bf16 original, on the
-// scalar table and the best one.
+// scalar table and the best one. An act-order model sums each row's
+// products in its inputs' order, the twin in the stored one: within 1e-4
+// of the largest logit on the scalar table too.
 static void check_logits(struct model *(*load_quantized)(void), enum quant_format f,
                          enum quant_source src, double rms_tol, int min_same, const char *what)
 {
@@ -226,13 +238,14 @@ static void check_logits(struct model *(*load_quantized)(void), enum quant_forma
         struct model *q = load_quantized(), *deq = load_ckpt(C_BF16, QUANT_NONE);
         struct dequant d = {.want = f, .source = src};
         for_each_projection(q, deq, dequantize_into, &d);
+        const bool exact = variants[vi] && q->n_perms == 0; // prompt_logits takes q
         float *lq = prompt_logits(q, variants[vi]);
         float *ld = prompt_logits(deq, variants[vi]);
         float *lb = prompt_logits(load_ckpt(C_BF16, QUANT_NONE), variants[vi]);
         const size_t n = (size_t)N_TOK * 2048;
         const double scale = max_abs(ld, n), dd = max_diff(lq, ld, n), db = rms_ratio(lq, lb, n);
         const int same = same_argmax(lq, lb, N_TOK, 2048);
-        if (!variants[vi] ? dd > 1e-4 * scale : memcmp(lq, ld, n * sizeof *lq) != 0)
+        if (!exact ? dd > 1e-4 * scale : memcmp(lq, ld, n * sizeof *lq) != 0)
             fail_msg("%s on %s: logits differ from the dequantized fp32 model's by %.3g (largest "
                      "logit %.3g)", what, variants[vi] ? variants[vi] : "the best table", dd, scale);
         if (db > rms_tol || same < min_same)
@@ -253,6 +266,9 @@ static struct model *gptq_asym_ckpt(void) { return load_ckpt(C_GPTQ_ASYM, QUANT_
 static struct model *awq_ckpt(void) { return load_ckpt(C_AWQ, QUANT_NONE); }
 static struct model *ct_w4_ckpt(void) { return load_ckpt(C_CT_W4, QUANT_NONE); }
 static struct model *ct_fp8_ckpt(void) { return load_ckpt(C_CT_FP8, QUANT_NONE); }
+static struct model *gptq_act_ckpt(void) { return load_ckpt(C_GPTQ_ACT, QUANT_NONE); }
+static struct model *ct_w4_act_ckpt(void) { return load_ckpt(C_CT_W4_ACT, QUANT_NONE); }
+static struct model *ct_w8_act_ckpt(void) { return load_ckpt(C_CT_W8_ACT, QUANT_NONE); }
 static struct model *int8_at_load(void) { return load_ckpt(C_BF16, QUANT_INT8); }
 static struct model *int4_at_load(void) { return load_ckpt(C_BF16, QUANT_INT4); }
 static struct model *fp8_at_load(void) { return load_ckpt(C_BF16, QUANT_FP8); }
@@ -266,6 +282,9 @@ static void checkpoint_logits_match_their_dequantized_weights(void **state)
     check_logits(awq_ckpt, QUANT_INT4, QUANT_SRC_AWQ, 0.40, 12, "the awq checkpoint");
     check_logits(ct_w4_ckpt, QUANT_INT4, QUANT_SRC_CT, 0.40, 12, "the compressed-tensors int4 checkpoint");
     check_logits(ct_fp8_ckpt, QUANT_FP8, QUANT_SRC_FP8, 0.15, 20, "the compressed-tensors fp8 checkpoint");
+    check_logits(gptq_act_ckpt, QUANT_INT4, QUANT_SRC_GPTQ, 0.40, 12, "the act-order gptq checkpoint");
+    check_logits(ct_w4_act_ckpt, QUANT_INT4, QUANT_SRC_CT, 0.40, 12, "the actorder-group compressed-tensors int4 checkpoint");
+    check_logits(ct_w8_act_ckpt, QUANT_INT8, QUANT_SRC_CT, 0.06, 22, "the actorder-group compressed-tensors int8 checkpoint");
 }
 
 // make-model's AWQ checkpoint quantizes its bf16 values by the rule
@@ -352,6 +371,7 @@ static void checkpoints_bind_their_formats_and_the_planner_counts_their_bytes(vo
         {C_AWQ, QUANT_NONE, PLAN_INT4},    {C_AWQ_128, QUANT_NONE, PLAN_INT4},
         {C_CT_W4, QUANT_NONE, PLAN_INT4},  {C_CT_W4_ASYM_128, QUANT_NONE, PLAN_INT4},
         {C_CT_W8_128, QUANT_NONE, PLAN_INT8}, {C_CT_FP8, QUANT_NONE, PLAN_FP8},
+        {C_GPTQ_ACT, QUANT_NONE, PLAN_INT4}, {C_CT_W8_ACT, QUANT_NONE, PLAN_INT8},
         {C_BF16, QUANT_INT8, PLAN_INT8},   {C_BF16, QUANT_INT4, PLAN_INT4},
         {C_BF16, QUANT_FP8, PLAN_FP8},     {C_BF16, QUANT_NONE, PLAN_BF16},
     };
@@ -371,8 +391,8 @@ static void checkpoints_bind_their_formats_and_the_planner_counts_their_bytes(vo
 // ---- hostile checkpoints -----------------------------------------------------------------
 
 // An edit of one tensor of a checkpoint: renamed (to "" to drop it), or
-// given another dtype and shape (zeros), or (g_idx) its first two entries
-// swapped.
+// given another dtype and shape (zeros), or (g_idx) its first and last
+// entries swapped, or its first set to first.
 struct edit {
     const char *name;
     const char *rename;
@@ -380,6 +400,8 @@ struct edit {
     int ndim;
     int64_t shape[2];
     bool swap_first;
+    bool set_first;
+    int32_t first;
 };
 
 static char *slurp(const char *path, size_t *len)
@@ -425,7 +447,8 @@ static void copy_edited(enum ckpt c, const char *sub, const struct edit *e, cons
     struct piece {
         const uint8_t *p;
         size_t n;
-        bool zero, swap;
+        bool zero, swap, set;
+        int32_t first;
     } *pieces = calloc(json_object_size(h), sizeof *pieces);
     size_t np = 0, off = 0;
     const char *name;
@@ -453,6 +476,8 @@ static void copy_edited(enum ckpt c, const char *sub, const struct edit *e, cons
                 pc.zero = true;
             }
             pc.swap = e->swap_first;
+            pc.set = e->set_first;
+            pc.first = e->first;
         }
         if (!*new_name) {
             json_decref(nv);
@@ -476,12 +501,12 @@ static void copy_edited(enum ckpt c, const char *sub, const struct edit *e, cons
     for (size_t i = 0; i < np; i++) {
         if (pieces[i].zero) {
             for (size_t k = 0; k < pieces[i].n; k++) fputc(0, f);
-        } else if (pieces[i].swap) {
+        } else if (pieces[i].swap || pieces[i].set) {
             int32_t *g = malloc(pieces[i].n);
             memcpy(g, pieces[i].p, pieces[i].n);
             const int32_t t = g[0];
-            g[0] = g[pieces[i].n / 4 - 1];
-            g[pieces[i].n / 4 - 1] = t;
+            g[0] = pieces[i].set ? pieces[i].first : g[pieces[i].n / 4 - 1];
+            if (pieces[i].swap) g[pieces[i].n / 4 - 1] = t;
             fwrite(g, 1, pieces[i].n, f);
             free(g);
         } else {
@@ -535,99 +560,105 @@ static void inconsistent_checkpoints_are_refused_with_expected_and_actual(void *
         const char *want[5];
     } cases[] = {
         // GPTQ: (64 x 32) down_proj: qweight (4, 64), qzeros (1, 8), scales (1, 64), g_idx (32).
-        {C_GPTQ, {L0 ".qzeros", NULL, "I32", 2, {2, 8}, false}, NULL, NULL, QUANT_NONE,
+        {C_GPTQ, {L0 ".qzeros", NULL, "I32", 2, {2, 8}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".qzeros", "[2, 8]", "[1, 8]", NULL}},
-        {C_GPTQ, {L0 ".scales", NULL, "F32", 2, {1, 64}, false}, NULL, NULL, QUANT_NONE,
+        {C_GPTQ, {L0 ".scales", NULL, "F32", 2, {1, 64}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".scales", "F32", "F16", NULL}},
-        {C_GPTQ, {L0 ".qweight", NULL, "I64", 2, {4, 64}, false}, NULL, NULL, QUANT_NONE,
+        {C_GPTQ, {L0 ".qweight", NULL, "I64", 2, {4, 64}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".qweight", "I64", "I32", NULL}},
-        {C_GPTQ, {L0 ".qweight", NULL, "I32", 2, {4, 32}, false}, NULL, NULL, QUANT_NONE,
+        {C_GPTQ, {L0 ".qweight", NULL, "I32", 2, {4, 32}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".qweight", "[4, 32]", "[4, 64]", NULL}},
-        {C_GPTQ, {L0 ".qzeros", "", NULL, 0, {0}, false}, NULL, NULL, QUANT_NONE,
+        {C_GPTQ, {L0 ".qzeros", "", NULL, 0, {0}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".qzeros", "no tensor", NULL}},
-        // gate_proj (32 x 64): two groups, so swapping entries reorders them.
-        {C_GPTQ, {G0 ".g_idx", NULL, NULL, 0, {0}, true}, NULL, NULL, QUANT_NONE,
-         {G0 ".g_idx", "desc_act", NULL}},
+        // gate_proj (32 x 64): two groups of 32. A group past the last, and
+        // an input moved from group 0 to 1 (31 and 33): no order a quantizer
+        // writes (act_order_checkpoints_read_each_input_in_its_group reads one).
+        {C_GPTQ, {G0 ".g_idx", NULL, NULL, 0, {0}, false, true, 2}, NULL, NULL, QUANT_NONE,
+         {G0 ".g_idx[0] is 2", "groups 0 to 1", NULL}},
+        {C_GPTQ, {G0 ".g_idx", NULL, NULL, 0, {0}, false, true, -5}, NULL, NULL, QUANT_NONE,
+         {G0 ".g_idx[0] is -5", NULL}},
+        {C_GPTQ, {G0 ".g_idx", NULL, NULL, 0, {0}, false, true, 1}, NULL, NULL, QUANT_NONE,
+         {G0 ".g_idx", "puts 31 inputs in group 0", "gives that group 32", NULL}},
         // act-order said, and no g_idx to say each input's group.
-        {C_GPTQ, {G0 ".g_idx", "", NULL, 0, {0}, false}, "\"desc_act\": false", "\"desc_act\": true",
+        {C_GPTQ, {G0 ".g_idx", "", NULL, 0, {0}, false, false, 0}, "\"desc_act\": false", "\"desc_act\": true",
          QUANT_NONE, {"desc_act true", G0 ".g_idx", "missing", NULL}},
         // GPTQ tensors and no quantization_config (an old quantize_config.json's file).
-        {C_GPTQ, {"none", NULL, NULL, 0, {0}, false}, "\"quantization_config\"", "\"x_quantization_config\"",
+        {C_GPTQ, {"none", NULL, NULL, 0, {0}, false, false, 0}, "\"quantization_config\"", "\"x_quantization_config\"",
          QUANT_NONE, {".qweight", "a GPTQ tensor", "no quantization_config", NULL}},
         // A group size the tensors were not made with.
-        {C_GPTQ, {"none", NULL, NULL, 0, {0}, false}, "\"group_size\": 32", "\"group_size\": 16",
+        {C_GPTQ, {"none", NULL, NULL, 0, {0}, false, false, 0}, "\"group_size\": 32", "\"group_size\": 16",
          QUANT_NONE, {"group_size 16", "qzeros", "[2, 8]", "[4, 8]"}},
-        {C_GPTQ, {"none", NULL, NULL, 0, {0}, false}, "\"quant_method\": \"gptq\"",
+        {C_GPTQ, {"none", NULL, NULL, 0, {0}, false, false, 0}, "\"quant_method\": \"gptq\"",
          "\"quant_method\": \"fp8\"", QUANT_NONE, {"no tensor", "q_proj.weight", NULL}},
-        {C_GPTQ, {"none", NULL, NULL, 0, {0}, false}, NULL, NULL, QUANT_FP8,
+        {C_GPTQ, {"none", NULL, NULL, 0, {0}, false, false, 0}, NULL, NULL, QUANT_FP8,
          {"GPTQ", "--quantization fp8", NULL}},
         // AWQ: (64 x 32) down_proj: qweight (32, 8), qzeros (1, 8), scales (1, 64).
-        {C_AWQ, {L0 ".qweight", NULL, "I32", 2, {4, 64}, false}, NULL, NULL, QUANT_NONE,
+        {C_AWQ, {L0 ".qweight", NULL, "I32", 2, {4, 64}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".qweight", "[4, 64]", "[32, 8]", "in_features, out_features / 8"}},
-        {C_AWQ, {L0 ".scales", NULL, "F32", 2, {1, 64}, false}, NULL, NULL, QUANT_NONE,
+        {C_AWQ, {L0 ".scales", NULL, "F32", 2, {1, 64}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".scales", "F32", "F16", NULL}},
-        {C_AWQ, {L0 ".qzeros", NULL, "I32", 2, {1, 64}, false}, NULL, NULL, QUANT_NONE,
+        {C_AWQ, {L0 ".qzeros", NULL, "I32", 2, {1, 64}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".qzeros", "[1, 64]", "[1, 8]", NULL}},
-        {C_AWQ, {L0 ".qzeros", "", NULL, 0, {0}, false}, NULL, NULL, QUANT_NONE,
+        {C_AWQ, {L0 ".qzeros", "", NULL, 0, {0}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".qzeros", "no tensor", NULL}},
-        {C_AWQ, {"none", NULL, NULL, 0, {0}, false}, "\"version\": \"gemm\"", "\"version\": \"gemv\"",
+        {C_AWQ, {"none", NULL, NULL, 0, {0}, false, false, 0}, "\"version\": \"gemm\"", "\"version\": \"gemv\"",
          QUANT_NONE, {"version", "gemv", "\"gemm\"", NULL}},
-        {C_AWQ, {"none", NULL, NULL, 0, {0}, false}, "\"zero_point\": true", "\"zero_point\": false",
+        {C_AWQ, {"none", NULL, NULL, 0, {0}, false, false, 0}, "\"zero_point\": true", "\"zero_point\": false",
          QUANT_NONE, {"zero_point is false", NULL}},
-        {C_AWQ, {"none", NULL, NULL, 0, {0}, false}, "\"group_size\": 32", "\"group_size\": 16",
+        {C_AWQ, {"none", NULL, NULL, 0, {0}, false, false, 0}, "\"group_size\": 32", "\"group_size\": 16",
          QUANT_NONE, {"group_size 16", "qzeros", "[2, 8]", "[4, 8]"}},
-        {C_AWQ, {"none", NULL, NULL, 0, {0}, false}, NULL, NULL, QUANT_FP8,
+        {C_AWQ, {"none", NULL, NULL, 0, {0}, false, false, 0}, NULL, NULL, QUANT_FP8,
          {"AWQ", "--quantization fp8", NULL}},
         // compressed-tensors int4, group 32: (64 x 32) down_proj: weight_packed (64, 4),
         // weight_scale (64, 1) F16, weight_shape [64, 32]; asymmetric, group 128:
         // weight_zero_point (8, 1).
-        {C_CT_W4, {L0 ".weight_packed", NULL, "I32", 2, {64, 8}, false}, NULL, NULL, QUANT_NONE,
+        {C_CT_W4, {L0 ".weight_packed", NULL, "I32", 2, {64, 8}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".weight_packed", "[64, 8]", "[64, 4]", NULL}},
-        {C_CT_W4, {L0 ".weight_scale", NULL, "F16", 2, {1, 64}, false}, NULL, NULL, QUANT_NONE,
+        {C_CT_W4, {L0 ".weight_scale", NULL, "F16", 2, {1, 64}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".weight_scale", "[1, 64]", "[64, 1]", NULL}},
-        {C_CT_W4, {L0 ".weight_shape", NULL, "I64", 1, {2}, false}, NULL, NULL, QUANT_NONE,
+        {C_CT_W4, {L0 ".weight_shape", NULL, "I64", 1, {2}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".weight_shape", "[0, 0]", "[64, 32]", NULL}},
-        {C_CT_W4, {L0 ".weight_shape", "", NULL, 0, {0}, false}, NULL, NULL, QUANT_NONE,
+        {C_CT_W4, {L0 ".weight_shape", "", NULL, 0, {0}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".weight_shape", "no tensor", NULL}},
-        {C_CT_W4_ASYM_128, {L0 ".weight_zero_point", "", NULL, 0, {0}, false}, NULL, NULL, QUANT_NONE,
+        {C_CT_W4_ASYM_128, {L0 ".weight_zero_point", "", NULL, 0, {0}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".weight_zero_point", "no tensor", "[8, 1]", NULL}},
-        {C_CT_W4_ASYM_128, {"none", NULL, NULL, 0, {0}, false}, "\"symmetric\": false", "\"symmetric\": true",
+        {C_CT_W4_ASYM_128, {"none", NULL, NULL, 0, {0}, false, false, 0}, "\"symmetric\": false", "\"symmetric\": true",
          QUANT_NONE, {"weight_zero_point", "symmetric", NULL}},
-        {C_CT_W4, {"none", NULL, NULL, 0, {0}, false}, "\"actorder\": null", "\"actorder\": \"group\"",
+        {C_CT_W4, {"none", NULL, NULL, 0, {0}, false, false, 0}, "\"actorder\": null", "\"actorder\": \"group\"",
          QUANT_NONE, {"actorder group", "weight_g_idx", "missing", NULL}},
-        {C_CT_W4, {"none", NULL, NULL, 0, {0}, false}, "\"input_activations\": null",
+        {C_CT_W4, {"none", NULL, NULL, 0, {0}, false, false, 0}, "\"input_activations\": null",
          "\"input_activations\": {\"num_bits\": 8, \"dynamic\": false}", QUANT_NONE,
          {"static input activations", NULL}},
-        {C_CT_W4, {"none", NULL, NULL, 0, {0}, false}, "\"sparsity_config\": {}",
+        {C_CT_W4, {"none", NULL, NULL, 0, {0}, false, false, 0}, "\"sparsity_config\": {}",
          "\"sparsity_config\": {\"format\": \"sparse-24-bitmask\"}", QUANT_NONE, {"sparsity_config", NULL}},
         // A group's own format wins over the top level's (vLLM reads it so).
-        {C_CT_W4, {"none", NULL, NULL, 0, {0}, false}, "\"format\": \"pack-quantized\"\n",
+        {C_CT_W4, {"none", NULL, NULL, 0, {0}, false, false, 0}, "\"format\": \"pack-quantized\"\n",
          "\"format\": \"marlin-24\"\n", QUANT_NONE, {"marlin-24", "pack-quantized", NULL}},
-        {C_CT_W4, {"none", NULL, NULL, 0, {0}, false}, NULL, NULL, QUANT_FP8,
+        {C_CT_W4, {"none", NULL, NULL, 0, {0}, false, false, 0}, NULL, NULL, QUANT_FP8,
          {"compressed-tensors", "--quantization fp8", NULL}},
         // compressed-tensors FP8 by channel: (64 x 32) down_proj: weight_scale (64, 1) BF16.
-        {C_CT_FP8, {L0 ".weight_scale", NULL, "BF16", 2, {1, 1}, false}, NULL, NULL, QUANT_NONE,
+        {C_CT_FP8, {L0 ".weight_scale", NULL, "BF16", 2, {1, 1}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".weight_scale", "[1, 1]", "[64, 1]", "channel", NULL}},
-        {C_CT_FP8, {L0 ".weight_scale", "", NULL, 0, {0}, false}, NULL, NULL, QUANT_NONE,
+        {C_CT_FP8, {L0 ".weight_scale", "", NULL, 0, {0}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".weight_scale", "no tensor", NULL}},
         // FP8: (64 x 32) down_proj with 32 x 32 blocks: weight_scale_inv (2, 1).
-        {C_FP8, {L0 ".weight_scale_inv", NULL, "F32", 2, {2, 2}, false}, NULL, NULL, QUANT_NONE,
+        {C_FP8, {L0 ".weight_scale_inv", NULL, "F32", 2, {2, 2}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".weight_scale_inv", "[2, 2]", "[2, 1]", NULL}},
-        {C_FP8, {L0 ".weight_scale_inv", NULL, "I32", 2, {2, 1}, false}, NULL, NULL, QUANT_NONE,
+        {C_FP8, {L0 ".weight_scale_inv", NULL, "I32", 2, {2, 1}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".weight_scale_inv", "I32", "F32, BF16 or F16", NULL}},
-        {C_FP8, {L0 ".weight_scale_inv", "", NULL, 0, {0}, false}, NULL, NULL, QUANT_NONE,
+        {C_FP8, {L0 ".weight_scale_inv", "", NULL, 0, {0}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".weight_scale_inv", "no tensor", NULL}},
-        {C_FP8, {L0 ".weight", NULL, "F8_E4M3", 2, {64, 16}, false}, NULL, NULL, QUANT_NONE,
+        {C_FP8, {L0 ".weight", NULL, "F8_E4M3", 2, {64, 16}, false, false, 0}, NULL, NULL, QUANT_NONE,
          {L0 ".weight", "[64, 16]", "config.json implies [64, 32]", NULL}},
-        {C_FP8, {"model.embed_tokens.weight", NULL, "F8_E4M3", 2, {2048, 64}, false}, NULL, NULL,
+        {C_FP8, {"model.embed_tokens.weight", NULL, "F8_E4M3", 2, {2048, 64}, false, false, 0}, NULL, NULL,
          QUANT_NONE, {"embedding", "model.embed_tokens", NULL}},
-        {C_FP8, {"none", NULL, NULL, 0, {0}, false}, "\"quantization_config\"", "\"no_quantization\"",
+        {C_FP8, {"none", NULL, NULL, 0, {0}, false, false, 0}, "\"quantization_config\"", "\"no_quantization\"",
          QUANT_NONE, {"F8_E4M3", "quantization_config", NULL}},
-        {C_FP8, {"none", NULL, NULL, 0, {0}, false}, NULL, NULL, QUANT_INT4,
+        {C_FP8, {"none", NULL, NULL, 0, {0}, false, false, 0}, NULL, NULL, QUANT_INT4,
          {"FP8", "--quantization int4", NULL}},
         // Block scales in the file, no weight_block_size in the config: the
         // missing key is named (not a [1, 1] shape for a size never given).
-        {C_FP8, {"none", NULL, NULL, 0, {0}, false}, "\"weight_block_size\"", "\"x_weight_block_size\"",
+        {C_FP8, {"none", NULL, NULL, 0, {0}, false, false, 0}, "\"weight_block_size\"", "\"x_weight_block_size\"",
          QUANT_NONE, {"weight_scale_inv holds block scales", "no weight_block_size", NULL}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -640,6 +671,88 @@ static void inconsistent_checkpoints_are_refused_with_expected_and_actual(void *
     // The untouched copy loads: the edits, not the copying, are refused.
     copy_edited(C_GPTQ, "copy", NULL, NULL, NULL, dir, sizeof dir);
     model_destroy(load_q(dir, QUANT_NONE));
+}
+
+// t's input order against its checkpoint's g_idx (tensor name): a
+// permutation of the inputs, input perm[j] in group j / G, ascending within
+// a group, and not the stored order.
+static void check_order(const struct model *m, const struct tensor *t, const char *name, int G)
+{
+    const struct st_tensor *gi = safetensors_find(m->storage, name);
+    if (!gi || !t->quant.perm) fail_msg("%s: %s", name, gi ? "no input order" : "not in the checkpoint");
+    const int32_t *g = gi->data, *perm = t->quant.perm;
+    const int C = (int)t->shape[1];
+    assert_int_equal(gi->nbytes, (size_t)C * 4);
+    bool *seen = calloc((size_t)C, 1), stored = true;
+    assert_non_null(seen);
+    for (int j = 0; j < C; j++) {
+        const int k = perm[j];
+        assert_true(k >= 0 && k < C && !seen[k]);
+        seen[k] = true;
+        if (g[k] != j / G) fail_msg("%s: input %d, at %d in the order, is in group %d, not %d", name, k, j, g[k], j / G);
+        if (j % G) assert_true(perm[j - 1] < k);
+        stored &= k == j;
+    }
+    free(seen);
+    if (stored) fail_msg("%s: the order is the stored one", name);
+}
+
+// GPTQ's desc_act and compressed-tensors' actorder group: each projection
+// reads its inputs in the order its g_idx groups them, one order shared by
+// the matrices that read one input (an expert's gate and up; q, k and v)
+// and allocated once; checkpoints without act-order keep none. A g_idx
+// whose first and last inputs trade groups (0 and 1 of 64 inputs in groups
+// of 32) is such an order too: the first group is inputs 1 to 31 and 63.
+static void act_order_checkpoints_read_each_input_in_its_group(void **state)
+{
+    (void)state;
+    const enum ckpt cs[] = {C_GPTQ_ACT, C_CT_W4_ACT, C_CT_W8_ACT};
+    for (int c = 0; c < 3; c++) {
+        struct model *m = load_ckpt(cs[c], QUANT_NONE);
+        const char *gi = ckpts[cs[c]].q == QUANT_METHOD_GPTQ ? "g_idx" : "weight_g_idx";
+        const int G = ckpts[cs[c]].group;
+        char name[160];
+        for (int i = 0; i < m->cfg.n_layers; i++) {
+            const struct layer_weights *L = &m->layers[i];
+            const char *at[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+            const struct tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo};
+            for (int j = 0; j < 4; j++) {
+                snprintf(name, sizeof name, "model.layers.%d.self_attn.%s.%s", i, at[j], gi);
+                check_order(m, ts[j], name, G);
+            }
+            assert_ptr_equal(L->wq.quant.perm, L->wk.quant.perm);
+            assert_ptr_equal(L->wq.quant.perm, L->wv.quant.perm);
+            assert_ptr_not_equal(L->wq.quant.perm, L->wo.quant.perm);
+            for (int e = 0; e < m->cfg.n_experts; e++) {
+                const struct expert_weights *x = &L->experts[e];
+                snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.gate_proj.%s", i, e, gi);
+                check_order(m, &x->gate, name, G);
+                snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.up_proj.%s", i, e, gi);
+                check_order(m, &x->up, name, G);
+                snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.down_proj.%s", i, e, gi);
+                check_order(m, &x->down, name, G);
+                assert_ptr_equal(x->gate.quant.perm, x->up.quant.perm);
+                if (e) assert_ptr_not_equal(x->gate.quant.perm, L->experts[e - 1].gate.quant.perm);
+            }
+        }
+        // Per layer: q/k/v's, o's, and each expert's gate/up and down.
+        assert_int_equal(m->n_perms, (size_t)m->cfg.n_layers * (2 + 2 * (size_t)m->cfg.n_experts));
+        model_destroy(m);
+    }
+    struct model *m = load_ckpt(C_GPTQ, QUANT_NONE);
+    assert_int_equal(m->n_perms, 0);
+    assert_null(m->layers[1].experts[2].gate.quant.perm);
+    model_destroy(m);
+
+    char dir[512];
+    const struct edit swap = {"model.layers.0.mlp.experts.2.gate_proj.g_idx", NULL, NULL, 0, {0}, true, false, 0};
+    copy_edited(C_GPTQ, "swapped", &swap, NULL, NULL, dir, sizeof dir);
+    m = load_q(dir, QUANT_NONE);
+    const int32_t *perm = m->layers[0].experts[2].gate.quant.perm;
+    assert_non_null(perm);
+    for (int j = 0; j < 64; j++) assert_int_equal(perm[j], j < 31 ? j + 1 : j == 31 ? 63 : j == 32 ? 0 : j - 1);
+    assert_null(m->layers[0].experts[2].up.quant.perm);
+    model_destroy(m);
 }
 
 // A quantized config loaded dummy makes its own format (fp8, or int4 for gptq).
@@ -705,6 +818,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(checkpoints_bind_their_formats_and_the_planner_counts_their_bytes),
         cmocka_unit_test(checkpoint_logits_match_their_dequantized_weights),
+        cmocka_unit_test(act_order_checkpoints_read_each_input_in_its_group),
         cmocka_unit_test(an_awq_checkpoint_holds_what_int4_at_load_makes),
         cmocka_unit_test(compressed_tensors_checkpoints_hold_what_quantizing_at_load_makes),
         cmocka_unit_test(logits_quantized_at_load_match_their_dequantized_weights),
