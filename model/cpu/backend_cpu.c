@@ -46,6 +46,10 @@ struct cpu_backend {
     size_t xp_cap;                 // floats
     struct xp_gather *xg;
     int xg_cap;
+    int32_t *xg_of;                // (jobs) each job's gather, -1: none
+    int xg_of_cap;
+    int32_t *xg_hash;              // open addressing over the gathers, -1: empty
+    int xg_hash_cap;
     struct xp_piece *xpc;
     int xpc_cap;
     int32_t *tiles;                // attention tiles: (first token, tokens) pairs
@@ -875,32 +879,56 @@ static void xp_pieces(void *arg, int b, int e, int tid)
     }
 }
 
-// The gather among c->xg[0, n) that job m with order perm reads, or n.
-static int xp_find(const struct cpu_backend *c, int n, const int32_t *perm, const struct cpu_mm *m)
+static uint64_t xp_key(const int32_t *perm, const struct cpu_mm *m)
 {
-    int g = 0;
-    while (g < n && !(c->xg[g].perm == perm && c->xg[g].x == m->x && c->xg[g].ldx == m->ldx &&
-                      c->xg[g].x_rows == m->x_rows && c->xg[g].rows == m->rows && c->xg[g].in == m->w.in))
-        g++;
-    return g;
+    uint64_t h = (uint64_t)(uintptr_t)perm * 0x9e3779b97f4a7c15ull;
+    h ^= ((uint64_t)(uintptr_t)m->x + (uint64_t)(uintptr_t)m->x_rows * 31u + (uint64_t)m->rows) * 0xbf58476d1ce4e5b9ull;
+    return h ^ (h >> 29);
 }
+
+static bool xp_same(const struct xp_gather *g, const int32_t *perm, const struct cpu_mm *m)
+{
+    return g->perm == perm && g->x == m->x && g->ldx == m->ldx && g->x_rows == m->x_rows && g->rows == m->rows &&
+           g->in == m->w.in;
+}
+
+// Small gathers run on the calling thread: waking the pool costs more
+// than copying a decode step's few rows of q, k and v.
+#define XP_INLINE_FLOATS (64u << 10)
 
 // Points each of jobs[0, n) whose perms[i] is set at its x gathered into
 // that order (see above), for the matmul run next: c->xp is the next op's.
+// The distinct gathers are found through a hash of (order, x, rows): a
+// MoE layer's call holds two jobs for each of up to a few hundred experts.
 static int permute_inputs(struct cpu_backend *c, struct cpu_mm *jobs, const int32_t *const *perms, int n)
 {
+    int rc;
+    int hcap = 16;
+    while (hcap < 2 * n) hcap *= 2;
+    if ((rc = grow(c, (void **)&c->xg_of, &c->xg_of_cap, n, sizeof *c->xg_of, "act-order gathers")) ||
+        (rc = grow(c, (void **)&c->xg_hash, &c->xg_hash_cap, hcap, sizeof *c->xg_hash, "act-order gathers")))
+        return rc;
+    memset(c->xg_hash, 0xff, (size_t)hcap * sizeof *c->xg_hash);
     int ng = 0, npc = 0;
     size_t floats = 0;
     for (int i = 0; i < n; i++) {
-        if (!perms[i] || jobs[i].rows <= 0 || xp_find(c, ng, perms[i], &jobs[i]) < ng) continue;
-        int rc = grow(c, (void **)&c->xg, &c->xg_cap, ng + 1, sizeof *c->xg, "act-order gathers");
-        if (rc) return rc;
+        c->xg_of[i] = -1;
+        if (!perms[i] || jobs[i].rows <= 0) continue;
+        size_t h = (size_t)(xp_key(perms[i], &jobs[i]) & (uint64_t)(hcap - 1));
+        while (c->xg_hash[h] >= 0 && !xp_same(&c->xg[c->xg_hash[h]], perms[i], &jobs[i]))
+            h = (h + 1) & (size_t)(hcap - 1);
+        if (c->xg_hash[h] >= 0) {
+            c->xg_of[i] = c->xg_hash[h];
+            continue;
+        }
+        if ((rc = grow(c, (void **)&c->xg, &c->xg_cap, ng + 1, sizeof *c->xg, "act-order gathers"))) return rc;
         const size_t f = (size_t)jobs[i].rows * (size_t)jobs[i].w.in;
         if (f > SIZE_MAX / sizeof(float) - floats)
             return backend_fail(&c->b, MS_ENOMEM, "act-order inputs of %d rows are too large", jobs[i].rows);
-        c->xg[ng++] = (struct xp_gather){.perm = perms[i], .x = jobs[i].x, .ldx = jobs[i].ldx,
-                                         .x_rows = jobs[i].x_rows, .rows = jobs[i].rows,
-                                         .in = jobs[i].w.in, .off = floats};
+        c->xg[ng] = (struct xp_gather){.perm = perms[i], .x = jobs[i].x, .ldx = jobs[i].ldx,
+                                       .x_rows = jobs[i].x_rows, .rows = jobs[i].rows, .in = jobs[i].w.in,
+                                       .off = floats};
+        c->xg_hash[h] = c->xg_of[i] = ng++;
         floats += f;
         npc += (jobs[i].rows + XP_PIECE_ROWS - 1) / XP_PIECE_ROWS;
     }
@@ -914,18 +942,18 @@ static int permute_inputs(struct cpu_backend *c, struct cpu_mm *jobs, const int3
         c->xp = xp;
         c->xp_cap = floats;
     }
-    int rc = grow(c, (void **)&c->xpc, &c->xpc_cap, npc, sizeof *c->xpc, "act-order gather pieces");
-    if (rc) return rc;
+    if ((rc = grow(c, (void **)&c->xpc, &c->xpc_cap, npc, sizeof *c->xpc, "act-order gather pieces"))) return rc;
     npc = 0;
     for (int g = 0; g < ng; g++)
         for (int r0 = 0; r0 < c->xg[g].rows; r0 += XP_PIECE_ROWS) {
             const int r1 = r0 + XP_PIECE_ROWS < c->xg[g].rows ? r0 + XP_PIECE_ROWS : c->xg[g].rows;
             c->xpc[npc++] = (struct xp_piece){.gather = g, .r0 = r0, .r1 = r1};
         }
-    par_for(c, npc, xp_pieces, c);
+    if (floats <= XP_INLINE_FLOATS) xp_pieces(c, 0, npc, 0);
+    else par_for(c, npc, xp_pieces, c);
     for (int i = 0; i < n; i++) {
-        if (!perms[i] || jobs[i].rows <= 0) continue;
-        jobs[i].x = c->xp + c->xg[xp_find(c, ng, perms[i], &jobs[i])].off;
+        if (c->xg_of[i] < 0) continue;
+        jobs[i].x = c->xp + c->xg[c->xg_of[i]].off;
         jobs[i].ldx = (size_t)jobs[i].w.in;
         jobs[i].x_rows = NULL;
     }
@@ -1479,6 +1507,8 @@ static void cpu_destroy(struct backend *b)
     free(c->job_perm);
     free(c->xp);
     free(c->xg);
+    free(c->xg_of);
+    free(c->xg_hash);
     free(c->xpc);
     free(c->tiles);
     free(c->fill);
