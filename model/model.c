@@ -23,6 +23,7 @@ struct binder {
     const char *dtype_from; // the tensor that fixed it
     const int32_t *last_perm; // the act-order input order kept last (keep_perm), of
     int64_t last_perm_cols;   // this many inputs
+    size_t perms_cap;         // m->perms' room
 };
 
 static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
@@ -174,12 +175,17 @@ static int keep_perm(struct binder *b, int32_t *perm, int64_t cols, const int32_
         *out = b->last_perm;
         return 0;
     }
-    int32_t **grown = realloc(m->perms, (m->n_perms + 1) * sizeof *grown);
-    if (!grown) {
-        free(perm);
-        return MS_ENOMEM;
+    if (m->n_perms == b->perms_cap) {
+        // Doubling: a 30B model's experts keep about 12,000 orders.
+        const size_t cap = b->perms_cap ? 2 * b->perms_cap : 64;
+        int32_t **grown = realloc(m->perms, cap * sizeof *grown);
+        if (!grown) {
+            free(perm);
+            return MS_ENOMEM;
+        }
+        m->perms = grown;
+        b->perms_cap = cap;
     }
-    m->perms = grown;
     m->perms[m->n_perms++] = perm;
     b->last_perm = perm;
     b->last_perm_cols = cols;

@@ -40,16 +40,21 @@ struct cpu_backend {
     int jobs_cap;
     const int32_t **job_perm;      // each job's act-order input order, or NULL
     int job_perm_cap;
-    // An op's act-order inputs (permute_inputs): x gathered into each
+    // An op's act-order inputs (matmul_permuted): x gathered into each
     // order, the distinct gathers, and the pieces the threads take.
     float *xp;
     size_t xp_cap;                 // floats
+    size_t xp_limit;               // the most a batch copies (XP_CAP_FLOATS; tests lower it)
     struct xp_gather *xg;
     int xg_cap;
     int32_t *xg_of;                // (jobs) each job's gather, -1: none
     int xg_of_cap;
     int32_t *xg_hash;              // open addressing over the gathers, -1: empty
     int xg_hash_cap;
+    int32_t *xg_first;             // (gathers) a batch's first piece of each
+    int xg_first_cap;
+    struct cpu_mm *bjobs;          // the jobs of one batch of gathers
+    int bjobs_cap;
     struct xp_piece *xpc;
     int xpc_cap;
     int32_t *tiles;                // attention tiles: (first token, tokens) pairs
@@ -841,23 +846,31 @@ static int cpu_rmsnorm_op(struct backend *b, const float *x, size_t ldx, const i
 // makes each scale group's inputs consecutive (backend_mat.perm), so its
 // job reads x gathered into that order: once per distinct (order, x, rows)
 // of an op, since an expert's gate and up share one order and one x, into
-// c->xp, and the job then reads that copy. The gather is a row of the
-// hidden size per (token, expert): at 16 decode streams a few hundred KiB
-// against the tens of MiB of weights the experts read.
+// c->xp, and the job then reads that copy. At 16 decode streams that is a
+// few hundred KiB against the tens of MiB of weights the experts read; a
+// prefill's is a row of the hidden size per (token, expert), so the copies
+// are made and multiplied XP_CAP_FLOATS at a time (the CPU's runtime
+// reserve in the memory plan is 64 MiB), a gather of more rows than that
+// split by rows: a row's result does not depend on the rows beside it.
 struct xp_gather {
     const int32_t *perm;
     const float *x;
     size_t ldx;
     const int32_t *x_rows;
     int rows, in;
-    size_t off;                    // its rows at c->xp + off, in apart
 };
 
+// Rows [r0, r1) of a gather, copied to c->xp + off (in floats apart).
 struct xp_piece {
     int gather, r0, r1;
+    size_t off;
 };
 
+#define XP_CAP_FLOATS ((size_t)8 << 20)
 #define XP_PIECE_ROWS 32
+// Small batches are copied on the calling thread: waking the pool costs
+// more than copying a decode step's few rows of q, k and v.
+#define XP_INLINE_FLOATS ((size_t)64 << 10)
 
 static void xp_pieces(void *arg, int b, int e, int tid)
 {
@@ -867,7 +880,7 @@ static void xp_pieces(void *arg, int b, int e, int tid)
         const struct xp_piece *pc = &c->xpc[i];
         const struct xp_gather *g = &c->xg[pc->gather];
         for (int r = pc->r0; r < pc->r1; r++) {
-            float *dst = c->xp + g->off + (size_t)r * (size_t)g->in;
+            float *dst = c->xp + pc->off + (size_t)(r - pc->r0) * (size_t)g->in;
             const int xi = g->x_rows ? g->x_rows[r] : r;
             if (xi < 0) {
                 memset(dst, 0, (size_t)g->in * sizeof *dst); // a padding row: read by nobody
@@ -892,70 +905,118 @@ static bool xp_same(const struct xp_gather *g, const int32_t *perm, const struct
            g->in == m->w.in;
 }
 
-// Small gathers run on the calling thread: waking the pool costs more
-// than copying a decode step's few rows of q, k and v.
-#define XP_INLINE_FLOATS (64u << 10)
-
-// Points each of jobs[0, n) whose perms[i] is set at its x gathered into
-// that order (see above), for the matmul run next: c->xp is the next op's.
-// The distinct gathers are found through a hash of (order, x, rows): a
-// MoE layer's call holds two jobs for each of up to a few hundred experts.
-static int permute_inputs(struct cpu_backend *c, struct cpu_mm *jobs, const int32_t *const *perms, int n)
+// Finds the distinct gathers of jobs[0, n) (c->xg) and each job's
+// (c->xg_of, -1 for a job without an order) through a hash of (order, x,
+// rows): a MoE layer's call holds two jobs for each of up to a few hundred
+// experts. Returns how many, or an error.
+static int xp_plan(struct cpu_backend *c, const struct cpu_mm *jobs, const int32_t *const *perms, int n)
 {
-    int rc;
-    int hcap = 16;
+    int rc, hcap = 16;
     while (hcap < 2 * n) hcap *= 2;
     if ((rc = grow(c, (void **)&c->xg_of, &c->xg_of_cap, n, sizeof *c->xg_of, "act-order gathers")) ||
         (rc = grow(c, (void **)&c->xg_hash, &c->xg_hash_cap, hcap, sizeof *c->xg_hash, "act-order gathers")))
         return rc;
     memset(c->xg_hash, 0xff, (size_t)hcap * sizeof *c->xg_hash);
-    int ng = 0, npc = 0;
-    size_t floats = 0;
+    int ng = 0;
     for (int i = 0; i < n; i++) {
         c->xg_of[i] = -1;
-        if (!perms[i] || jobs[i].rows <= 0) continue;
+        if (!perms[i] || jobs[i].rows <= 0 || jobs[i].w.out <= 0) continue;
         size_t h = (size_t)(xp_key(perms[i], &jobs[i]) & (uint64_t)(hcap - 1));
         while (c->xg_hash[h] >= 0 && !xp_same(&c->xg[c->xg_hash[h]], perms[i], &jobs[i]))
             h = (h + 1) & (size_t)(hcap - 1);
-        if (c->xg_hash[h] >= 0) {
-            c->xg_of[i] = c->xg_hash[h];
-            continue;
+        if (c->xg_hash[h] < 0) {
+            if ((rc = grow(c, (void **)&c->xg, &c->xg_cap, ng + 1, sizeof *c->xg, "act-order gathers")))
+                return rc;
+            c->xg[ng] = (struct xp_gather){.perm = perms[i], .x = jobs[i].x, .ldx = jobs[i].ldx,
+                                           .x_rows = jobs[i].x_rows, .rows = jobs[i].rows, .in = jobs[i].w.in};
+            c->xg_hash[h] = ng++;
         }
-        if ((rc = grow(c, (void **)&c->xg, &c->xg_cap, ng + 1, sizeof *c->xg, "act-order gathers"))) return rc;
-        const size_t f = (size_t)jobs[i].rows * (size_t)jobs[i].w.in;
-        if (f > SIZE_MAX / sizeof(float) - floats)
-            return backend_fail(&c->b, MS_ENOMEM, "act-order inputs of %d rows are too large", jobs[i].rows);
-        c->xg[ng] = (struct xp_gather){.perm = perms[i], .x = jobs[i].x, .ldx = jobs[i].ldx,
-                                       .x_rows = jobs[i].x_rows, .rows = jobs[i].rows, .in = jobs[i].w.in,
-                                       .off = floats};
-        c->xg_hash[h] = c->xg_of[i] = ng++;
-        floats += f;
-        npc += (jobs[i].rows + XP_PIECE_ROWS - 1) / XP_PIECE_ROWS;
+        c->xg_of[i] = c->xg_hash[h];
     }
-    if (!ng) return 0;
-    if (floats > c->xp_cap) {
+    return ng;
+}
+
+// Runs jobs[0, n) (cpu_matmul), those whose perms[i] is set over x
+// gathered into that order (see above), XP_CAP_FLOATS of copies at a time.
+// Why it is long: it plans the gathers, runs the jobs without one, then
+// walks the gathers in batches, each a copy and a matmul of the jobs (or
+// the row ranges of them) that read it.
+static int matmul_permuted(struct cpu_backend *c, struct cpu_mm *jobs, const int32_t *const *perms, int n)
+{
+    const int ng = xp_plan(c, jobs, perms, n);
+    if (ng < 0) return ng;
+    int rc, nb = 0;
+    if ((rc = grow(c, (void **)&c->bjobs, &c->bjobs_cap, n, sizeof *c->bjobs, "matmul jobs")) ||
+        (rc = grow(c, (void **)&c->xg_first, &c->xg_first_cap, ng, sizeof *c->xg_first, "act-order gathers")))
+        return rc;
+    for (int i = 0; i < n; i++)
+        if (c->xg_of[i] < 0) c->bjobs[nb++] = jobs[i];
+    cpu_matmul(&c->ex, c->bjobs, nb);
+    size_t need = 0;
+    for (int g = 0; g < ng && need < c->xp_limit; g++) need += (size_t)c->xg[g].rows * (size_t)c->xg[g].in;
+    if (need > c->xp_limit) need = c->xp_limit;
+    for (int g = 0; g < ng; g++) // a row of a gather always fits, however wide
+        if ((size_t)c->xg[g].in > need) need = (size_t)c->xg[g].in;
+    if (need > c->xp_cap) {
         float *xp = NULL;
-        if (posix_memalign((void **)&xp, 64, floats * sizeof *xp))
+        if (posix_memalign((void **)&xp, 64, need * sizeof *xp))
             return backend_fail(&c->b, MS_ENOMEM, "out of memory for %.1f MiB of act-order inputs",
-                                (double)floats * sizeof *xp / (1 << 20));
+                                (double)need * sizeof *xp / (1 << 20));
         free(c->xp);
         c->xp = xp;
-        c->xp_cap = floats;
+        c->xp_cap = need;
     }
-    if ((rc = grow(c, (void **)&c->xpc, &c->xpc_cap, npc, sizeof *c->xpc, "act-order gather pieces"))) return rc;
-    npc = 0;
-    for (int g = 0; g < ng; g++)
-        for (int r0 = 0; r0 < c->xg[g].rows; r0 += XP_PIECE_ROWS) {
-            const int r1 = r0 + XP_PIECE_ROWS < c->xg[g].rows ? r0 + XP_PIECE_ROWS : c->xg[g].rows;
-            c->xpc[npc++] = (struct xp_piece){.gather = g, .r0 = r0, .r1 = r1};
+    int g = 0, r = 0;
+    while (g < ng) {
+        // This batch's pieces: the rows from (g, r) on that fit.
+        int npc = 0;
+        size_t used = 0;
+        const int g0 = g;
+        while (g < ng) {
+            const struct xp_gather *G = &c->xg[g];
+            const size_t room = (need - used) / (size_t)G->in;
+            const int fit = room > INT_MAX ? INT_MAX : (int)room;
+            if (fit <= 0) break;
+            const int r1 = G->rows - r < fit ? G->rows : r + fit;
+            for (int a = r; a < r1; a += XP_PIECE_ROWS) {
+                if ((rc = grow(c, (void **)&c->xpc, &c->xpc_cap, npc + 1, sizeof *c->xpc, "act-order pieces")))
+                    return rc;
+                c->xpc[npc++] = (struct xp_piece){.gather = g, .r0 = a,
+                                                  .r1 = a + XP_PIECE_ROWS < r1 ? a + XP_PIECE_ROWS : r1,
+                                                  .off = used + (size_t)(a - r) * (size_t)G->in};
+            }
+            used += (size_t)(r1 - r) * (size_t)G->in;
+            if (r1 < G->rows) {
+                r = r1;
+                break;
+            }
+            g++;
+            r = 0;
         }
-    if (floats <= XP_INLINE_FLOATS) xp_pieces(c, 0, npc, 0);
-    else par_for(c, npc, xp_pieces, c);
-    for (int i = 0; i < n; i++) {
-        if (c->xg_of[i] < 0) continue;
-        jobs[i].x = c->xp + c->xg[c->xg_of[i]].off;
-        jobs[i].ldx = (size_t)jobs[i].w.in;
-        jobs[i].x_rows = NULL;
+        if (used <= XP_INLINE_FLOATS) xp_pieces(c, 0, npc, 0);
+        else par_for(c, npc, xp_pieces, c);
+        // The jobs reading this batch, each over the rows of its gather the
+        // batch holds: gathers [g0, gl], each one's pieces consecutive.
+        const int gl = c->xpc[npc - 1].gather;
+        for (int p = npc - 1; p >= 0; p--) c->xg_first[c->xpc[p].gather] = p;
+        nb = 0;
+        for (int i = 0; i < n; i++) {
+            const int gi = c->xg_of[i];
+            if (gi < g0 || gi > gl) continue;
+            const int first = c->xg_first[gi];
+            int last = first;
+            while (last + 1 < npc && c->xpc[last + 1].gather == gi) last++;
+            const int a = c->xpc[first].r0;
+            struct cpu_mm m = jobs[i];
+            m.x = c->xp + c->xpc[first].off;
+            m.ldx = (size_t)m.w.in;
+            m.x_rows = NULL;
+            if (m.y_rows) m.y_rows += a;
+            else m.y += (size_t)a * m.ldy;
+            m.rows = c->xpc[last].r1 - a;
+            c->bjobs[nb++] = m;
+        }
+        cpu_matmul(&c->ex, c->bjobs, nb);
     }
     return 0;
 }
@@ -989,12 +1050,13 @@ static int matmul_unaligned(struct cpu_backend *c, const struct backend_mm *j)
     a.accumulate = false;
     struct cpu_mm m = mm_of(&a);
     const int32_t *perm = j->w->perm;
-    int rc = permute_inputs(c, &m, &perm, 1);
+    int rc = 0;
+    if (perm) rc = matmul_permuted(c, &m, &perm, 1);
+    else cpu_matmul(&c->ex, &m, 1);
     if (rc) {
         free(tmp);
         return rc;
     }
-    cpu_matmul(&c->ex, &m, 1);
     for (int r = 0; r < j->rows; r++) {
         float *y = j->y + (size_t)(j->y_rows ? j->y_rows[r] : r) * j->ldy;
         const float *t = tmp + (size_t)r * width + lead;
@@ -1026,7 +1088,7 @@ static int cpu_matmul_op(struct backend *b, const struct backend_mm *jobs, int n
         permuted |= j->w->perm != NULL;
         c->jobs[nj++] = mm_of(j);
     }
-    if (permuted && (rc = permute_inputs(c, c->jobs, c->job_perm, nj))) return rc;
+    if (permuted) return matmul_permuted(c, c->jobs, c->job_perm, nj);
     cpu_matmul(&c->ex, c->jobs, nj);
     return 0;
 }
@@ -1066,7 +1128,7 @@ static int cpu_grouped_matmul(struct backend *b, const struct backend_gmm *jobs,
             else m->y = j->y + (size_t)off[g] * j->ldy;
         }
     }
-    if (permuted && (rc = permute_inputs(c, c->jobs, c->job_perm, nj))) return rc;
+    if (permuted) return matmul_permuted(c, c->jobs, c->job_perm, nj);
     cpu_matmul(&c->ex, c->jobs, nj);
     return 0;
 }
@@ -1509,6 +1571,8 @@ static void cpu_destroy(struct backend *b)
     free(c->xg);
     free(c->xg_of);
     free(c->xg_hash);
+    free(c->xg_first);
+    free(c->bjobs);
     free(c->xpc);
     free(c->tiles);
     free(c->fill);
@@ -1562,6 +1626,7 @@ int backend_cpu_create(int n_threads, const struct cpu_kernels *k, struct backen
     c->b.device = BACKEND_DEVICE_CPU;
     c->b.impl = c;
     c->rope_n = -1;
+    c->xp_limit = XP_CAP_FLOATS;
     c->k = k ? k : cpu_kernels_best();
     int rc = threadpool_create(n_threads, &c->pool, err, errlen);
     if (rc) {
@@ -1583,6 +1648,14 @@ int backend_cpu_create(int n_threads, const struct cpu_kernels *k, struct backen
 const struct cpu_kernels *backend_cpu_kernels(const struct backend *b)
 {
     return ((const struct cpu_backend *)b)->k;
+}
+
+size_t backend_cpu_set_gather_floats(struct backend *b, size_t floats)
+{
+    struct cpu_backend *c = cpu_of(b);
+    const size_t was = c->xp_limit;
+    c->xp_limit = floats ? floats : XP_CAP_FLOATS;
+    return was;
 }
 
 int backend_cpu_weights_cached(const struct backend_weights *w)

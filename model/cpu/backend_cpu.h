@@ -20,6 +20,12 @@ int backend_cpu_create(int n_threads, const struct cpu_kernels *k, struct backen
 // The kernel table a CPU backend runs (tests and benchmarks name it).
 const struct cpu_kernels *backend_cpu_kernels(const struct backend *b);
 
+// The most floats of act-order inputs (backend_mat.perm) b copies before
+// it multiplies them (0: the default, 8 Mi floats); a matmul needing more
+// runs in batches, a gather wider than that split by rows, with the same
+// results. Tests lower it to make the batches. Returns the previous limit.
+size_t backend_cpu_set_gather_floats(struct backend *b, size_t floats);
+
 // Where weights prepared by a CPU backend came from: 0 prepared in memory,
 // 1 mapped from a weights cache file (model/cpu/weights_cache.h), 2
 // prepared and written to one.
