@@ -8,17 +8,22 @@
 // attention and norms are per row, and MoE outputs are summed in top-k order,
 // so no tolerance is needed. Also: a rank handed a bad batch still joins the
 // exchanges, so its peers finish their step. The same holds for models whose
-// projections are quantized at load (int4, int8, fp8).
+// projections are quantized at load (int4, int8, fp8), and for an act-order
+// GPTQ checkpoint, whose matmuls read their inputs gathered into each
+// matrix's order.
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <cmocka.h>
 #include <jansson.h>
 
 #include "fwd_harness.h"
 #include "base/base.h"
+#include "model/makemodel.h"
 
 #define N_SEQS 4
 #define MAX_STEPS 512
@@ -542,6 +547,45 @@ static void quantized_models_keep_the_invariants(void **state)
     }
 }
 
+// An act-order GPTQ checkpoint of the golden MoE's shape (groups of 16, so
+// every matrix's inputs change groups): gathering each row's inputs into
+// its matrix's order keeps the invariants, bitwise.
+static void act_order_models_keep_the_invariants(void **state)
+{
+    (void)state;
+    if (harness_device != BACKEND_DEVICE_CPU) skip(); // the CUDA backend refuses act-order checkpoints
+    struct makemodel_spec s;
+    char err[512], dir[64];
+    assert_int_equal(makemodel_spec_for_shape("tiny", &s, err, sizeof err), 0);
+    s.vocab_size = moe->cfg.vocab_size;
+    s.hidden_size = moe->cfg.hidden_size;
+    s.n_layers = moe->cfg.n_layers;
+    s.n_heads = moe->cfg.n_heads;
+    s.n_kv_heads = moe->cfg.n_kv_heads;
+    s.head_dim = moe->cfg.head_dim;
+    s.moe_intermediate_size = moe->cfg.moe_intermediate_size;
+    s.intermediate_size = moe->cfg.intermediate_size;
+    s.n_experts = moe->cfg.n_experts;
+    s.n_experts_per_tok = moe->cfg.n_experts_per_tok;
+    s.quant = QUANT_METHOD_GPTQ;
+    s.quant_group = 16;
+    s.quant_act_order = true;
+    snprintf(dir, sizeof dir, "/tmp/moeserve-actorder-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    if (makemodel_write(&s, dir, 9, NULL, err, sizeof err)) fail_msg("%s", err);
+    struct model *q;
+    const struct model_load_opts o = {.cache_dir = "none"};
+    if (model_load_opts(dir, &o, &q, err, sizeof err)) fail_msg("%s", err);
+    assert_true(q->n_perms > 0);
+    check_plan_against_reference(q, "qwen3moe-v2048", chunk_plan, 1, 1, DTYPE_F32, "act-order chunks");
+    check_plan_against_reference(q, "qwen3moe-v2048", mixed_plan, 1, 3, DTYPE_F32, "act-order mixed batch on 3 threads");
+    check_plan_against_reference(q, "qwen3moe-v2048", mixed_plan, 2, 1, DTYPE_BF16, "act-order on 2 ranks");
+    model_destroy(q);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 // Every test starts with decode steps run as they come.
 static int eager_decode(void **state)
 {
@@ -586,6 +630,7 @@ int main(void)
         cmocka_unit_test_setup(padded_decode_steps_give_the_same_logits, eager_decode),
         cmocka_unit_test_setup(a_bad_batch_on_one_rank_does_not_hang_the_others, eager_decode),
         cmocka_unit_test_setup(quantized_models_keep_the_invariants, eager_decode),
+        cmocka_unit_test_setup(act_order_models_keep_the_invariants, eager_decode),
         cmocka_unit_test_setup(bf16_activations_keep_the_invariants, eager_decode),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
