@@ -88,9 +88,11 @@ struct backend_mat {
     const void *zero;            // QUANT_INT4: backend memory, or NULL
     // An act-order checkpoint's matrix (struct tensor_quant.perm): (cols)
     // backend memory, input j of the held matrix multiplies input perm[j]
-    // of x, so a matmul computes y = x[:, perm] . w^T; NULL: x as it is.
-    // The CPU backend points it at the model's copy (which outlives the
-    // weights); the CUDA backend refuses such matrices.
+    // of x, so a matmul computes y = x[:, perm] . w^T; NULL: x as it is
+    // (also for an expert's down projection whose order its gate and up
+    // write their outputs in: tensor_quant.perm_folded). The CPU backend
+    // points it at the model's copy (which outlives the weights); the CUDA
+    // backend refuses such matrices.
     const int32_t *perm;
 };
 

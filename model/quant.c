@@ -214,7 +214,7 @@ void quant_tensor_rows(const struct tensor *t, int r0, int n, struct quant_rows 
     const struct tensor_quant *tq = &t->quant;
     const int rows = (int)t->shape[0], K = (int)t->shape[1], ng = r->n_groups, G = r->group;
     for (int i = 0; i < n; i++) {
-        const int o = r0 + i;
+        const int o = tq->row_perm ? tq->row_perm[r0 + i] : r0 + i;
         uint8_t *q = r->q + (size_t)i * K;
         float *s = r->scale + (size_t)i * ng;
         uint8_t *z = r->zero + (size_t)i * ng;

@@ -92,6 +92,14 @@ struct tensor_quant {
     // order (struct backend_mat.perm). NULL: the stored order. Host
     // memory the model owns.
     const int32_t *perm;
+    // An MLP's gate or up projection whose down projection has a perm:
+    // (rows) output o of the canonical rows is the checkpoint's output
+    // row_perm[o] (down's perm), so that silu(gate) * up comes out in the
+    // order down reads, and down's perm_folded says its inputs arrive so,
+    // with no gather before it. NULL: the stored order. Host memory the
+    // model owns.
+    const int32_t *row_perm;
+    bool perm_folded;
 };
 
 // Groups of a row of cols inputs.
@@ -197,7 +205,8 @@ struct tensor; // model/model.h
 
 // Rows [r0, r0 + n) of a quantized matrix tensor (t->quant.format !=
 // QUANT_NONE) in canonical form: read from a quantized checkpoint's
-// tensors (inputs in t->quant.perm's order when it has one), or made from
+// tensors (rows and inputs in t->quant.row_perm's and perm's orders where
+// it has them), or made from
 // its values (the mapped data, or the dummy recipe, rounded to the
 // tensor's dtype first) and quantized. r must have been laid
 // out for n rows of t's format and group; tmp holds t's cols floats.

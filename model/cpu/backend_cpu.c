@@ -337,7 +337,8 @@ static void plan_tensor(const struct tensor *t, struct backend_mat *mat, void *a
         mat->quant = t->quant.format;
         mat->group_rows = 1;
         mat->group_cols = t->quant.group;
-        mat->perm = t->quant.perm;
+        // A folded order: the gate and up write down's inputs in it.
+        mat->perm = t->quant.perm_folded ? NULL : t->quant.perm;
     }
     struct prep_job j = {.t = t, .mat = mat, .packed_off = SIZE_MAX, .made_off = SIZE_MAX};
     const struct cpu_wmat w = {.data = t->data, .dtype = t->dtype, .out = mat->rows, .in = mat->cols,

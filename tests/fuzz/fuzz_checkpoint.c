@@ -15,7 +15,8 @@
 // loaded. Promises: a refusal with a sentence, or a model whose every
 // quantized projection reads back into its canonical rows within its
 // tensors (ASan sees any byte outside), with finite-or-not values but no
-// crash, and an act-order one's input order a permutation; nothing leaks.
+// crash, and an act-order one's input and output orders permutations;
+// nothing leaks.
 #include <dirent.h>
 #include <jansson.h>
 #include <stdbool.h>
@@ -244,14 +245,17 @@ static void read_back(const struct tensor *t)
     if (!buf || !tmp) abort();
     struct quant_rows r;
     quant_rows_init(&r, buf, 1, K, t->quant.format, G);
-    if (t->quant.perm) {
-        // An act-order input order: each input once, in its own group.
-        bool *seen = calloc((size_t)K, 1);
+    // An act-order input (or output) order: each input (output) once.
+    for (int side = 0; side < 2; side++) {
+        const int32_t *order = side ? t->quant.row_perm : t->quant.perm;
+        const int n = side ? rows : K;
+        if (!order) continue;
+        bool *seen = calloc((size_t)n, 1);
         if (!seen) abort();
-        for (int j = 0; j < K; j++) {
-            const int32_t k = t->quant.perm[j];
-            FUZZ_CHECK(k >= 0 && k < K && !seen[k], "input order entry %d is %d of %d inputs", j, (int)k, K);
-            seen[k] = true;
+        for (int j = 0; j < n; j++) {
+            FUZZ_CHECK(order[j] >= 0 && order[j] < n && !seen[order[j]], "%s order entry %d is %d of %d",
+                       side ? "output" : "input", j, (int)order[j], n);
+            seen[order[j]] = true;
         }
         free(seen);
     }

@@ -142,7 +142,8 @@ struct dequant {
 };
 
 // p becomes q's values dequantized by the formula (model/quant.h), in fp32,
-// each at its input's place (canonical input k is the stored perm[k]).
+// each at its place (canonical input k is the stored perm[k], canonical row
+// o the stored row_perm[o]).
 static void dequantize_into(const struct tensor *q, struct tensor *p, void *ctx)
 {
     struct dequant *d = ctx;
@@ -156,8 +157,9 @@ static void dequantize_into(const struct tensor *q, struct tensor *p, void *ctx)
     quant_rows_init(&r, buf, 1, C, q->quant.format, q->quant.group);
     for (int o = 0; o < R; o++) {
         quant_tensor_rows(q, o, 1, &r, tmp);
+        const size_t row = (size_t)(q->quant.row_perm ? q->quant.row_perm[o] : o);
         for (int k = 0; k < C; k++)
-            v[(size_t)o * C + (q->quant.perm ? q->quant.perm[k] : k)] = quant_rows_value(&r, 0, k);
+            v[row * C + (size_t)(q->quant.perm ? q->quant.perm[k] : k)] = quant_rows_value(&r, 0, k);
     }
     free(tmp);
     free(buf);
@@ -673,15 +675,14 @@ static void inconsistent_checkpoints_are_refused_with_expected_and_actual(void *
     model_destroy(load_q(dir, QUANT_NONE));
 }
 
-// t's input order against its checkpoint's g_idx (tensor name): a
-// permutation of the inputs, input perm[j] in group j / G, ascending within
-// a group, and not the stored order.
-static void check_order(const struct model *m, const struct tensor *t, const char *name, int G)
+// An input order (of C inputs) against its checkpoint's g_idx (tensor
+// name): a permutation of the inputs, input perm[j] in group j / G,
+// ascending within a group, and not the stored order.
+static void check_order(const struct model *m, const int32_t *perm, int C, const char *name, int G)
 {
     const struct st_tensor *gi = safetensors_find(m->storage, name);
-    if (!gi || !t->quant.perm) fail_msg("%s: %s", name, gi ? "no input order" : "not in the checkpoint");
-    const int32_t *g = gi->data, *perm = t->quant.perm;
-    const int C = (int)t->shape[1];
+    if (!gi || !perm) fail_msg("%s: %s", name, gi ? "no input order" : "not in the checkpoint");
+    const int32_t *g = gi->data;
     assert_int_equal(gi->nbytes, (size_t)C * 4);
     bool *seen = calloc((size_t)C, 1), stored = true;
     assert_non_null(seen);
@@ -700,7 +701,9 @@ static void check_order(const struct model *m, const struct tensor *t, const cha
 // GPTQ's desc_act and compressed-tensors' actorder group: each projection
 // reads its inputs in the order its g_idx groups them, one order shared by
 // the matrices that read one input (an expert's gate and up; q, k and v)
-// and allocated once; checkpoints without act-order keep none. A g_idx
+// and allocated once; down's order is its gate's and up's output rows'
+// too (row_perm), so that it reads their product as it comes (folded);
+// checkpoints without act-order keep none. A g_idx
 // whose first and last inputs trade groups (0 and 1 of 64 inputs in groups
 // of 32) is such an order too: the first group is inputs 1 to 31 and 63.
 static void act_order_checkpoints_read_each_input_in_its_group(void **state)
@@ -718,20 +721,26 @@ static void act_order_checkpoints_read_each_input_in_its_group(void **state)
             const struct tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo};
             for (int j = 0; j < 4; j++) {
                 snprintf(name, sizeof name, "model.layers.%d.self_attn.%s.%s", i, at[j], gi);
-                check_order(m, ts[j], name, G);
+                check_order(m, ts[j]->quant.perm, (int)ts[j]->shape[1], name, G);
+                assert_null(ts[j]->quant.row_perm);
             }
             assert_ptr_equal(L->wq.quant.perm, L->wk.quant.perm);
             assert_ptr_equal(L->wq.quant.perm, L->wv.quant.perm);
             assert_ptr_not_equal(L->wq.quant.perm, L->wo.quant.perm);
             for (int e = 0; e < m->cfg.n_experts; e++) {
                 const struct expert_weights *x = &L->experts[e];
+                const int H = m->cfg.hidden_size, F = m->cfg.moe_intermediate_size;
                 snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.gate_proj.%s", i, e, gi);
-                check_order(m, &x->gate, name, G);
+                check_order(m, x->gate.quant.perm, H, name, G);
                 snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.up_proj.%s", i, e, gi);
-                check_order(m, &x->up, name, G);
+                check_order(m, x->up.quant.perm, H, name, G);
                 snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.down_proj.%s", i, e, gi);
-                check_order(m, &x->down, name, G);
+                check_order(m, x->down.quant.perm, F, name, G);
+                assert_true(x->down.quant.perm_folded);
+                assert_ptr_equal(x->gate.quant.row_perm, x->down.quant.perm);
+                assert_null(x->down.quant.row_perm);
                 assert_ptr_equal(x->gate.quant.perm, x->up.quant.perm);
+                assert_ptr_equal(x->gate.quant.row_perm, x->up.quant.row_perm);
                 if (e) assert_ptr_not_equal(x->gate.quant.perm, L->experts[e - 1].gate.quant.perm);
             }
         }
