@@ -34,7 +34,8 @@ static char tmpdir[256];
 // The checkpoints every test reads: tiny (vocabulary cut to 2048), seed 5.
 enum ckpt {
     C_BF16, C_FP8, C_GPTQ, C_GPTQ_ASYM, C_FP8_128, C_GPTQ_128, C_AWQ, C_AWQ_128,
-    C_CT_W4, C_CT_W4_ASYM_128, C_CT_W8_128, C_CT_FP8, C_GPTQ_ACT, C_CT_W4_ACT, C_CT_W8_ACT, N_CKPT
+    C_CT_W4, C_CT_W4_ASYM_128, C_CT_W8_128, C_CT_FP8, C_GPTQ_ACT, C_CT_W4_ACT, C_CT_W8_ACT, C_BF16_DENSE1,
+    N_CKPT
 };
 static const struct {
     const char *sub;
@@ -53,7 +54,8 @@ static const struct {
     // Groups smaller than tiny's widths (64 and 32), so that every matrix's
     // inputs change groups.
     {"gptq-act", QUANT_METHOD_GPTQ, 16, true, 0, true}, {"ct-w4-act", QUANT_METHOD_CT_INT, 8, false, 4, true},
-    {"ct-w8-act", QUANT_METHOD_CT_INT, 16, false, 8, true},
+    {"ct-w8-act", QUANT_METHOD_CT_INT, 16, false, 8, true}, // its layer 1 dense
+    {"bf16-dense1", QUANT_METHOD_NONE, 0, false, 0, false}, // ct-w8-act's bf16 original
 };
 
 static void ckpt_dir(enum ckpt c, char *out, size_t len) { snprintf(out, len, "%s/%s", tmpdir, ckpts[c].sub); }
@@ -73,6 +75,10 @@ static int setup(void **state)
         s.quant_asym = ckpts[c].asym;
         s.quant_bits = ckpts[c].bits;
         s.quant_act_order = ckpts[c].act;
+        if (c == C_CT_W8_ACT || c == C_BF16_DENSE1) { // a dense MLP layer too (Qwen3-MoE's mlp_only_layers)
+            s.n_mlp_only = 1;
+            s.mlp_only_layers[0] = 1;
+        }
         ckpt_dir((enum ckpt)c, dir, sizeof dir);
         if (makemodel_write(&s, dir, 5, NULL, err, sizeof err)) {
             fprintf(stderr, "%s\n", err);
@@ -232,18 +238,18 @@ static int same_argmax(const float *a, const float *b, int rows, int n)
 // scalar table and the best one. An act-order model sums each row's
 // products in its inputs' order, the twin in the stored one: within 1e-4
 // of the largest logit on the scalar table too.
-static void check_logits(struct model *(*load_quantized)(void), enum quant_format f,
-                         enum quant_source src, double rms_tol, int min_same, const char *what)
+static void check_logits_of(struct model *(*load_quantized)(void), enum ckpt original, enum quant_format f,
+                            enum quant_source src, double rms_tol, int min_same, const char *what)
 {
     const char *variants[] = {"scalar", NULL};
     for (int vi = 0; vi < 2; vi++) {
-        struct model *q = load_quantized(), *deq = load_ckpt(C_BF16, QUANT_NONE);
+        struct model *q = load_quantized(), *deq = load_ckpt(original, QUANT_NONE);
         struct dequant d = {.want = f, .source = src};
         for_each_projection(q, deq, dequantize_into, &d);
         const bool exact = variants[vi] && q->n_perms == 0; // prompt_logits takes q
         float *lq = prompt_logits(q, variants[vi]);
         float *ld = prompt_logits(deq, variants[vi]);
-        float *lb = prompt_logits(load_ckpt(C_BF16, QUANT_NONE), variants[vi]);
+        float *lb = prompt_logits(load_ckpt(original, QUANT_NONE), variants[vi]);
         const size_t n = (size_t)N_TOK * 2048;
         const double scale = max_abs(ld, n), dd = max_diff(lq, ld, n), db = rms_ratio(lq, lb, n);
         const int same = same_argmax(lq, lb, N_TOK, 2048);
@@ -260,6 +266,12 @@ static void check_logits(struct model *(*load_quantized)(void), enum quant_forma
         free(ld);
         free(lb);
     }
+}
+
+static void check_logits(struct model *(*load_quantized)(void), enum quant_format f, enum quant_source src,
+                         double rms_tol, int min_same, const char *what)
+{
+    check_logits_of(load_quantized, C_BF16, f, src, rms_tol, min_same, what);
 }
 
 static struct model *fp8_ckpt(void) { return load_ckpt(C_FP8, QUANT_NONE); }
@@ -286,7 +298,8 @@ static void checkpoint_logits_match_their_dequantized_weights(void **state)
     check_logits(ct_fp8_ckpt, QUANT_FP8, QUANT_SRC_FP8, 0.15, 20, "the compressed-tensors fp8 checkpoint");
     check_logits(gptq_act_ckpt, QUANT_INT4, QUANT_SRC_GPTQ, 0.40, 12, "the act-order gptq checkpoint");
     check_logits(ct_w4_act_ckpt, QUANT_INT4, QUANT_SRC_CT, 0.40, 12, "the actorder-group compressed-tensors int4 checkpoint");
-    check_logits(ct_w8_act_ckpt, QUANT_INT8, QUANT_SRC_CT, 0.06, 22, "the actorder-group compressed-tensors int8 checkpoint");
+    check_logits_of(ct_w8_act_ckpt, C_BF16_DENSE1, QUANT_INT8, QUANT_SRC_CT, 0.06, 22,
+                    "the actorder-group compressed-tensors int8 checkpoint (a dense layer among its MoE ones)");
 }
 
 // make-model's AWQ checkpoint quantizes its bf16 values by the rule
@@ -727,6 +740,19 @@ static void act_order_checkpoints_read_each_input_in_its_group(void **state)
             assert_ptr_equal(L->wq.quant.perm, L->wk.quant.perm);
             assert_ptr_equal(L->wq.quant.perm, L->wv.quant.perm);
             assert_ptr_not_equal(L->wq.quant.perm, L->wo.quant.perm);
+            if (!L->is_moe) {
+                const char *mp[] = {"gate_proj", "up_proj", "down_proj"};
+                const struct tensor *mt[] = {&L->gate, &L->up, &L->down};
+                for (int j = 0; j < 3; j++) {
+                    snprintf(name, sizeof name, "model.layers.%d.mlp.%s.%s", i, mp[j], gi);
+                    check_order(m, mt[j]->quant.perm, (int)mt[j]->shape[1], name, G);
+                }
+                assert_ptr_equal(L->gate.quant.perm, L->up.quant.perm);
+                assert_true(L->down.quant.perm_folded);
+                assert_ptr_equal(L->gate.quant.row_perm, L->down.quant.perm);
+                assert_ptr_equal(L->up.quant.row_perm, L->down.quant.perm);
+                continue;
+            }
             for (int e = 0; e < m->cfg.n_experts; e++) {
                 const struct expert_weights *x = &L->experts[e];
                 const int H = m->cfg.hidden_size, F = m->cfg.moe_intermediate_size;
@@ -744,8 +770,10 @@ static void act_order_checkpoints_read_each_input_in_its_group(void **state)
                 if (e) assert_ptr_not_equal(x->gate.quant.perm, L->experts[e - 1].gate.quant.perm);
             }
         }
-        // Per layer: q/k/v's, o's, and each expert's gate/up and down.
-        assert_int_equal(m->n_perms, (size_t)m->cfg.n_layers * (2 + 2 * (size_t)m->cfg.n_experts));
+        // Per layer: q/k/v's, o's, and each expert's (or the dense MLP's) gate/up and down.
+        size_t want = 0;
+        for (int i = 0; i < m->cfg.n_layers; i++) want += 2 + 2 * (m->layers[i].is_moe ? (size_t)m->cfg.n_experts : 1);
+        assert_int_equal(m->n_perms, want);
         model_destroy(m);
     }
     struct model *m = load_ckpt(C_GPTQ, QUANT_NONE);
