@@ -640,15 +640,15 @@ static int run_bench(const struct gen_opts *o, struct model *m)
         free(js);
         json_decref(j);
     } else {
-        printf("model: %s (hidden %d, %d layers, %d experts top-%d, vocabulary %d), %d threads, "
+        printf("model: %s (hidden %d, %d layers, %d experts top-%d, vocabulary %d), %d thread%s, "
                "%s kernels %s, KV %s\n", o->dir, cfg->hidden_size, cfg->n_layers, cfg->n_experts,
-               cfg->n_experts_per_tok, cfg->vocab_size, shown_threads, backend_device_name(dev),
-               kernels, dtype_name(kvt));
+               cfg->n_experts_per_tok, cfg->vocab_size, shown_threads, shown_threads == 1 ? "" : "s",
+               backend_device_name(dev), kernels, dtype_name(kvt));
         printf("%d interleaved rounds through the engine; best of each (mean in brackets):\n",
                rounds);
-        printf("  machine: read bandwidth %.2f GB/s [%.2f] (1 GiB streamed on %d threads), "
+        printf("  machine: read bandwidth %.2f GB/s [%.2f] (1 GiB streamed on %d thread%s), "
                "FMA peak %.1f GFLOP/s [%.1f] (%s)\n", bw / 1e9, bw_mean / 1e9, shown_threads,
-               peak / 1e9, peak_mean / 1e9, kernels);
+               shown_threads == 1 ? "" : "s", peak / 1e9, peak_mean / 1e9, kernels);
         printf("  decode, batch 1: %.1f tokens/s [%.1f], %.1f MB of weights per step -> %.2f GB/s "
                "= %.0f%% of the read bandwidth [%.0f%%]\n", 1.0 / step, 1.0 / step_mean, active / 1e6,
                decode_gbs, 100 * decode_gbs / (bw / 1e9), 100 * active / step_mean / bw_mean);
