@@ -600,10 +600,11 @@ static int shared_build(struct backend *b, const struct model *m, const struct c
             }
         }
         const char *how = cached == 1 ? "mapped from the cache" : cached == 2 ? "written to the cache" : "";
-        ms_log(MS_LOG_INFO, "prepared %zu tensors for the %s kernels (%.1f MiB packed%s%s%s) in "
+        ms_log(MS_LOG_INFO, "prepared %zu tensors for the %s kernels (%.1f MiB packed%s%s%s%s) in "
                "%.2f s%s%s on %d thread%s", c.n_jobs, k->name, (double)s->packed_bytes / (1 << 20),
                m->quant != QUANT_NONE ? ", projections " : "",
                m->quant != QUANT_NONE ? quant_format_name(m->quant) : "",
+               m->n_perms ? " in act-order" : "",
                m->dummy ? ", dummy weights made here" : "", ms_now() - t0, cached ? ", " : "", how,
                threads, threads > 1 ? "s" : "");
         if (cached) ms_log(MS_LOG_INFO, "weights cache: %s", wc.path);
