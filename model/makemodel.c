@@ -544,17 +544,13 @@ static int make_fp8(const float *v, int64_t R, int64_t C, int64_t B, struct qten
 // expert's gate and up; q, k and v), so the order here is keyed by the
 // input's matrix (the gate's, or q's, name) and drawn from seed: a shuffle.
 // Its inverse is what the checkpoint's g_idx says (input perm[j] in group
-// j / G). NULL without act-order, or without memory (*oom set).
-static int32_t *act_order_perm(const struct makemodel_spec *s, const struct wspec *w, uint64_t seed, bool *oom)
+// j / G). NULL without act-order, or without memory.
+static int32_t *act_order_perm(const struct makemodel_spec *s, const struct wspec *w, uint64_t seed)
 {
-    *oom = false;
     if (!s->quant_act_order) return NULL;
     const int64_t C = w->shape[1];
     int32_t *perm = malloc((size_t)C * sizeof *perm);
-    if (!perm) {
-        *oom = true;
-        return NULL;
-    }
+    if (!perm) return NULL;
     char key[sizeof w->name + 8];
     const char *at = strstr(w->name, "up_proj");
     if (at) snprintf(key, sizeof key, "%.*sgate%s", (int)(at - w->name), w->name, at + 2);
@@ -789,8 +785,7 @@ static int write_weight(FILE *f, const char *tmp, uint64_t data_at, const struct
     struct qtensor q = {0};
     const int64_t R = w->shape[0], C = w->shape[1];
     const int G = quant_group_of(s);
-    bool oom;
-    int32_t *perm = act_order_perm(s, w, seed, &oom);
+    int32_t *perm = act_order_perm(s, w, seed);
     switch (s->quant) {
     case QUANT_METHOD_FP8: rc = make_fp8(v, R, C, G, &q); break;
     case QUANT_METHOD_AWQ: rc = make_awq(v, R, C, G, &q); break;
@@ -800,7 +795,7 @@ static int write_weight(FILE *f, const char *tmp, uint64_t data_at, const struct
     case QUANT_METHOD_CT_FP8: rc = make_ct_fp8(v, R, C, &q); break;
     default: rc = make_gptq(v, R, C, G, !s->quant_asym, perm, &q); break;
     }
-    if (oom) rc = MS_ENOMEM;
+    if (s->quant_act_order && !perm) rc = MS_ENOMEM;
     free(perm);
     free(v);
     if (rc) rc = ms_err(err, errlen, MS_ENOMEM, "out of memory quantizing %s", w->name);
