@@ -193,6 +193,10 @@ static int keep_perm(struct binder *b, int32_t *perm, int64_t cols, const int32_
     return 0;
 }
 
+// Input k's group by g_idx: -1 (compressed-tensors' unset, where
+// bind_g_idx lets it through) is the place's own.
+static int64_t g_idx_group(const int32_t *g, int64_t k, int G) { return g[k] == -1 ? k / G : g[k]; }
+
 // A GPTQ g_idx or compressed-tensors weight_g_idx: each input's group. In
 // the stored order (input k in group k / G) it says nothing; an act-order
 // file's (GPTQ's desc_act, compressed-tensors' actorder group) puts the
@@ -239,7 +243,7 @@ static int bind_g_idx(struct binder *b, const char *base, const char *part, int6
         free(p);
         return ms_err(err, errlen, MS_ENOMEM, "out of memory for %s.%s's input order", base, part);
     }
-    for (int64_t k = 0; k < cols; k++) start[(g[k] == -1 ? k / G : g[k]) + 1]++;
+    for (int64_t k = 0; k < cols; k++) start[g_idx_group(g, k, G) + 1]++;
     for (int64_t i = 0; i < ng; i++) {
         const int64_t size = i + 1 < ng ? G : cols - i * G;
         if (start[i + 1] != size) {
@@ -252,7 +256,7 @@ static int bind_g_idx(struct binder *b, const char *base, const char *part, int6
         }
         start[i + 1] += start[i];
     }
-    for (int64_t k = 0; k < cols; k++) p[start[g[k] == -1 ? k / G : g[k]]++] = (int32_t)k;
+    for (int64_t k = 0; k < cols; k++) p[start[g_idx_group(g, k, G)]++] = (int32_t)k;
     free(start);
     if ((rc = keep_perm(b, p, cols, perm)))
         return ms_err(err, errlen, rc, "out of memory for %s.%s's input order", base, part);
@@ -549,9 +553,7 @@ size_t tensor_bytes(const struct tensor *t)
 // and the matmul gathers.
 static void fold_down_order(struct tensor *gate, struct tensor *up, struct tensor *down)
 {
-    if (!down->quant.perm || gate->quant.format == QUANT_NONE || up->quant.format == QUANT_NONE ||
-        gate->quant.row_perm || up->quant.row_perm)
-        return;
+    if (!down->quant.perm || gate->quant.format == QUANT_NONE || up->quant.format == QUANT_NONE) return;
     gate->quant.row_perm = up->quant.row_perm = down->quant.perm;
     down->quant.perm_folded = true;
 }
