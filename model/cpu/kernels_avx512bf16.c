@@ -247,6 +247,215 @@ static void bf_pack_interleaved(const struct cpu_mm *m, uint32_t *xq, uint32_t *
     cpu_avx512_interleave_rows(xr, rows, np, xq);
 }
 
+// ---- int4 on VDPBF16PS ----------------------------------------------------------
+//
+// int4 matrices (model/quant.h's packed blocks) multiplied by the same
+// rounded x as the bf16 ones, on VDPBF16PS too, where the avx512 table's
+// FMA path turns every nibble into fp32 and takes one FMA a weight (bound by
+// those instructions at batch 1 as in prefill: int4 read at 51 GB/s from L2
+// on 2 Zen 5 cores, prefill at 60% of the fp32 FMA peak).
+//
+// The codes go into bf16 exactly and in two instructions a vector: 16 + q
+// (q in 0..15) is 2^4 (1 + q / 16), the bf16 0x4180 | q << 3, so a shift
+// that puts nibbles i and i + 4 of an 8-input dword at bits 3..6 and 19..22
+// and one ternary-logic op (mask, then or the exponent in) give each
+// output's pair (16 + q[k0 + i], 16 + q[k0 + i + 4]). x is paired to match
+// (bq_prep_row: the rounded row's bf16 in the order k0, k0 + 4, k0 + 1,
+// k0 + 5, ...), and the 16 the codes carry is taken out with the zero
+// point per group, as the FMA path takes z out:
+//   t_g = dp chain over the group's pairs from 0 (each pair's k0 + i + 4
+//         product first, then k0 + i, as VDPBF16PS rounds)
+//   y   = fma(s_g, t_g - (16 + z_g) * xs_g, y)  over g in order, from y = 0,
+// where xs_g is the fp32 sum of the group's rounded x (a fixed vector
+// order, once per row). Every tile, row block, chunk and output split
+// gives an output these bits, so a row's results do not depend on its
+// batch. Against the fp32 matmul on the dequantized weights the only new
+// rounding is x's (2^-9 of each activation, as for bf16 weights) and the
+// fp32 sums over 16 + q: within the table's 2^-8 * sum |w x| (the kernel
+// test holds it there). The table's FMA path keeps int4 on the avx512
+// matmul (fp32 x), and so does the tile path where the tile unit is usable
+// for the int4 matrices it does not take.
+#define BQ_MR 4          // rows per tile of BQ_NB blocks
+#define BQ_NB 4
+#define BQ_NB1 8         // blocks of a one-row tile: 8 dot-product chains
+#define BQ_PF 1024       // how far ahead the first row block prefetches
+#define BQ_CHUNK_BYTES (192u << 10)
+
+static bool bq_takes(const struct cpu_mm *m) { return m->w.quant == QUANT_INT4 && m->w.packed; }
+
+// Pair i (0..3) of an 8-input step's dwords: (16 + nibble i, 16 + nibble i + 4) in bf16.
+AI __m512bh bq_pair(__m512i raw, const int i)
+{
+    const __m512i s = i == 0 ? _mm512_slli_epi32(raw, 3) : _mm512_srli_epi32(raw, (unsigned)(4 * i - 3));
+    // (s & 0x00780078) | 0x41804180
+    return (__m512bh)_mm512_ternarylogic_epi32(s, _mm512_set1_epi32(0x00780078), _mm512_set1_epi32(0x41804180),
+                                               0xEA);
+}
+
+// One row for the tiles: its bf16 pairs (np of them, an odd K's last pair
+// with 0 above) as bq_pair pairs the codes, kp / 2 dwords (zeros past K),
+// and each group's sum of the rounded x (ng floats).
+static void bq_prep_row(const uint32_t *xn, int K, int G, int ng, uint32_t *xs, float *xsum)
+{
+    const int np = (K + 1) / 2, n4 = (K + 7) / 8 * 4;
+    // Words 0..7 of each 16 bytes in the order 0, 4, 1, 5, 2, 6, 3, 7.
+    const __m512i ord = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
+    for (int d = 0; d < n4; d += 16) {
+        const int left = np - d;
+        const __mmask16 mk = left >= 16 ? 0xFFFF : left <= 0 ? 0 : (__mmask16)((1u << left) - 1u);
+        const __m512i v = _mm512_shuffle_epi8(_mm512_maskz_loadu_epi32(mk, xn + d), ord);
+        const int st = n4 - d >= 16 ? 16 : n4 - d;
+        _mm512_mask_storeu_epi32(xs + d, (__mmask16)((1u << st) - 1u), v);
+    }
+    const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (int g = 0; g < ng; g++) {
+        const int d0 = g * G / 2, d1 = g == ng - 1 ? np : (g + 1) * G / 2;
+        __m512 acc = _mm512_setzero_ps();
+        for (int d = d0; d < d1; d += 16) {
+            const int left = d1 - d;
+            const __mmask16 mk = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1u);
+            const __m512i v = _mm512_maskz_loadu_epi32(mk, xn + d);
+            acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+            acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_and_si512(v, hi)));
+        }
+        xsum[g] = _mm512_reduce_add_ps(acc);
+    }
+}
+
+// One tile: MR rows (their prepared pairs at xs + r * xs_ld, group sums at
+// xsum + r * ng) x NB blocks from wp, bb bytes apart; the outputs' sums
+// into yb (row r, block n at yb + (r * NB + n) * 16).
+AI void bq_tile(const int MR, const int NB, const uint32_t *xs, size_t xs_ld, const float *xsum, const char *wp,
+                size_t bb, size_t H, int K, int G, int ng, float *yb, bool pf)
+{
+    for (int i = 0; i < MR * NB * 16; i += 16) _mm512_storeu_ps(yb + i, _mm512_setzero_ps());
+    for (int g = 0; g < ng; g++) {
+        const int k0 = g * G, k1 = k0 + G < K ? k0 + G : K;
+        __m512 acc[BQ_MR > BQ_NB1 ? BQ_MR : BQ_NB1][BQ_NB1 > BQ_NB ? BQ_NB1 : BQ_NB];
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++)
+#pragma GCC unroll 8
+            for (int n = 0; n < NB; n++) acc[r][n] = _mm512_setzero_ps();
+        for (int k = k0; k < k1; k += 8) {
+            const char *a = wp + H + (size_t)k * 8;
+            __m512i raw[BQ_NB1 > BQ_NB ? BQ_NB1 : BQ_NB];
+#pragma GCC unroll 8
+            for (int n = 0; n < NB; n++) {
+                if (pf) _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)(a - wp), BQ_PF), _MM_HINT_T0);
+                raw[n] = _mm512_loadu_si512(a + (size_t)n * bb);
+            }
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                __m512bh wv[BQ_NB1 > BQ_NB ? BQ_NB1 : BQ_NB];
+#pragma GCC unroll 8
+                for (int n = 0; n < NB; n++) wv[n] = bq_pair(raw[n], i);
+#pragma GCC unroll 8
+                for (int r = 0; r < MR; r++) {
+                    const __m512bh xb = (__m512bh)_mm512_set1_epi32((int)xs[(size_t)r * xs_ld + (size_t)k / 2 + i]);
+#pragma GCC unroll 8
+                    for (int n = 0; n < NB; n++) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], wv[n], xb);
+                }
+            }
+        }
+#pragma GCC unroll 8
+        for (int n = 0; n < NB; n++) {
+            const char *h = wp + (size_t)n * bb + (size_t)g * 48;
+            const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+            const __m512 z = _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + 32)))),
+                                           _mm512_set1_ps(16.0f));
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; r++) {
+                const __m512 t = _mm512_fnmadd_ps(z, _mm512_set1_ps(xsum[(size_t)r * ng + g]), acc[r][n]);
+                float *y = yb + ((size_t)r * NB + (size_t)n) * 16;
+                _mm512_storeu_ps(y, _mm512_fmadd_ps(s, t, _mm512_loadu_ps(y)));
+            }
+        }
+    }
+}
+
+#define BQ_TILE(MR, NB) bq_tile(MR, NB, xs, xs_ld, xsum, wp, bb, H, K, G, ng, yb, pf)
+#define BQ_CASE(MR)                                                                                \
+    case MR:                                                                                       \
+        if (MR == 1 && nb == BQ_NB1) BQ_TILE(1, BQ_NB1);                                           \
+        else if (nb == BQ_NB) BQ_TILE(MR, BQ_NB);                                                  \
+        else BQ_TILE(MR, 1);                                                                       \
+        break;
+// mr rows (1 to BQ_MR) x nb blocks: BQ_NB1 (one row), BQ_NB or 1.
+static void bq_tiles(int mr, int nb, const uint32_t *xs, size_t xs_ld, const float *xsum, const char *wp,
+                     size_t bb, size_t H, int K, int G, int ng, float *yb, bool pf)
+{
+    switch (mr) { BQ_CASE(1) BQ_CASE(2) BQ_CASE(3) BQ_CASE(4) }
+}
+
+// The tile's sums into y: the lanes of outputs [o0, o1) only (a thread's
+// range may start or end inside a block).
+static void bq_store(const float *yb, int mr, int nb, int o, int o0, int o1, float *const *yr, bool accumulate)
+{
+    for (int r = 0; r < mr; r++)
+        for (int n = 0; n < nb; n++) {
+            const __mmask16 mk = cpu_lane_mask16(o + 16 * n, o0, o1);
+            if (!mk) continue;
+            float *y = yr[r] + o + 16 * n;
+            __m512 v = _mm512_loadu_ps(yb + ((size_t)r * nb + (size_t)n) * 16);
+            if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, y), v);
+            _mm512_mask_storeu_ps(y, mk, v);
+        }
+}
+
+// Outputs [o0, o1) of every row of an int4 matrix. Chunks of blocks (read
+// from memory by the first row block, then from L2) meet every row block in
+// turn; a single row block (decode) streams the range in one. The codes are
+// made bf16 in registers by every row block: two instructions a vector
+// beside BQ_MR dot products, where the FMA path needed its chunks made
+// fp32 once into L2.
+static void bq_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
+{
+    if (m->rows <= 0 || o0 >= o1) return;
+    const int K = m->w.in, G = m->w.group > 0 ? m->w.group : K, ng = quant_groups(K, G);
+    const int n4 = (K + 7) / 8 * 4;
+    const size_t bb = quant_block_bytes(QUANT_INT4, K, m->w.group);
+    const size_t H = quant_block_header_bytes(QUANT_INT4, K, m->w.group);
+    uint32_t *xs = (uint32_t *)scratch;                              // (BQ_MR, n4)
+    float *xsum = scratch + ((size_t)BQ_MR * (size_t)n4 + 15) / 16 * 16; // (BQ_MR, ng)
+    float *yb = xsum + ((size_t)BQ_MR * (size_t)ng + 15) / 16 * 16;  // (BQ_MR, BQ_NB * 16) or (1, BQ_NB1 * 16)
+    uint32_t *tmp = (uint32_t *)(yb + (size_t)BQ_MR * BQ_NB * 16);   // (np): a row rounded here
+    _Static_assert(BQ_NB1 <= BQ_MR * BQ_NB, "a one-row tile's sums fit a full tile's");
+    const int bh = cpu_block_height(m->rows, BQ_MR);
+    const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
+    int chunk = b1 - b0;
+    if (m->rows > bh) {
+        chunk = (int)(BQ_CHUNK_BYTES / bb) / BQ_NB * BQ_NB;
+        if (chunk < BQ_NB) chunk = BQ_NB;
+    }
+    float *yr[BQ_MR];
+    for (int cb = b0; cb < b1; cb += chunk) {
+        const int ce = b1 - cb < chunk ? b1 : cb + chunk;
+        const char *wc = (const char *)m->w.packed + (size_t)cb * bb;
+        for (int rb = 0; rb < m->rows; rb += bh) {
+            const int mr = m->rows - rb < bh ? m->rows - rb : bh;
+            for (int r = 0; r < mr; r++) {
+                const int yi = m->y_rows ? m->y_rows[rb + r] : rb + r;
+                yr[r] = m->y + (size_t)yi * m->ldy;
+                bq_prep_row(bf_row(m, rb + r, tmp), K, G, ng, xs + (size_t)r * n4, xsum + (size_t)r * ng);
+            }
+            const bool pf = rb == 0;
+            int b = cb;
+            // The widest tiles first, then BQ_NB-wide ones, then single blocks.
+            const int widths[2] = {mr == 1 ? BQ_NB1 : BQ_NB, BQ_NB};
+            for (int wi = 0; wi < 2; wi++)
+                for (const int nb = widths[wi]; b + nb <= ce; b += nb) {
+                    bq_tiles(mr, nb, xs, (size_t)n4, xsum, wc + (size_t)(b - cb) * bb, bb, H, K, G, ng, yb,
+                             pf && b + 2 * nb <= b1);
+                    bq_store(yb, mr, nb, b * CPU_PACK_OUTS, o0, o1, yr, m->accumulate);
+                }
+            for (; b < ce; b++) {
+                bq_tiles(mr, 1, xs, (size_t)n4, xsum, wc + (size_t)(b - cb) * bb, bb, H, K, G, ng, yb, false);
+                bq_store(yb, mr, 1, b * CPU_PACK_OUTS, o0, o1, yr, m->accumulate);
+            }
+        }
+    }
+}
+
 // Outputs [o0, o1) of every row. 7 to 16 rows against an output range of at
 // least BF_XP_BLOCKS_PER_ROW blocks a row (the lm_head of a decode step; experts
 // of 384 outputs at up to 12 rows, as a batch of about 64 gives them) go
@@ -256,6 +465,10 @@ static void bf_pack_interleaved(const struct cpu_mm *m, uint32_t *xq, uint32_t *
 // block in turn. Weights not packed at load are packed chunk by chunk.
 static void bf_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
 {
+    if (bq_takes(m)) {
+        bq_matmul(m, o0, o1, scratch);
+        return;
+    }
     if (!bf_takes(m)) {
         cpu_kernels_avx512_table()->matmul(m, o0, o1, scratch);
         return;
@@ -372,10 +585,14 @@ static void bf_matmul_fma(const struct cpu_mm *m, int o0, int o1, float *scratch
     }
 }
 
-// A row's pass costs half the fp32 matmul's FMAs; the weights' read the same.
+// The matrices whose rows cpu_matmul rounds once per call for this path.
+static bool bf_wants_xq(const struct cpu_mm *m) { return bf_takes(m) || bq_takes(m); }
+
+// A row's pass costs half the fp32 matmul's FMAs (bf16 and int4 alike); the
+// weights' read the same.
 static uint64_t bf_row_cost(const struct cpu_mm *m)
 {
-    if (bf_takes(m)) return (uint64_t)m->rows + 4;
+    if (bf_takes(m) || bq_takes(m)) return (uint64_t)m->rows + 4;
     return (uint64_t)m->rows * 2 + 4;
 }
 
@@ -436,7 +653,7 @@ static void bf16_table_init(void)
     bf16_dp_table.matmul = bf_matmul;
     bf16_dp_table.row_cost = bf_row_cost;
     bf16_dp_table.fma_burn = bf_dp_burn;
-    bf16_dp_table.wants_xq = bf_takes;
+    bf16_dp_table.wants_xq = bf_wants_xq;
     bf16_dp_table.round_xq = bf_round_row;
     const double rate = bf_dp_rate();
     const bool dp = rate >= BF_DP_MIN_RATE;

@@ -1350,6 +1350,82 @@ static void bf16_tile_path_takes_quantized_weights_over_rounded_rows(void **stat
     }
 }
 
+// On its VDPBF16PS path the table multiplies int4 matrices by the rounded
+// rows too (kernels_avx512bf16.c: each code as 16 + q in bf16, the 16 taken
+// out with the zero point): within 2^-8 * sum |w x| of the fp32 matmul on
+// the dequantized weights, and further from it than fp32 rounding
+// somewhere; the same bits from rows the caller rounded as from rows it
+// rounds itself; each row the bits it has alone, whatever the batch, and
+// an output range split inside a block the bits of the whole; accumulating
+// adds the same values. Groups of 32 to 256, a last group shorter (264 and
+// 320 inputs), one group a row, inputs not a multiple of 8; 1 to 70 rows
+// (one-row tiles, 4-row blocks, several chunks of blocks). The FMA path
+// leaves int4 to the avx512 table.
+static void bf16_dp_path_takes_int4_over_rounded_rows(void **state)
+{
+    (void)state;
+    if (!bf16_table) skip();
+    const struct cpu_kernels *k = cpu_kernels_avx512_bf16_path(false);
+    // rows, in, out, group
+    const int shapes_q[][4] = {{1, 2048, 96, 128}, {70, 320, 83, 128}, {9, 256, 600, 256}, {16, 96, 40, 32},
+                               {5, 264, 70, 128},  {3, 36, 20, 0},     {2, 1000, 300, 40}, {17, 2048, 200, 128}};
+    int rounded_apart = 0;
+    for (size_t c = 0; c < sizeof shapes_q / sizeof shapes_q[0]; c++) {
+        const int rows = shapes_q[c][0], in = shapes_q[c][1], out = shapes_q[c][2], np = (in + 1) / 2;
+        struct qmat q;
+        qmat_make(&q, QUANT_INT4, out, in, shapes_q[c][3]);
+        assert_true(k->wants_xq(&(struct cpu_mm){.w = q.w}));
+        float *x = random_floats((size_t)rows * in), *ref = xmalloc((size_t)rows * out * 4);
+        float *got = xmalloc((size_t)rows * out * 4), *other = xmalloc((size_t)rows * out * 4);
+        run_matmul(cpu_kernels_scalar(), &q.w, x, rows, ref, false);
+        run_matmul(k, &q.w, x, rows, got, false);
+        // Rows rounded by the caller, the outputs in two ranges split inside a block.
+        uint32_t *xq = xmalloc((size_t)rows * np * 4);
+        for (int r = 0; r < rows; r++) k->round_xq(x + (size_t)r * in, in, xq + (size_t)r * np);
+        float *scratch = xmalloc(cpu_kernels_scratch_floats(in, 1, 1) * 4);
+        struct cpu_mm m = {.w = q.w, .x = x, .ldx = (size_t)in, .y = other, .ldy = (size_t)out, .rows = rows,
+                           .xq = xq, .ldxq = (size_t)np};
+        const int split = out / 2 + 5;
+        k->matmul(&m, 0, split, scratch);
+        k->matmul(&m, split, out, scratch);
+        assert_memory_equal(other, got, (size_t)rows * out * 4);
+        // Each row alone.
+        for (int r = 0; r < rows; r++) {
+            run_matmul(k, &q.w, x + (size_t)r * in, 1, other, false);
+            if (memcmp(other, got + (size_t)r * out, (size_t)out * 4))
+                fail_msg("in %d out %d: row %d of %d differs alone", in, out, r, rows);
+        }
+        // Accumulating: y + the same products.
+        for (int i = 0; i < rows * out; i++) other[i] = (float)i * 0.25f;
+        run_matmul(k, &q.w, x, rows, other, true);
+        for (int i = 0; i < rows * out; i++) assert_true(other[i] == (float)i * 0.25f + got[i]);
+        assert_false(cpu_kernels_avx512_bf16_path(true)->wants_xq);
+        run_matmul(cpu_kernels_avx512_bf16_path(true), &q.w, x, rows, other, false);
+        run_matmul(cpu_kernels_avx512(), &q.w, x, rows, ref, false);
+        assert_memory_equal(other, ref, (size_t)rows * out * 4);
+        run_matmul(cpu_kernels_scalar(), &q.w, x, rows, ref, false);
+        for (int r = 0; r < rows; r++)
+            for (int o = 0; o < out; o++) {
+                double mag = 0;
+                for (int kk = 0; kk < in; kk++)
+                    mag += fabs((double)x[(size_t)r * in + kk] * quant_rows_value(&q.r, o, kk));
+                const size_t i = (size_t)r * out + o;
+                if (fabs(got[i] - ref[i]) > 0x1p-8 * mag + 1e-6)
+                    fail_msg("rows %d in %d out %d group %d: [%d][%d] %.9g is further than 2^-8 * %.6g from the "
+                             "fp32 reference %.9g", rows, in, out, q.r.group, r, o, got[i], mag, ref[i]);
+                if (fabs(got[i] - ref[i]) > 1e-5 * mag + 1e-6) rounded_apart++;
+            }
+        free(x);
+        free(ref);
+        free(got);
+        free(other);
+        free(xq);
+        free(scratch);
+        qmat_free(&q);
+    }
+    assert_true(rounded_apart > 0);
+}
+
 // The table's two paths (VDPBF16PS, and FMAs in its order where it runs at
 // half rate) give every output the same value, so the path a CPU's timing
 // picks changes where the time goes, never a result; and the table by name
@@ -1664,6 +1740,7 @@ int main(void)
         cmocka_unit_test(quantized_matmul_matches_the_formula_on_every_table),
         cmocka_unit_test(quantized_outputs_do_not_depend_on_batch_or_split),
         cmocka_unit_test(bf16_tile_path_takes_quantized_weights_over_rounded_rows),
+        cmocka_unit_test(bf16_dp_path_takes_int4_over_rounded_rows),
         cmocka_unit_test(every_fp8_and_int8_byte_reads_as_its_formula),
         cmocka_unit_test(simd_attention_matches_scalar),
         cmocka_unit_test(simd_silu_mul_matches_scalar_and_ignores_where_n_ends),
