@@ -4,9 +4,10 @@
 // Compiled with the avx512 flags plus -mavx512bf16; reached only after
 // cpu_kernels_avx512_bf16() checked the CPU, and only by name
 // (MOESERVE_CPU_KERNELS=avx512_bf16): the fp32 tables stay the reference and
-// the default. Everything but the bf16 matmuls (f16, f32 and quantized
-// weights — but int4 and fp8 on the tile unit, below —, attention, norms, the
-// sampler's passes) is the avx512 table's.
+// the default. Everything but the bf16 and int4 matmuls (f16, f32, fp8 and
+// int8 weights — but fp8 on the tile unit, below —, attention, norms, the
+// sampler's passes) is the avx512 table's; int4 runs on VDPBF16PS too (its
+// section below), or on the tile unit.
 //
 // Why it pays: the packed bf16 layout (kernels.h) holds in each dword the
 // weights of k = 2p and 2p + 1 for one output, which is what VDPBF16PS takes:
