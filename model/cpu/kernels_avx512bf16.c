@@ -278,7 +278,7 @@ static void bf_pack_interleaved(const struct cpu_mm *m, uint32_t *xq, uint32_t *
 // for the int4 matrices it does not take.
 #define BQ_MR 4          // rows per tile of BQ_NB blocks
 #define BQ_NB 4
-#define BQ_NB1 8         // blocks of a one-row tile: 8 dot-product chains
+#define BQ_NB1 8         // blocks of a tile of one or two rows: 8 streams of weights in flight
 #define BQ_PF 1024       // how far ahead the first row block prefetches
 #define BQ_CHUNK_BYTES (192u << 10)
 
@@ -323,6 +323,17 @@ static void bq_prep_row(const uint32_t *xn, int K, int G, int ng, uint32_t *xs, 
     }
 }
 
+// Whether a tile makes one block's pair at a time, just before its
+// products, rather than every block's first: where the accumulators, the
+// raw codes, the pairs and the broadcasts would not fit the 32 registers
+// (two rows x 8 blocks). Where they fit, every pair first (one row from L2
+// on Zen 5, bench_cpu_matmul, builds alternating: 71-84 GB/s of int4 over
+// four runs, against 71-75 one at a time). Two rows over 8 blocks rather
+// than 4 keep twice the streams of weights in flight: 16 tokens' routed
+// experts from memory (most of them one or two rows) at 58-68 GB/s against
+// 46-61, 128 experts of two rows each at 35-44 against 29-38.
+#define BQ_ONE_PAIR(MR, NB) ((MR) * (NB) + 2 * (NB) + (MR) > 30)
+
 // One tile: MR rows (their prepared pairs at xs + r * xs_ld, group sums at
 // xsum + r * ng) x NB blocks from wp, bb bytes apart; the outputs' sums
 // into yb (row r, block n at yb + (r * NB + n) * 16).
@@ -332,7 +343,7 @@ AI void bq_tile(const int MR, const int NB, const uint32_t *xs, size_t xs_ld, co
     for (int i = 0; i < MR * NB * 16; i += 16) _mm512_storeu_ps(yb + i, _mm512_setzero_ps());
     for (int g = 0; g < ng; g++) {
         const int k0 = g * G, k1 = k0 + G < K ? k0 + G : K;
-        __m512 acc[BQ_MR > BQ_NB1 ? BQ_MR : BQ_NB1][BQ_NB1 > BQ_NB ? BQ_NB1 : BQ_NB];
+        __m512 acc[BQ_MR][BQ_NB1 > BQ_NB ? BQ_NB1 : BQ_NB];
 #pragma GCC unroll 8
         for (int r = 0; r < MR; r++)
 #pragma GCC unroll 8
@@ -347,14 +358,24 @@ AI void bq_tile(const int MR, const int NB, const uint32_t *xs, size_t xs_ld, co
             }
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) {
-                __m512bh wv[BQ_NB1 > BQ_NB ? BQ_NB1 : BQ_NB];
+                __m512bh xb[BQ_MR], wv[BQ_NB1 > BQ_NB ? BQ_NB1 : BQ_NB];
 #pragma GCC unroll 8
-                for (int n = 0; n < NB; n++) wv[n] = bq_pair(raw[n], i);
+                for (int r = 0; r < MR; r++)
+                    xb[r] = (__m512bh)_mm512_set1_epi32((int)xs[(size_t)r * xs_ld + (size_t)k / 2 + i]);
+                if (BQ_ONE_PAIR(MR, NB)) {
 #pragma GCC unroll 8
-                for (int r = 0; r < MR; r++) {
-                    const __m512bh xb = (__m512bh)_mm512_set1_epi32((int)xs[(size_t)r * xs_ld + (size_t)k / 2 + i]);
+                    for (int n = 0; n < NB; n++) {
+                        const __m512bh w = bq_pair(raw[n], i);
 #pragma GCC unroll 8
-                    for (int n = 0; n < NB; n++) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], wv[n], xb);
+                        for (int r = 0; r < MR; r++) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], w, xb[r]);
+                    }
+                } else {
+#pragma GCC unroll 8
+                    for (int n = 0; n < NB; n++) wv[n] = bq_pair(raw[n], i);
+#pragma GCC unroll 8
+                    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 8
+                        for (int n = 0; n < NB; n++) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], wv[n], xb[r]);
                 }
             }
         }
@@ -377,11 +398,11 @@ AI void bq_tile(const int MR, const int NB, const uint32_t *xs, size_t xs_ld, co
 #define BQ_TILE(MR, NB) bq_tile(MR, NB, xs, xs_ld, xsum, wp, bb, H, K, G, ng, yb, pf)
 #define BQ_CASE(MR)                                                                                \
     case MR:                                                                                       \
-        if (MR == 1 && nb == BQ_NB1) BQ_TILE(1, BQ_NB1);                                           \
+        if (MR <= 2 && nb == BQ_NB1) BQ_TILE(MR, BQ_NB1);                                          \
         else if (nb == BQ_NB) BQ_TILE(MR, BQ_NB);                                                  \
         else BQ_TILE(MR, 1);                                                                       \
         break;
-// mr rows (1 to BQ_MR) x nb blocks: BQ_NB1 (one row), BQ_NB or 1.
+// mr rows (1 to BQ_MR) x nb blocks: BQ_NB1 (one or two rows), BQ_NB or 1.
 static void bq_tiles(int mr, int nb, const uint32_t *xs, size_t xs_ld, const float *xsum, const char *wp,
                      size_t bb, size_t H, int K, int G, int ng, float *yb, bool pf)
 {
@@ -418,9 +439,9 @@ static void bq_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
     const size_t H = quant_block_header_bytes(QUANT_INT4, K, m->w.group);
     uint32_t *xs = (uint32_t *)scratch;                              // (BQ_MR, n4)
     float *xsum = scratch + ((size_t)BQ_MR * (size_t)n4 + 15) / 16 * 16; // (BQ_MR, ng)
-    float *yb = xsum + ((size_t)BQ_MR * (size_t)ng + 15) / 16 * 16;  // (BQ_MR, BQ_NB * 16) or (1, BQ_NB1 * 16)
+    float *yb = xsum + ((size_t)BQ_MR * (size_t)ng + 15) / 16 * 16;  // (BQ_MR, BQ_NB * 16) or (2, BQ_NB1 * 16)
     uint32_t *tmp = (uint32_t *)(yb + (size_t)BQ_MR * BQ_NB * 16);   // (np): a row rounded here
-    _Static_assert(BQ_NB1 <= BQ_MR * BQ_NB, "a one-row tile's sums fit a full tile's");
+    _Static_assert(2 * BQ_NB1 <= BQ_MR * BQ_NB, "a two-row tile's sums fit a full tile's");
     const int bh = cpu_block_height(m->rows, BQ_MR);
     const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
     int chunk = b1 - b0;
@@ -442,7 +463,7 @@ static void bq_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
             const bool pf = rb == 0;
             int b = cb;
             // The widest tiles first, then BQ_NB-wide ones, then single blocks.
-            const int widths[2] = {mr == 1 ? BQ_NB1 : BQ_NB, BQ_NB};
+            const int widths[2] = {mr <= 2 ? BQ_NB1 : BQ_NB, BQ_NB};
             for (int wi = 0; wi < 2; wi++)
                 for (const int nb = widths[wi]; b + nb <= ce; b += nb) {
                     bq_tiles(mr, nb, xs, (size_t)n4, xsum, wc + (size_t)(b - cb) * bb, bb, H, K, G, ng, yb,

@@ -103,6 +103,10 @@ static const struct shape shapes[] = {
      QUANT_FP8},
     {"int8 experts gate/up (full size), 128 x 2 rows, 4 layers (from memory)", 768, 2048, 2, 128, 4, false, false,
      QUANT_INT8},
+    {"int4 experts gate/up (full size), 128 x 2 rows, 4 layers (from memory)", 768, 2048, 2, 128, 4, false, false,
+     QUANT_INT4},
+    {"int4 experts gate/up (full size), 16 tokens routed, 8 layers (from memory)", 768, 2048, 1, 128, 8, true, false,
+     QUANT_INT4},
 };
 
 // Matrix e of the shape's bf16 weights w quantized and packed into dst
