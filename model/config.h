@@ -40,7 +40,8 @@ struct quant_config {
     int block_rows, block_cols; // fp8 weight_block_size; 0, 0: one scale per tensor (weight_scale)
     int group;                  // gptq and awq group_size; 0: one group over all inputs (-1 in the file)
     bool sym;                   // gptq, ct_int
-    bool desc_act;              // gptq, ct_int (actorder group): g_idx may permute the groups (refused unless trivial)
+    bool desc_act;              // gptq, ct_int (actorder group): g_idx may put the inputs in groups out of
+                                // their order (the loader reads it into an input order: model.h's perms)
     int zero_offset;            // gptq: added to a stored zero point (1 for the v1 format, 0 for v2)
     int bits;                   // ct_int: 4 or 8
     bool channel;               // ct_fp8: one scale per output (weight_scale [out, 1])

@@ -187,6 +187,7 @@ static int keep_perm(struct binder *b, int32_t *perm, int64_t cols, const int32_
         b->perms_cap = cap;
     }
     m->perms[m->n_perms++] = perm;
+    m->perm_bytes += (size_t)cols * sizeof *perm;
     b->last_perm = perm;
     b->last_perm_cols = cols;
     *out = perm;
@@ -776,7 +777,7 @@ int model_load_opts(const char *dir, const struct model_load_opts *o, struct mod
                    "stored quantized", dir);
     }
     if (want != QUANT_NONE) m->quant = want;
-    m->weight_bytes = model_total_bytes(m);
+    m->weight_bytes = model_total_bytes(m) + m->perm_bytes;
     *out = m;
     return 0;
 }

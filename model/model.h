@@ -66,7 +66,7 @@ struct model {
     struct tensor lm_head;        // (vocab, hidden)  lm_head, or embed when tied
     struct layer_weights *layers; // (n_layers)
     size_t weight_bytes;          // sum over all tensors, quantized ones as a backend holds them
-                                  // (quant_matrix_bytes)
+                                  // (quant_matrix_bytes), and the input orders below
     enum quant_format quant;      // the format of its quantized projections (QUANT_NONE: none)
     bool dummy;                   // --load-format dummy: no weight bytes on the host
     void *storage;                // the safetensors set (opaque to callers), NULL when dummy
@@ -81,6 +81,7 @@ struct model {
     // input in the same order (an expert's gate and up; q, k and v) share one.
     int32_t **perms;
     size_t n_perms;
+    size_t perm_bytes;            // theirs, 4 bytes an input (in weight_bytes)
 };
 
 // Loads DIR's config.json (+ generation_config.json) and maps its

@@ -335,6 +335,11 @@ struct dev_bytes {
     uint64_t vocab_matrix;      // embeddings or lm_head, as held
     uint64_t final_norm;
     uint64_t row;               // one embedding row
+    // An act-order checkpoint's input orders (model.h's perms: 4 bytes an
+    // input, one order shared by q, k and v, one by an MLP's gate and up,
+    // down's its own): per layer for q/k/v and o, per expert, per dense
+    // layer. 0 for the rest.
+    uint64_t order_attention, order_expert, order_dense;
 };
 
 static void dev_bytes_of(const struct model_config *cfg, const struct shard *s, enum plan_dtype t,
@@ -357,6 +362,12 @@ static void dev_bytes_of(const struct model_config *cfg, const struct shard *s, 
     b->vocab_matrix = plan_matrix_bytes(s->vocab_rows, H, pt, 0);
     b->final_norm = plan_matrix_bytes(1, H, pt, 0);
     b->row = H * plain_size(pt);
+    b->order_attention = b->order_expert = b->order_dense = 0;
+    if (qf != QUANT_NONE && cfg->quant.desc_act) {
+        b->order_attention = 4 * (H + s->o_cols);
+        b->order_expert = 4 * (H + s->moe_ffn);
+        b->order_dense = 4 * (H + s->dense_ffn);
+    }
     if (b->attention_norms == UINT64_MAX || b->router == UINT64_MAX || b->expert == UINT64_MAX ||
         b->dense == UINT64_MAX || b->vocab_matrix == UINT64_MAX)
         k->overflow = true;
@@ -373,11 +384,11 @@ int plan_weight_bytes(const struct model_config *cfg, enum plan_dtype t, enum pl
     dev_bytes_of(cfg, &s, t, &b, &k);
     uint64_t total = 0;
     for (int i = 0; i < cfg->n_layers; i++) {
-        total = ck_add(&k, total, b.attention_norms);
+        total = ck_add(&k, total, ck_add(&k, b.attention_norms, b.order_attention));
         if (layer_moe(cfg, i))
-            total = ck_add(&k, total, ck_add(&k, b.router, ck_mul(&k, s.n_experts, b.expert)));
+            total = ck_add(&k, total, ck_add(&k, b.router, ck_mul(&k, s.n_experts, ck_add(&k, b.expert, b.order_expert))));
         else
-            total = ck_add(&k, total, b.dense);
+            total = ck_add(&k, total, ck_add(&k, b.dense, b.order_dense));
     }
     total = ck_add(&k, total, b.final_norm);
     total = ck_add(&k, total, ck_mul(&k, cfg->tie_word_embeddings ? 1 : 2, b.vocab_matrix));

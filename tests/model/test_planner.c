@@ -340,6 +340,32 @@ static void quantised_weights_keep_embeddings_router_and_norms_at_16_bits(void *
     assert_int_equal(fp8, plain + 48 * (128 * 3 * expert + attn));
 }
 
+// An act-order checkpoint (GPTQ desc_act, compressed-tensors actorder
+// group) also holds an input order per matrix, 4 bytes an input, as the
+// loader keeps them: one shared by q, k and v, o's, one shared by each
+// expert's gate and up, down's. Qwen3-30B-A3B in int4: 48 x (2048 + 4096
+// + 128 x (2048 + 768)) x 4 = 70.4 MB more; under tp 2, o's and down's
+// inputs are halved. A format the config's quantization is not stored in
+// (bf16) holds none.
+static void act_order_checkpoints_count_their_input_orders(void **state)
+{
+    (void)state;
+    struct model_config c;
+    fill_qwen3_30b_a3b(&c);
+    char err[256];
+    uint64_t plain, act, plain2, act2, bf16, bf16_act;
+    assert_int_equal(plan_weight_bytes(&c, PLAN_INT4, PLAN_TP, 1, &plain, err, sizeof err), 0);
+    assert_int_equal(plan_weight_bytes(&c, PLAN_INT4, PLAN_TP, 2, &plain2, err, sizeof err), 0);
+    assert_int_equal(plan_weight_bytes(&c, PLAN_BF16, PLAN_TP, 1, &bf16, err, sizeof err), 0);
+    c.quant.desc_act = true;
+    assert_int_equal(plan_weight_bytes(&c, PLAN_INT4, PLAN_TP, 1, &act, err, sizeof err), 0);
+    assert_int_equal(plan_weight_bytes(&c, PLAN_INT4, PLAN_TP, 2, &act2, err, sizeof err), 0);
+    assert_int_equal(plan_weight_bytes(&c, PLAN_BF16, PLAN_TP, 1, &bf16_act, err, sizeof err), 0);
+    assert_int_equal(act - plain, 48ull * 4 * (2048 + 4096 + 128 * (2048 + 768)));
+    assert_int_equal(act2 - plain2, 48ull * 4 * (2048 + 2048 + 128 * (2048 + 384)));
+    assert_int_equal(bf16_act, bf16);
+}
+
 static void sizes_and_bandwidths_parse_with_units(void **state)
 {
     (void)state;
@@ -425,6 +451,7 @@ int main(void)
         cmocka_unit_test(cpu_ranks_sharing_memory_count_the_weights_once),
         cmocka_unit_test(decode_step_reads_3_04b_params_at_batch_1),
         cmocka_unit_test(quantised_weights_keep_embeddings_router_and_norms_at_16_bits),
+        cmocka_unit_test(act_order_checkpoints_count_their_input_orders),
         cmocka_unit_test(sizes_and_bandwidths_parse_with_units),
         cmocka_unit_test(nonsense_configs_are_refused_not_overflowed),
     };

@@ -399,6 +399,15 @@ static void checkpoints_bind_their_formats_and_the_planner_counts_their_bytes(vo
         if (planned != m->weight_bytes)
             fail_msg("case %zu: the planner counts %llu bytes, the loader holds %zu", i,
                      (unsigned long long)planned, m->weight_bytes);
+        // The act-order ones' input orders are in both counts.
+        assert_int_equal(m->perm_bytes > 0, cases[i].c == C_GPTQ_ACT || cases[i].c == C_CT_W8_ACT);
+        if (m->perm_bytes) {
+            struct model_config plain = m->cfg;
+            plain.quant.desc_act = false;
+            uint64_t without;
+            assert_int_equal(plan_weight_bytes(&plain, cases[i].t, PLAN_TP, 1, &without, err, sizeof err), 0);
+            assert_int_equal(planned - without, m->perm_bytes);
+        }
         model_destroy(m);
     }
 }
