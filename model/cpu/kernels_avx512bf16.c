@@ -478,6 +478,188 @@ static void bq_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
     }
 }
 
+// ---- fp8 on VDPBF16PS -----------------------------------------------------------
+//
+// fp8 (e4m3) matrices multiplied by the rounded x on VDPBF16PS too. Every
+// e4m3 value is a bf16 value (4 significant bits, exponents 2^-9 to 2^8),
+// so a code goes into bf16 exactly: a normal one by moving its exponent and
+// mantissa bits up 4 and adding 120 to the exponent, the 8 subnormal
+// magnitudes (and zero) from a table, the sign bit up 8 (bf8_pair: 32 codes,
+// an input pair of 16 outputs, in 8 instructions, the load included). Per output and scale
+// group g: t_g = dp chain over the group's input pairs (2p, 2p + 1) in
+// order from 0, then y = fma(s_g, t_g, y) over g in order, from y = 0. A
+// matmul of one row block makes the pairs in registers; more row blocks
+// make each chunk's pairs once into scratch (bf8_fill: the same values) and
+// read them there. Within the table's 2^-8 * sum |w x| of the fp32 matmul
+// (x's rounding; the products are exact), as the kernel test holds it.
+// Matrices with an odd number of inputs or groups stay on avx512.
+#define BF8_MR 4         // rows per tile that makes its pairs (their constants take 6 registers)
+#define BF8_MRB 6        // rows per tile over pairs made once a chunk
+#define BF8_NB 4
+#define BF8_NB1 8        // blocks of a one-row tile
+#define BF8_PF 1024
+#define BF8_CHUNK_BYTES (192u << 10)
+#define BF8_BUF_FLOATS (128u << 10) // a chunk's pairs: 512 KiB at most
+
+static bool bf8_takes(const struct cpu_mm *m)
+{
+    const int G = m->w.group > 0 ? m->w.group : m->w.in;
+    return m->w.quant == QUANT_FP8 && m->w.packed && m->w.in % 2 == 0 && G % 2 == 0;
+}
+
+// Input pair (k, k + 1) of a block's 16 outputs as bf16 pairs, from the 32
+// codes at p (k's 16, then k + 1's).
+AI __m512i bf8_pair(const char *p)
+{
+    // Words: k's outputs 0..15, then k + 1's; interleaved, then each a code.
+    const __m512i il = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                        6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    // The subnormal magnitudes m * 2^-9 (m = 0..7) in bf16.
+    const __m512i sub = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                         0x3C60, 0x3C40, 0x3C20, 0x3C00, 0x3BC0, 0x3B80, 0x3B00, 0);
+    // Sign-extended, so that the sign bit lands at bit 15 with the rest.
+    const __m512i c = _mm512_permutexvar_epi16(il, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)p)));
+    __m512i r = _mm512_add_epi16(_mm512_and_si512(_mm512_slli_epi16(c, 4), _mm512_set1_epi16((short)0x87F0)),
+                                 _mm512_set1_epi16(0x3C00));
+    r = _mm512_mask_permutexvar_epi16(r, _mm512_testn_epi16_mask(c, _mm512_set1_epi16(0x0078)), c, sub);
+    // The table's magnitudes take their sign: r | (c & 0x8000).
+    return _mm512_ternarylogic_epi32(r, c, _mm512_set1_epi16((short)0x8000), 0xF8);
+}
+
+// Blocks [0, nb) at wp as bf8_pair makes them, into qb: block n's pair p
+// at qb + n qbs + 16 p (K / 2 pairs).
+static void bf8_fill(const char *wp, size_t bb, size_t H, int nb, int K, uint32_t *qb, size_t qbs)
+{
+    for (int n = 0; n < nb; n++)
+        for (int p = 0; p < K / 2; p++)
+            _mm512_storeu_si512(qb + (size_t)n * qbs + (size_t)p * 16, bf8_pair(wp + (size_t)n * bb + H + (size_t)p * 32));
+}
+
+// One tile: MR rows (their bf16 pairs at xr[r]) x NB blocks, the pairs
+// made here from the codes at wp (BUF false) or read from qb; the sums into
+// yb (row r, block n at yb + (r * NB + n) * 16).
+AI void bf8_tile(const int MR, const int NB, const bool BUF, const uint32_t *const *xr, const char *wp, size_t bb,
+                 size_t H, const uint32_t *qb, size_t qbs, int K, int G, int ng, float *yb, bool pf)
+{
+    for (int i = 0; i < MR * NB * 16; i += 16) _mm512_storeu_ps(yb + i, _mm512_setzero_ps());
+    for (int g = 0; g < ng; g++) {
+        const int p0 = g * G / 2, p1 = g == ng - 1 ? K / 2 : (g + 1) * G / 2;
+        __m512 acc[BF8_MRB][BF8_NB1];
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++)
+#pragma GCC unroll 8
+            for (int n = 0; n < NB; n++) acc[r][n] = _mm512_setzero_ps();
+        for (int p = p0; p < p1; p++) {
+            __m512bh wv[BF8_NB1];
+#pragma GCC unroll 8
+            for (int n = 0; n < NB; n++) {
+                if (BUF) {
+                    wv[n] = (__m512bh)_mm512_loadu_si512(qb + (size_t)n * qbs + (size_t)p * 16);
+                } else {
+                    const char *a = wp + (size_t)n * bb + H + (size_t)p * 32;
+                    if (pf && (p & 1) == 0) _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)(a - wp) - (size_t)n * bb, BF8_PF), _MM_HINT_T0);
+                    wv[n] = (__m512bh)bf8_pair(a);
+                }
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; r++) {
+                const __m512bh xb = (__m512bh)_mm512_set1_epi32((int)xr[r][p]);
+#pragma GCC unroll 8
+                for (int n = 0; n < NB; n++) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], wv[n], xb);
+            }
+        }
+#pragma GCC unroll 8
+        for (int n = 0; n < NB; n++) {
+            const __m512 s = _mm512_loadu_ps((const float *)(wp + (size_t)n * bb + (size_t)g * 64));
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; r++) {
+                float *y = yb + ((size_t)r * NB + (size_t)n) * 16;
+                _mm512_storeu_ps(y, _mm512_fmadd_ps(s, acc[r][n], _mm512_loadu_ps(y)));
+            }
+        }
+    }
+}
+
+#define BF8_TILE(MR, NB, BUF) bf8_tile(MR, NB, BUF, xr, wp, bb, H, qb, qbs, K, G, ng, yb, pf)
+#define BF8_CASE(MR)                                                                               \
+    case MR:                                                                                       \
+        if (qb) {                                                                                  \
+            if (nb == BF8_NB) BF8_TILE(MR, BF8_NB, true);                                          \
+            else BF8_TILE(MR, 1, true);                                                            \
+        } else if (MR <= BF8_MR) {                                                                 \
+            if (MR == 1 && nb == BF8_NB1) BF8_TILE(1, BF8_NB1, false);                             \
+            else if (nb == BF8_NB) BF8_TILE(MR <= BF8_MR ? MR : BF8_MR, BF8_NB, false);            \
+            else BF8_TILE(MR <= BF8_MR ? MR : BF8_MR, 1, false);                                   \
+        }                                                                                          \
+        break;
+// mr rows x nb blocks: from qb (mr up to BF8_MRB; nb BF8_NB or 1), or
+// making their pairs (mr up to BF8_MR; nb BF8_NB1 for one row, BF8_NB or 1).
+static void bf8_tiles(int mr, int nb, const uint32_t *const *xr, const char *wp, size_t bb, size_t H,
+                      const uint32_t *qb, size_t qbs, int K, int G, int ng, float *yb, bool pf)
+{
+    switch (mr) { BF8_CASE(1) BF8_CASE(2) BF8_CASE(3) BF8_CASE(4) BF8_CASE(5) BF8_CASE(6) }
+}
+
+// Outputs [o0, o1) of every row of an fp8 matrix: chunks of blocks meet
+// every row block in turn (a single row block streams the range in one),
+// their pairs made once a chunk where there are two row blocks or more.
+static void bf8_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
+{
+    if (m->rows <= 0 || o0 >= o1) return;
+    const int K = m->w.in, G = m->w.group > 0 ? m->w.group : K, ng = quant_groups(K, G), np = K / 2;
+    const size_t bb = quant_block_bytes(QUANT_FP8, K, m->w.group);
+    const size_t H = quant_block_header_bytes(QUANT_FP8, K, m->w.group);
+    float *yb = scratch;                                                      // (BF8_MRB, BF8_NB * 16)
+    uint32_t *xb = (uint32_t *)(yb + (size_t)BF8_MRB * BF8_NB1 * 16);         // (BF8_MRB, np): rows rounded here
+    uint32_t *qb = xb + ((size_t)BF8_MRB * (size_t)np + 15) / 16 * 16;        // (chunk, np, 16) where made once
+    const size_t qbs = (size_t)np * 16;
+    int bh = cpu_block_height(m->rows, BF8_MR);
+    const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
+    int chunk = b1 - b0;
+    bool buf = false;
+    if (m->rows > bh) {
+        chunk = (int)(BF8_CHUNK_BYTES / bb) / BF8_NB * BF8_NB;
+        if (chunk < BF8_NB) chunk = BF8_NB;
+        size_t room = (cpu_kernels_scratch_floats(K, 1, 1) - (size_t)((float *)qb - scratch));
+        if (room > BF8_BUF_FLOATS) room = BF8_BUF_FLOATS;
+        const int qchunk = (int)(room / qbs) / BF8_NB * BF8_NB;
+        if (qchunk >= BF8_NB) {
+            buf = true;
+            chunk = qchunk;
+            bh = cpu_block_height(m->rows, BF8_MRB);
+        }
+    }
+    const uint32_t *xr[BF8_MRB];
+    float *yr[BF8_MRB];
+    for (int cb = b0; cb < b1; cb += chunk) {
+        const int ce = b1 - cb < chunk ? b1 : cb + chunk;
+        const char *wc = (const char *)m->w.packed + (size_t)cb * bb;
+        if (buf) bf8_fill(wc, bb, H, ce - cb, K, qb, qbs);
+        for (int rb = 0; rb < m->rows; rb += bh) {
+            const int mr = m->rows - rb < bh ? m->rows - rb : bh;
+            for (int r = 0; r < mr; r++) {
+                const int yi = m->y_rows ? m->y_rows[rb + r] : rb + r;
+                yr[r] = m->y + (size_t)yi * m->ldy;
+                xr[r] = bf_row(m, rb + r, xb + (size_t)r * np);
+            }
+            const bool pf = rb == 0 && !buf;
+            int b = cb;
+            const int widths[2] = {mr == 1 && !buf ? BF8_NB1 : BF8_NB, BF8_NB};
+            for (int wi = 0; wi < 2; wi++)
+                for (const int nb = widths[wi]; b + nb <= ce; b += nb) {
+                    bf8_tiles(mr, nb, xr, wc + (size_t)(b - cb) * bb, bb, H,
+                              buf ? qb + (size_t)(b - cb) * qbs : NULL, qbs, K, G, ng, yb, pf && b + 2 * nb <= b1);
+                    bq_store(yb, mr, nb, b * CPU_PACK_OUTS, o0, o1, yr, m->accumulate);
+                }
+            for (; b < ce; b++) {
+                bf8_tiles(mr, 1, xr, wc + (size_t)(b - cb) * bb, bb, H, buf ? qb + (size_t)(b - cb) * qbs : NULL,
+                          qbs, K, G, ng, yb, false);
+                bq_store(yb, mr, 1, b * CPU_PACK_OUTS, o0, o1, yr, m->accumulate);
+            }
+        }
+    }
+}
+
 // Outputs [o0, o1) of every row. 7 to 16 rows against an output range of at
 // least BF_XP_BLOCKS_PER_ROW blocks a row (the lm_head of a decode step; experts
 // of 384 outputs at up to 12 rows, as a batch of about 64 gives them) go
@@ -489,6 +671,10 @@ static void bf_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
 {
     if (bq_takes(m)) {
         bq_matmul(m, o0, o1, scratch);
+        return;
+    }
+    if (bf8_takes(m)) {
+        bf8_matmul(m, o0, o1, scratch);
         return;
     }
     if (!bf_takes(m)) {
@@ -608,13 +794,13 @@ static void bf_matmul_fma(const struct cpu_mm *m, int o0, int o1, float *scratch
 }
 
 // The matrices whose rows cpu_matmul rounds once per call for this path.
-static bool bf_wants_xq(const struct cpu_mm *m) { return bf_takes(m) || bq_takes(m); }
+static bool bf_wants_xq(const struct cpu_mm *m) { return bf_takes(m) || bq_takes(m) || bf8_takes(m); }
 
 // A row's pass costs half the fp32 matmul's FMAs (bf16 and int4 alike); the
 // weights' read the same.
 static uint64_t bf_row_cost(const struct cpu_mm *m)
 {
-    if (bf_takes(m) || bq_takes(m)) return (uint64_t)m->rows + 4;
+    if (bf_takes(m) || bq_takes(m) || bf8_takes(m)) return (uint64_t)m->rows + 4;
     return (uint64_t)m->rows * 2 + 4;
 }
 

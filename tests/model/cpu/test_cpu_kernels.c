@@ -310,21 +310,23 @@ static void quantized_matmul_matches_the_formula_on_every_table(void **state)
 }
 
 // The tables whose quantized matmuls the tests hold side by side: scalar,
-// the SIMD ones, and avx512_bf16's tile path where the tile unit is usable
-// (the only path of that table with its own quantized kernels). Returns
-// how many.
+// the SIMD ones, and avx512_bf16's paths with quantized kernels of their
+// own: its tile path where the tile unit is usable, its VDPBF16PS path
+// (int4 and fp8) where the CPU has AVX512_BF16. Returns how many.
 static int quant_tables(const struct cpu_kernels *tables[6])
 {
     int nt = 0;
     tables[nt++] = cpu_kernels_scalar();
     for (int t = 0; t < n_simd; t++) tables[nt++] = simd_tables[t];
     if (cpu_kernels_avx512_bf16_tiles()) tables[nt++] = cpu_kernels_avx512_bf16_tiles();
+    if (bf16_table) tables[nt++] = cpu_kernels_avx512_bf16_path(false); // int4 and fp8 on VDPBF16PS
     return nt;
 }
 
 // Every byte an fp8 or int8 weight can hold (int8's -128 and fp8's NaN
 // codes too, which the formats' own writers never store) reads as
-// quant.h's formula on every table, the tile unit's byte tables included:
+// quant.h's formula on every table, the tile unit's byte tables and
+// avx512_bf16's bf16 pairs included:
 // a one-hot x row picks one weight, so each output is exactly s * w. Row
 // o's k-th weight is byte (16 o + k) mod 256, the scales powers of two and
 // not. The 256 one-hot rows as one batch, and each alone (the one-row
@@ -1350,18 +1352,22 @@ static void bf16_tile_path_takes_quantized_weights_over_rounded_rows(void **stat
     }
 }
 
-// On its VDPBF16PS path the table multiplies int4 matrices by the rounded
-// rows too (kernels_avx512bf16.c: each code as 16 + q in bf16, the 16 taken
-// out with the zero point): within 2^-8 * sum |w x| of the fp32 matmul on
+// On its VDPBF16PS path the table multiplies int4 and fp8 matrices by the
+// rounded rows too (kernels_avx512bf16.c: each int4 code as 16 + q in bf16,
+// the 16 taken out with the zero point; each fp8 code as the bf16 of its
+// value, every code of the format, subnormals and signs among them): within
+// 2^-8 * sum |w x| of the fp32 matmul on
 // the dequantized weights, and further from it than fp32 rounding
 // somewhere; the same bits from rows the caller rounded as from rows it
 // rounds itself; each row the bits it has alone, whatever the batch, and
 // an output range split inside a block the bits of the whole; accumulating
 // adds the same values. Groups of 32 to 256, a last group shorter (264 and
 // 320 inputs), one group a row, inputs not a multiple of 8; 1 to 70 rows
-// (one-row tiles, 4-row blocks, several chunks of blocks). The FMA path
-// leaves int4 to the avx512 table.
-static void bf16_dp_path_takes_int4_over_rounded_rows(void **state)
+// (one-row tiles, 4-row blocks, several chunks of blocks; fp8's pairs made
+// in registers and, for two row blocks or more, once a chunk). The FMA path
+// leaves both to the avx512 table, and so does this path an fp8 matrix of
+// an odd number of inputs.
+static void bf16_dp_path_takes_int4_and_fp8_over_rounded_rows(void **state)
 {
     (void)state;
     if (!bf16_table) skip();
@@ -1370,10 +1376,12 @@ static void bf16_dp_path_takes_int4_over_rounded_rows(void **state)
     const int shapes_q[][4] = {{1, 2048, 96, 128}, {70, 320, 83, 128}, {9, 256, 600, 256}, {16, 96, 40, 32},
                                {5, 264, 70, 128},  {3, 36, 20, 0},     {2, 1000, 300, 40}, {17, 2048, 200, 128}};
     int rounded_apart = 0;
-    for (size_t c = 0; c < sizeof shapes_q / sizeof shapes_q[0]; c++) {
-        const int rows = shapes_q[c][0], in = shapes_q[c][1], out = shapes_q[c][2], np = (in + 1) / 2;
+    for (size_t c = 0; c < 2 * sizeof shapes_q / sizeof shapes_q[0]; c++) {
+        const size_t si = c % (sizeof shapes_q / sizeof shapes_q[0]);
+        const enum quant_format f = c < sizeof shapes_q / sizeof shapes_q[0] ? QUANT_INT4 : QUANT_FP8;
+        const int rows = shapes_q[si][0], in = shapes_q[si][1], out = shapes_q[si][2], np = (in + 1) / 2;
         struct qmat q;
-        qmat_make(&q, QUANT_INT4, out, in, shapes_q[c][3]);
+        qmat_make(&q, f, out, in, shapes_q[si][3]);
         assert_true(k->wants_xq(&(struct cpu_mm){.w = q.w}));
         float *x = random_floats((size_t)rows * in), *ref = xmalloc((size_t)rows * out * 4);
         float *got = xmalloc((size_t)rows * out * 4), *other = xmalloc((size_t)rows * out * 4);
@@ -1411,8 +1419,9 @@ static void bf16_dp_path_takes_int4_over_rounded_rows(void **state)
                     mag += fabs((double)x[(size_t)r * in + kk] * quant_rows_value(&q.r, o, kk));
                 const size_t i = (size_t)r * out + o;
                 if (fabs(got[i] - ref[i]) > 0x1p-8 * mag + 1e-6)
-                    fail_msg("rows %d in %d out %d group %d: [%d][%d] %.9g is further than 2^-8 * %.6g from the "
-                             "fp32 reference %.9g", rows, in, out, q.r.group, r, o, got[i], mag, ref[i]);
+                    fail_msg("%s rows %d in %d out %d group %d: [%d][%d] %.9g is further than 2^-8 * %.6g from "
+                             "the fp32 reference %.9g", quant_format_name(f), rows, in, out, q.r.group, r, o, got[i],
+                             mag, ref[i]);
                 if (fabs(got[i] - ref[i]) > 1e-5 * mag + 1e-6) rounded_apart++;
             }
         free(x);
@@ -1424,6 +1433,17 @@ static void bf16_dp_path_takes_int4_over_rounded_rows(void **state)
         qmat_free(&q);
     }
     assert_true(rounded_apart > 0);
+    struct qmat q;
+    qmat_make(&q, QUANT_FP8, 40, 37, 0);
+    float *x = random_floats((size_t)3 * 37), *a = xmalloc((size_t)3 * 40 * 4), *b = xmalloc((size_t)3 * 40 * 4);
+    assert_false(k->wants_xq(&(struct cpu_mm){.w = q.w}));
+    run_matmul(cpu_kernels_avx512(), &q.w, x, 3, a, false);
+    run_matmul(k, &q.w, x, 3, b, false);
+    assert_memory_equal(a, b, (size_t)3 * 40 * 4);
+    free(x);
+    free(a);
+    free(b);
+    qmat_free(&q);
 }
 
 // The table's two paths (VDPBF16PS, and FMAs in its order where it runs at
@@ -1740,7 +1760,7 @@ int main(void)
         cmocka_unit_test(quantized_matmul_matches_the_formula_on_every_table),
         cmocka_unit_test(quantized_outputs_do_not_depend_on_batch_or_split),
         cmocka_unit_test(bf16_tile_path_takes_quantized_weights_over_rounded_rows),
-        cmocka_unit_test(bf16_dp_path_takes_int4_over_rounded_rows),
+        cmocka_unit_test(bf16_dp_path_takes_int4_and_fp8_over_rounded_rows),
         cmocka_unit_test(every_fp8_and_int8_byte_reads_as_its_formula),
         cmocka_unit_test(simd_attention_matches_scalar),
         cmocka_unit_test(simd_silu_mul_matches_scalar_and_ignores_where_n_ends),
