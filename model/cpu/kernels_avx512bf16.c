@@ -4,10 +4,10 @@
 // Compiled with the avx512 flags plus -mavx512bf16; reached only after
 // cpu_kernels_avx512_bf16() checked the CPU, and only by name
 // (MOESERVE_CPU_KERNELS=avx512_bf16): the fp32 tables stay the reference and
-// the default. Everything but the bf16 and int4 matmuls (f16, f32, fp8 and
-// int8 weights — but fp8 on the tile unit, below —, attention, norms, the
-// sampler's passes) is the avx512 table's; int4 runs on VDPBF16PS too (its
-// section below), or on the tile unit.
+// the default. Everything but the bf16, int4 and fp8 matmuls (f16, f32 and
+// int8 weights, attention, norms, the sampler's passes) is the avx512
+// table's; int4 and fp8 run on VDPBF16PS too (their sections below), or on
+// the tile unit.
 //
 // Why it pays: the packed bf16 layout (kernels.h) holds in each dword the
 // weights of k = 2p and 2p + 1 for one output, which is what VDPBF16PS takes:
@@ -274,8 +274,9 @@ static void bf_pack_interleaved(const struct cpu_mm *m, uint32_t *xq, uint32_t *
 // rounding is x's (2^-9 of each activation, as for bf16 weights) and the
 // fp32 sums over 16 + q: within the table's 2^-8 * sum |w x| (the kernel
 // test holds it there). The table's FMA path keeps int4 on the avx512
-// matmul (fp32 x), and so does the tile path where the tile unit is usable
-// for the int4 matrices it does not take.
+// matmul (fp32 x); the tile path, where the tile unit is usable, leaves
+// the int4 matrices it does not take to whichever of the two paths the
+// CPU's timing picked (the FMA one on the Xeons measured).
 #define BQ_MR 4          // rows per tile of BQ_NB blocks
 #define BQ_NB 4
 #define BQ_NB1 8         // blocks of a tile of one or two rows: 8 streams of weights in flight

@@ -1287,7 +1287,9 @@ static void bf16_table_leaves_other_weights_to_avx512(void **state)
 // the same bits from rows the caller rounded (m->xq) as from rows it
 // rounds itself, and further from fp32 than fp32 rounding somewhere (or
 // the rows were not rounded). An int4 matrix it does not take (264
-// inputs) gives the avx512 table's bits, and so does int8 (on FMAs always).
+// inputs) gives the bits of the table's path below the tiles (the FMA
+// path's: avx512's; or the VDPBF16PS path's own), and int8 avx512's (on
+// FMAs always).
 static void bf16_tile_path_takes_quantized_weights_over_rounded_rows(void **state)
 {
     (void)state;
@@ -1342,8 +1344,10 @@ static void bf16_tile_path_takes_quantized_weights_over_rounded_rows(void **stat
         assert_false(cpu_kernels_amx_takes_quant(&q.w));
         const int in = q.w.in;
         float *x = random_floats((size_t)9 * in), *a = xmalloc((size_t)9 * 70 * 4), *b = xmalloc((size_t)9 * 70 * 4);
-        run_matmul(cpu_kernels_avx512(), &q.w, x, 9, a, false);
         run_matmul(k, &q.w, x, 9, b, false);
+        run_matmul(cpu_kernels_avx512(), &q.w, x, 9, a, false);
+        if (c == 0 && memcmp(a, b, (size_t)9 * 70 * 4))
+            run_matmul(cpu_kernels_avx512_bf16_path(false), &q.w, x, 9, a, false);
         assert_memory_equal(a, b, (size_t)9 * 70 * 4);
         free(x);
         free(a);
