@@ -1281,6 +1281,47 @@ static void bf16_table_leaves_other_weights_to_avx512(void **state)
     }
 }
 
+// A bf16-activation table's matmul of x (rows, w->in) with the rows rounded
+// by the caller (round_xq, as cpu_matmul does), outputs [0, split) and then
+// [split, out) into y (rows, w->out).
+static void run_matmul_rounded_rows(const struct cpu_kernels *k, const struct cpu_wmat *w, const float *x,
+                                    int rows, float *y, int split)
+{
+    const int in = w->in, np = (in + 1) / 2;
+    uint32_t *xq = xmalloc((size_t)rows * np * 4);
+    for (int r = 0; r < rows; r++) k->round_xq(x + (size_t)r * in, in, xq + (size_t)r * np);
+    float *scratch = xmalloc(cpu_kernels_scratch_floats(in, 1, 1) * 4);
+    struct cpu_mm m = {.w = *w, .x = x, .ldx = (size_t)in, .y = y, .ldy = (size_t)w->out, .rows = rows,
+                       .xq = xq, .ldxq = (size_t)np};
+    k->matmul(&m, 0, split, scratch);
+    k->matmul(&m, split, w->out, scratch);
+    free(xq);
+    free(scratch);
+}
+
+// got (rows, q's out), from x (rows, q's in), against ref, the fp32 matmul
+// on q's dequantized weights: each within 2^-8 * sum_k |w_k x_k| of it (the
+// bf16-activation tables' bound, kernels_avx512bf16.c). Returns how many
+// are further from it than fp32 rounding would put them.
+static int quant_within_bf16_bound(const struct qmat *q, const float *x, int rows, const float *got,
+                                   const float *ref)
+{
+    const int in = q->r.cols, out = q->r.n;
+    int apart = 0;
+    for (int r = 0; r < rows; r++)
+        for (int o = 0; o < out; o++) {
+            double mag = 0;
+            for (int kk = 0; kk < in; kk++) mag += fabs((double)x[(size_t)r * in + kk] * quant_rows_value(&q->r, o, kk));
+            const size_t i = (size_t)r * out + o;
+            if (fabs(got[i] - ref[i]) > 0x1p-8 * mag + 1e-6)
+                fail_msg("%s rows %d in %d out %d group %d: [%d][%d] %.9g is further than 2^-8 * %.6g from the "
+                         "fp32 reference %.9g", quant_format_name(q->r.format), rows, in, out, q->r.group, r, o,
+                         got[i], mag, ref[i]);
+            if (fabs(got[i] - ref[i]) > 1e-5 * mag + 1e-6) apart++;
+        }
+    return apart;
+}
+
 // Where the tile unit is usable, the avx512_bf16 table's tile path takes
 // the quantized matrices amx takes, over the same rounded x as its bf16 ones:
 // within 2^-8 * sum |w x| of the fp32 matmul on the dequantized weights,
@@ -1301,7 +1342,7 @@ static void bf16_tile_path_takes_quantized_weights_over_rounded_rows(void **stat
                                {QUANT_FP8, 9, 256, 64, 256},   {QUANT_FP8, 16, 96, 40, 32}};
     int rounded_apart = 0;
     for (size_t c = 0; c < sizeof shapes_q / sizeof shapes_q[0]; c++) {
-        const int rows = shapes_q[c][1], in = shapes_q[c][2], out = shapes_q[c][3], np = (in + 1) / 2;
+        const int rows = shapes_q[c][1], in = shapes_q[c][2], out = shapes_q[c][3];
         struct qmat q;
         qmat_make(&q, (enum quant_format)shapes_q[c][0], out, in, shapes_q[c][4]);
         assert_true(cpu_kernels_amx_takes_quant(&q.w));
@@ -1310,31 +1351,13 @@ static void bf16_tile_path_takes_quantized_weights_over_rounded_rows(void **stat
         float *got = xmalloc((size_t)rows * out * 4), *viaq = xmalloc((size_t)rows * out * 4);
         run_matmul(cpu_kernels_scalar(), &q.w, x, rows, ref, false);
         run_matmul(k, &q.w, x, rows, got, false);
-        uint32_t *xq = xmalloc((size_t)rows * np * 4);
-        for (int r = 0; r < rows; r++) k->round_xq(x + (size_t)r * in, in, xq + (size_t)r * np);
-        float *scratch = xmalloc(cpu_kernels_scratch_floats(in, 1, 1) * 4);
-        struct cpu_mm m = {.w = q.w, .x = x, .ldx = (size_t)in, .y = viaq, .ldy = (size_t)out, .rows = rows,
-                           .xq = xq, .ldxq = (size_t)np};
-        k->matmul(&m, 0, out, scratch);
+        run_matmul_rounded_rows(k, &q.w, x, rows, viaq, out);
         assert_memory_equal(viaq, got, (size_t)rows * out * 4);
-        for (int r = 0; r < rows; r++)
-            for (int o = 0; o < out; o++) {
-                double mag = 0;
-                for (int kk = 0; kk < in; kk++)
-                    mag += fabs((double)x[(size_t)r * in + kk] * quant_rows_value(&q.r, o, kk));
-                const size_t i = (size_t)r * out + o;
-                if (fabs(got[i] - ref[i]) > 0x1p-8 * mag + 1e-6)
-                    fail_msg("%s rows %d in %d out %d: [%d][%d] %.9g is further than 2^-8 * %.6g from the "
-                             "fp32 reference %.9g", quant_format_name(q.r.format), rows, in, out, r, o, got[i],
-                             mag, ref[i]);
-                if (fabs(got[i] - ref[i]) > 1e-5 * mag + 1e-6) rounded_apart++;
-            }
+        rounded_apart += quant_within_bf16_bound(&q, x, rows, got, ref);
         free(x);
         free(ref);
         free(got);
         free(viaq);
-        free(xq);
-        free(scratch);
         qmat_free(&q);
     }
     assert_true(rounded_apart > 0);
@@ -1383,7 +1406,7 @@ static void bf16_dp_path_takes_int4_and_fp8_over_rounded_rows(void **state)
     for (size_t c = 0; c < 2 * sizeof shapes_q / sizeof shapes_q[0]; c++) {
         const size_t si = c % (sizeof shapes_q / sizeof shapes_q[0]);
         const enum quant_format f = c < sizeof shapes_q / sizeof shapes_q[0] ? QUANT_INT4 : QUANT_FP8;
-        const int rows = shapes_q[si][0], in = shapes_q[si][1], out = shapes_q[si][2], np = (in + 1) / 2;
+        const int rows = shapes_q[si][0], in = shapes_q[si][1], out = shapes_q[si][2];
         struct qmat q;
         qmat_make(&q, f, out, in, shapes_q[si][3]);
         assert_true(k->wants_xq(&(struct cpu_mm){.w = q.w}));
@@ -1392,14 +1415,7 @@ static void bf16_dp_path_takes_int4_and_fp8_over_rounded_rows(void **state)
         run_matmul(cpu_kernels_scalar(), &q.w, x, rows, ref, false);
         run_matmul(k, &q.w, x, rows, got, false);
         // Rows rounded by the caller, the outputs in two ranges split inside a block.
-        uint32_t *xq = xmalloc((size_t)rows * np * 4);
-        for (int r = 0; r < rows; r++) k->round_xq(x + (size_t)r * in, in, xq + (size_t)r * np);
-        float *scratch = xmalloc(cpu_kernels_scratch_floats(in, 1, 1) * 4);
-        struct cpu_mm m = {.w = q.w, .x = x, .ldx = (size_t)in, .y = other, .ldy = (size_t)out, .rows = rows,
-                           .xq = xq, .ldxq = (size_t)np};
-        const int split = out / 2 + 5;
-        k->matmul(&m, 0, split, scratch);
-        k->matmul(&m, split, out, scratch);
+        run_matmul_rounded_rows(k, &q.w, x, rows, other, out / 2 + 5);
         assert_memory_equal(other, got, (size_t)rows * out * 4);
         // Each row alone.
         for (int r = 0; r < rows; r++) {
@@ -1416,24 +1432,11 @@ static void bf16_dp_path_takes_int4_and_fp8_over_rounded_rows(void **state)
         run_matmul(cpu_kernels_avx512(), &q.w, x, rows, ref, false);
         assert_memory_equal(other, ref, (size_t)rows * out * 4);
         run_matmul(cpu_kernels_scalar(), &q.w, x, rows, ref, false);
-        for (int r = 0; r < rows; r++)
-            for (int o = 0; o < out; o++) {
-                double mag = 0;
-                for (int kk = 0; kk < in; kk++)
-                    mag += fabs((double)x[(size_t)r * in + kk] * quant_rows_value(&q.r, o, kk));
-                const size_t i = (size_t)r * out + o;
-                if (fabs(got[i] - ref[i]) > 0x1p-8 * mag + 1e-6)
-                    fail_msg("%s rows %d in %d out %d group %d: [%d][%d] %.9g is further than 2^-8 * %.6g from "
-                             "the fp32 reference %.9g", quant_format_name(f), rows, in, out, q.r.group, r, o, got[i],
-                             mag, ref[i]);
-                if (fabs(got[i] - ref[i]) > 1e-5 * mag + 1e-6) rounded_apart++;
-            }
+        rounded_apart += quant_within_bf16_bound(&q, x, rows, got, ref);
         free(x);
         free(ref);
         free(got);
         free(other);
-        free(xq);
-        free(scratch);
         qmat_free(&q);
     }
     assert_true(rounded_apart > 0);
