@@ -331,8 +331,8 @@ static void bq_prep_row(const uint32_t *xn, int K, int G, int ng, uint32_t *xs, 
 // on Zen 5, bench_cpu_matmul, builds alternating: 71-84 GB/s of int4 over
 // four runs, against 71-75 one at a time). Two rows over 8 blocks rather
 // than 4 keep twice the streams of weights in flight: 16 tokens' routed
-// experts from memory (most of them one or two rows) at 58-68 GB/s against
-// 46-61, 128 experts of two rows each at 35-44 against 29-38.
+// experts from memory (most of them one or two rows) at 40-47 GB/s against
+// 32-42, 128 experts of two rows each at 35-44 against 29-38.
 #define BQ_ONE_PAIR(MR, NB) ((MR) * (NB) + 2 * (NB) + (MR) > 30)
 
 // One tile: MR rows (their prepared pairs at xs + r * xs_ld, group sums at

@@ -107,6 +107,8 @@ static const struct shape shapes[] = {
      QUANT_INT4},
     {"int4 experts gate/up (full size), 16 tokens routed, 8 layers (from memory)", 768, 2048, 1, 128, 8, true, false,
      QUANT_INT4},
+    {"int4 experts down (full size), 16 tokens routed, 8 layers (from memory)", 2048, 768, 1, 128, 8, true, true,
+     QUANT_INT4},
 };
 
 // Matrix e of the shape's bf16 weights w quantized and packed into dst
@@ -267,8 +269,15 @@ int main(int argc, char **argv)
             if (q) quant_pack(sh, w + welems * (size_t)e, (char *)packed + pb * (size_t)e);
             else cpu_pack_blocks(&we, 0, (sh->out + 15) / 16, (char *)packed + pb * (size_t)e);
         }
-        const double flop = 2.0 * welems * sh->rows * sh->mats, bytes = (double)pb * sh->mats;
-        printf("%s: %d x %d x %d, %d rows\n", sh->what, sh->out, sh->in, sh->mats, sh->rows);
+        // The bytes read: a routed matrix no token picked is not (until
+        // 2026-12-07 they were counted too, which overstated the GB/s of
+        // the routed shapes by the share of matrices left out).
+        int read = sh->mats;
+        if (sh->routed)
+            for (int e = 0; e < sh->mats; e++) read -= cnt[e + 1] == cnt[e];
+        const double flop = 2.0 * welems * sh->rows * sh->mats, bytes = (double)pb * read;
+        printf("%s: %d x %d x %d, %d rows%s\n", sh->what, sh->out, sh->in, sh->mats, sh->rows,
+               sh->routed ? " (their mean; matrices no token picked are not read)" : "");
         for (int t = 0; t < n_names; t++) {
             const struct cpu_kernels *k = kernels_named(names[t]);
             if (!k) {
