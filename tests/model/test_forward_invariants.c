@@ -595,7 +595,9 @@ static int eager_decode(void **state)
 }
 
 // Activations rounded to bf16 (the avx512_bf16 table) change the numbers,
-// not what they depend on: the same invariants, bitwise.
+// not what they depend on: the same invariants, bitwise; also for int4 and
+// fp8 weights, which that table multiplies over the rounded activations
+// too (on VDPBF16PS or the tile unit).
 static void bf16_activations_keep_the_invariants(void **state)
 {
     (void)state;
@@ -611,6 +613,19 @@ static void bf16_activations_keep_the_invariants(void **state)
         check_plan_against_reference(moe, "qwen3moe-v2048", mixed_plan, 2, 1, DTYPE_F32, "bf16 on 2 ranks");
         check_plan_against_reference(dense, "qwen3-dense-v2048", mixed_plan, 1, 2, DTYPE_F32,
                                      "bf16 dense mixed batch");
+        static const enum quant_format formats[] = {QUANT_INT4, QUANT_FP8};
+        for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {
+            struct model *q = load_as("qwen3moe-v2048", formats[f]);
+            assert_non_null(q);
+            char what[64];
+            snprintf(what, sizeof what, "bf16 %s chunks", quant_format_name(formats[f]));
+            check_plan_against_reference(q, "qwen3moe-v2048", chunk_plan, 1, 1, DTYPE_F32, what);
+            snprintf(what, sizeof what, "bf16 %s mixed batch on 3 threads", quant_format_name(formats[f]));
+            check_plan_against_reference(q, "qwen3moe-v2048", mixed_plan, 1, 3, DTYPE_BF16, what);
+            snprintf(what, sizeof what, "bf16 %s on 2 ranks", quant_format_name(formats[f]));
+            check_plan_against_reference(q, "qwen3moe-v2048", mixed_plan, 2, 1, DTYPE_F32, what);
+            model_destroy(q);
+        }
         variant = NULL;
         fprintf(stderr, "%s kernels keep the invariants\n", v[i]);
         return;
