@@ -528,23 +528,31 @@ static void a_bad_batch_on_one_rank_does_not_hang_the_others(void **state)
 
 // The quantized matmuls keep every output a fixed function of its row: the
 // same invariants, bitwise, with the projections in int4, int8 and fp8.
+// The golden MoE quantized to f at load, held to the invariants: chunked
+// prompts, a mixed batch on 3 threads (KV in kv_threads), 2 ranks (KV in
+// kv_ranks); prefix names the case in a failure.
+static void check_quantized_model(enum quant_format f, const char *prefix, enum dtype kv_threads,
+                                  enum dtype kv_ranks)
+{
+    struct model *q = load_as("qwen3moe-v2048", f);
+    assert_non_null(q);
+    assert_int_equal(q->quant, f);
+    char what[64];
+    snprintf(what, sizeof what, "%s%s chunks", prefix, quant_format_name(f));
+    check_plan_against_reference(q, "qwen3moe-v2048", chunk_plan, 1, 1, DTYPE_F32, what);
+    snprintf(what, sizeof what, "%s%s mixed batch on 3 threads", prefix, quant_format_name(f));
+    check_plan_against_reference(q, "qwen3moe-v2048", mixed_plan, 1, 3, kv_threads, what);
+    snprintf(what, sizeof what, "%s%s on 2 ranks", prefix, quant_format_name(f));
+    check_plan_against_reference(q, "qwen3moe-v2048", mixed_plan, 2, 1, kv_ranks, what);
+    model_destroy(q);
+}
+
 static void quantized_models_keep_the_invariants(void **state)
 {
     (void)state;
     static const enum quant_format formats[] = {QUANT_INT4, QUANT_INT8, QUANT_FP8};
-    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
-        struct model *q = load_as("qwen3moe-v2048", formats[i]);
-        assert_non_null(q);
-        assert_int_equal(q->quant, formats[i]);
-        char what[64];
-        snprintf(what, sizeof what, "%s chunks", quant_format_name(formats[i]));
-        check_plan_against_reference(q, "qwen3moe-v2048", chunk_plan, 1, 1, DTYPE_F32, what);
-        snprintf(what, sizeof what, "%s mixed batch on 3 threads", quant_format_name(formats[i]));
-        check_plan_against_reference(q, "qwen3moe-v2048", mixed_plan, 1, 3, DTYPE_F32, what);
-        snprintf(what, sizeof what, "%s on 2 ranks", quant_format_name(formats[i]));
-        check_plan_against_reference(q, "qwen3moe-v2048", mixed_plan, 2, 1, DTYPE_BF16, what);
-        model_destroy(q);
-    }
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++)
+        check_quantized_model(formats[i], "", DTYPE_F32, DTYPE_BF16);
 }
 
 // An act-order GPTQ checkpoint of the golden MoE's shape (groups of 16, so
@@ -614,18 +622,8 @@ static void bf16_activations_keep_the_invariants(void **state)
         check_plan_against_reference(dense, "qwen3-dense-v2048", mixed_plan, 1, 2, DTYPE_F32,
                                      "bf16 dense mixed batch");
         static const enum quant_format formats[] = {QUANT_INT4, QUANT_FP8};
-        for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {
-            struct model *q = load_as("qwen3moe-v2048", formats[f]);
-            assert_non_null(q);
-            char what[64];
-            snprintf(what, sizeof what, "bf16 %s chunks", quant_format_name(formats[f]));
-            check_plan_against_reference(q, "qwen3moe-v2048", chunk_plan, 1, 1, DTYPE_F32, what);
-            snprintf(what, sizeof what, "bf16 %s mixed batch on 3 threads", quant_format_name(formats[f]));
-            check_plan_against_reference(q, "qwen3moe-v2048", mixed_plan, 1, 3, DTYPE_BF16, what);
-            snprintf(what, sizeof what, "bf16 %s on 2 ranks", quant_format_name(formats[f]));
-            check_plan_against_reference(q, "qwen3moe-v2048", mixed_plan, 2, 1, DTYPE_F32, what);
-            model_destroy(q);
-        }
+        for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++)
+            check_quantized_model(formats[f], "bf16 ", DTYPE_BF16, DTYPE_F32);
         variant = NULL;
         fprintf(stderr, "%s kernels keep the invariants\n", v[i]);
         return;
