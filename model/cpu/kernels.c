@@ -513,9 +513,9 @@ size_t cpu_kernels_scratch_floats(int max_in, int max_q, int head_dim)
     // rounded to bf16 pairs (half a float per k each), so that a matmul of
     // that many rows rounds each row once.
     size_t bf = (8 * kp > 65536 ? 8 * kp : 65536) + (size_t)CPU_BF16_ROWS * kp / 2 + kp;
-    // (Its int4 and fp8 matmuls on VDPBF16PS take less: up to 6 rows
-    // prepared for a tile, and fp8's pairs of a chunk of blocks in what is
-    // left, at most 512 KiB, when four blocks fit.)
+    // (Its quantized matmuls on VDPBF16PS take less: up to 6 rows
+    // prepared for a tile, and fp8's and int8's pairs of a chunk of blocks
+    // in what is left, at most 512 KiB, when four blocks fit.)
     // Its FMA path (where VDPBF16PS runs at half rate): the avx512 matmul's
     // scratch, then CPU_BF16_FMA_ROWS x rows rounded to bf16, as fp32.
     const size_t bf_fma = cpu_pk_scratch_floats(max_in) + (size_t)CPU_BF16_FMA_ROWS * kp;

@@ -4,8 +4,8 @@
 // for the bf16 and int4 matmuls). Every table also multiplies by quantized
 // weights (fp8, int8, int4: model/quant.h), dequantizing them in registers
 // (the amx table: int4 a weight tile at a time into L1, for the tile unit);
-// the activations stay fp32 (avx512_bf16: bf16, and int4 and fp8 codes
-// made bf16 for its dot products), so AVX-512 VNNI (integer dot products of
+// the activations stay fp32 (avx512_bf16: bf16, and int4, int8 and fp8
+// codes made bf16 for its dot products), so AVX-512 VNNI (integer dot products of
 // int8 activations) has nothing to do here.
 #ifndef MOESERVE_MODEL_CPU_KERNELS_H
 #define MOESERVE_MODEL_CPU_KERNELS_H
@@ -376,9 +376,11 @@ const struct cpu_kernels *cpu_kernels_avx512(void);
 // The avx512 table with bf16 activations in its bf16 matmuls (AVX512_BF16):
 // on the AMX tile unit where it is usable, else on VDPBF16PS where that
 // runs faster than FMAs, else FMAs in its order (the same results as
-// VDPBF16PS; picked once by timing both, kernels_avx512bf16.c). Its int4
-// and fp8 matmuls take the rounded x too on the tile unit and on VDPBF16PS
-// (each path in its own order of sums); its FMA path leaves them to avx512.
+// VDPBF16PS; picked once by timing both, kernels_avx512bf16.c). Its
+// quantized matmuls take the rounded x too: int4, int8 and fp8 on
+// VDPBF16PS, int4 and fp8 on the tile unit (each path in its own order of
+// sums); its FMA path leaves them to avx512, and its tile path int8 to the
+// path below the tiles.
 const struct cpu_kernels *cpu_kernels_avx512_bf16(void);
 // That table with its path forced (fma: FMAs in VDPBF16PS's order; else
 // VDPBF16PS), for the tests and benchmarks that hold the paths side by side;

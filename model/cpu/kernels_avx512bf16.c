@@ -4,10 +4,10 @@
 // Compiled with the avx512 flags plus -mavx512bf16; reached only after
 // cpu_kernels_avx512_bf16() checked the CPU, and only by name
 // (MOESERVE_CPU_KERNELS=avx512_bf16): the fp32 tables stay the reference and
-// the default. Everything but the bf16, int4 and fp8 matmuls (f16, f32 and
-// int8 weights, attention, norms, the sampler's passes) is the avx512
-// table's; int4 and fp8 run on VDPBF16PS too (their sections below), or on
-// the tile unit.
+// the default. Everything but the bf16 and quantized matmuls (f16 and f32
+// weights, attention, norms, the sampler's passes) is the avx512 table's;
+// int4, int8 and fp8 run on VDPBF16PS too (their sections below), or, int4
+// and fp8, on the tile unit.
 //
 // Why it pays: the packed bf16 layout (kernels.h) holds in each dword the
 // weights of k = 2p and 2p + 1 for one output, which is what VDPBF16PS takes:
@@ -479,21 +479,30 @@ static void bq_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
     }
 }
 
-// ---- fp8 on VDPBF16PS -----------------------------------------------------------
+// ---- fp8 and int8 on VDPBF16PS -------------------------------------------------
 //
-// fp8 (e4m3) matrices multiplied by the rounded x on VDPBF16PS too. Every
-// e4m3 value is a bf16 value (4 significant bits, exponents 2^-9 to 2^8),
-// so a code goes into bf16 exactly: a normal one by moving its exponent and
-// mantissa bits up 4 and adding 120 to the exponent, the 8 subnormal
-// magnitudes (and zero) from a table, the sign bit up 8 (bf8_pair: 32 codes,
-// an input pair of 16 outputs, in 8 instructions, the load included). Per output and scale
-// group g: t_g = dp chain over the group's input pairs (2p, 2p + 1) in
-// order from 0, then y = fma(s_g, t_g, y) over g in order, from y = 0. A
-// matmul of one row block makes the pairs in registers; more row blocks
-// make each chunk's pairs once into scratch (bf8_fill: the same values) and
-// read them there. Within the table's 2^-8 * sum |w x| of the fp32 matmul
-// (x's rounding; the products are exact), as the kernel test holds it.
-// Matrices with an odd number of inputs or groups stay on avx512.
+// The one-byte formats (bf8_*: fp8 and int8, whose blocks share a layout:
+// 16 codes an input, 16 fp32 scales a group) multiplied by the rounded x on
+// VDPBF16PS too. Every value of both is a bf16 value, so a code goes into
+// bf16 exactly:
+// - fp8 (e4m3: 4 significant bits, exponents 2^-9 to 2^8): a normal code by
+//   moving its exponent and mantissa bits up 4 and adding 120 to the
+//   exponent, the 8 subnormal magnitudes (and zero) from a table, the sign
+//   bit up 8 (8 instructions for 32 codes, an input pair of 16 outputs, the
+//   load included);
+// - int8 (q in -128..127: at most 8 significant bits): sign-extended and
+//   converted to fp32, whose upper half is then q's bf16 (6 instructions for
+//   the same 32 codes).
+// Per output and scale group g: t_g = dp chain over the group's input
+// pairs (2p, 2p + 1) in order from 0, then y = fma(s_g, t_g, y) over g in
+// order, from y = 0. A matmul of one row block makes the pairs in
+// registers; more row blocks make each chunk's pairs once into scratch
+// (bf8_fill: the same values) and read them there. Within the table's 2^-8
+// * sum |w x| of the fp32 matmul (x's rounding; the products are exact), as
+// the kernel test holds it. Matrices with an odd number of inputs or groups
+// stay on avx512. (int8 does not go the way of int4's 16 + q: one nibble a
+// bf16 value would take two dot products an input, as many as the FMA
+// path's FMAs.)
 #define BF8_MR 4         // rows per tile that makes its pairs (their constants take 6 registers)
 #define BF8_MRB 6        // rows per tile over pairs made once a chunk
 #define BF8_NB 4
@@ -505,13 +514,20 @@ static void bq_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
 static bool bf8_takes(const struct cpu_mm *m)
 {
     const int G = m->w.group > 0 ? m->w.group : m->w.in;
-    return m->w.quant == QUANT_FP8 && m->w.packed && m->w.in % 2 == 0 && G % 2 == 0;
+    return (m->w.quant == QUANT_FP8 || m->w.quant == QUANT_INT8) && m->w.packed && m->w.in % 2 == 0 && G % 2 == 0;
 }
 
 // Input pair (k, k + 1) of a block's 16 outputs as bf16 pairs, from the 32
-// codes at p (k's 16, then k + 1's).
-AI __m512i bf8_pair(const char *p)
+// codes at p (k's 16, then k + 1's): fp8 codes, or int8 ones (I8).
+AI __m512i bf8_pair(const bool I8, const char *p)
 {
+    if (I8) {
+        const __m128i *src = (const __m128i *)p;
+        const __m512i a = _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(src))));
+        const __m512i b = _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(src + 1))));
+        // (a >> 16) | (b & 0xFFFF0000): k's bf16 low, k + 1's high.
+        return _mm512_ternarylogic_epi32(_mm512_srli_epi32(a, 16), b, _mm512_set1_epi32((int)0xFFFF0000u), 0xF8);
+    }
     // Words: k's outputs 0..15, then k + 1's; interleaved, then each a code.
     const __m512i il = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
                                         6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
@@ -528,19 +544,21 @@ AI __m512i bf8_pair(const char *p)
 }
 
 // Blocks [0, nb) at wp as bf8_pair makes them, into qb: block n's pair p
-// at qb + n qbs + 16 p (K / 2 pairs).
-static void bf8_fill(const char *wp, size_t bb, size_t H, int nb, int K, uint32_t *qb, size_t qbs)
+// at qb + n qbs + 16 p (K / 2 pairs); bf8_fill_of below for a run-time I8.
+AI void bf8_fill(const bool I8, const char *wp, size_t bb, size_t H, int nb, int K, uint32_t *qb, size_t qbs)
 {
     for (int n = 0; n < nb; n++)
         for (int p = 0; p < K / 2; p++)
-            _mm512_storeu_si512(qb + (size_t)n * qbs + (size_t)p * 16, bf8_pair(wp + (size_t)n * bb + H + (size_t)p * 32));
+            _mm512_storeu_si512(qb + (size_t)n * qbs + (size_t)p * 16,
+                                bf8_pair(I8, wp + (size_t)n * bb + H + (size_t)p * 32));
 }
 
 // One tile: MR rows (their bf16 pairs at xr[r]) x NB blocks, the pairs
-// made here from the codes at wp (BUF false) or read from qb; the sums into
-// yb (row r, block n at yb + (r * NB + n) * 16).
-AI void bf8_tile(const int MR, const int NB, const bool BUF, const uint32_t *const *xr, const char *wp, size_t bb,
-                 size_t H, const uint32_t *qb, size_t qbs, int K, int G, int ng, float *yb, bool pf)
+// made here from the codes at wp (BUF false; int8 ones where I8) or read
+// from qb; the sums into yb (row r, block n at yb + (r * NB + n) * 16).
+AI void bf8_tile(const bool I8, const int MR, const int NB, const bool BUF, const uint32_t *const *xr,
+                 const char *wp, size_t bb, size_t H, const uint32_t *qb, size_t qbs, int K, int G, int ng,
+                 float *yb, bool pf)
 {
     for (int i = 0; i < MR * NB * 16; i += 16) _mm512_storeu_ps(yb + i, _mm512_setzero_ps());
     for (int g = 0; g < ng; g++) {
@@ -559,7 +577,7 @@ AI void bf8_tile(const int MR, const int NB, const bool BUF, const uint32_t *con
                 } else {
                     const char *a = wp + (size_t)n * bb + H + (size_t)p * 32;
                     if (pf && (p & 1) == 0) _mm_prefetch(cpu_pf_ahead(wp, bb, NB, n, (size_t)(a - wp) - (size_t)n * bb, BF8_PF), _MM_HINT_T0);
-                    wv[n] = (__m512bh)bf8_pair(a);
+                    wv[n] = (__m512bh)bf8_pair(I8, a);
                 }
             }
 #pragma GCC unroll 8
@@ -581,7 +599,7 @@ AI void bf8_tile(const int MR, const int NB, const bool BUF, const uint32_t *con
     }
 }
 
-#define BF8_TILE(MR, NB, BUF) bf8_tile(MR, NB, BUF, xr, wp, bb, H, qb, qbs, K, G, ng, yb, pf)
+#define BF8_TILE(MR, NB, BUF) bf8_tile(I8, MR, NB, BUF, xr, wp, bb, H, qb, qbs, K, G, ng, yb, pf)
 #define BF8_CASE(MR)                                                                               \
     case MR:                                                                                       \
         if (qb) {                                                                                  \
@@ -594,22 +612,38 @@ AI void bf8_tile(const int MR, const int NB, const bool BUF, const uint32_t *con
         }                                                                                          \
         break;
 // mr rows x nb blocks: from qb (mr up to BF8_MRB; nb BF8_NB or 1), or
-// making their pairs (mr up to BF8_MR; nb BF8_NB1 for one row, BF8_NB or 1).
-static void bf8_tiles(int mr, int nb, const uint32_t *const *xr, const char *wp, size_t bb, size_t H,
-                      const uint32_t *qb, size_t qbs, int K, int G, int ng, float *yb, bool pf)
+// making their pairs (mr up to BF8_MR; nb BF8_NB1 for one row, BF8_NB or 1),
+// of fp8 codes, or int8 ones (I8).
+AI void bf8_tiles_of(const bool I8, int mr, int nb, const uint32_t *const *xr, const char *wp, size_t bb,
+                     size_t H, const uint32_t *qb, size_t qbs, int K, int G, int ng, float *yb, bool pf)
 {
     switch (mr) { BF8_CASE(1) BF8_CASE(2) BF8_CASE(3) BF8_CASE(4) BF8_CASE(5) BF8_CASE(6) }
 }
 
-// Outputs [o0, o1) of every row of an fp8 matrix: chunks of blocks meet
+// bf8_tiles_of and bf8_fill for a run-time i8: the int8 and fp8 instances.
+static void bf8_tiles(bool i8, int mr, int nb, const uint32_t *const *xr, const char *wp, size_t bb, size_t H,
+                      const uint32_t *qb, size_t qbs, int K, int G, int ng, float *yb, bool pf)
+{
+    if (i8) bf8_tiles_of(true, mr, nb, xr, wp, bb, H, qb, qbs, K, G, ng, yb, pf);
+    else bf8_tiles_of(false, mr, nb, xr, wp, bb, H, qb, qbs, K, G, ng, yb, pf);
+}
+
+static void bf8_fill_of(bool i8, const char *wp, size_t bb, size_t H, int nb, int K, uint32_t *qb, size_t qbs)
+{
+    if (i8) bf8_fill(true, wp, bb, H, nb, K, qb, qbs);
+    else bf8_fill(false, wp, bb, H, nb, K, qb, qbs);
+}
+
+// Outputs [o0, o1) of every row of an fp8 or int8 matrix: chunks of blocks meet
 // every row block in turn (a single row block streams the range in one),
 // their pairs made once a chunk where there are two row blocks or more.
 static void bf8_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
 {
     if (m->rows <= 0 || o0 >= o1) return;
     const int K = m->w.in, G = m->w.group > 0 ? m->w.group : K, ng = quant_groups(K, G), np = K / 2;
-    const size_t bb = quant_block_bytes(QUANT_FP8, K, m->w.group);
-    const size_t H = quant_block_header_bytes(QUANT_FP8, K, m->w.group);
+    const bool i8 = m->w.quant == QUANT_INT8;
+    const size_t bb = quant_block_bytes(m->w.quant, K, m->w.group);
+    const size_t H = quant_block_header_bytes(m->w.quant, K, m->w.group);
     float *yb = scratch;                                                      // (BF8_MRB, BF8_NB * 16)
     uint32_t *xb = (uint32_t *)(yb + (size_t)BF8_MRB * BF8_NB1 * 16);         // (BF8_MRB, np): rows rounded here
     uint32_t *qb = xb + ((size_t)BF8_MRB * (size_t)np + 15) / 16 * 16;        // (chunk, np, 16) where made once
@@ -635,7 +669,7 @@ static void bf8_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
     for (int cb = b0; cb < b1; cb += chunk) {
         const int ce = b1 - cb < chunk ? b1 : cb + chunk;
         const char *wc = (const char *)m->w.packed + (size_t)cb * bb;
-        if (buf) bf8_fill(wc, bb, H, ce - cb, K, qb, qbs);
+        if (buf) bf8_fill_of(i8, wc, bb, H, ce - cb, K, qb, qbs);
         for (int rb = 0; rb < m->rows; rb += bh) {
             const int mr = m->rows - rb < bh ? m->rows - rb : bh;
             for (int r = 0; r < mr; r++) {
@@ -648,12 +682,12 @@ static void bf8_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
             const int widths[2] = {mr == 1 && !buf ? BF8_NB1 : BF8_NB, BF8_NB};
             for (int wi = 0; wi < 2; wi++)
                 for (const int nb = widths[wi]; b + nb <= ce; b += nb) {
-                    bf8_tiles(mr, nb, xr, wc + (size_t)(b - cb) * bb, bb, H,
+                    bf8_tiles(i8, mr, nb, xr, wc + (size_t)(b - cb) * bb, bb, H,
                               buf ? qb + (size_t)(b - cb) * qbs : NULL, qbs, K, G, ng, yb, pf && b + 2 * nb <= b1);
                     bq_store(yb, mr, nb, b * CPU_PACK_OUTS, o0, o1, yr, m->accumulate);
                 }
             for (; b < ce; b++) {
-                bf8_tiles(mr, 1, xr, wc + (size_t)(b - cb) * bb, bb, H, buf ? qb + (size_t)(b - cb) * qbs : NULL,
+                bf8_tiles(i8, mr, 1, xr, wc + (size_t)(b - cb) * bb, bb, H, buf ? qb + (size_t)(b - cb) * qbs : NULL,
                           qbs, K, G, ng, yb, false);
                 bq_store(yb, mr, 1, b * CPU_PACK_OUTS, o0, o1, yr, m->accumulate);
             }

@@ -603,9 +603,9 @@ static int eager_decode(void **state)
 }
 
 // Activations rounded to bf16 (the avx512_bf16 table) change the numbers,
-// not what they depend on: the same invariants, bitwise; also for int4 and
-// fp8 weights, which that table multiplies over the rounded activations
-// too (on VDPBF16PS or the tile unit).
+// not what they depend on: the same invariants, bitwise; also for int4,
+// int8 and fp8 weights, which that table multiplies over the rounded
+// activations too (on VDPBF16PS or the tile unit).
 static void bf16_activations_keep_the_invariants(void **state)
 {
     (void)state;
@@ -621,7 +621,7 @@ static void bf16_activations_keep_the_invariants(void **state)
         check_plan_against_reference(moe, "qwen3moe-v2048", mixed_plan, 2, 1, DTYPE_F32, "bf16 on 2 ranks");
         check_plan_against_reference(dense, "qwen3-dense-v2048", mixed_plan, 1, 2, DTYPE_F32,
                                      "bf16 dense mixed batch");
-        static const enum quant_format formats[] = {QUANT_INT4, QUANT_FP8};
+        static const enum quant_format formats[] = {QUANT_INT4, QUANT_INT8, QUANT_FP8};
         for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++)
             check_quantized_model(formats[f], "bf16 ", DTYPE_BF16, DTYPE_F32);
         variant = NULL;

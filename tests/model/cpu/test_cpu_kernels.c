@@ -312,14 +312,14 @@ static void quantized_matmul_matches_the_formula_on_every_table(void **state)
 // The tables whose quantized matmuls the tests hold side by side: scalar,
 // the SIMD ones, and avx512_bf16's paths with quantized kernels of their
 // own: its tile path where the tile unit is usable, its VDPBF16PS path
-// (int4 and fp8) where the CPU has AVX512_BF16. Returns how many.
+// (int4, int8 and fp8) where the CPU has AVX512_BF16. Returns how many.
 static int quant_tables(const struct cpu_kernels *tables[6])
 {
     int nt = 0;
     tables[nt++] = cpu_kernels_scalar();
     for (int t = 0; t < n_simd; t++) tables[nt++] = simd_tables[t];
     if (cpu_kernels_avx512_bf16_tiles()) tables[nt++] = cpu_kernels_avx512_bf16_tiles();
-    if (bf16_table) tables[nt++] = cpu_kernels_avx512_bf16_path(false); // int4 and fp8 on VDPBF16PS
+    if (bf16_table) tables[nt++] = cpu_kernels_avx512_bf16_path(false); // int4, int8 and fp8 on VDPBF16PS
     return nt;
 }
 
@@ -1243,9 +1243,9 @@ static void bf16_matmul_is_fp32_over_bf16_activations(void **state)
     }
 }
 
-// Only bf16 weights take bf16 activations: f16, f32 and quantized matrices
-// give exactly the avx512 table's outputs (but the quantized ones the tile
-// unit takes where it is usable, int4 and fp8: int8 it never takes).
+// Only bf16 weights take bf16 activations: f16, f32 and the quantized
+// matrices no path of the table takes (int8 of an odd number of inputs:
+// VDPBF16PS pairs them) give exactly the avx512 table's outputs.
 static void bf16_table_leaves_other_weights_to_avx512(void **state)
 {
     (void)state;
@@ -1256,16 +1256,17 @@ static void bf16_table_leaves_other_weights_to_avx512(void **state)
         const struct cpu_kernels *ref = cpu_kernels_avx512();
         const enum dtype dts[] = {DTYPE_F16, DTYPE_F32};
         for (int d = 0; d < 3; d++) {
-            const int rows = 9, in = 96, out = 70;
+            const int rows = 9, in = d < 2 ? 96 : 95, out = 70;
             struct qmat q;
             struct cpu_wmat w;
             if (d < 2) {
                 w = (struct cpu_wmat){.data = random_weights(dts[d], (size_t)out * in), .dtype = dts[d], .out = out,
                                       .in = in};
             } else {
-                qmat_make(&q, QUANT_INT8, out, in, 32);
+                qmat_make(&q, QUANT_INT8, out, in, 0);
                 w = q.w;
                 assert_false(cpu_kernels_amx_takes_quant(&w));
+                assert_false(bf16_table->wants_xq && bf16_table->wants_xq(&(struct cpu_mm){.w = w}));
             }
             float *x = random_floats((size_t)rows * in);
             float *a = xmalloc((size_t)rows * out * 4), *b = xmalloc((size_t)rows * out * 4);
@@ -1328,9 +1329,9 @@ static int quant_within_bf16_bound(const struct qmat *q, const float *x, int row
 // the same bits from rows the caller rounded (m->xq) as from rows it
 // rounds itself, and further from fp32 than fp32 rounding somewhere (or
 // the rows were not rounded). An int4 matrix it does not take (264
-// inputs) gives the bits of the table's path below the tiles (the FMA
-// path's: avx512's; or the VDPBF16PS path's own), and int8 avx512's (on
-// FMAs always).
+// inputs), and an int8 one (it takes none), give the bits of the table's
+// path below the tiles (the FMA path's: avx512's; or the VDPBF16PS
+// path's own).
 static void bf16_tile_path_takes_quantized_weights_over_rounded_rows(void **state)
 {
     (void)state;
@@ -1369,8 +1370,7 @@ static void bf16_tile_path_takes_quantized_weights_over_rounded_rows(void **stat
         float *x = random_floats((size_t)9 * in), *a = xmalloc((size_t)9 * 70 * 4), *b = xmalloc((size_t)9 * 70 * 4);
         run_matmul(k, &q.w, x, 9, b, false);
         run_matmul(cpu_kernels_avx512(), &q.w, x, 9, a, false);
-        if (c == 0 && memcmp(a, b, (size_t)9 * 70 * 4))
-            run_matmul(cpu_kernels_avx512_bf16_path(false), &q.w, x, 9, a, false);
+        if (memcmp(a, b, (size_t)9 * 70 * 4)) run_matmul(cpu_kernels_avx512_bf16_path(false), &q.w, x, 9, a, false);
         assert_memory_equal(a, b, (size_t)9 * 70 * 4);
         free(x);
         free(a);
@@ -1379,22 +1379,22 @@ static void bf16_tile_path_takes_quantized_weights_over_rounded_rows(void **stat
     }
 }
 
-// On its VDPBF16PS path the table multiplies int4 and fp8 matrices by the
-// rounded rows too (kernels_avx512bf16.c: each int4 code as 16 + q in bf16,
-// the 16 taken out with the zero point; each fp8 code as the bf16 of its
-// value, every code of the format, subnormals and signs among them): within
-// 2^-8 * sum |w x| of the fp32 matmul on
-// the dequantized weights, and further from it than fp32 rounding
-// somewhere; the same bits from rows the caller rounded as from rows it
-// rounds itself; each row the bits it has alone, whatever the batch, and
-// an output range split inside a block the bits of the whole; accumulating
-// adds the same values. Groups of 32 to 256, a last group shorter (264 and
-// 320 inputs), one group a row, inputs not a multiple of 8; 1 to 70 rows
-// (one-row tiles, 4-row blocks, several chunks of blocks; fp8's pairs made
-// in registers and, for two row blocks or more, once a chunk). The FMA path
-// leaves both to the avx512 table, and so does this path an fp8 matrix of
-// an odd number of inputs.
-static void bf16_dp_path_takes_int4_and_fp8_over_rounded_rows(void **state)
+// On its VDPBF16PS path the table multiplies int4, fp8 and int8 matrices
+// by the rounded rows too (kernels_avx512bf16.c: each int4 code as 16 + q
+// in bf16, the 16 taken out with the zero point; each fp8 and int8 code as
+// the bf16 of its value, every code of the formats, fp8's subnormals and
+// signs among them): within 2^-8 * sum |w x| of the fp32 matmul on the
+// dequantized weights, and further from it than fp32 rounding somewhere
+// (each format); the same bits from rows the caller rounded as from rows
+// it rounds itself; each row the bits it has alone, whatever the batch,
+// and an output range split inside a block the bits of the whole;
+// accumulating adds the same values. Groups of 32 to 256, a last group
+// shorter (264 and 320 inputs), one group a row, inputs not a multiple of
+// 8; 1 to 70 rows (one-row tiles, 4-row blocks, several chunks of blocks;
+// the byte formats' pairs made in registers and, for two row blocks or
+// more, once a chunk). The FMA path leaves all three to the avx512 table,
+// and so does this path an fp8 or int8 matrix of an odd number of inputs.
+static void bf16_dp_path_takes_quantized_weights_over_rounded_rows(void **state)
 {
     (void)state;
     if (!bf16_table) skip();
@@ -1402,10 +1402,12 @@ static void bf16_dp_path_takes_int4_and_fp8_over_rounded_rows(void **state)
     // rows, in, out, group
     const int shapes_q[][4] = {{1, 2048, 96, 128}, {70, 320, 83, 128}, {9, 256, 600, 256}, {16, 96, 40, 32},
                                {5, 264, 70, 128},  {3, 36, 20, 0},     {2, 1000, 300, 40}, {17, 2048, 200, 128}};
-    int rounded_apart = 0;
-    for (size_t c = 0; c < 2 * sizeof shapes_q / sizeof shapes_q[0]; c++) {
-        const size_t si = c % (sizeof shapes_q / sizeof shapes_q[0]);
-        const enum quant_format f = c < sizeof shapes_q / sizeof shapes_q[0] ? QUANT_INT4 : QUANT_FP8;
+    const enum quant_format fs[] = {QUANT_INT4, QUANT_FP8, QUANT_INT8};
+    const size_t n_shapes = sizeof shapes_q / sizeof shapes_q[0];
+    int rounded_apart[3] = {0};
+    for (size_t c = 0; c < 3 * n_shapes; c++) {
+        const size_t si = c % n_shapes;
+        const enum quant_format f = fs[c / n_shapes];
         const int rows = shapes_q[si][0], in = shapes_q[si][1], out = shapes_q[si][2];
         struct qmat q;
         qmat_make(&q, f, out, in, shapes_q[si][3]);
@@ -1432,25 +1434,29 @@ static void bf16_dp_path_takes_int4_and_fp8_over_rounded_rows(void **state)
         run_matmul(cpu_kernels_avx512(), &q.w, x, rows, ref, false);
         assert_memory_equal(other, ref, (size_t)rows * out * 4);
         run_matmul(cpu_kernels_scalar(), &q.w, x, rows, ref, false);
-        rounded_apart += quant_within_bf16_bound(&q, x, rows, got, ref);
+        rounded_apart[c / n_shapes] += quant_within_bf16_bound(&q, x, rows, got, ref);
         free(x);
         free(ref);
         free(got);
         free(other);
         qmat_free(&q);
     }
-    assert_true(rounded_apart > 0);
-    struct qmat q;
-    qmat_make(&q, QUANT_FP8, 40, 37, 0);
-    float *x = random_floats((size_t)3 * 37), *a = xmalloc((size_t)3 * 40 * 4), *b = xmalloc((size_t)3 * 40 * 4);
-    assert_false(k->wants_xq(&(struct cpu_mm){.w = q.w}));
-    run_matmul(cpu_kernels_avx512(), &q.w, x, 3, a, false);
-    run_matmul(k, &q.w, x, 3, b, false);
-    assert_memory_equal(a, b, (size_t)3 * 40 * 4);
-    free(x);
-    free(a);
-    free(b);
-    qmat_free(&q);
+    for (int fi = 0; fi < 3; fi++)
+        if (rounded_apart[fi] == 0)
+            fail_msg("%s: no output further from fp32 than its rounding", quant_format_name(fs[fi]));
+    for (int fi = 1; fi < 3; fi++) {
+        struct qmat q;
+        qmat_make(&q, fs[fi], 40, 37, 0);
+        float *x = random_floats((size_t)3 * 37), *a = xmalloc((size_t)3 * 40 * 4), *b = xmalloc((size_t)3 * 40 * 4);
+        assert_false(k->wants_xq(&(struct cpu_mm){.w = q.w}));
+        run_matmul(cpu_kernels_avx512(), &q.w, x, 3, a, false);
+        run_matmul(k, &q.w, x, 3, b, false);
+        assert_memory_equal(a, b, (size_t)3 * 40 * 4);
+        free(x);
+        free(a);
+        free(b);
+        qmat_free(&q);
+    }
 }
 
 // The table's two paths (VDPBF16PS, and FMAs in its order where it runs at
@@ -1767,7 +1773,7 @@ int main(void)
         cmocka_unit_test(quantized_matmul_matches_the_formula_on_every_table),
         cmocka_unit_test(quantized_outputs_do_not_depend_on_batch_or_split),
         cmocka_unit_test(bf16_tile_path_takes_quantized_weights_over_rounded_rows),
-        cmocka_unit_test(bf16_dp_path_takes_int4_and_fp8_over_rounded_rows),
+        cmocka_unit_test(bf16_dp_path_takes_quantized_weights_over_rounded_rows),
         cmocka_unit_test(every_fp8_and_int8_byte_reads_as_its_formula),
         cmocka_unit_test(simd_attention_matches_scalar),
         cmocka_unit_test(simd_silu_mul_matches_scalar_and_ignores_where_n_ends),
