@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "api/jinja_impl.h"
+#include "api/py_literal.h"
 #include "base/base.h"
 
 struct lexer {
@@ -254,46 +255,21 @@ static int lex_string(struct lexer *L)
             out[k++] = c;
             continue;
         }
-        char e = L->src[++j];
-        switch (e) {
-        case 'n': out[k++] = '\n'; break;
-        case 't': out[k++] = '\t'; break;
-        case 'r': out[k++] = '\r'; break;
-        case 'b': out[k++] = '\b'; break;
-        case 'f': out[k++] = '\f'; break;
-        case 'v': out[k++] = '\v'; break;
-        case 'a': out[k++] = '\a'; break;
-        case '\\': out[k++] = '\\'; break;
-        case '\'': out[k++] = '\''; break;
-        case '"': out[k++] = '"'; break;
-        case '\n': break; // line continuation
-        case 'x': case 'u': case 'U': {
-            int nd = e == 'x' ? 2 : e == 'u' ? 4 : 8;
-            uint32_t cp = 0;
-            for (int d = 0; d < nd; d++) {
-                int h = j + 1 < i ? ms_hex_digit(L->src[j + 1]) : -1;
-                if (h < 0) return lex_fail(L, "malformed \\%s escape in a string literal", (char[]){e, 0});
-                cp = cp * 16 + (uint32_t)h;
-                j++;
-            }
-            if (cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-                return lex_fail(L, "escape \\%s names no Unicode character", (char[]){e, 0});
-            // An encoded code point is never longer than its escape (\xNN is 4 bytes).
-            k += ju_encode(cp, out + k);
-            break;
+        const char e = L->src[j + 1];
+        size_t used;
+        const long cp = py_escape_read(L->src + j + 1, L->src + i, false, &used);
+        j += used;
+        if (cp == PY_ESC_NOTHING) continue; // a line continuation
+        if (cp == PY_ESC_BAD) return lex_fail(L, "malformed \\%s escape in a string literal", (char[]){e, 0});
+        if (cp == PY_ESC_KEEP || cp == PY_ESC_NAMED) { // Python keeps unknown escapes as they are
+            out[k++] = '\\';
+            out[k++] = e;
+            continue;
         }
-        default:
-            if (e >= '0' && e <= '7') {
-                uint32_t cp = (uint32_t)(e - '0');
-                for (int d = 0; d < 2 && j + 1 < i && L->src[j + 1] >= '0' && L->src[j + 1] <= '7'; d++)
-                    cp = cp * 8 + (uint32_t)(L->src[++j] - '0');
-                k += ju_encode(cp, out + k);
-            } else {
-                // Python keeps unknown escapes as they are.
-                out[k++] = '\\';
-                out[k++] = e;
-            }
-        }
+        if (cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+            return lex_fail(L, "escape \\%s names no Unicode character", (char[]){e, 0});
+        // An encoded code point is never longer than its escape (\xNN is 4 bytes, \NNN 4).
+        k += ju_encode((uint32_t)cp, out + k);
     }
     out[k] = 0;
     struct jtoken *t = push(L, JT_STRING, line);

@@ -89,6 +89,48 @@ static long hex_run(const char *p, const char *end, int n)
     return v;
 }
 
+long py_escape_read(const char *p, const char *end, bool bytes, size_t *used)
+{
+    const char e = *p;
+    long cp;
+    int digits = 0;
+    switch (e) {
+    case '\n': cp = PY_ESC_NOTHING; break;
+    case '\\': cp = '\\'; break;
+    case '\'': cp = '\''; break;
+    case '"': cp = '"'; break;
+    case 'a': cp = 7; break;
+    case 'b': cp = 8; break;
+    case 'f': cp = 12; break;
+    case 'n': cp = 10; break;
+    case 'r': cp = 13; break;
+    case 't': cp = 9; break;
+    case 'v': cp = 11; break;
+    case 'x':
+    case 'u':
+    case 'U':
+        if (bytes && e != 'x') { // not escapes in bytes
+            cp = PY_ESC_KEEP;
+            break;
+        }
+        digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+        cp = hex_run(p + 1, end, digits);
+        if (cp < 0) cp = PY_ESC_BAD;
+        break;
+    case 'N': cp = bytes ? PY_ESC_KEEP : PY_ESC_NAMED; break;
+    default:
+        if (e >= '0' && e <= '7') {
+            cp = e - '0';
+            for (; digits < 2 && p + 1 + digits < end && p[1 + digits] >= '0' && p[1 + digits] <= '7'; digits++)
+                cp = cp * 8 + (p[1 + digits] - '0');
+        } else {
+            cp = PY_ESC_KEEP;
+        }
+    }
+    *used = cp == PY_ESC_BAD ? 1 : 1 + (size_t)digits;
+    return cp;
+}
+
 // What a string literal's prefix makes it.
 enum str_kind { STR_TEXT, STR_BYTES, STR_FORMAT };
 
@@ -149,48 +191,13 @@ static bool read_string(struct rd *r, struct ms_buf *b, enum str_kind *kind, boo
             p += 2;
             continue;
         }
-        p += 2;
-        long cp = -1;
-        switch (e) {
-        case '\n': continue;
-        case '\\': cp = '\\'; break;
-        case '\'': cp = '\''; break;
-        case '"': cp = '"'; break;
-        case 'a': cp = 7; break;
-        case 'b': cp = 8; break;
-        case 'f': cp = 12; break;
-        case 'n': cp = 10; break;
-        case 'r': cp = 13; break;
-        case 't': cp = 9; break;
-        case 'v': cp = 11; break;
-        case 'x':
-            if ((cp = hex_run(p, r->end, 2)) < 0) return false;
-            p += 2;
-            break;
-        case 'u':
-        case 'U':
-            if (bytes) { // not escapes in bytes
-                cp = -2;
-                break;
-            }
-            if ((cp = hex_run(p, r->end, e == 'u' ? 4 : 8)) < 0 || cp > 0x10FFFF) return false;
-            p += e == 'u' ? 4 : 8;
-            break;
-        case 'N':
-            if (bytes) {
-                cp = -2;
-                break;
-            }
-            return false; // a character's name: not known here
-        default:
-            if (e >= '0' && e <= '7') {
-                cp = e - '0';
-                for (int i = 0; i < 2 && p < r->end && *p >= '0' && *p <= '7'; i++) cp = cp * 8 + (*p++ - '0');
-            } else {
-                cp = -2;
-            }
-        }
-        if (cp == -2) { // unknown: the backslash stays
+        size_t used;
+        long cp = py_escape_read(p + 1, r->end, bytes, &used);
+        p += 1 + used;
+        if (cp == PY_ESC_NOTHING) continue;
+        // Malformed, past Unicode, or a character's name (not known here).
+        if (cp == PY_ESC_BAD || cp == PY_ESC_NAMED || cp > 0x10FFFF) return false;
+        if (cp == PY_ESC_KEEP) { // unknown: the backslash stays
             if (bytes && (unsigned char)e >= 0x80) return false;
             if (ms_buf_append(b, p - 2, 2)) return false;
             continue;

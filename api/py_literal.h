@@ -32,9 +32,25 @@
 #define MOESERVE_API_PY_LITERAL_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 // The value of s[0..n), or NULL as above (or when out of memory).
 json_t *py_literal_parse(const char *s, size_t n);
+
+// One escape of a Python string literal (the one reader of them: Jinja's
+// string literals, decoded as Python's unicode-escape does, read them here
+// too). p points just past the backslash, end past the literal's last
+// character; *used gets the characters read from p (the escape's letter
+// and its digits). Returns the value written (0 to 0xFFFFFFFF: values
+// past 0x10FFFF, which Python refuses, and lone surrogates are the
+// caller's to judge), or:
+#define PY_ESC_NOTHING (-1) // a backslash-newline: nothing is written
+#define PY_ESC_KEEP (-2)    // not an escape: the backslash and the character stay
+#define PY_ESC_BAD (-3)     // \x, \u or \U without all its hex digits
+#define PY_ESC_NAMED (-4)   // \N{...}, a character by name (no names are known here)
+// bytes: a bytes literal's escapes, where \u, \U and \N are not ones.
+// p < end.
+long py_escape_read(const char *p, const char *end, bool bytes, size_t *used);
 
 #endif

@@ -36,7 +36,7 @@ tok_libs="-ljansson -lpcre2-8 -lutf8proc -lm"
 targets=(
     "fuzz_openai_request|api/openai_parse.c api/openai_build.c model/sampling.c $tok|$tok_libs"
     "fuzz_api_fronts|api/responses_parse.c api/responses_build.c api/anthropic_parse.c api/anthropic_build.c api/text_trim.c api/translate.c api/output_parser.c api/py_literal.c api/openai_parse.c api/openai_build.c model/sampling.c $tok|$tok_libs"
-    "fuzz_jinja|api/jinja_lex.c api/jinja_parse.c api/jinja_eval.c api/jinja_value.c api/jinja_builtins.c|-ljansson -lutf8proc -lm"
+    "fuzz_jinja|api/jinja_lex.c api/jinja_parse.c api/jinja_eval.c api/jinja_value.c api/jinja_builtins.c api/py_literal.c|-ljansson -lutf8proc -lm"
     "fuzz_sse|bench/sse.c|-ljansson -lm"
     "fuzz_http_head|server/http_head.c|-ljansson -lm"
     "fuzz_config|model/config.c|-ljansson -lm"
