@@ -261,7 +261,10 @@ static int lex_string(struct lexer *L)
         j += used;
         if (cp == PY_ESC_NOTHING) continue; // a line continuation
         if (cp == PY_ESC_BAD) return lex_fail(L, "malformed \\%s escape in a string literal", (char[]){e, 0});
-        if (cp == PY_ESC_KEEP || cp == PY_ESC_NAMED) { // Python keeps unknown escapes as they are
+        if (cp == PY_ESC_NAMED) // Python decodes the name; no names are known here
+            return lex_fail(L, "\\N{...} escapes (characters by name) are not supported in string literals; "
+                               "write the character itself%s", "");
+        if (cp == PY_ESC_KEEP) { // Python keeps unknown escapes as they are
             out[k++] = '\\';
             out[k++] = e;
             continue;

@@ -193,6 +193,7 @@ static void parse_errors_name_the_line_and_what_was_expected(void **state)
         {"\n\n{% frobnicate %}", "line 3: unknown tag 'frobnicate'"},
         {"{{ (1, 2 }}", "line 1: unexpected '}', expected ')'"},
         {"x\n{{ 'abc }}", "line 2: unterminated string literal"},
+        {"{{ 'a' }}\n{{ '\\N{EN DASH}' }}", "line 2: \\N{...} escapes (characters by name) are not supported"},
         {"{% set x = [1, 2 %}", "line 1: unexpected '}', expected ']'"},
         {"{{ x }\n}", "line 1: unexpected '}'"},
         {"\n{% endif %}", "line 2: unexpected 'endif': no block is open here"},
