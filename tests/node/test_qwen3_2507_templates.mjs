@@ -7,6 +7,9 @@
 //   from the first token (they had waited for a </think> that never comes).
 // - Thinking-2507's generation prompt opens <think> itself: the parser is on,
 //   and the grammar takes over after the model's </think>.
+// - A thinking template that refuses the start-up probe (one user message:
+//   this one wants a system message first) leaves the parser off with a
+//   warning that names the flag turning it on, and the flag does.
 // - A model folder's chat_template.jinja wins over tokenizer_config.json's
 //   chat_template, as in transformers and vLLM.
 import assert from 'node:assert/strict';
@@ -34,6 +37,9 @@ const instruct = path.join(dir, 'instruct.jinja');
 const thinking = path.join(dir, 'thinking.jinja');
 fs.writeFileSync(instruct, turns('<|im_start|>assistant\n'));
 fs.writeFileSync(thinking, turns('<|im_start|>assistant\n<think>\n'));
+const strict = path.join(dir, 'strict.jinja');
+fs.writeFileSync(strict, "{%- if messages[0].role != 'system' %}{{ raise_exception('a system message comes first') }}" +
+  '{% endif %}' + turns('<|im_start|>assistant\n<think>\n'));
 
 // A copy of the tiny model whose chat_template.jinja says so.
 const modelDir = path.join(dir, 'model');
@@ -81,6 +87,24 @@ test('Thinking-2507 style: the prompt opens <think>; the grammar starts after </
     await s.stop();
   }
 });
+
+test('a thinking template that refuses the probe: the parser off, a warning naming the flag, which turns it on',
+  async () => {
+    const s = await startServer(['--chat-template', strict]);
+    try {
+      assert.match(s.log(), /the chat template holds <think> but refused a one-message probe \(.*a system message comes first.*\): the reasoning parser stays off; --reasoning-parser qwen3 turns it on/);
+      assert.match(s.log(), /reasoning parser off/);
+    } finally {
+      await s.stop();
+    }
+    const on = await startServer(['--chat-template', strict, '--reasoning-parser', 'qwen3']);
+    try {
+      assert.match(on.log(), /reasoning parser qwen3/);
+      assert.doesNotMatch(on.log(), /refused a one-message probe/);
+    } finally {
+      await on.stop();
+    }
+  });
 
 const server = await startServer([], { modelDir });
 test('chat_template.jinja wins over tokenizer_config.json\'s chat_template', async () => {
