@@ -5,8 +5,8 @@
 // weights (fp8, int8, int4: model/quant.h), dequantizing them in registers
 // (the amx table: int4 a weight tile at a time into L1, for the tile unit);
 // the activations stay fp32 (avx512_bf16: bf16, and int4, int8 and fp8
-// codes made bf16 for its dot products), so AVX-512 VNNI (integer dot products of
-// int8 activations) has nothing to do here.
+// codes made bf16 for its dot products), so AVX-512 VNNI (integer dot
+// products of int8 activations) has nothing to do here.
 #ifndef MOESERVE_MODEL_CPU_KERNELS_H
 #define MOESERVE_MODEL_CPU_KERNELS_H
 

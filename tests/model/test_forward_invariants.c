@@ -526,8 +526,9 @@ static void a_bad_batch_on_one_rank_does_not_hang_the_others(void **state)
     result_free(&p, &b);
 }
 
-// The quantized matmuls keep every output a fixed function of its row: the
-// same invariants, bitwise, with the projections in int4, int8 and fp8.
+// The formats the projections are quantized to at load.
+static const enum quant_format quant_formats[] = {QUANT_INT4, QUANT_INT8, QUANT_FP8};
+
 // The golden MoE quantized to f at load, held to the invariants: chunked
 // prompts, a mixed batch on 3 threads (KV in kv_threads), 2 ranks (KV in
 // kv_ranks); prefix names the case in a failure.
@@ -547,12 +548,13 @@ static void check_quantized_model(enum quant_format f, const char *prefix, enum 
     model_destroy(q);
 }
 
+// The quantized matmuls keep every output a fixed function of its row: the
+// same invariants, bitwise, with the projections in int4, int8 and fp8.
 static void quantized_models_keep_the_invariants(void **state)
 {
     (void)state;
-    static const enum quant_format formats[] = {QUANT_INT4, QUANT_INT8, QUANT_FP8};
-    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++)
-        check_quantized_model(formats[i], "", DTYPE_F32, DTYPE_BF16);
+    for (size_t i = 0; i < sizeof quant_formats / sizeof quant_formats[0]; i++)
+        check_quantized_model(quant_formats[i], "", DTYPE_F32, DTYPE_BF16);
 }
 
 // An act-order GPTQ checkpoint of the golden MoE's shape (groups of 16, so
@@ -621,9 +623,8 @@ static void bf16_activations_keep_the_invariants(void **state)
         check_plan_against_reference(moe, "qwen3moe-v2048", mixed_plan, 2, 1, DTYPE_F32, "bf16 on 2 ranks");
         check_plan_against_reference(dense, "qwen3-dense-v2048", mixed_plan, 1, 2, DTYPE_F32,
                                      "bf16 dense mixed batch");
-        static const enum quant_format formats[] = {QUANT_INT4, QUANT_INT8, QUANT_FP8};
-        for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++)
-            check_quantized_model(formats[f], "bf16 ", DTYPE_BF16, DTYPE_F32);
+        for (size_t f = 0; f < sizeof quant_formats / sizeof quant_formats[0]; f++)
+            check_quantized_model(quant_formats[f], "bf16 ", DTYPE_BF16, DTYPE_F32);
         variant = NULL;
         fprintf(stderr, "%s kernels keep the invariants\n", v[i]);
         return;

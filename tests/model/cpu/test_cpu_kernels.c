@@ -1444,7 +1444,7 @@ static void bf16_dp_path_takes_quantized_weights_over_rounded_rows(void **state)
     for (int fi = 0; fi < 3; fi++)
         if (rounded_apart[fi] == 0)
             fail_msg("%s: no output further from fp32 than its rounding", quant_format_name(fs[fi]));
-    for (int fi = 1; fi < 3; fi++) {
+    for (int fi = 1; fi < 3; fi++) { // the byte formats, fp8 and int8: 37 inputs are not pairs
         struct qmat q;
         qmat_make(&q, fs[fi], 40, 37, 0);
         float *x = random_floats((size_t)3 * 37), *a = xmalloc((size_t)3 * 40 * 4), *b = xmalloc((size_t)3 * 40 * 4);
