@@ -430,20 +430,32 @@ static void bq_store(const float *yb, int mr, int nb, int o, int o0, int o1, flo
 // turn; a single row block (decode) streams the range in one. The codes are
 // made bf16 in registers by every row block: two instructions a vector
 // beside BQ_MR dot products, where the FMA path needed its chunks made
-// fp32 once into L2.
+// fp32 once into L2. Each row's pairs and group sums are prepared once a
+// call when every row's fit the scratch (a prefill's experts and
+// projections), else once a chunk for each row block.
 static void bq_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
 {
     if (m->rows <= 0 || o0 >= o1) return;
     const int K = m->w.in, G = m->w.group > 0 ? m->w.group : K, ng = quant_groups(K, G);
-    const int n4 = (K + 7) / 8 * 4;
+    const int n4 = (K + 7) / 8 * 4, np = (K + 1) / 2;
     const size_t bb = quant_block_bytes(QUANT_INT4, K, m->w.group);
     const size_t H = quant_block_header_bytes(QUANT_INT4, K, m->w.group);
-    uint32_t *xs = (uint32_t *)scratch;                              // (BQ_MR, n4)
-    float *xsum = scratch + ((size_t)BQ_MR * (size_t)n4 + 15) / 16 * 16; // (BQ_MR, ng)
-    float *yb = xsum + ((size_t)BQ_MR * (size_t)ng + 15) / 16 * 16;  // (BQ_MR, BQ_NB * 16) or (2, BQ_NB1 * 16)
-    uint32_t *tmp = (uint32_t *)(yb + (size_t)BQ_MR * BQ_NB * 16);   // (np): a row rounded here
-    _Static_assert(2 * BQ_NB1 <= BQ_MR * BQ_NB, "a two-row tile's sums fit a full tile's");
     const int bh = cpu_block_height(m->rows, BQ_MR);
+    _Static_assert(2 * BQ_NB1 <= BQ_MR * BQ_NB, "a two-row tile's sums fit a full tile's");
+    // Scratch: the prepared rows (all of them, or a row block's), their
+    // group sums, one tile's sums, a row rounded here.
+    const size_t xs_f = ((size_t)m->rows * (size_t)n4 + 15) / 16 * 16;
+    const size_t xsum_f = ((size_t)m->rows * (size_t)ng + 15) / 16 * 16;
+    const bool once = m->rows > bh && xs_f + xsum_f + (size_t)BQ_MR * BQ_NB * 16 + (size_t)np <=
+                                          cpu_kernels_scratch_floats(K, 1, 1);
+    const int held = once ? m->rows : BQ_MR;
+    uint32_t *xs = (uint32_t *)scratch;                                       // (held, n4)
+    float *xsum = scratch + ((size_t)held * (size_t)n4 + 15) / 16 * 16;       // (held, ng)
+    float *yb = xsum + ((size_t)held * (size_t)ng + 15) / 16 * 16;            // (BQ_MR, BQ_NB * 16) or (2, BQ_NB1 * 16)
+    uint32_t *tmp = (uint32_t *)(yb + (size_t)BQ_MR * BQ_NB * 16);            // (np): a row rounded here
+    if (once)
+        for (int r = 0; r < m->rows; r++)
+            bq_prep_row(bf_row(m, r, tmp), K, G, ng, xs + (size_t)r * n4, xsum + (size_t)r * ng);
     const int b0 = o0 / CPU_PACK_OUTS, b1 = (o1 + CPU_PACK_OUTS - 1) / CPU_PACK_OUTS;
     int chunk = b1 - b0;
     if (m->rows > bh) {
@@ -456,10 +468,13 @@ static void bq_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
         const char *wc = (const char *)m->w.packed + (size_t)cb * bb;
         for (int rb = 0; rb < m->rows; rb += bh) {
             const int mr = m->rows - rb < bh ? m->rows - rb : bh;
+            const uint32_t *xb = once ? xs + (size_t)rb * n4 : xs;
+            const float *sb = once ? xsum + (size_t)rb * ng : xsum;
             for (int r = 0; r < mr; r++) {
                 const int yi = m->y_rows ? m->y_rows[rb + r] : rb + r;
                 yr[r] = m->y + (size_t)yi * m->ldy;
-                bq_prep_row(bf_row(m, rb + r, tmp), K, G, ng, xs + (size_t)r * n4, xsum + (size_t)r * ng);
+                if (!once)
+                    bq_prep_row(bf_row(m, rb + r, tmp), K, G, ng, xs + (size_t)r * n4, xsum + (size_t)r * ng);
             }
             const bool pf = rb == 0;
             int b = cb;
@@ -467,12 +482,12 @@ static void bq_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
             const int widths[2] = {mr <= 2 ? BQ_NB1 : BQ_NB, BQ_NB};
             for (int wi = 0; wi < 2; wi++)
                 for (const int nb = widths[wi]; b + nb <= ce; b += nb) {
-                    bq_tiles(mr, nb, xs, (size_t)n4, xsum, wc + (size_t)(b - cb) * bb, bb, H, K, G, ng, yb,
+                    bq_tiles(mr, nb, xb, (size_t)n4, sb, wc + (size_t)(b - cb) * bb, bb, H, K, G, ng, yb,
                              pf && b + 2 * nb <= b1);
                     bq_store(yb, mr, nb, b * CPU_PACK_OUTS, o0, o1, yr, m->accumulate);
                 }
             for (; b < ce; b++) {
-                bq_tiles(mr, 1, xs, (size_t)n4, xsum, wc + (size_t)(b - cb) * bb, bb, H, K, G, ng, yb, false);
+                bq_tiles(mr, 1, xb, (size_t)n4, sb, wc + (size_t)(b - cb) * bb, bb, H, K, G, ng, yb, false);
                 bq_store(yb, mr, 1, b * CPU_PACK_OUTS, o0, o1, yr, m->accumulate);
             }
         }

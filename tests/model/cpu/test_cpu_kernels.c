@@ -1390,9 +1390,10 @@ static void bf16_tile_path_takes_quantized_weights_over_rounded_rows(void **stat
 // and an output range split inside a block the bits of the whole;
 // accumulating adds the same values. Groups of 32 to 256, a last group
 // shorter (264 and 320 inputs), one group a row, inputs not a multiple of
-// 8; 1 to 70 rows (one-row tiles, 4-row blocks, several chunks of blocks;
-// the byte formats' pairs made in registers and, for two row blocks or
-// more, once a chunk). The FMA path leaves all three to the avx512 table,
+// 8; 1 to 330 rows (one-row tiles, 4-row blocks, several chunks of blocks;
+// int4's rows prepared once a call, and once a chunk where 330 rows of 2048
+// inputs overflow the scratch; the byte formats' pairs made in registers
+// and, for two row blocks or more, once a chunk). The FMA path leaves all three to the avx512 table,
 // and so does this path an fp8 or int8 matrix of an odd number of inputs.
 static void bf16_dp_path_takes_quantized_weights_over_rounded_rows(void **state)
 {
@@ -1401,7 +1402,8 @@ static void bf16_dp_path_takes_quantized_weights_over_rounded_rows(void **state)
     const struct cpu_kernels *k = cpu_kernels_avx512_bf16_path(false);
     // rows, in, out, group
     const int shapes_q[][4] = {{1, 2048, 96, 128}, {70, 320, 83, 128}, {9, 256, 600, 256}, {16, 96, 40, 32},
-                               {5, 264, 70, 128},  {3, 36, 20, 0},     {2, 1000, 300, 40}, {17, 2048, 200, 128}};
+                               {5, 264, 70, 128},  {3, 36, 20, 0},     {2, 1000, 300, 40}, {17, 2048, 200, 128},
+                               {330, 2048, 40, 128}};
     const enum quant_format fs[] = {QUANT_INT4, QUANT_FP8, QUANT_INT8};
     const size_t n_shapes = sizeof shapes_q / sizeof shapes_q[0];
     int rounded_apart[3] = {0};
