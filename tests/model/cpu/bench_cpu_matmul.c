@@ -62,6 +62,7 @@ static const struct shape shapes[] = {
     {"experts down, 2048 tokens routed (uneven rows, gathered x)", 1024, 384, 256, 64, 1, true, false, QUANT_NONE},
     {"experts down, 2048 tokens routed (x and y a row per pair, as in place)", 1024, 384, 256, 64, 1, true, true, QUANT_NONE},
     {"q projection, 512 rows (prefill)", 1024, 1024, 512, 1, 1, false, false, QUANT_NONE},
+    {"q projection, 2048 rows (16 prefills of 128)", 1024, 1024, 2048, 1, 1, false, false, QUANT_NONE},
     // 16 KiB of bf16 weights for each of the 8 pieces of work of 2 threads,
     // in L1, against 1200 rows from L2: how close the tiles come to the FMA
     // peak printed first when nothing waits on memory (the avx512 and avx2
