@@ -1023,6 +1023,15 @@ static int matmul_permuted(struct cpu_backend *c, struct cpu_mm *jobs, const int
     return 0;
 }
 
+// The nj jobs gathered in c->jobs (their perms in c->job_perm): over
+// gathered inputs when any has a perm.
+static int run_jobs(struct cpu_backend *c, int nj, bool permuted)
+{
+    if (permuted) return matmul_permuted(c, c->jobs, c->job_perm, nj);
+    cpu_matmul(&c->ex, c->jobs, nj);
+    return 0;
+}
+
 static struct cpu_mm mm_of(const struct backend_mm *j)
 {
     struct cpu_wmat w = wmat_of(j->w);
@@ -1090,9 +1099,7 @@ static int cpu_matmul_op(struct backend *b, const struct backend_mm *jobs, int n
         permuted |= j->w->perm != NULL;
         c->jobs[nj++] = mm_of(j);
     }
-    if (permuted) return matmul_permuted(c, c->jobs, c->job_perm, nj);
-    cpu_matmul(&c->ex, c->jobs, nj);
-    return 0;
+    return run_jobs(c, nj, permuted);
 }
 
 // All groups of all jobs in one parallel region (gate and up of every
@@ -1130,9 +1137,7 @@ static int cpu_grouped_matmul(struct backend *b, const struct backend_gmm *jobs,
             else m->y = j->y + (size_t)off[g] * j->ldy;
         }
     }
-    if (permuted) return matmul_permuted(c, c->jobs, c->job_perm, nj);
-    cpu_matmul(&c->ex, c->jobs, nj);
-    return 0;
+    return run_jobs(c, nj, permuted);
 }
 
 // n values into the pool's dtype, element i at dst[i * stride]: a value row
