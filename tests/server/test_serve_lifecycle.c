@@ -164,6 +164,7 @@ static void sigint_lets_running_requests_finish(void **state)
     assert_int_equal(srv_stop(&s, 0, 60), 0);
 }
 
+#if MOESERVE_HAVE_SYSTEMD
 // One datagram from the notify socket within timeout_s, into buf; false if none.
 static bool notify_recv(int fd, char *buf, size_t cap, double timeout_s)
 {
@@ -174,6 +175,7 @@ static bool notify_recv(int fd, char *buf, size_t cap, double timeout_s)
     buf[n] = 0;
     return true;
 }
+#endif
 
 // Under systemd (Type=notify, $NOTIFY_SOCKET): STATUS while loading, READY=1
 // once requests are served (and not before: /health says 200 by then), and
