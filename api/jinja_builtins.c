@@ -588,6 +588,40 @@ static int f_tojson(struct jrender *r, struct bcall *c, struct jv *out)
 }
 
 // ---- %-formatting (str % args, the format filter) ------------------------------------------------
+// %d of a float whose integer part is past long long's range (|f| >= 2^63,
+// finite): the exact decimal digits of that integer (glibc prints a double's
+// exact value), with spec's flags, width and precision as printf applies
+// them to an integer.
+static int percent_big_integer(struct jrender *r, struct ms_buf *b, const char *spec, double f)
+{
+    char digits[320]; // DBL_MAX has 309
+    snprintf(digits, sizeof digits, "%.0f", fabs(trunc(f)));
+    bool minus = false, plus = false, space = false, zero = false;
+    size_t k = 1, width = 0, prec = 0;
+    bool has_prec = false;
+    for (; spec[k] && strchr("-+ #0", spec[k]); k++) {
+        minus |= spec[k] == '-';
+        plus |= spec[k] == '+';
+        space |= spec[k] == ' ';
+        zero |= spec[k] == '0';
+    }
+    for (; spec[k] >= '0' && spec[k] <= '9'; k++) width = width * 10 + (size_t)(spec[k] - '0');
+    if (spec[k] == '.')
+        for (has_prec = true, k++; spec[k] >= '0' && spec[k] <= '9'; k++) prec = prec * 10 + (size_t)(spec[k] - '0');
+    const char *sign = f < 0 ? "-" : plus ? "+" : space ? " " : "";
+    const size_t nd = strlen(digits), zeros = has_prec && prec > nd ? prec - nd : 0;
+    const size_t body = strlen(sign) + zeros + nd, pad = width > body ? width - body : 0;
+    const bool zero_pad = zero && !minus && !has_prec;
+    int rc = 0;
+    for (size_t i = 0; !minus && !zero_pad && i < pad && !rc; i++) rc = jsb_putc(r, b, ' ');
+    if (!rc) rc = jsb_put(r, b, sign, strlen(sign));
+    for (size_t i = 0; zero_pad && i < pad && !rc; i++) rc = jsb_putc(r, b, '0');
+    for (size_t i = 0; i < zeros && !rc; i++) rc = jsb_putc(r, b, '0');
+    if (!rc) rc = jsb_put(r, b, digits, nd);
+    for (size_t i = 0; minus && i < pad && !rc; i++) rc = jsb_putc(r, b, ' ');
+    return rc;
+}
+
 int jb_percent_format(struct jrender *r, struct jstr fmt, struct jv args, struct jv *out)
 {
     struct ms_buf b = jsb_new(r);
@@ -663,14 +697,37 @@ int jb_percent_format(struct jrender *r, struct jstr fmt, struct jv args, struct
             for (size_t pad = chars; left && pad < width && !rc; pad++) rc = jsb_putc(r, &b, ' ');
             break;
         }
-        case 'd': case 'i': case 'x': case 'X': case 'o': case 'c': {
+        case 'c': {
+            // Python's rules: an int in range(0x110000), or a string of one character.
+            uint32_t cp = 0;
+            if (arg.t == JV_STR) {
+                if (arg.s.n == 0 || ju_decode(arg.s.p, arg.s.n, &cp) != arg.s.n)
+                    return jr_fail(r, "%%c requires int or char, not a string of another length");
+            } else if (arg.t == JV_INT || arg.t == JV_BOOL) {
+                const int64_t v = arg.t == JV_BOOL ? arg.b : arg.i;
+                if (v < 0 || v >= 0x110000) return jr_fail(r, "%%c arg not in range(0x110000)");
+                cp = (uint32_t)v;
+            } else {
+                return jr_fail(r, "%%c requires int or char, not %s", jv_type_name(arg.t));
+            }
+            if (cp >= 0xD800 && cp <= 0xDFFF)
+                return jr_fail(r, "%%c of U+%04X: a lone surrogate has no UTF-8 form", (unsigned)cp);
+            char enc[4];
+            rc = jsb_put(r, &b, enc, ju_encode(cp, enc));
+            break;
+        }
+        case 'd': case 'i': case 'x': case 'X': case 'o': {
             if (!jv_is_number(arg)) return jr_fail(r, "%%%c format: a number is required, not %s", conv, jv_type_name(arg.t));
-            long long v = arg.t == JV_FLOAT ? (long long)arg.f : arg.t == JV_BOOL ? arg.b : arg.i;
-            if (conv == 'c') {
-                char enc[4];
-                rc = jsb_put(r, &b, enc, ju_encode((uint32_t)v, enc));
+            if (arg.t == JV_FLOAT && conv != 'd' && conv != 'i')
+                return jr_fail(r, "%%%c format: an integer is required, not float", conv);
+            if (arg.t == JV_FLOAT && !isfinite(arg.f))
+                return jr_fail(r, "cannot convert float %s to integer", isnan(arg.f) ? "NaN" : "infinity");
+            // A float's integer part past long long's range: its exact digits, as Python's int() gives.
+            if (arg.t == JV_FLOAT && !(arg.f > -9223372036854775808.0 && arg.f < 9223372036854775808.0)) {
+                rc = percent_big_integer(r, &b, spec, arg.f);
                 break;
             }
+            long long v = arg.t == JV_FLOAT ? (long long)arg.f : arg.t == JV_BOOL ? arg.b : arg.i;
             spec[sn++] = 'l';
             spec[sn++] = 'l';
             spec[sn++] = conv == 'i' ? 'd' : conv;

@@ -224,6 +224,28 @@ static void runtime_errors_name_the_line(void **state)
     expect_error("\n\n{{ 'x' < 1 }}", NULL, "line 3: '<' not supported between instances of 'str' and 'int'");
 }
 
+// %-formatting's integer conversions take what Python's do: a float's
+// integer part for %d however large (its exact digits, where a cast to long
+// long was undefined past 2^63: fuzz_jinja found '%x' % 1e300), no float for
+// %x, %o or %c, %c only a code point in range or one character.
+static void percent_format_converts_integers_as_python_does(void **state)
+{
+    (void)state;
+    expect("{{ '%d' % 1e20 }}|{{ '%+d' % -1e20 }}|{{ '%030d' % 1e20 }}|{{ '%-24d|' % 1e20 }}|{{ '%.23d' % 1e20 }}"
+           "|{{ '%d' % 2.7 }}|{{ '%5i' % -2.7 }}|{{ '%c' % 65 }}{{ '%c' % 'x' }}",
+           NULL,
+           "100000000000000000000|-100000000000000000000|000000000100000000000000000000"
+           "|100000000000000000000   ||00100000000000000000000|2|   -2|Ax");
+    expect_error("{{ '%x' % 1e300 }}", NULL, "%x format: an integer is required, not float");
+    expect_error("{{ '%o' % 3.0 }}", NULL, "%o format: an integer is required, not float");
+    expect_error("{{ '%c' % 65.0 }}", NULL, "%c requires int or char, not float");
+    expect_error("{{ '%c' % 'ab' }}", NULL, "%c requires int or char, not a string of another length");
+    expect_error("{{ '%c' % 1114112 }}", NULL, "%c arg not in range(0x110000)");
+    expect_error("{{ '%c' % -1 }}", NULL, "%c arg not in range(0x110000)");
+    expect_error("{{ '%c' % 55296 }}", NULL, "%c of U+D800: a lone surrogate has no UTF-8 form");
+    expect_error("{{ '%d' % (1e300 * 1e300) }}", NULL, "cannot convert float infinity to integer");
+}
+
 static void deep_nesting_is_refused_without_crashing(void **state)
 {
     (void)state;
@@ -510,6 +532,7 @@ int main(void)
         cmocka_unit_test(raise_exception_returns_the_template_message),
         cmocka_unit_test(parse_errors_name_the_line_and_what_was_expected),
         cmocka_unit_test(runtime_errors_name_the_line),
+        cmocka_unit_test(percent_format_converts_integers_as_python_does),
         cmocka_unit_test(deep_nesting_is_refused_without_crashing),
         cmocka_unit_test(loops_and_recursion_cannot_hang_the_server),
         cmocka_unit_test(names_with_a_nul_are_unknown_not_overread),
