@@ -430,9 +430,10 @@ static void bq_store(const float *yb, int mr, int nb, int o, int o0, int o1, flo
 // turn; a single row block (decode) streams the range in one. The codes are
 // made bf16 in registers by every row block: two instructions a vector
 // beside BQ_MR dot products, where the FMA path needed its chunks made
-// fp32 once into L2. Each row's pairs and group sums are prepared once a
-// call when every row's fit the scratch (a prefill's experts and
-// projections), else once a chunk for each row block.
+// fp32 once into L2. The rows' pairs and group sums are prepared once a
+// call when all of them fit the scratch (the experts of a prefill, not its
+// 512-row projections of 2048 inputs), else for each chunk, a row block at
+// a time.
 static void bq_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
 {
     if (m->rows <= 0 || o0 >= o1) return;
