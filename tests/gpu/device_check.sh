@@ -180,8 +180,9 @@ command -v pkg-config >/dev/null || export PKG_CONFIG="$deps/bin/pkg-config"
 
 # Build: CUDA required (-Dcuda=enabled), the carried libraries alone through
 # pkg-config; warnings not errors (-Dwerror=false): the machine's compilers
-# are not this one's, and a warning only they give must not cost the run its
-# minutes (the count goes into the table, the warnings into build.log). The programs find them through an RPATH (not RUNPATH: libcurl's
+# are not this one's, and a warning only they give must not cost the run
+# its minutes (the count goes into the table, the warnings into build.log).
+# The programs find the libraries through an RPATH (not RUNPATH: libcurl's
 # own dependencies are carried too), also when the build runs them
 # (make-model writes the test checkpoints).
 echo "== build ($build)" | tee "$out/build.log"
