@@ -105,9 +105,17 @@ static float raw_logprob(float v, double lse)
     return v == -INFINITY ? -INFINITY : (float)((double)v - lse);
 }
 
+// GCC vectorizes the two scans below at -O2 only when asked; clang does
+// without, and has no `optimize` attribute (it warns, an error here).
+#if defined(__GNUC__) && !defined(__clang__)
+#define SAMPLE_VECTORIZED __attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic")))
+#else
+#define SAMPLE_VECTORIZED
+#endif
+
 // How many of x (NaN as -inf) are >= v: one pass without branches, which
 // the compiler turns into vector compares.
-__attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic"))) static int32_t count_at_least(const float *x, int n, float v)
+SAMPLE_VECTORIZED static int32_t count_at_least(const float *x, int n, float v)
 {
     int32_t c = 0;
     for (int i = 0; i < n; i++) c += clean(x[i]) >= v;
@@ -138,7 +146,7 @@ static void score_row(const float *logits, int vocab, int32_t id, int k,
 // The first i with x[i] == v, else n - 1. Blocks of 64 without an early
 // exit inside, which the compiler turns into vector compares: a scalar scan
 // to the maximum took about a third of sampling a 152k vocabulary.
-__attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic"))) static int first_equal(const float *x, int n, float v)
+SAMPLE_VECTORIZED static int first_equal(const float *x, int n, float v)
 {
     int i = 0;
     for (; i + 64 <= n; i += 64) {
