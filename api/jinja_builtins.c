@@ -588,6 +588,31 @@ static int f_tojson(struct jrender *r, struct bcall *c, struct jv *out)
 }
 
 // ---- %-formatting (str % args, the format filter) ------------------------------------------------
+// A conversion's flags, width and precision (the text between '%' and the
+// conversion character), as %s and a large float's %d apply them
+// themselves; printf reads the same spec for the other conversions.
+struct pct_spec {
+    bool minus, plus, space, zero;
+    size_t width;
+    size_t prec; // SIZE_MAX: none given
+};
+
+static struct pct_spec pct_spec_parse(const char *spec)
+{
+    struct pct_spec p = {.prec = SIZE_MAX};
+    size_t k = 1;
+    for (; spec[k] && strchr("-+ #0", spec[k]); k++) {
+        p.minus |= spec[k] == '-';
+        p.plus |= spec[k] == '+';
+        p.space |= spec[k] == ' ';
+        p.zero |= spec[k] == '0';
+    }
+    for (; spec[k] >= '0' && spec[k] <= '9'; k++) p.width = p.width * 10 + (size_t)(spec[k] - '0');
+    if (spec[k] == '.')
+        for (p.prec = 0, k++; spec[k] >= '0' && spec[k] <= '9'; k++) p.prec = p.prec * 10 + (size_t)(spec[k] - '0');
+    return p;
+}
+
 // %d of a float whose integer part is past long long's range (|f| >= 2^63,
 // finite): the exact decimal digits of that integer (glibc prints a double's
 // exact value), with spec's flags, width and precision as printf applies
@@ -596,29 +621,19 @@ static int percent_big_integer(struct jrender *r, struct ms_buf *b, const char *
 {
     char digits[320]; // DBL_MAX has 309
     snprintf(digits, sizeof digits, "%.0f", fabs(trunc(f)));
-    bool minus = false, plus = false, space = false, zero = false;
-    size_t k = 1, width = 0, prec = 0;
-    bool has_prec = false;
-    for (; spec[k] && strchr("-+ #0", spec[k]); k++) {
-        minus |= spec[k] == '-';
-        plus |= spec[k] == '+';
-        space |= spec[k] == ' ';
-        zero |= spec[k] == '0';
-    }
-    for (; spec[k] >= '0' && spec[k] <= '9'; k++) width = width * 10 + (size_t)(spec[k] - '0');
-    if (spec[k] == '.')
-        for (has_prec = true, k++; spec[k] >= '0' && spec[k] <= '9'; k++) prec = prec * 10 + (size_t)(spec[k] - '0');
-    const char *sign = f < 0 ? "-" : plus ? "+" : space ? " " : "";
-    const size_t nd = strlen(digits), zeros = has_prec && prec > nd ? prec - nd : 0;
-    const size_t body = strlen(sign) + zeros + nd, pad = width > body ? width - body : 0;
-    const bool zero_pad = zero && !minus && !has_prec;
+    const struct pct_spec p = pct_spec_parse(spec);
+    const bool has_prec = p.prec != SIZE_MAX;
+    const char *sign = f < 0 ? "-" : p.plus ? "+" : p.space ? " " : "";
+    const size_t nd = strlen(digits), zeros = has_prec && p.prec > nd ? p.prec - nd : 0;
+    const size_t body = strlen(sign) + zeros + nd, pad = p.width > body ? p.width - body : 0;
+    const bool zero_pad = p.zero && !p.minus && !has_prec;
     int rc = 0;
-    for (size_t i = 0; !minus && !zero_pad && i < pad && !rc; i++) rc = jsb_putc(r, b, ' ');
+    for (size_t i = 0; !p.minus && !zero_pad && i < pad && !rc; i++) rc = jsb_putc(r, b, ' ');
     if (!rc) rc = jsb_put(r, b, sign, strlen(sign));
     for (size_t i = 0; zero_pad && i < pad && !rc; i++) rc = jsb_putc(r, b, '0');
     for (size_t i = 0; i < zeros && !rc; i++) rc = jsb_putc(r, b, '0');
     if (!rc) rc = jsb_put(r, b, digits, nd);
-    for (size_t i = 0; minus && i < pad && !rc; i++) rc = jsb_putc(r, b, ' ');
+    for (size_t i = 0; p.minus && i < pad && !rc; i++) rc = jsb_putc(r, b, ' ');
     return rc;
 }
 
@@ -677,24 +692,16 @@ int jb_percent_format(struct jrender *r, struct jstr fmt, struct jv args, struct
             rc = conv == 's' ? jv_to_str(r, arg, &t) : jv_to_repr(r, arg, &t, 0);
             if (rc) break;
             // Width and precision count characters.
-            bool left = false;
-            size_t k = 1;
-            while (k < sn && strchr("-+ #0", spec[k])) left |= spec[k++] == '-';
-            size_t width = 0, prec = SIZE_MAX;
-            while (k < sn && spec[k] >= '0' && spec[k] <= '9') width = width * 10 + (size_t)(spec[k++] - '0');
-            if (k < sn && spec[k] == '.') {
-                prec = 0;
-                for (k++; k < sn && spec[k] >= '0' && spec[k] <= '9'; k++) prec = prec * 10 + (size_t)(spec[k] - '0');
-            }
+            const struct pct_spec p = pct_spec_parse(spec);
             size_t bytes = 0, chars = 0;
-            while (bytes < t.len && chars < prec) {
+            while (bytes < t.len && chars < p.prec) {
                 uint32_t cp;
                 bytes += ju_decode(t.data + bytes, t.len - bytes, &cp);
                 chars++;
             }
-            for (size_t pad = chars; !left && pad < width && !rc; pad++) rc = jsb_putc(r, &b, ' ');
+            for (size_t pad = chars; !p.minus && pad < p.width && !rc; pad++) rc = jsb_putc(r, &b, ' ');
             if (!rc) rc = jsb_put(r, &b, t.data, bytes);
-            for (size_t pad = chars; left && pad < width && !rc; pad++) rc = jsb_putc(r, &b, ' ');
+            for (size_t pad = chars; p.minus && pad < p.width && !rc; pad++) rc = jsb_putc(r, &b, ' ');
             break;
         }
         case 'c': {

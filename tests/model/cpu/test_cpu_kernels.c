@@ -1393,8 +1393,9 @@ static void bf16_tile_path_takes_quantized_weights_over_rounded_rows(void **stat
 // 8; 1 to 330 rows (one-row tiles, 4-row blocks, several chunks of blocks;
 // int4's rows prepared once a call, and once a chunk where 330 rows of 2048
 // inputs overflow the scratch; the byte formats' pairs made in registers
-// and, for two row blocks or more, once a chunk). The FMA path leaves all three to the avx512 table,
-// and so does this path an fp8 or int8 matrix of an odd number of inputs.
+// and, for two row blocks or more, once a chunk). The FMA path leaves all
+// three to the avx512 table, and so does this path an fp8 or int8 matrix
+// of an odd number of inputs.
 static void bf16_dp_path_takes_quantized_weights_over_rounded_rows(void **state)
 {
     (void)state;
