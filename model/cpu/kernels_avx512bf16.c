@@ -433,7 +433,11 @@ static void bq_store(const float *yb, int mr, int nb, int o, int o0, int o1, flo
 // fp32 once into L2. The rows' pairs and group sums are prepared once a
 // call when all of them fit the scratch (the experts of a prefill, not its
 // 512-row projections of 2048 inputs), else for each chunk, a row block at
-// a time.
+// a time. The first row block's last tile prefetches past the range, as
+// the bf16 tiles do: the lines there start what the thread reads next (its
+// next piece of the call, cpu_matmul, or the next expert's matrix), and
+// those past the end of the weights are never loaded (a prefetch does not
+// fault).
 static void bq_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
 {
     if (m->rows <= 0 || o0 >= o1) return;
@@ -483,8 +487,7 @@ static void bq_matmul(const struct cpu_mm *m, int o0, int o1, float *scratch)
             const int widths[2] = {mr <= 2 ? BQ_NB1 : BQ_NB, BQ_NB};
             for (int wi = 0; wi < 2; wi++)
                 for (const int nb = widths[wi]; b + nb <= ce; b += nb) {
-                    bq_tiles(mr, nb, xb, (size_t)n4, sb, wc + (size_t)(b - cb) * bb, bb, H, K, G, ng, yb,
-                             pf && b + 2 * nb <= b1);
+                    bq_tiles(mr, nb, xb, (size_t)n4, sb, wc + (size_t)(b - cb) * bb, bb, H, K, G, ng, yb, pf);
                     bq_store(yb, mr, nb, b * CPU_PACK_OUTS, o0, o1, yr, m->accumulate);
                 }
             for (; b < ce; b++) {

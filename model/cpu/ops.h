@@ -48,9 +48,11 @@ static inline float *cpu_exec_scratch(const struct cpu_exec *e, int tid)
 
 // Runs every job in one parallel region: their outputs are cut into units
 // of k->unit and the units into contiguous pieces of about equal cost
-// (weight bytes plus FLOPs), a few per thread, taken by whichever thread is
-// free (threadpool_run_shared), so one small matrix or many experts alike
-// keep every thread busy and a thread off its core holds nothing up.
+// (weight bytes plus FLOPs), a few per thread: each thread takes a run of
+// consecutive pieces in order, and one that finishes early takes the
+// others' last pieces (threadpool_run_shared), so one small matrix or many
+// experts alike keep every thread busy and a thread off its core holds
+// nothing up.
 // Results do not depend on the thread count or on who takes which piece.
 // Where the table rounds activations (wants_xq) and e->xq is set, a call
 // whose jobs read at least CPU_XQ_MIN_ROWS rows (summed over the jobs, so

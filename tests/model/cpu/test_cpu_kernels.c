@@ -1033,35 +1033,46 @@ static void threadpool_shared_runs_take_every_piece_once(void **state)
     }
 }
 
-// cpu_matmul over several jobs gives the same bits with 1 or 3 threads.
+// cpu_matmul over several jobs gives the same bits on any pool: one thread,
+// two and three (each walks its run of pieces, then takes the others'
+// last ones), and more threads than own runs (MM_MAX_OWNERS: the rest only
+// take from the owners' runs). The first job is large enough to be split
+// (a call below the threshold runs on the caller alone) and accumulates
+// into y: a piece run twice, or never, leaves other sums than one run.
 static void threaded_matmul_matches_single_thread(void **state)
 {
     (void)state;
     const struct cpu_kernels *k = cpu_kernels_best();
-    struct cpu_wmat w1 = {.data = random_weights(DTYPE_BF16, 300 * 64), .dtype = DTYPE_BF16, .out = 300, .in = 64};
-    struct cpu_wmat w2 = {.data = random_weights(DTYPE_BF16, 5 * 64), .dtype = DTYPE_BF16, .out = 5, .in = 64};
-    float *x = random_floats(9 * 64);
-    float *y[2][2];
-    for (int n = 0; n < 2; n++) {
+    enum { O1 = 4096, K = 512, R = 40 };
+    struct cpu_wmat w1 = {.data = random_weights(DTYPE_BF16, O1 * K), .dtype = DTYPE_BF16, .out = O1, .in = K};
+    struct cpu_wmat w2 = {.data = random_weights(DTYPE_BF16, 5 * K), .dtype = DTYPE_BF16, .out = 5, .in = K};
+    float *x = random_floats(R * K);
+    const int sizes[] = {1, 2, 3, 70};
+    float *y[4][2];
+    for (int n = 0; n < 4; n++) {
         struct threadpool *p;
         char err[128];
-        assert_int_equal(threadpool_create(n ? 3 : 1, &p, err, sizeof err), 0);
-        size_t stride = cpu_kernels_scratch_floats(64, 1, 1);
-        struct cpu_exec e = {.pool = p, .k = k, .scratch = xmalloc(3 * stride * 4), .scratch_stride = stride};
-        y[n][0] = xmalloc(9 * 300 * 4);
+        assert_int_equal(threadpool_create(sizes[n], &p, err, sizeof err), 0);
+        size_t stride = cpu_kernels_scratch_floats(K, 1, 1);
+        struct cpu_exec e = {.pool = p, .k = k, .scratch = xmalloc((size_t)sizes[n] * stride * 4),
+                             .scratch_stride = stride};
+        y[n][0] = xmalloc(R * O1 * 4);
         y[n][1] = xmalloc(2 * 5 * 4);
+        for (int i = 0; i < R * O1; i++) y[n][0][i] = 0.25f * (float)(i % 7);
         struct cpu_mm jobs[3] = {
-            {.w = w1, .x = x, .ldx = 64, .y = y[n][0], .ldy = 300, .rows = 9},
-            {.w = w2, .x = x, .ldx = 64, .y = y[n][1], .ldy = 5, .rows = 2},
-            {.w = w2, .x = x, .ldx = 64, .y = y[n][1], .ldy = 5, .rows = 0},
+            {.w = w1, .x = x, .ldx = K, .y = y[n][0], .ldy = O1, .rows = R, .accumulate = true},
+            {.w = w2, .x = x, .ldx = K, .y = y[n][1], .ldy = 5, .rows = 2},
+            {.w = w2, .x = x, .ldx = K, .y = y[n][1], .ldy = 5, .rows = 0},
         };
-        cpu_matmul(&e, jobs, 3);
+        for (int rep = 0; rep < 3; rep++) cpu_matmul(&e, jobs, 3); // the runs dealt afresh each call
+        if (n > 0) {
+            assert_memory_equal(y[0][0], y[n][0], R * O1 * 4);
+            assert_memory_equal(y[0][1], y[n][1], 2 * 5 * 4);
+        }
         free(e.scratch);
         threadpool_destroy(p);
     }
-    assert_memory_equal(y[0][0], y[1][0], 9 * 300 * 4);
-    assert_memory_equal(y[0][1], y[1][1], 2 * 5 * 4);
-    for (int n = 0; n < 2; n++) {
+    for (int n = 0; n < 4; n++) {
         free(y[n][0]);
         free(y[n][1]);
     }
