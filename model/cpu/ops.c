@@ -64,9 +64,8 @@ void cpu_xq_free(struct cpu_xq *q)
 // rounds, avx512_bf16, with the int4 tiles' prefetches past their range):
 // the full-size int4 q projection at one row 49.8 -> 60.0 GB/s, its o
 // projection 47.3 -> 61.2, its experts 51-56 -> 53-58 (the prefetches
-// alone: 48-52, level);
-// the mid model's decode at one stream (`generate --bench`, three rounds
-// alternating) 78-87% -> 83-93% of the read bound.
+// alone: 48-52, level). A whole decode step moved less than the machine
+// swings (bench/CPU_LOG.md, 2026-12-08).
 static int mm_take(struct mm_ctx *c, int t, bool front)
 {
     _Atomic uint64_t *fb = &c->run[t].fb;
