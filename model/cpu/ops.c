@@ -26,7 +26,7 @@ struct mm_ctx {
     int n_pieces;
     const struct cpu_xq *xq; // the rounded rows of this call, or NULL
     int owners;              // runs in use: run[t] belongs to thread t
-    struct mm_run run[MM_MAX_OWNERS];
+    struct mm_run *run;      // (MM_MAX_OWNERS): only the first owners set (mm_deal)
 };
 
 // One distinct x of a call (its base, row stride and width): row i, where
@@ -285,7 +285,10 @@ static void xq_round_worker(void *arg, int tid, int n_threads)
 
 void cpu_matmul(const struct cpu_exec *e, const struct cpu_mm *jobs, int n_jobs)
 {
-    struct mm_ctx c = {.e = e, .jobs = jobs, .n_jobs = n_jobs, .n_pieces = 1};
+    // The runs outside the initializer, which would zero all 4 KiB of them
+    // at every call: mm_deal sets the ones in use.
+    struct mm_run run[MM_MAX_OWNERS];
+    struct mm_ctx c = {.e = e, .jobs = jobs, .n_jobs = n_jobs, .n_pieces = 1, .run = run};
     for (int j = 0; j < n_jobs; j++)
         if (jobs[j].rows > 0 && jobs[j].w.out > 0)
             c.total += (uint64_t)n_units(&jobs[j], e->k->unit) * unit_cost(e->k, &jobs[j], e->k->unit);
