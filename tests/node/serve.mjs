@@ -1,6 +1,7 @@
 // serve: what the Node tests against a live `moeserve serve` share — start
 // the server on the tiny model on a free port, wait until it serves, run
-// named tests in order, stop it with SIGTERM and require a clean exit.
+// named tests in order, stop it with SIGTERM and require a clean exit; and
+// the retry a test needs to see a stream arrive in pieces.
 import { spawn } from 'node:child_process';
 
 // Starts the server with extra flags; resolves { port, child, stop, log }.
@@ -67,4 +68,22 @@ export async function runTests(tests, server) {
   }
   console.log(failed ? `${failed} failed` : 'all passed');
   process.exit(failed ? 1 : 0);
+}
+
+// A stream's text delta is all the text the engine made since the HTTP
+// thread last ran, so on a loaded machine a short answer can be made whole
+// before that thread runs once and arrive as one delta: right for a stream,
+// but it hides whether the answer was sent as it was made. So a test that
+// checks the pieces asks for a longer answer and, while it comes in one
+// piece, asks again, up to `tries` times; a server that holds the answer
+// back until the end sends one piece every time and still fails the check.
+// streamOnce() resolves the events of one streamed request; pieces(events)
+// counts its text deltas. Resolves the last try's events.
+export async function streamInPieces(streamOnce, pieces, tries = 3) {
+  let events;
+  for (let i = 0; i < tries; i++) {
+    events = await streamOnce();
+    if (pieces(events) > 1) break;
+  }
+  return events;
 }

@@ -11,7 +11,7 @@
 import assert from 'node:assert/strict';
 import Ajv from 'ajv';
 import OpenAI from 'openai';
-import { runTests, startServer } from './serve.mjs';
+import { runTests, startServer, streamInPieces } from './serve.mjs';
 
 const server = await startServer(['--reasoning-parser', 'qwen3']);
 const client = new OpenAI({ baseURL: `http://127.0.0.1:${server.port}/v1`, apiKey: 'unused', maxRetries: 0 });
@@ -87,11 +87,12 @@ test('instructions and message items reach the prompt', async () => {
 });
 
 test('stream: created, in_progress, the item and part events, deltas adding up to the whole answer', async () => {
-  const params = { ...greedy, input: 'Tell me about the sea.', max_output_tokens: 12 };
+  const params = { ...greedy, input: 'Tell me about the sea.', max_output_tokens: 48 };
   const whole = await client.responses.create(params);
-  const all = await events(params);
+  const isDelta = (e) => e.type === 'response.output_text.delta';
+  const all = await streamInPieces(() => events(params), (evs) => evs.filter(isDelta).length);
   const types = all.map((e) => e.type);
-  const deltas = all.filter((e) => e.type === 'response.output_text.delta');
+  const deltas = all.filter(isDelta);
   assert.ok(deltas.length > 1, 'the text comes in several deltas');
   const first = types.indexOf('response.output_text.delta');
   assert.deepEqual(types.slice(2, first), ['response.output_item.added', 'response.content_part.added']);
@@ -108,7 +109,7 @@ test('stream: created, in_progress, the item and part events, deltas adding up t
   const last = all.at(-1);
   assert.equal(last.response.id, all[0].response.id);
   assert.equal(messageText(last.response), text);
-  assert.equal(last.response.usage.output_tokens, 12);
+  assert.equal(last.response.usage.output_tokens, 48);
 });
 
 test('responses.stream() helper accumulates the events into the final Response', async () => {
