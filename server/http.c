@@ -174,7 +174,7 @@ struct http_request {
     bool http11;                 // HTTP/1.1 or later: 1xx responses are understood
     bool too_large, responded, dispatched;
     bool settled;                // the final call returned once before dispatching (on_access)
-    bool busy, busy_per_client;  // the body went over a budget while arriving (503)
+    bool busy, busy_per_client;  // the body is over a budget, declared or arriving (503)
     bool late;                   // refused from its head, answered once its body is dropped
     struct oa_error late_err;
     size_t declared;             // Content-Length, when one was sent
@@ -1133,6 +1133,15 @@ static bool head_acceptable(struct http_request *r, const char *url, const char 
     // sending the bytes holds nothing.
     bool per_client;
     if (cl && n && !budget_check(r, (size_t)n, false, &per_client)) {
+        // As refuse_after_body: the 503 and its Retry-After go out once the
+        // body has been read and dropped (take_upload discards a busy
+        // request's bytes), so a client sending at once reads the answer
+        // rather than a reset.
+        if (drain) {
+            r->busy = true;
+            r->busy_per_client = per_client;
+            return true;
+        }
         respond_busy(r, per_client);
         return false;
     }

@@ -893,8 +893,10 @@ static long rss_kib(void)
 }
 
 // 24 clients each send all but the last byte of a 1 MiB body: the server
-// holds at most its 4 MiB budget of them, refuses the rest at once with
-// 503, and its memory stays flat (before the budget, 24 MiB).
+// holds at most its 4 MiB budget of them, reads and drops the rest, and its
+// memory stays flat (before the budget, 24 MiB); once their last bytes are
+// in, those get their 503 (kept until then: a client sending at once would
+// see a reset, not the answer).
 static void half_sent_bodies_hold_no_more_than_the_budget(void **state)
 {
     (void)state;
@@ -929,6 +931,7 @@ static void half_sent_bodies_hold_no_more_than_the_budget(void **state)
     }
     usleep(200000);
     long during = rss_kib();
+    for (int i = 0; i < N; i++) send(fd[i], "1", 1, MSG_NOSIGNAL);
     for (int i = 0; i < N; i++) {
         struct timeval tv = {.tv_sec = 0, .tv_usec = 300000};
         setsockopt(fd[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -951,6 +954,46 @@ static void half_sent_bodies_hold_no_more_than_the_budget(void **state)
 #else
     assert_true(during - before < 12 * 1024);
 #endif
+}
+
+// A declared Content-Length over the buffered-bytes budget, the body sent
+// at once (no Expect: 100-continue, as SDKs send): the client can send it
+// all and then reads the 503 with its Retry-After, every time (answered
+// before the body, the close reset the connection mid-send: a broken pipe
+// where the answer should be). With Expect: 100-continue it comes at once.
+static void a_declared_body_over_the_budget_gets_503_after_it(void **state)
+{
+    (void)state;
+    struct http_opts o = test_opts();
+    o.max_body = 16 << 20;
+    o.max_buffered_bytes = 16 << 20;
+    o.max_buffered_bytes_per_client = 64 << 10;
+    struct http_server *s = start_other(&o);
+    int before = atomic_load(&g_echoed);
+    static char body[8 << 20]; // past what the sockets buffer between the two ends
+    memset(body, ' ', sizeof body);
+    char head[512], buf[4096];
+    snprintf(head, sizeof head,
+             "POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
+             "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", sizeof body);
+    for (int k = 0; k < 3; k++) {
+        const size_t left = send_whole_then_read(head, body, sizeof body, buf, sizeof buf);
+        if (left) fail_msg("try %d: cut with %zu bytes of the body unsent", k, left);
+        if (!strstr(buf, " 503 ") || !strstr(buf, "Retry-After: 1") || !strstr(buf, "\"server_busy\"") ||
+            !strstr(buf, "--max-buffered-bytes-per-client"))
+            fail_msg("try %d: wanted a 503 with Retry-After in the error envelope, got: %.300s", k, buf);
+    }
+    int fd = connect_raw();
+    snprintf(head, sizeof head,
+             "POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\nExpect: 100-continue\r\n\r\n", sizeof body);
+    send_all(fd, head);
+    client_read_until(fd, buf, sizeof buf, "}}");
+    close(fd);
+    if (!strstr(buf, " 503 ")) fail_msg("with Expect: 100-continue: %.300s", buf);
+    usleep(100 * 1000);
+    assert_int_equal(atomic_load(&g_echoed), before);
+    end_other(s);
 }
 
 // A body with no declared length (chunked) that goes over the per-address
@@ -1386,6 +1429,7 @@ int main(void)
         cmocka_unit_test(connections_over_the_limit_are_refused_at_once),
         cmocka_unit_test(half_sent_bodies_hold_no_more_than_the_budget),
         cmocka_unit_test(a_body_over_the_budget_mid_way_gets_503),
+        cmocka_unit_test(a_declared_body_over_the_budget_gets_503_after_it),
         cmocka_unit_test(declared_lengths_hold_nothing_until_their_bytes_arrive),
         cmocka_unit_test(a_refused_connection_runs_no_request),
         cmocka_unit_test(slow_requests_are_cut_at_their_deadline),
