@@ -394,14 +394,19 @@ struct fpart {
     uint64_t off;         // where in the data area (write_safetensors)
 };
 
+// The most file tensors one weight writes: compressed-tensors int4 with
+// zero points in act-order (packed, scale, shape, zero point, g_idx).
+#define PARTS_PER_WEIGHT_MAX 5
+
 struct plist {
     struct fpart *p;
-    size_t n;
+    size_t n, cap;
 };
 
 static int add_part(struct plist *pl, size_t w, const struct wspec *ws, enum part_kind k,
                     const char *suffix, const char *dtype, int ndim, int64_t a, int64_t b, uint64_t esz)
 {
+    if (pl->n == pl->cap) return MS_EINTERNAL; // a format past PARTS_PER_WEIGHT_MAX
     struct fpart *p = &pl->p[pl->n++];
     memset(p, 0, sizeof *p);
     p->w = w;
@@ -424,8 +429,9 @@ static int quant_group_of(const struct makemodel_spec *s) { return s->quant_grou
 static int build_parts(const struct makemodel_spec *s, const struct wlist *l, struct plist *pl,
                        char *err, size_t errlen)
 {
-    pl->p = calloc(l->n * 4, sizeof *pl->p);
+    pl->p = calloc(l->n * PARTS_PER_WEIGHT_MAX, sizeof *pl->p);
     if (!pl->p) return ms_err(err, errlen, MS_ENOMEM, "out of memory");
+    pl->cap = l->n * PARTS_PER_WEIGHT_MAX;
     const int64_t B = quant_group_of(s);
     for (size_t i = 0; i < l->n; i++) {
         const struct wspec *w = &l->w[i];
@@ -472,6 +478,9 @@ static int build_parts(const struct makemodel_spec *s, const struct wlist *l, st
             if (!rc) rc = add_part(pl, i, w, PART_GPTQ_SCALES, "scales", "F16", 2, ng, R, 2);
             if (!rc) rc = add_part(pl, i, w, PART_GPTQ_G_IDX, "g_idx", "I32", 1, C, 0, 4);
         }
+        if (rc == MS_EINTERNAL)
+            return ms_err(err, errlen, rc, "%s: more than %d tensors for one weight (a bug: raise "
+                          "PARTS_PER_WEIGHT_MAX)", w->name, PARTS_PER_WEIGHT_MAX);
         if (rc) return ms_err(err, errlen, MS_EINVAL, "tensor name %s is too long", w->name);
     }
     return 0;

@@ -53,7 +53,7 @@ static const struct {
     {"ct-w8-128", QUANT_METHOD_CT_INT, 0, false, 8, false}, {"ct-fp8", QUANT_METHOD_CT_FP8, 0, false, 0, false},
     // Groups smaller than tiny's widths (64 and 32), so that every matrix's
     // inputs change groups.
-    {"gptq-act", QUANT_METHOD_GPTQ, 16, true, 0, true}, {"ct-w4-act", QUANT_METHOD_CT_INT, 8, false, 4, true},
+    {"gptq-act", QUANT_METHOD_GPTQ, 16, true, 0, true}, {"ct-w4-act", QUANT_METHOD_CT_INT, 8, true, 4, true}, // with zero points: five tensors a weight
     {"ct-w8-act", QUANT_METHOD_CT_INT, 16, false, 8, true}, // its layer 1 dense
     {"bf16-dense1", QUANT_METHOD_NONE, 0, false, 0, false}, // ct-w8-act's bf16 original
 };
