@@ -370,8 +370,22 @@ void ms_log(int level, const char *fmt, ...)
     fputs(line, stderr);
 }
 
+void ms_file_id_of(const struct stat *sb, struct ms_file_id *id)
+{
+    *id = (struct ms_file_id){.size = (uint64_t)sb->st_size,
+                              .mtime_ns = (int64_t)sb->st_mtim.tv_sec * 1000000000 + sb->st_mtim.tv_nsec,
+                              .ctime_ns = (int64_t)sb->st_ctim.tv_sec * 1000000000 + sb->st_ctim.tv_nsec,
+                              .ino = (uint64_t)sb->st_ino};
+}
+
 int ms_read_file(const char *path, size_t max_bytes, char **out, size_t *len,
                  char *err, size_t errlen)
+{
+    return ms_read_file_id(path, max_bytes, out, len, NULL, err, errlen);
+}
+
+int ms_read_file_id(const char *path, size_t max_bytes, char **out, size_t *len,
+                    struct ms_file_id *id, char *err, size_t errlen)
 {
     *out = NULL;
     if (len) *len = 0;
@@ -411,6 +425,7 @@ int ms_read_file(const char *path, size_t max_bytes, char **out, size_t *len,
     buf[n] = 0;
     *out = buf;
     if (len) *len = n;
+    if (id) ms_file_id_of(&st, id);
     return 0;
 }
 

@@ -107,6 +107,23 @@ void ms_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 int ms_read_file(const char *path, size_t max_bytes, char **out, size_t *len,
                  char *err, size_t errlen);
 
+// One version of a file, as what is made from it (a cache of prepared
+// weights) is keyed: a file replaced in place keeping its size and
+// modification time (cp -p, a normalized mtime) still gets another inode
+// or change time, which no user can set.
+struct ms_file_id {
+    uint64_t size;
+    int64_t mtime_ns, ctime_ns;
+    uint64_t ino;
+};
+struct stat;
+void ms_file_id_of(const struct stat *sb, struct ms_file_id *id);
+
+// ms_read_file, and *id (when not NULL) the version read: taken from the
+// open file, so a file replaced by its path meanwhile is not mistaken for it.
+int ms_read_file_id(const char *path, size_t max_bytes, char **out, size_t *len,
+                    struct ms_file_id *id, char *err, size_t errlen);
+
 // Joins dir and name into out; returns MS_EINVAL when it does not fit.
 int ms_path_join(char *out, size_t outlen, const char *dir, const char *name);
 

@@ -1003,11 +1003,13 @@ int config_load(const char *path, struct model_config *cfg, char *err, size_t er
     char *text = NULL;
     size_t len = 0;
     char sub[512];
-    if ((rc = ms_read_file(file, CONFIG_MAX_FILE_BYTES, &text, &len, sub, sizeof sub)))
+    struct ms_file_id id;
+    if ((rc = ms_read_file_id(file, CONFIG_MAX_FILE_BYTES, &text, &len, &id, sub, sizeof sub)))
         return ms_err(err, errlen, rc, "%s", sub);
     rc = config_parse(text, len, cfg, sub, sizeof sub);
     free(text);
     if (rc) return ms_err(err, errlen, rc, "%s: %s", file, sub);
+    cfg->file = id;
 
     if ((rc = ms_path_join(file, sizeof file, dir, "generation_config.json")))
         return ms_err(err, errlen, rc, "path %s is too long", dir);

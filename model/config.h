@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/base.h"
+
 #define CONFIG_MAX_LAYERS 512
 #define CONFIG_MAX_EOS 16
 
@@ -81,6 +83,10 @@ struct model_config {
     int eos_ids[CONFIG_MAX_EOS];     // generation_config.json's list when present, else config's
     int n_eos;
     struct gen_defaults gen;
+    // The config.json config_load read, as it was read (zero when parsed
+    // from text): what the weights cache keys on, so that weights prepared
+    // under this config are never filed under a later one's version.
+    struct ms_file_id file;
 };
 
 // Parses config.json text. Refuses, with a sentence naming the field and its

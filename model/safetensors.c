@@ -22,8 +22,7 @@ struct st_file {
     char *name; // basename for shards, the path given for a single file
     void *map;
     size_t size;
-    int64_t mtime_ns, ctime_ns;
-    uint64_t ino;
+    struct ms_file_id id; // when mapped
 };
 
 struct safetensors {
@@ -216,9 +215,7 @@ static int load_file(struct safetensors *st, const char *path, const char *label
         return ms_err(err, errlen, MS_EIO, "cannot map %s: %s", path, strerror(map_errno));
     f->map = map;
     f->size = (size_t)size;
-    f->mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
-    f->ctime_ns = (int64_t)sb.st_ctim.tv_sec * 1000000000 + sb.st_ctim.tv_nsec;
-    f->ino = (uint64_t)sb.st_ino;
+    ms_file_id_of(&sb, &f->id);
 
     const uint8_t *b = map;
     uint64_t hlen = 0;
@@ -459,10 +456,9 @@ size_t safetensors_file_count(const struct safetensors *st)
     return st->n_files;
 }
 
-const char *safetensors_file_info(const struct safetensors *st, size_t i, struct st_file_info *info)
+const char *safetensors_file_info(const struct safetensors *st, size_t i, struct ms_file_id *info)
 {
     if (i >= st->n_files) return NULL;
-    *info = (struct st_file_info){.size = st->files[i].size, .mtime_ns = st->files[i].mtime_ns,
-                                  .ctime_ns = st->files[i].ctime_ns, .ino = st->files[i].ino};
+    *info = st->files[i].id;
     return st->files[i].name;
 }

@@ -44,18 +44,10 @@ const struct st_tensor *safetensors_find(const struct safetensors *st, const cha
 size_t safetensors_count(const struct safetensors *st);
 const struct st_tensor *safetensors_get(const struct safetensors *st, size_t i);
 
-// What a mapped file was when mapped: what a cache of prepared weights is
-// keyed by. A file replaced in place keeping its size and modification
-// time (cp -p, a normalized mtime) still gets another inode or change time,
-// which no user can set.
-struct st_file_info {
-    uint64_t size;
-    int64_t mtime_ns, ctime_ns;
-    uint64_t ino;
-};
 // The mapped files, in the order they were opened: name (as in struct
-// st_file) and *info. NULL past the last.
+// st_file) and *info, what each was when mapped (what a cache of prepared
+// weights is keyed by). NULL past the last.
 size_t safetensors_file_count(const struct safetensors *st);
-const char *safetensors_file_info(const struct safetensors *st, size_t i, struct st_file_info *info);
+const char *safetensors_file_info(const struct safetensors *st, size_t i, struct ms_file_id *info);
 
 #endif

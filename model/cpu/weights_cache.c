@@ -154,21 +154,10 @@ static uint64_t sum_data(const struct weights_cache *c, bool check) { return sum
 
 static uint64_t round_page(uint64_t n) { return (n + PAGE - 1) / PAGE * PAGE; }
 
-static int file_line_of(struct ms_buf *t, const char *label, const struct st_file_info *f)
+static int file_line_of(struct ms_buf *t, const char *label, const struct ms_file_id *f)
 {
     return ms_buf_append_fmt(t, "file %s %llu %lld %lld %llu\n", label, (unsigned long long)f->size,
                              (long long)f->mtime_ns, (long long)f->ctime_ns, (unsigned long long)f->ino);
-}
-
-static int file_line(struct ms_buf *t, const char *label, const char *path)
-{
-    struct stat sb;
-    if (stat(path, &sb) != 0) return ms_buf_append_fmt(t, "file %s missing\n", label);
-    const struct st_file_info f = {.size = (uint64_t)sb.st_size,
-                                   .mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec,
-                                   .ctime_ns = (int64_t)sb.st_ctim.tv_sec * 1000000000 + sb.st_ctim.tv_nsec,
-                                   .ino = (uint64_t)sb.st_ino};
-    return file_line_of(t, label, &f);
 }
 
 static int mkdir_p(const char *dir)
@@ -239,14 +228,12 @@ int weights_cache_open(struct weights_cache *c, const struct model *m, const cha
                                      (unsigned long long)m->seed);
     rc = rc ? rc : ms_buf_append_fmt(&t, "areas packed %llu made %llu\n", (unsigned long long)packed_bytes,
                                      (unsigned long long)made_bytes);
-    char cfg[PATH_MAX + 32];
-    struct stat sb;
-    if (stat(m->dir, &sb) == 0 && S_ISDIR(sb.st_mode)) snprintf(cfg, sizeof cfg, "%s/config.json", m->dir);
-    else snprintf(cfg, sizeof cfg, "%s", m->dir);
-    rc = rc ? rc : file_line(&t, "config.json", cfg);
+    // The config as it was read, not as it is now: one replaced since would
+    // file these weights under its version.
+    rc = rc ? rc : file_line_of(&t, "config.json", &m->cfg.file);
     const struct safetensors *st = m->storage;
     for (size_t i = 0; !rc && st && i < safetensors_file_count(st); i++) {
-        struct st_file_info f;
+        struct ms_file_id f;
         const char *name = safetensors_file_info(st, i, &f);
         rc = file_line_of(&t, name, &f);
     }

@@ -542,6 +542,37 @@ static void the_weights_cache_trusts_only_its_own_files(void **state)
     free(ref);
 }
 
+// The key holds config.json as it was read, not as it is when the key is
+// made: a config replaced in between (edited while a server starts) must
+// not file weights prepared under the old one under the new one's version,
+// where every later start would trust them.
+static void the_weights_cache_is_keyed_by_the_config_as_read(void **state)
+{
+    (void)state;
+    char ckpt[512], cdir[512], cmd[2200], err[512];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt3", cache_root);
+    snprintf(cdir, sizeof cdir, "%s/cache3", cache_root);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s'/* '%s/'", ckpt, dir, ckpt);
+    assert_int_equal(system(cmd), 0);
+    const struct model_load_opts o = {.cache_dir = cdir};
+    struct model *before, *after;
+    assert_int_equal(model_load_opts(ckpt, &o, &before, err, sizeof err), 0);
+    snprintf(cmd, sizeof cmd, "cd '%s' && cp config.json x && mv x config.json", ckpt);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(model_load_opts(ckpt, &o, &after, err, sizeof err), 0);
+    struct weights_cache a, a2, b;
+    assert_int_equal(weights_cache_open(&a, before, "test", 4096, 0), 1);
+    assert_int_equal(weights_cache_open(&a2, before, "test", 4096, 0), 1);
+    assert_int_equal(weights_cache_open(&b, after, "test", 4096, 0), 1);
+    assert_string_equal(a.key, a2.key);
+    if (!strcmp(a.key, b.key)) fail_msg("the config read before its replacement keys as the new one:\n%s", a.key);
+    weights_cache_close(&a);
+    weights_cache_close(&a2);
+    weights_cache_close(&b);
+    model_destroy(before);
+    model_destroy(after);
+}
+
 // Leaves the file's pages in the page cache as 4 KiB folios: dropped, then
 // read back one page at a time in an order that defeats readahead, through
 // a mapping that asks for no huge pages.
@@ -789,6 +820,7 @@ int main(void)
         cmocka_unit_test(quantized_projections_are_packed_for_every_table),
         cmocka_unit_test(the_weights_cache_is_written_mapped_and_rebuilt_when_stale_or_corrupt),
         cmocka_unit_test(the_weights_cache_trusts_only_its_own_files),
+        cmocka_unit_test(the_weights_cache_is_keyed_by_the_config_as_read),
         cmocka_unit_test(the_weights_cache_is_read_again_into_huge_pages),
         cmocka_unit_test(rope_angles_follow_the_step_positions),
         cmocka_unit_test(prefault_makes_every_page_of_the_pool_and_an_allocation_resident),
