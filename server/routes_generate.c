@@ -290,14 +290,48 @@ static void rewrite_refs(json_t *v, const char *prefix)
     }
 }
 
+// The parser keeps a call only when its arguments are a JSON object
+// (output_parser's try_call), so a forced call's grammar must write one:
+// parameters that say nothing of their type ({}, which clients send for a
+// tool without arguments) or allow others beside "object" are narrowed to
+// an object; parameters that allow no object are refused (a sentence in
+// why). A root with $ref, alternatives or values is left as it is: the
+// grammar takes no "type" beside those.
+static int args_object_only(json_t *args, const char *tool, char *why, size_t whylen)
+{
+    static const char *const alone[] = {"$ref", "anyOf", "oneOf", "allOf", "enum", "const"};
+    json_t *ty = json_object_get(args, "type");
+    if (!ty) {
+        for (size_t k = 0; k < sizeof alone / sizeof *alone; k++)
+            if (json_object_get(args, alone[k])) return 0;
+    } else {
+        bool object = json_is_string(ty) && !strcmp(json_string_value(ty), "object");
+        size_t i;
+        json_t *v;
+        if (json_is_array(ty))
+            json_array_foreach(ty, i, v) if (json_is_string(v) && !strcmp(json_string_value(v), "object")) object = true;
+        if (!object)
+            return ms_err(why, whylen, MS_EINVAL, "the parameters of tool '%.100s' allow no JSON object "
+                          "(their \"type\"), and a call's arguments are one: give them \"type\": \"object\"",
+                          tool);
+    }
+    return json_object_set_new(args, "type", json_string("object")) ? MS_ENOMEM : 0;
+}
+
 // A call of tool i as Hermes writes it, as JSON Schema: {"name": its name,
-// "arguments": its parameters} (no parameters: an empty object); the
-// parameters' definitions go into defs.
-static json_t *call_schema(json_t *tool, int i, json_t *defs)
+// "arguments": its parameters, an object} (no parameters: an empty
+// object); the parameters' definitions go into defs. NULL with *rc set:
+// MS_EINVAL with a sentence in why, or MS_ENOMEM.
+static json_t *call_schema(json_t *tool, int i, json_t *defs, int *rc, char *why, size_t whylen)
 {
     json_t *f = json_object_get(tool, "function"), *params = json_object_get(f, "parameters");
     json_t *args = json_is_object(params) ? json_deep_copy(params) : json_pack("{s:s}", "type", "object");
+    *rc = MS_ENOMEM;
     if (!args) return NULL;
+    if ((*rc = args_object_only(args, json_string_value(json_object_get(f, "name")), why, whylen))) {
+        json_decref(args);
+        return NULL;
+    }
     char prefix[32];
     snprintf(prefix, sizeof prefix, "tool%d_", i);
     rewrite_refs(args, prefix);
@@ -315,34 +349,48 @@ static json_t *call_schema(json_t *tool, int i, json_t *defs)
         json_object_del(args, keys[kk]);
     }
     json_object_set(defs, prefix, args); // what "#" in the parameters meant
-    return json_pack("{s:s, s:{s:{s:O}, s:o}, s:[s, s]}", "type", "object", "properties", "name",
-                     "const", json_object_get(f, "name"), "arguments", args, "required", "name",
-                     "arguments");
+    json_t *call = json_pack("{s:s, s:{s:{s:O}, s:o}, s:[s, s]}", "type", "object", "properties", "name",
+                             "const", json_object_get(f, "name"), "arguments", args, "required", "name",
+                             "arguments");
+    *rc = call ? 0 : MS_ENOMEM;
+    return call;
 }
 
-// tool_choice "required": a call of any tool; named: of that one.
-static char *forced_call_schema(const struct oa_chat_request *r)
+// tool_choice "required": a call of any tool; named: of that one. *rc as
+// call_schema's.
+static char *forced_call_schema(const struct oa_chat_request *r, int *rc, char *why, size_t whylen)
 {
     json_t *schema = NULL, *defs = json_object();
     size_t i;
     json_t *t;
+    *rc = MS_ENOMEM;
     if (!defs) return NULL;
     if (r->tool_choice == OA_TOOL_NAMED) {
         json_array_foreach(r->tools, i, t)
             if (!strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")),
                         r->tool_choice_name))
-                schema = call_schema(t, (int)i, defs);
+                schema = call_schema(t, (int)i, defs, rc, why, whylen);
     } else if (json_array_size(r->tools) == 1) {
-        schema = call_schema(json_array_get(r->tools, 0), 0, defs);
+        schema = call_schema(json_array_get(r->tools, 0), 0, defs, rc, why, whylen);
     } else {
         json_t *any = json_array();
-        json_array_foreach(r->tools, i, t) json_array_append_new(any, call_schema(t, (int)i, defs));
-        schema = json_pack("{s:o}", "anyOf", any);
+        json_array_foreach(r->tools, i, t) {
+            json_t *call = any ? call_schema(t, (int)i, defs, rc, why, whylen) : NULL;
+            if (!call || json_array_append_new(any, call)) {
+                if (call) *rc = MS_ENOMEM;
+                json_decref(any);
+                any = NULL;
+                break;
+            }
+        }
+        schema = any ? json_pack("{s:o}", "anyOf", any) : NULL;
+        if (any && !schema) *rc = MS_ENOMEM;
     }
     if (schema && json_object_size(defs)) json_object_set(schema, "$defs", defs);
     json_decref(defs);
     char *text = schema ? json_dumps(schema, JSON_COMPACT) : NULL;
     json_decref(schema);
+    if (schema && !text) *rc = MS_ENOMEM;
     return text;
 }
 
@@ -361,7 +409,10 @@ static int make_grammar(struct app *a, struct parsed *q, struct oa_error *e)
     const char *param;
     char *owned = NULL;
     if (q->chat && (q->cr.tool_choice == OA_TOOL_REQUIRED || q->cr.tool_choice == OA_TOOL_NAMED)) {
-        owned = forced_call_schema(&q->cr);
+        char why[256];
+        int rc = 0;
+        owned = forced_call_schema(&q->cr, &rc, why, sizeof why);
+        if (!owned && rc == MS_EINVAL) return oa_errorf(e, rc, "invalid_value", "tools", "%s", why);
         if (!owned) return oa_errorf(e, MS_ENOMEM, "internal_error", NULL, "out of memory");
         src = (struct grammar_source){.kind = GRAMMAR_JSON_SCHEMA, .text = owned,
                                       .len = strlen(owned), .prefix = "<tool_call>\n",

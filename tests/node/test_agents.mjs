@@ -161,6 +161,29 @@ test('tool_choice required over several tools: one valid call of one of them', a
   assert.ok(seen.size >= 2, `the draws reached more than one tool (${[...seen]})`);
 });
 
+// A call's arguments are a JSON object (the parser keeps no other), so a
+// forced call of a tool whose parameters say nothing of their type ({}, as
+// clients send for a tool without arguments) or allow others is still one;
+// parameters that allow no object are refused, naming the field.
+test('tool_choice required with parameters {} or a type list: a call with object arguments; no object: 400', async () => {
+  const open = [{ type: 'function', function: { name: 'ping', parameters: {} } }];
+  const list = [{ type: 'function', function: { name: 'opt', parameters: { type: ['object', 'null'],
+    properties: { n: { type: 'integer' } } } } }];
+  for (const [tools, seeds] of [[open, [1, 2, 3, 4, 5]], [list, [1, 2, 3]]]) {
+    for (const seed of seeds) {
+      const r = await client.chat.completions.create({ ...base, seed, tools, tool_choice: 'required' });
+      const c = r.choices[0];
+      assert.equal(c.finish_reason, 'tool_calls', `${tools[0].function.name}, seed ${seed}: ${JSON.stringify(c.message)}`);
+      const args = JSON.parse(c.message.tool_calls[0].function.arguments);
+      assert.ok(args !== null && typeof args === 'object' && !Array.isArray(args), JSON.stringify(args));
+      validate(tools[0].function.parameters, args, `${tools[0].function.name}, seed ${seed}`);
+    }
+  }
+  const str = [{ type: 'function', function: { name: 'say', parameters: { type: 'string' } } }];
+  await assert.rejects(client.chat.completions.create({ ...base, tools: str, tool_choice: 'required' }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'tools' && /'say'.*"type": "object"/.test(e.message));
+});
+
 test('json_object, structured_outputs regex / choice / grammar', async () => {
   let r = await client.chat.completions.create({ ...base, seed: 1, response_format: { type: 'json_object' } });
   const o = JSON.parse(r.choices[0].message.content);
