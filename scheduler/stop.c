@@ -94,8 +94,9 @@ enum engine_finish stop_check_token(const struct stop_state *s, int32_t id, int 
     // The model's eos (the first of its list) is an ordinary end, reported
     // as -1 (stop_reason null); the list's others and the request's own stop
     // ids name themselves (vLLM's stop_reason: it adds generation_config's
-    // other eos ids to stop_token_ids).
-    for (int i = s->n_ids - 1; i >= 0; i--)
+    // other eos ids to stop_token_ids). The eos first, as vLLM checks it
+    // before stop_token_ids: a request that lists it too still gets null.
+    for (int i = 0; i < s->n_ids; i++)
         if (s->ids[i] == id) {
             if (i > 0 || s->n_eos == 0) *stop_id = id;
             return FINISH_STOP;

@@ -286,6 +286,23 @@ static void token_stops_and_length_limits(void **state)
     assert_int_equal(stop_check_token(&s, 5, 1, 10, 100, &sid), FINISH_NONE);
     assert_int_equal(stop_check_token(&s, 77, 1, 10, 100, &sid), FINISH_STOP);
     stop_free(&s);
+    // The request lists the model's eos too: still the model's end (null),
+    // as vLLM checks the eos before stop_token_ids; ignoring eos, its own.
+    int32_t with_eos[] = {77, 5};
+    r.stop.stop_ids = with_eos;
+    r.stop.n_stop_ids = 2;
+    r.stop.ignore_eos = false;
+    assert_int_equal(stop_init(&s, &r.stop, eos, 2, err, sizeof err), 0);
+    assert_int_equal(stop_check_token(&s, 5, 1, 10, 100, &sid), FINISH_STOP);
+    assert_int_equal(sid, -1);
+    assert_int_equal(stop_check_token(&s, 77, 1, 10, 100, &sid), FINISH_STOP);
+    assert_int_equal(sid, 77);
+    stop_free(&s);
+    r.stop.ignore_eos = true;
+    assert_int_equal(stop_init(&s, &r.stop, eos, 2, err, sizeof err), 0);
+    assert_int_equal(stop_check_token(&s, 5, 1, 10, 100, &sid), FINISH_STOP);
+    assert_int_equal(sid, 5);
+    stop_free(&s);
 }
 
 // Random texts over an alphabet with 1-4 byte characters, cut into random
