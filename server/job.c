@@ -97,10 +97,11 @@ static void on_delta(void *ctx, const struct engine_delta *d)
     bool with_lp = j->meta.logprobs >= 0;
     pthread_mutex_lock(&j->mu);
     struct job_prompt *p = &j->prompts[c->prompt];
-    if (d->prompt_tokens_lp && p->scored_tokens && !c->got_prompt_lp) {
+    if (d->prompt_tokens_lp && p->scored_tokens && !p->scored) {
         // Entries are for prompt tokens 1..n-1; the first has no logprob.
         for (int i = 0; i < d->n_prompt_tokens_lp && i + 1 < p->n_ids; i++)
             token_from_engine(&p->scored_tokens[i + 1], &d->prompt_tokens_lp[i], true);
+        p->scored = true;
     }
     c->got_prompt_lp = true;
     bool oom = false;

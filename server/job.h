@@ -33,6 +33,11 @@ struct job_prompt {
     // as the engine scored them (one array for echo's logprobs and for
     // prompt_logprobs)
     struct oa_token *scored_tokens;
+    // scored_tokens holds the engine's scores: written once, under the
+    // job's lock, by the first of the prompt's choices to bring them, and
+    // read without it afterwards (another choice's echo may be being
+    // written out while a later choice's first delta arrives)
+    bool scored;
     bool max_cut;                    // its choices' max_tokens cut to the room it leaves (a front's)
 };
 
