@@ -21,6 +21,7 @@
 #include "server/vllm_flags.h"
 
 #define MAX_SERVED 16
+#define MAX_API_KEYS 16
 #define MAX_HOSTS 64
 
 static void usage(FILE *f)
@@ -37,9 +38,10 @@ static void usage(FILE *f)
         "  --host ADDR                   address to listen on (127.0.0.1; 0.0.0.0 for all)\n"
         "  --port N                      TCP port (8000; 0 picks a free one)\n"
         "  --served-model-name NAME ...  names clients use as \"model\" (the MODEL_DIR as given)\n"
-        "  --api-key KEY                 require 'Authorization: Bearer KEY' or 'x-api-key: KEY'\n"
-        "                                (or MOESERVE_API_KEY, VLLM_API_KEY); /health, /metrics\n"
-        "                                and /dashboard stay open\n"
+        "  --api-key KEY ...             require 'Authorization: Bearer KEY' or 'x-api-key: KEY',\n"
+        "                                KEY one of those given (else MOESERVE_API_KEY, else\n"
+        "                                VLLM_API_KEY, unless empty); /health, /metrics and\n"
+        "                                /dashboard stay open\n"
         "  --max-request-body BYTES      larger bodies get 413 (8MiB)\n"
         "  --shutdown-timeout S          on SIGTERM/SIGINT, running requests get S seconds, then\n"
         "                                end with finish_reason abort (30)\n"
@@ -112,7 +114,8 @@ struct serve_opts {
     int64_t port;
     const char *served[MAX_SERVED];
     int n_served;
-    const char *api_key;
+    const char *api_keys[MAX_API_KEYS];
+    int n_api_keys;
     size_t max_body;
     double shutdown_timeout;
     int64_t http_threads;
@@ -207,7 +210,19 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
                 else break;
             }
         } else if (!rc && (v = flag_value("--api-key", argc, argv, &i, &rc, err, errlen))) {
-            o->api_key = v;
+            // One or more keys, as vLLM's list: the words after it up to the
+            // next flag once the model is named (before it, the first is the
+            // MODEL_DIR, as --served-model-name's).
+            for (;;) {
+                if (o->n_api_keys == MAX_API_KEYS)
+                    return ms_err(err, errlen, MS_EINVAL, "at most %d API keys", MAX_API_KEYS);
+                if (!v[0])
+                    return ms_err(err, errlen, MS_EINVAL, "--api-key must not be empty (leave it out to "
+                                  "serve without a key)");
+                o->api_keys[o->n_api_keys++] = v;
+                if (i + 1 < argc && argv[i + 1][0] != '-' && (o->model_dir || o->vf.model)) v = argv[++i];
+                else break;
+            }
         } else if (!rc && (v = flag_value("--max-request-body", argc, argv, &i, &rc, err, errlen))) {
             rc = cli_parse_bytes("--max-request-body", v, 1024, &o->max_body, err, errlen);
         } else if (!rc && (v = flag_value("--shutdown-timeout", argc, argv, &i, &rc, err, errlen))) {
@@ -291,9 +306,14 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
                       o->model_dir, o->vf.model);
     if (o->vf.model) o->model_dir = o->vf.model;
     if (!o->model_dir) return ms_err(err, errlen, MS_EINVAL, "MODEL_DIR (or --model) is missing");
-    if (!o->api_key) o->api_key = getenv("MOESERVE_API_KEY");
-    if (!o->api_key) o->api_key = getenv("VLLM_API_KEY");
-    if (o->api_key && !o->api_key[0]) o->api_key = NULL;
+    // Else from the environment, an empty variable as unset (as vLLM reads
+    // VLLM_API_KEY): an empty MOESERVE_API_KEY must not hide VLLM_API_KEY
+    // and leave the server open.
+    static const char *const env_keys[] = {"MOESERVE_API_KEY", "VLLM_API_KEY"};
+    for (int k = 0; k < 2 && !o->n_api_keys; k++) {
+        const char *e = getenv(env_keys[k]);
+        if (e && e[0]) o->api_keys[o->n_api_keys++] = e;
+    }
     return 0;
 }
 
@@ -394,7 +414,8 @@ int cmd_serve(int argc, char **argv)
         .threads = (int)o.http_threads,
         .workers = (int)o.request_workers,
         .max_body = o.max_body,
-        .api_key = o.api_key,
+        .api_keys = o.api_keys,
+        .n_api_keys = o.n_api_keys,
         .keepalive_s = o.keepalive,
         .idle_timeout_s = (unsigned)(o.idle_timeout + 0.999),
         .header_timeout_s = o.header_timeout,
@@ -466,7 +487,7 @@ int cmd_serve(int argc, char **argv)
     }
     ms_log(MS_LOG_INFO, "ready: serving %s as \"%s\" on http://%s:%d (loaded in %.1fs)%s", o.model_dir,
            o.n_served ? o.served[0] : o.model_dir, hostbuf, http_port(srv), ms_now() - t0,
-           o.api_key ? ", API key required" : "");
+           !o.n_api_keys ? "" : o.n_api_keys == 1 ? ", API key required" : ", one of the API keys required");
 
     atomic_store(&sc.loaded, true);
     snprintf(status, sizeof status, "serving %s on port %d", o.n_served ? o.served[0] : o.model_dir, http_port(srv));

@@ -114,7 +114,8 @@ struct gate_conn {
 struct http_server {
     struct MHD_Daemon *d;
     struct http_opts o;
-    char *api_key;
+    char **api_keys;             // (n_api_keys) our copies
+    int n_api_keys;
     char **hosts;                // allowed Host names (n_hosts), lower case
     int n_hosts;
     int port;
@@ -800,17 +801,24 @@ static bool key_matches(const char *have, const char *want)
     return diff == 0;
 }
 
+// Every key is compared, so the time does not say which one matched.
+static bool key_among(const struct http_server *s, const char *have)
+{
+    bool ok = false;
+    for (int i = 0; i < s->n_api_keys; i++) ok |= key_matches(have, s->api_keys[i]);
+    return ok;
+}
+
 static bool authorized(struct http_request *r)
 {
-    const char *key = r->s->api_key;
-    if (!key || r->route->public_) return true;
+    if (!r->s->n_api_keys || r->route->public_) return true;
     const char *x = http_header(r, "x-api-key");
-    if (x && key_matches(x, key)) return true;
+    if (x && key_among(r->s, x)) return true;
     const char *h = http_header(r, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!h || strncasecmp(h, "Bearer ", 7)) return false;
     h += 7;
     while (*h == ' ') h++;
-    return key_matches(h, key);
+    return key_among(r->s, h);
 }
 
 static const struct http_route *find_route(struct http_server *s, const char *method,
@@ -1985,6 +1993,20 @@ static int listen_open(const struct http_opts *o, int *fd_out, bool *v6, char *e
     return 0;
 }
 
+static int keys_copy(struct http_server *s, const struct http_opts *o)
+{
+    if (o->n_api_keys <= 0) return 0;
+    s->api_keys = calloc((size_t)o->n_api_keys, sizeof *s->api_keys);
+    if (!s->api_keys) return -1;
+    for (int i = 0; i < o->n_api_keys; i++) {
+        s->api_keys[i] = strdup(o->api_keys[i]);
+        if (!s->api_keys[i]) return -1;
+        s->n_api_keys++;
+    }
+    s->o.api_keys = NULL; // ours are in api_keys
+    return 0;
+}
+
 static int hosts_copy(struct http_server *s, const struct http_opts *o)
 {
     if (o->n_allowed_hosts <= 0) return 0;
@@ -2026,7 +2048,8 @@ static void server_free(struct http_server *s)
         }
     for (int i = 0; i < s->n_hosts; i++) free(s->hosts[i]);
     free(s->hosts);
-    free(s->api_key);
+    for (int i = 0; i < s->n_api_keys; i++) free(s->api_keys[i]);
+    free(s->api_keys);
     free(s);
 }
 
@@ -2045,7 +2068,7 @@ int http_start(const struct http_opts *o, struct http_server **out, char *err, s
     pthread_mutex_init(&s->wmu, NULL);
     pthread_cond_init(&s->wcv, NULL);
     int rc = 0;
-    if ((o->api_key && o->api_key[0] && !(s->api_key = strdup(o->api_key))) || hosts_copy(s, o)) {
+    if (keys_copy(s, o) || hosts_copy(s, o)) {
         rc = ms_err(err, errlen, MS_ENOMEM, "out of memory starting the HTTP server");
         goto fail;
     }

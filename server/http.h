@@ -53,7 +53,8 @@ struct http_opts {
                                  // so that a slow one never stalls the streams an HTTP thread
                                  // writes; 0: handlers run on the HTTP threads
     size_t max_body;             // 413 beyond
-    const char *api_key;         // NULL or "": no auth
+    const char *const *api_keys; // (n_api_keys, each non-empty) any one is accepted; none: no auth
+    int n_api_keys;
     double keepalive_s;          // an SSE comment after this long without stream output (0: never)
     unsigned idle_timeout_s;     // a connection with no traffic for this long is closed (0: never);
                                  // a response that waits (deferred, or a stream with nothing to
@@ -85,7 +86,7 @@ struct http_opts {
 
 // Binds and listens (exclusively unless reuse_port: a port another server
 // listens on is MS_EBUSY, "port N is in use"), then serves on o->threads
-// threads. o and what it points to (routes, allowed_hosts, api_key) are
+// threads. o and what it points to (routes, allowed_hosts, api_keys) are
 // copied or must outlive the server.
 int http_start(const struct http_opts *o, struct http_server **out, char *err, size_t errlen);
 int http_port(const struct http_server *s);

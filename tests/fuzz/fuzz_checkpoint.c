@@ -40,6 +40,7 @@ static const struct {
     {QUANT_METHOD_CT_INT, 16, 8, false, false}, {QUANT_METHOD_CT_FP8, 0, 0, false, false},
     // act-order: g_idx groups the inputs out of their order
     {QUANT_METHOD_GPTQ, 8, 0, true, true},     {QUANT_METHOD_CT_INT, 8, 4, false, true},
+    {QUANT_METHOD_CT_INT, 8, 4, true, true}, // five tensors a weight
 };
 #define N_FORMATS (sizeof formats / sizeof formats[0])
 #define MAX_TENSORS 128

@@ -277,6 +277,8 @@ static void wait_counter(atomic_int *c, int want)
 
 // The options of the suite's server; tests that need other limits start a
 // second server with these changed.
+static const char *const test_keys[] = {"k"};
+
 static struct http_opts test_opts(void)
 {
     struct http_opts o = {
@@ -285,7 +287,8 @@ static struct http_opts test_opts(void)
         .threads = 2,
         .workers = 2,
         .max_body = 256 * 1024,
-        .api_key = "k",
+        .api_keys = test_keys,
+        .n_api_keys = 1,
         .keepalive_s = 0.2,
         .idle_timeout_s = 30,
         .routes = routes,

@@ -57,10 +57,24 @@ static void api_key_guards_everything_but_health(void **state)
     resp_free(&r);
     assert_int_equal(srv_stop(&s, SIGTERM, 30), 0);
 
-    // From the environment, as vLLM users set it.
+    // Several keys, as vLLM's --api-key takes: any one of them.
+    const char *two[] = {"--api-key", "first", "second", NULL};
+    assert_int_equal(srv_start(&s, two), 0);
+    const char *tries[][2] = {{"first", "200"}, {"second", "200"}, {"third", "401"}, {NULL, "401"}};
+    for (size_t i = 0; i < sizeof tries / sizeof tries[0]; i++) {
+        r = srv_request(&s, "GET", "/v1/models", NULL, 0, tries[i][0]);
+        assert_int_equal(r.status, atoi(tries[i][1]));
+        resp_free(&r);
+    }
+    assert_int_equal(srv_stop(&s, SIGTERM, 30), 0);
+
+    // From the environment, as vLLM users set it; an empty MOESERVE_API_KEY
+    // counts as unset and does not hide it (the server must not run open).
     setenv("VLLM_API_KEY", "fromenv", 1);
+    setenv("MOESERVE_API_KEY", "", 1);
     assert_int_equal(srv_start(&s, NULL), 0);
     unsetenv("VLLM_API_KEY");
+    unsetenv("MOESERVE_API_KEY");
     r = srv_request(&s, "GET", "/v1/models", NULL, 0, NULL);
     assert_int_equal(r.status, 401);
     resp_free(&r);
@@ -255,6 +269,8 @@ static void a_start_that_cannot_succeed_exits_2(void **state)
     assert_int_equal(serve_exit_status(no_fit), 2);
     const char *bad_flag[] = {model, "--port", "0", "--health-timeout", "0", NULL};
     assert_int_equal(serve_exit_status(bad_flag), 2);
+    const char *empty_key[] = {model, "--port", "0", "--api-key", "", NULL}; // would serve open
+    assert_int_equal(serve_exit_status(empty_key), 2);
 }
 
 static void a_full_waiting_queue_gets_503_with_retry_after(void **state)
