@@ -424,6 +424,9 @@ int app_load(struct app *a, const struct app_opts *o, char *err, size_t errlen)
         if (!a->names[0]) return ms_err(err, errlen, MS_ENOMEM, "out of memory");
         a->n_names = 1;
     }
+    // Before the engine (its KV pool, a prefault of it): a bad flag here is
+    // refused in milliseconds, not after the slowest part of a start.
+    if ((rc = load_gen_defaults(a, o, err, errlen))) return rc;
     struct engine_opts eo = o->engine;
     if (o->kv_dtype_auto) eo.kv_dtype = a->model->cfg.torch_dtype == DTYPE_F32 ? DTYPE_F32 : DTYPE_BF16;
     struct metrics_opts mo = {
@@ -447,7 +450,6 @@ int app_load(struct app *a, const struct app_opts *o, char *err, size_t errlen)
         .gpu_memory_utilization = eo.gpu_memory_utilization,
     };
     a->max_model_len = engine_max_model_len(a->engine);
-    if ((rc = load_gen_defaults(a, o, err, errlen))) return rc;
     a->limits.gen = &a->gen;
     a->limits.logprobs_capped = o->max_logprobs >= 0;
     a->limits.max_logprobs = o->max_logprobs;

@@ -235,25 +235,41 @@ static void systemd_is_told_ready_then_stopping(void **state)
 #endif
 }
 
-// `moeserve serve ARGS...` run to its exit: the status (128 + signal if killed).
-static int serve_exit_status(const char *const *args)
+// `moeserve serve ARGS...` run to its exit: the status (128 + signal if
+// killed), and when log is not NULL the start of its stderr (NUL-ended).
+static int serve_exit_status_log(const char *const *args, char *log, size_t cap)
 {
     const char *argv[16] = {getenv("MOESERVE_BIN"), "serve"};
     int n = 2;
     for (int i = 0; args[i] && n < 15; i++) argv[n++] = args[i];
     argv[n] = NULL;
+    int pipefd[2] = {-1, -1};
+    if (log) assert_int_equal(pipe(pipefd), 0);
     const pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        const int null = open("/dev/null", O_WRONLY);
-        if (null >= 0) dup2(null, 2);
+        const int to = log ? pipefd[1] : open("/dev/null", O_WRONLY);
+        if (to >= 0) dup2(to, 2);
         execv(argv[0], (char *const *)argv);
         _exit(127);
+    }
+    if (log) {
+        close(pipefd[1]);
+        size_t got = 0;
+        ssize_t r;
+        char sink[4096];
+        while ((r = read(pipefd[0], got + 1 < cap ? log + got : sink,
+                         got + 1 < cap ? cap - 1 - got : sizeof sink)) > 0)
+            if (got + 1 < cap) got += (size_t)r;
+        log[got] = 0;
+        close(pipefd[0]);
     }
     int st = 0;
     assert_int_equal(waitpid(pid, &st, 0), pid);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
+
+static int serve_exit_status(const char *const *args) { return serve_exit_status_log(args, NULL, 0); }
 
 // A start that cannot succeed however often it is tried (a KV cache too
 // small for one sequence, a bad flag) exits 2, which the systemd unit's
@@ -271,6 +287,14 @@ static void a_start_that_cannot_succeed_exits_2(void **state)
     assert_int_equal(serve_exit_status(bad_flag), 2);
     const char *empty_key[] = {model, "--port", "0", "--api-key", "", NULL}; // would serve open
     assert_int_equal(serve_exit_status(empty_key), 2);
+    // A bad generation-config override is refused before the engine is made
+    // (its KV pool: here one too small, which would be refused too).
+    char log[8192];
+    const char *bad_override[] = {model, "--port", "0", "--kv-cache-memory", "1",
+                                  "--override-generation-config", "{\"temperature\": \"hot\"}", NULL};
+    assert_int_equal(serve_exit_status_log(bad_override, log, sizeof log), 2);
+    if (!strstr(log, "--override-generation-config") || strstr(log, "engine"))
+        fail_msg("wanted the override refused before the engine: %s", log);
 }
 
 static void a_full_waiting_queue_gets_503_with_retry_after(void **state)
