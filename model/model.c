@@ -694,6 +694,16 @@ static int resolve_quant(struct model *m, const struct model_load_opts *o, enum 
     const enum quant_method qm = m->cfg.quant.method;
     const enum quant_format has = quant_config_format(&m->cfg);
     *want = o->quantization;
+    const bool ct = qm == QUANT_METHOD_CT_INT || qm == QUANT_METHOD_CT_FP8;
+    if (o->method != QUANT_METHOD_NONE && !(o->method == qm || (o->method == QUANT_METHOD_CT_INT && ct)))
+        return ms_err(err, errlen, MS_EINVAL, "--quantization %s names the checkpoint's method, but %s's "
+                      "quantization_config says %s: drop the flag (the checkpoint's own is read as it is)",
+                      o->method == QUANT_METHOD_GPTQ ? "gptq" : o->method == QUANT_METHOD_AWQ ? "awq"
+                                                                                 : "compressed-tensors",
+                      m->dir, qm == QUANT_METHOD_NONE ? "none (a bf16 checkpoint: --quantization fp8, int8 or "
+                                                        "int4 quantizes it at load)"
+                              : qm == QUANT_METHOD_FP8 ? "fp8" : qm == QUANT_METHOD_GPTQ ? "gptq"
+                              : qm == QUANT_METHOD_AWQ ? "awq" : "compressed-tensors");
     if (has != QUANT_NONE && *want != QUANT_NONE && *want != has)
         return ms_err(err, errlen, MS_EINVAL, "%s is %s checkpoint (%s weights); --quantization %s "
                       "asks for %s: drop the flag, or start from a bf16 checkpoint", m->dir,

@@ -115,6 +115,12 @@ struct model_load_opts {
     // as the checkpoint is (a dummy load of a quantized config makes its
     // format: fp8, or int4 for gptq).
     enum quant_format quantization;
+    // --quantization naming a checkpoint's method as vLLM takes it (gptq,
+    // awq, compressed-tensors and their marlin kernels): the checkpoint's
+    // quantization_config must be that method (compressed-tensors: CT_INT
+    // stands for both of its kinds); it is then read as it is.
+    // QUANT_METHOD_NONE: not named.
+    enum quant_method method;
     const char *cache_dir;         // NULL or "": the default; "none": no cache
 };
 int model_load_opts(const char *dir, const struct model_load_opts *o, struct model **out,

@@ -358,7 +358,7 @@ static int chat_template_source(const char *v, char **out, char *err, size_t err
 int app_load(struct app *a, const struct app_opts *o, char *err, size_t errlen)
 {
     const struct model_load_opts lo = {.format = o->load_format, .quantization = o->quantization,
-                                       .cache_dir = o->cache_dir};
+                                       .method = o->quant_method, .cache_dir = o->cache_dir};
     int rc = model_load_opts(o->model_dir, &lo, &a->model, err, errlen);
     if (rc) return rc;
     rc = tok_load(o->model_dir, &a->tok, err, errlen);

@@ -26,6 +26,7 @@ struct app_opts {
     bool kv_dtype_auto;              // resolve engine.kv_dtype from the checkpoint
     enum load_format load_format;    // --load-format: auto, or dummy (random weights)
     enum quant_format quantization;  // --quantization (QUANT_NONE: as the checkpoint is)
+    enum quant_method quant_method;  // --quantization naming the checkpoint's method (model_load_opts)
     const char *cache_dir;           // --cache-dir (NULL: the default)
     double health_timeout_s;         // /health turns 503 when work waits and no step ends for this long
     // --reasoning-parser: "auto" (qwen3 when the chat template thinks with

@@ -464,6 +464,7 @@ int cmd_serve(int argc, char **argv)
         .kv_dtype_auto = o.ef.kv_dtype_auto,
         .load_format = o.ef.load_format,
         .quantization = o.ef.quantization,
+        .quant_method = o.ef.quant_method,
         .cache_dir = o.ef.cache_dir,
         .health_timeout_s = o.health_timeout,
         .reasoning_parser = o.reasoning_parser,

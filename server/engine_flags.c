@@ -30,7 +30,7 @@ void engine_flags_finish(struct engine_flags *f, const struct model_config *cfg)
 struct model_load_opts engine_flags_load_opts(const struct engine_flags *f)
 {
     return (struct model_load_opts){.format = f->load_format, .quantization = f->quantization,
-                                    .cache_dir = f->cache_dir};
+                                    .method = f->quant_method, .cache_dir = f->cache_dir};
 }
 
 void engine_flags_usage(FILE *out)
@@ -45,7 +45,8 @@ void engine_flags_usage(FILE *out)
         "                                experts, MLPs) of a bf16 checkpoint as it loads, per 128\n"
         "                                inputs; router, norms, embeddings, lm_head stay (FP8,\n"
         "                                GPTQ, AWQ and compressed-tensors checkpoints are read as\n"
-        "                                they are)\n"
+        "                                they are); gptq, gptq_marlin, awq, awq_marlin or\n"
+        "                                compressed-tensors: the checkpoint's method, checked\n"
         "  --cache-dir DIR               where the CPU keeps its packed (and quantized) weights\n"
         "                                for the next start (default $XDG_CACHE_HOME/moeserve, for\n"
         "                                weights of 1 GiB or more); none: never\n"
@@ -168,9 +169,23 @@ int engine_flags_parse_one(struct engine_flags *f, int argc, char **argv, int *i
     }
     if (MATCH("--quantization", true) || MATCH("-q", true)) {
         if (rc < 0) return rc;
-        if (quant_format_parse(val, &f->quantization))
+        // vLLM's names for methods a checkpoint carries: read as they are,
+        // once the load has checked the checkpoint is of that method.
+        static const struct {
+            const char *name;
+            enum quant_method m;
+        } methods[] = {{"gptq", QUANT_METHOD_GPTQ}, {"gptq_marlin", QUANT_METHOD_GPTQ},
+                       {"awq", QUANT_METHOD_AWQ}, {"awq_marlin", QUANT_METHOD_AWQ},
+                       {"compressed-tensors", QUANT_METHOD_CT_INT}};
+        f->quantization = QUANT_NONE;
+        f->quant_method = QUANT_METHOD_NONE;
+        for (size_t k = 0; k < sizeof methods / sizeof methods[0]; k++)
+            if (!strcmp(val, methods[k].name)) f->quant_method = methods[k].m;
+        if (f->quant_method == QUANT_METHOD_NONE && quant_format_parse(val, &f->quantization))
             return ms_err(err, errlen, MS_EINVAL,
-                          "--quantization must be fp8, int8 or int4, not \"%s\"", val);
+                          "--quantization must be fp8, int8 or int4 (quantized at load, or an FP8 "
+                          "checkpoint's), or a checkpoint's method: gptq, gptq_marlin, awq, awq_marlin or "
+                          "compressed-tensors; not \"%s\"", val);
         DONE();
     }
     if (MATCH("--cache-dir", true)) {

@@ -17,6 +17,8 @@ struct engine_flags {
     bool kv_dtype_auto; // --kv-cache-dtype auto: follow the checkpoint (resolved by engine_flags_finish)
     enum load_format load_format; // --load-format auto | dummy
     enum quant_format quantization; // --quantization fp8 | int8 | int4 (QUANT_NONE: as stored)
+    enum quant_method quant_method; // --quantization gptq | awq | compressed-tensors (+ _marlin):
+                                    // the checkpoint's own, checked at load
     const char *cache_dir;        // --cache-dir DIR | none (NULL: the default); points into argv
     size_t kv_per_rank;           // --kv-cache-memory-bytes (vLLM's, per GPU): resolved by engine_flags_end
 };

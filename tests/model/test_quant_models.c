@@ -572,6 +572,39 @@ static void expect_refused(const char *dir, enum quant_format q, const char *con
 #define G0 "model.layers.0.mlp.experts.2.gate_proj"
 
 // tiny: hidden 64, moe_intermediate 32; GPTQ and FP8 groups of 32.
+// --quantization naming a checkpoint's method (vLLM's gptq, awq,
+// compressed-tensors): read as it is where the checkpoint is of it, refused
+// with a sentence naming both where not.
+static void a_named_checkpoint_method_must_be_the_checkpoints(void **state)
+{
+    (void)state;
+    const struct {
+        enum ckpt c;
+        enum quant_method m;
+        const char *refused; // NULL: loads
+    } cases[] = {
+        {C_GPTQ, QUANT_METHOD_GPTQ, NULL},   {C_AWQ, QUANT_METHOD_AWQ, NULL},
+        {C_CT_W4, QUANT_METHOD_CT_INT, NULL}, {C_CT_FP8, QUANT_METHOD_CT_INT, NULL},
+        {C_AWQ, QUANT_METHOD_GPTQ, "says awq"}, {C_GPTQ, QUANT_METHOD_CT_INT, "says gptq"},
+        {C_FP8, QUANT_METHOD_AWQ, "says fp8"},  {C_BF16, QUANT_METHOD_GPTQ, "says none"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        char dir[512], err[1024] = "";
+        ckpt_dir(cases[k].c, dir, sizeof dir);
+        struct model *m = NULL;
+        const struct model_load_opts o = {.method = cases[k].m, .cache_dir = "none"};
+        const int rc = model_load_opts(dir, &o, &m, err, sizeof err);
+        if (!cases[k].refused) {
+            if (rc) fail_msg("%s: %s", ckpts[cases[k].c].sub, err);
+            model_destroy(m);
+        } else {
+            assert_int_equal(rc, MS_EINVAL);
+            if (!strstr(err, cases[k].refused) || !strstr(err, "--quantization"))
+                fail_msg("%s: wanted a sentence with '%s', got: %s", ckpts[cases[k].c].sub, cases[k].refused, err);
+        }
+    }
+}
+
 static void inconsistent_checkpoints_are_refused_with_expected_and_actual(void **state)
 {
     (void)state;
@@ -869,6 +902,7 @@ int main(void)
         cmocka_unit_test(compressed_tensors_checkpoints_hold_what_quantizing_at_load_makes),
         cmocka_unit_test(logits_quantized_at_load_match_their_dequantized_weights),
         cmocka_unit_test(inconsistent_checkpoints_are_refused_with_expected_and_actual),
+        cmocka_unit_test(a_named_checkpoint_method_must_be_the_checkpoints),
         cmocka_unit_test(dummy_loads_of_quantized_configs_make_their_format),
         cmocka_unit_test(make_model_writes_every_format_aligned),
     };

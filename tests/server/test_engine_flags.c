@@ -106,6 +106,37 @@ static void other_arguments_are_left_alone(void **state)
     assert_int_equal(f.opts.max_num_seqs, 256);
 }
 
+// vLLM's method names for a checkpoint's own quantization are taken (the
+// load checks them against the checkpoint); the formats quantize at load.
+static void quantization_takes_formats_and_vllm_method_names(void **state)
+{
+    (void)state;
+    const struct {
+        const char *v;
+        enum quant_format q;
+        enum quant_method m;
+    } cases[] = {{"int4", QUANT_INT4, QUANT_METHOD_NONE},         {"fp8", QUANT_FP8, QUANT_METHOD_NONE},
+                 {"gptq", QUANT_NONE, QUANT_METHOD_GPTQ},         {"gptq_marlin", QUANT_NONE, QUANT_METHOD_GPTQ},
+                 {"awq_marlin", QUANT_NONE, QUANT_METHOD_AWQ},    {"compressed-tensors", QUANT_NONE, QUANT_METHOD_CT_INT}};
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        struct engine_flags f;
+        engine_flags_init(&f);
+        char err[256] = "";
+        char *a[] = {"--quantization", "int8", "--quantization", (char *)cases[k].v}; // the last wins
+        assert_int_equal(parse_all(&f, 4, a, err, sizeof err), 0);
+        assert_int_equal(f.quantization, cases[k].q);
+        assert_int_equal(f.quant_method, cases[k].m);
+        const struct model_load_opts lo = engine_flags_load_opts(&f);
+        assert_int_equal(lo.method, cases[k].m);
+    }
+    struct engine_flags f;
+    engine_flags_init(&f);
+    char err[256] = "";
+    char *bad[] = {"--quantization", "q4_k_m"};
+    assert_int_equal(parse_all(&f, 2, bad, err, sizeof err), MS_EINVAL);
+    assert_non_null(strstr(err, "gptq_marlin"));
+}
+
 static void malformed_values_are_refused(void **state)
 {
     (void)state;
@@ -146,6 +177,7 @@ int main(void)
         cmocka_unit_test(every_engine_flag_is_parsed),
         cmocka_unit_test(kv_cache_memory_bytes_is_per_rank),
         cmocka_unit_test(other_arguments_are_left_alone),
+        cmocka_unit_test(quantization_takes_formats_and_vllm_method_names),
         cmocka_unit_test(malformed_values_are_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
