@@ -85,7 +85,14 @@ static int list_parse(struct list *l, const char *text, const char *flag, char *
 int cors_create(const struct cors_opts *o, struct cors **out, char *err, size_t errlen)
 {
     *out = NULL;
-    if (!o->origins) return 0;
+    if (!o->origins) {
+        // CORS is off without origins (vLLM's default is any): the others
+        // would do nothing, which a command line copied from vLLM should hear.
+        if (o->methods || o->headers || o->credentials)
+            ms_log(MS_LOG_WARN, "--allowed-methods, --allowed-headers and --allow-credentials do "
+                   "nothing without --allowed-origins: CORS stays off (give the origins, '*' for any)");
+        return 0;
+    }
     struct cors *c = calloc(1, sizeof *c);
     if (!c) return ms_err(err, errlen, MS_ENOMEM, "out of memory");
     int rc = list_parse(&c->origins, o->origins, "--allowed-origins", err, errlen);

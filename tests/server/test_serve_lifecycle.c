@@ -295,6 +295,11 @@ static void a_start_that_cannot_succeed_exits_2(void **state)
     assert_int_equal(serve_exit_status_log(bad_override, log, sizeof log), 2);
     if (!strstr(log, "--override-generation-config") || strstr(log, "engine"))
         fail_msg("wanted the override refused before the engine: %s", log);
+    // CORS's other flags without origins do nothing, and the log says so.
+    const char *cors_alone[] = {model, "--port", "0", "--kv-cache-memory", "1", "--allowed-methods", "GET",
+                                "--allow-credentials", NULL};
+    assert_int_equal(serve_exit_status_log(cors_alone, log, sizeof log), 2);
+    if (!strstr(log, "nothing without --allowed-origins")) fail_msg("wanted CORS's warning: %s", log);
 }
 
 static void a_full_waiting_queue_gets_503_with_retry_after(void **state)
