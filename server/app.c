@@ -12,6 +12,7 @@
 
 #include "base/base.h"
 #include "server/app_state.h"
+#include "server/engine_flags.h"
 #include "api/anthropic.h"
 #include "server/routes_anthropic.h"
 #include "server/routes_generate.h"
@@ -428,7 +429,7 @@ int app_load(struct app *a, const struct app_opts *o, char *err, size_t errlen)
     // refused in milliseconds, not after the slowest part of a start.
     if ((rc = load_gen_defaults(a, o, err, errlen))) return rc;
     struct engine_opts eo = o->engine;
-    if (o->kv_dtype_auto) eo.kv_dtype = a->model->cfg.torch_dtype == DTYPE_F32 ? DTYPE_F32 : DTYPE_BF16;
+    if (o->kv_dtype_auto) eo.kv_dtype = engine_flags_auto_kv_dtype(&a->model->cfg);
     struct metrics_opts mo = {
         .n_ranks = eo.data_parallel_size > 0 ? eo.data_parallel_size : 1,
         .n_experts = a->model->cfg.n_experts,

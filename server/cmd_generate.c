@@ -20,6 +20,7 @@
 #include "model/sampling.h"
 #include "scheduler/engine.h"
 #include "server/commands.h"
+#include "server/engine_flags.h"
 #include "tokenizer/tokenizer.h"
 
 #define PREFILL_CHUNK 512
@@ -44,7 +45,8 @@ static void usage(FILE *f)
             "                         top_logprobs), text (with a tokenizer), finish_reason,\n"
             "                         timings\n"
             "  --threads N            compute threads (default: all the cores it may use)\n"
-            "  --kv-cache-dtype D     auto (the checkpoint's dtype), bfloat16, float16, float32\n"
+            "  --kv-cache-dtype D     auto (float32 for a float32 checkpoint, else bfloat16),\n"
+            "                         bfloat16, float16, float32\n"
             "  --device D             auto, cpu or cuda (vLLM's --device; default auto)\n"
             "  --load-format F        auto (the safetensors) or dummy (random weights of\n"
             "                         config.json's shapes, made on the device; for benchmarks)\n"
@@ -226,7 +228,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
 
 static int kv_dtype_from(const char *s, const struct model *m, enum dtype *out)
 {
-    if (!strcmp(s, "auto")) *out = m->cfg.torch_dtype;
+    if (!strcmp(s, "auto")) *out = engine_flags_auto_kv_dtype(&m->cfg); // as serve's
     else if (!strcmp(s, "bfloat16") || !strcmp(s, "bf16")) *out = DTYPE_BF16;
     else if (!strcmp(s, "float16") || !strcmp(s, "half") || !strcmp(s, "fp16")) *out = DTYPE_F16;
     else if (!strcmp(s, "float32") || !strcmp(s, "float") || !strcmp(s, "fp32")) *out = DTYPE_F32;

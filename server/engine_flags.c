@@ -22,9 +22,14 @@ void engine_flags_end(struct engine_flags *f)
     f->opts.kv_cache_bytes = f->kv_per_rank > SIZE_MAX / ranks ? SIZE_MAX : f->kv_per_rank * ranks;
 }
 
+enum dtype engine_flags_auto_kv_dtype(const struct model_config *cfg)
+{
+    return cfg->torch_dtype == DTYPE_F32 ? DTYPE_F32 : DTYPE_BF16;
+}
+
 void engine_flags_finish(struct engine_flags *f, const struct model_config *cfg)
 {
-    if (f->kv_dtype_auto) f->opts.kv_dtype = cfg->torch_dtype == DTYPE_F32 ? DTYPE_F32 : DTYPE_BF16;
+    if (f->kv_dtype_auto) f->opts.kv_dtype = engine_flags_auto_kv_dtype(cfg);
 }
 
 struct model_load_opts engine_flags_load_opts(const struct engine_flags *f)
@@ -58,7 +63,8 @@ void engine_flags_usage(FILE *out)
         "  --kv-cache-memory-bytes SIZE  KV cache per rank (vLLM's, per GPU): SIZE x the ranks in all\n"
         "  --gpu-memory-utilization F    the share of each GPU's memory to use, in (0, 1]; the KV\n"
         "                                cache gets what weights and workspace leave (0.9)\n"
-        "  --kv-cache-dtype D            auto (the checkpoint's), bfloat16, float16 or float32 (auto)\n"
+        "  --kv-cache-dtype D            auto (float32 for a float32 checkpoint, else bfloat16),\n"
+        "                                bfloat16, float16 or float32 (auto)\n"
         "  --prefault-memory             make the KV cache, the step workspace and the logits\n"
         "                                resident at start (llama.cpp clears its KV cache at start):\n"
         "                                the first requests pay no first touch of their pages, and\n"

@@ -40,9 +40,11 @@ int engine_flags_parse_one(struct engine_flags *f, int argc, char **argv, int *i
 // (--kv-cache-memory) is it times --data-parallel-size.
 void engine_flags_end(struct engine_flags *f);
 
-// Resolves what depends on the model: `auto` KV dtype becomes float32 for a
-// float32 checkpoint and bfloat16 otherwise.
+// Resolves what depends on the model: `auto` KV dtype becomes
+// engine_flags_auto_kv_dtype's.
 void engine_flags_finish(struct engine_flags *f, const struct model_config *cfg);
+// `--kv-cache-dtype auto`: float32 for a float32 checkpoint, else bfloat16.
+enum dtype engine_flags_auto_kv_dtype(const struct model_config *cfg);
 
 // The flags' help lines, for a command's --help.
 void engine_flags_usage(FILE *out);

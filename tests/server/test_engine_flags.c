@@ -64,6 +64,8 @@ static void every_engine_flag_is_parsed(void **state)
     cfg.torch_dtype = DTYPE_F32;
     engine_flags_finish(&f, &cfg);
     assert_int_equal(f.opts.kv_dtype, DTYPE_F32);
+    cfg.torch_dtype = DTYPE_F16; // serve and generate alike: bfloat16
+    assert_int_equal(engine_flags_auto_kv_dtype(&cfg), DTYPE_BF16);
 }
 
 // vLLM's --kv-cache-memory-bytes is per GPU: per rank here, so the total
