@@ -320,63 +320,133 @@ static struct gx *integer_expr(struct sc *s, json_t *sch)
     return gx_altv(b, alts.kids, alts.n);
 }
 
-// Magnitudes m = n.f with p < m (pex) or p <= m, and m <= q / m < q (or no
-// q): n over an integer range with any fraction, plus the boundary cases.
-static struct gx *magnitude_expr(struct sc *s, uint64_t p, bool pex, uint64_t q, bool qex, bool qinf)
+// A bound's magnitude as a decimal: the fewest digits that read back as its
+// double (what a client's validator compares against), split at the point;
+// the fraction without trailing zeros. |x| <= 9e18 (read_bounds).
+struct dec {
+    uint64_t ip;
+    char frac[40];
+    int flen;
+};
+
+static void dec_of(double x, struct dec *d)
+{
+    char buf[48];
+    for (int p = 0; p <= 17; p++) {
+        snprintf(buf, sizeof buf, "%.*e", p, fabs(x));
+        if (strtod(buf, NULL) == fabs(x)) break;
+    }
+    char dig[24];
+    int nd = 0;
+    const char *c = buf;
+    for (; *c && *c != 'e'; c++)
+        if (*c >= '0' && *c <= '9' && nd < (int)sizeof dig) dig[nd++] = *c;
+    const int point = atoi(c + 1) + 1; // the value is 0.dig x 10^point
+    memset(d, 0, sizeof *d);
+    for (int i = 0; i < point; i++) d->ip = d->ip * 10 + (uint64_t)(i < nd ? dig[i] - '0' : 0);
+    for (int i = point; i < nd && d->flen < (int)sizeof d->frac - 1; i++)
+        d->frac[d->flen++] = i < 0 ? '0' : dig[i];
+    while (d->flen && d->frac[d->flen - 1] == '0') d->flen--;
+}
+
+// Fraction digit strings f with lo <= .f <= hi as decimals (zeros padded;
+// lo or hi NULL: no bound there; lo_ex, hi_ex: strict), from position i on,
+// at most r more digits; at i == 0 a non-empty f is written after its '.',
+// an empty one as nothing. NULL where no string fits.
+static struct gx *frac_range(struct sc *s, const struct dec *lo, bool lo_ex, const struct dec *hi, bool hi_ex,
+                             int i, int r)
 {
     struct gbuild *b = s->b;
-    // Fraction digits such that a bound's digits and them make at most 15
-    // significant digits, which a double keeps apart: 0.99999999999999999
-    // under an exclusive maximum of 1 would read back as 1.0.
-    char buf[24];
-    const int bound_digits = snprintf(buf, sizeof buf, "%llu", (unsigned long long)(qinf || p > q ? p : q));
-    const int fd = bound_digits < 14 ? 15 - bound_digits : 1;
-    struct gx *frac = gx_seq2(b, gx_byte(b, '.'), digits(s, 1, fd));
-    // zeros, then a non-zero digit, then any: deterministic as written
-    struct gx *nonzero_frac = gx_seq3(b, gx_byte(b, '.'), gx_repeat(b, gx_byte(b, '0'), 0, fd - 1),
-                                      gx_seq2(b, gx_range(b, '1', '9'), digits(s, 0, fd - 1)));
-    struct gx *zero_frac = gx_opt(b, gx_seq2(b, gx_byte(b, '.'), gx_repeat(b, gx_byte(b, '0'), 1, GRAMMAR_JSON_MAX_DIGITS)));
     struct gx_list alts = {0};
-    if (pex && (qinf || p < q)) {
-        snprintf(buf, sizeof buf, "%llu", (unsigned long long)p);
-        gx_list_push(b, &alts, gx_seq2(b, gx_str(b, buf), nonzero_frac));
-    }
-    uint64_t lo_n = pex ? p + 1 : p;
-    if (qinf || (q >= 1 && lo_n <= q - 1)) {
-        struct gx *n = uint_range(s, lo_n, qinf ? 0 : q - 1, qinf);
-        if (n) gx_list_push(b, &alts, gx_seq2(b, n, gx_opt(b, frac)));
-    }
-    if (!qinf && !qex && q >= lo_n && !(pex && q == p)) {
-        snprintf(buf, sizeof buf, "%llu", (unsigned long long)q);
-        gx_list_push(b, &alts, gx_seq2(b, gx_str(b, buf), zero_frac));
+    // Ending here: the rest is zeros, equal to a bound with no digits left.
+    const bool lo_done = !lo || i >= lo->flen, hi_done = !hi || i >= hi->flen;
+    if ((!lo || (lo_done && !lo_ex)) && (!hi || !hi_done || !hi_ex)) gx_list_push(b, &alts, gx_empty(b));
+    if (r > 0) {
+        const int l = lo && !lo_done ? lo->frac[i] - '0' : 0, h = hi ? (hi_done ? 0 : hi->frac[i] - '0') : 9;
+        struct gx *next[3] = {NULL, NULL, NULL};
+        uint8_t first[3] = {0, 0, 0};
+        if (lo && hi && l == h) { // one digit keeps both bounds
+            next[0] = frac_range(s, lo, lo_ex, hi, hi_ex, i + 1, r - 1), first[0] = (uint8_t)('0' + l);
+        } else if (l < h || !lo || !hi) {
+            if (lo && l <= h) next[0] = frac_range(s, lo, lo_ex, NULL, false, i + 1, r - 1), first[0] = (uint8_t)('0' + l);
+            if (hi && h >= l) next[1] = frac_range(s, NULL, false, hi, hi_ex, i + 1, r - 1), first[1] = (uint8_t)('0' + h);
+            const int a = l + (lo ? 1 : 0), z = h - (hi ? 1 : 0);
+            if (a <= z) gx_list_push(b, &alts, gx_seq2(b, i ? gx_empty(b) : gx_byte(b, '.'),
+                                                       gx_seq2(b, gx_range(b, (uint8_t)('0' + a), (uint8_t)('0' + z)),
+                                                               digits(s, 0, (uint32_t)r - 1))));
+        }
+        for (int k = 0; k < 2; k++)
+            if (next[k])
+                gx_list_push(b, &alts, gx_seq3(b, i ? gx_empty(b) : gx_byte(b, '.'), gx_byte(b, first[k]), next[k]));
     }
     if (!alts.n) return NULL;
     return gx_altv(b, alts.kids, alts.n);
 }
 
+// Magnitudes m = n[.f] with p <= m (p < m when pex) and m <= q (m < q when
+// qex; qinf: no q): the whole numbers strictly between the bounds' integer
+// parts with any fraction, and the bounds' integer parts themselves with
+// the fractions their bounds leave. An output has at most as many
+// significant digits as a double keeps apart (15) beside the larger bound,
+// so that it reads back on the side of the bound it was made on
+// (0.99999999999999999 under an exclusive maximum of 1 would read back as
+// 1.0); a bound with more fraction digits than that leaves is refused.
+static struct gx *magnitude_expr(struct sc *s, const struct dec *p, bool pex, const struct dec *q, bool qex,
+                                 bool qinf)
+{
+    struct gbuild *b = s->b;
+    if (!qinf && p->ip > q->ip) return NULL;
+    char buf[24];
+    const int bound_digits = snprintf(buf, sizeof buf, "%llu", (unsigned long long)(qinf ? p->ip : q->ip));
+    const int fd = bound_digits < 14 ? 15 - bound_digits : 1;
+    if (p->flen > fd || (!qinf && q->flen > fd))
+        return fail(s, MS_EUNSUPPORTED, "number bounds with more than 15 significant digits are not supported%s", "");
+    struct gx_list alts = {0};
+    if (!qinf && p->ip == q->ip) {
+        struct gx *f = frac_range(s, p, pex, q, qex, 0, fd);
+        snprintf(buf, sizeof buf, "%llu", (unsigned long long)p->ip);
+        if (f) gx_list_push(b, &alts, gx_seq2(b, gx_str(b, buf), f));
+    } else {
+        struct gx *f = frac_range(s, p, pex, NULL, false, 0, fd);
+        snprintf(buf, sizeof buf, "%llu", (unsigned long long)p->ip);
+        if (f) gx_list_push(b, &alts, gx_seq2(b, gx_str(b, buf), f));
+        if (qinf || q->ip - p->ip >= 2) {
+            struct gx *n = uint_range(s, p->ip + 1, qinf ? 0 : q->ip - 1, qinf);
+            if (n) gx_list_push(b, &alts, gx_seq2(b, n, frac_range(s, NULL, false, NULL, false, 0, fd)));
+        }
+        if (!qinf) {
+            f = frac_range(s, NULL, false, q, qex, 0, fd);
+            snprintf(buf, sizeof buf, "%llu", (unsigned long long)q->ip);
+            if (f) gx_list_push(b, &alts, gx_seq2(b, gx_str(b, buf), f));
+        }
+    }
+    if (!alts.n) return NULL;
+    return gx_altv(b, alts.kids, alts.n);
+}
+
+// Decimal bounds are compared as the digits of their doubles (dec_of).
 static struct gx *number_expr(struct sc *s, json_t *sch)
 {
     struct bound lo, hi;
     if (read_bounds(s, sch, &lo, &hi)) return NULL;
     if (!lo.set && !hi.set) return number_any(s, false);
-    if ((lo.set && lo.v != floor(lo.v)) || (hi.set && hi.v != floor(hi.v)))
-        return fail(s, MS_EUNSUPPORTED, "number bounds that are not whole numbers are not supported%s", "");
     if (lo.set && hi.set && (lo.v > hi.v || (lo.v == hi.v && (lo.excl || hi.excl))))
         return fail(s, MS_EINVAL, "number bounds admit no value%s", "");
+    struct dec dl = {0}, dh = {0}, zero = {0};
+    if (lo.set) dec_of(lo.v, &dl);
+    if (hi.set) dec_of(hi.v, &dh);
     struct gbuild *b = s->b;
     struct gx_list alts = {0};
-    // x >= 0 part: magnitudes from max(lo, 0), up to hi
+    // x >= 0: magnitudes from max(lo, 0) up to hi
     if (!hi.set || hi.v >= 0) {
-        bool from_lo = lo.set && lo.v >= 0;
-        uint64_t p = from_lo ? (uint64_t)lo.v : 0;
-        struct gx *x = magnitude_expr(s, p, from_lo && lo.excl, hi.set ? (uint64_t)hi.v : 0, hi.set && hi.excl, !hi.set);
+        const bool from_lo = lo.set && lo.v >= 0;
+        struct gx *x = magnitude_expr(s, from_lo ? &dl : &zero, from_lo && lo.excl, &dh, hi.set && hi.excl, !hi.set);
         if (x) gx_list_push(b, &alts, x);
     }
-    // x < 0 part: x = -m with m > 0, m >= -hi when hi < 0, m <= -lo when lo set
+    // x < 0: x = -m with m > 0 (never "-0"), m >= -hi when hi < 0, m <= -lo when lo is set
     if (!lo.set || lo.v < 0) {
-        bool from_hi = hi.set && hi.v < 0;
-        uint64_t p = from_hi ? (uint64_t)-hi.v : 0;
-        struct gx *x = magnitude_expr(s, p, from_hi ? hi.excl : true, lo.set ? (uint64_t)-lo.v : 0, lo.set && lo.excl,
+        const bool from_hi = hi.set && hi.v < 0;
+        struct gx *x = magnitude_expr(s, from_hi ? &dh : &zero, from_hi ? hi.excl : true, &dl, lo.set && lo.excl,
                                       !lo.set);
         if (x) gx_list_push(b, &alts, gx_seq2(b, gx_byte(b, '-'), x));
     }

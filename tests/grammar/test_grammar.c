@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +70,70 @@ static struct grammar *must_compile(enum grammar_kind kind, const char *text)
 }
 
 // Whether text (bytes) is a complete sentence of g.
+static bool matches(struct grammar *g, const char *text, size_t len);
+
+// Number bounds with fractions (Pydantic's confloat(ge=0.01) and the like):
+// every candidate decimal (integer parts -13..13, fractions that sit on, just
+// beside and far from the bounds' digits, up to 11 of them) is accepted exactly when the
+// double it reads as lies within the bounds, as a client's validator
+// compares. "-0" forms are left out: the grammar never writes them.
+static void decimal_number_bounds_hold_as_doubles(void **state)
+{
+    (void)state;
+    // The bounds' keys and values as the schema writes them (NULL: none).
+    const struct {
+        const char *lo_key, *lo, *hi_key, *hi;
+    } bounds[] = {
+        {"minimum", "0.01", NULL, NULL},
+        {"exclusiveMinimum", "0.5", "maximum", "2.25"},
+        {"minimum", "-1.5", "exclusiveMaximum", "-0.05"},
+        {"exclusiveMinimum", "-2.125", "exclusiveMaximum", "10.1"},
+        {"minimum", "0.1", "maximum", "0.3"},
+        {"exclusiveMinimum", "0.25", "exclusiveMaximum", "0.26"},
+        {NULL, NULL, "maximum", "-12.5"},
+        {"minimum", "3", "maximum", "3.5"},
+        {"exclusiveMinimum", "0", "maximum", "1e-3"},
+    };
+    const char *fracs[] = {"", ".0", ".00", ".001", ".0009", ".001000", ".0011", ".01", ".009", ".0100", ".011",
+                           ".05", ".049", ".0501", ".1", ".099999", ".1000", ".10001", ".124", ".125", ".1251",
+                           ".2", ".25", ".2500", ".2501", ".255", ".26", ".2599999", ".26001", ".3", ".29999",
+                           ".30000", ".30001", ".5", ".4999", ".50", ".50001", ".75", ".9", ".99999999999999"};
+    int checked = 0;
+    for (size_t k = 0; k < sizeof bounds / sizeof *bounds; k++) {
+        char schema[200];
+        snprintf(schema, sizeof schema, "{\"type\":\"number\"%s%s%s%s%s%s%s%s}", bounds[k].lo_key ? ",\"" : "",
+                 bounds[k].lo_key ? bounds[k].lo_key : "", bounds[k].lo_key ? "\":" : "", bounds[k].lo ? bounds[k].lo : "",
+                 bounds[k].hi_key ? ",\"" : "", bounds[k].hi_key ? bounds[k].hi_key : "", bounds[k].hi_key ? "\":" : "",
+                 bounds[k].hi ? bounds[k].hi : "");
+        const double lo = bounds[k].lo ? strtod(bounds[k].lo, NULL) : -HUGE_VAL;
+        const double hi = bounds[k].hi ? strtod(bounds[k].hi, NULL) : HUGE_VAL;
+        const bool lo_ex = bounds[k].lo_key && !strcmp(bounds[k].lo_key, "exclusiveMinimum");
+        const bool hi_ex = bounds[k].hi_key && !strcmp(bounds[k].hi_key, "exclusiveMaximum");
+        struct grammar *g = must_compile(GRAMMAR_JSON_SCHEMA, schema);
+        for (int n = -13; n <= 13; n++)
+            for (size_t f = 0; f < sizeof fracs / sizeof *fracs; f++) {
+                for (int neg = 0; neg < 2; neg++) {
+                    if (neg && n > 0) continue;
+                    if (!neg && n < 0) continue;
+                    char text[48];
+                    snprintf(text, sizeof text, "%s%d%s", neg && n == 0 ? "-" : "", n, fracs[f]);
+                    const double x = strtod(text, NULL);
+                    // Fewer digits than the cap on significant ones (15 beside
+                    // the larger bound) leaves: never the reason here.
+                    if (strlen(fracs[f]) > 12) continue;
+                    if (neg && x == 0) continue; // -0, -0.0: never written
+                    const bool in = (lo_ex ? x > lo : x >= lo) && (hi_ex ? x < hi : x <= hi);
+                    if (matches(g, text, strlen(text)) != in)
+                        fail_msg("%s: %s is %s the bounds but the grammar %s it", schema, text,
+                                 in ? "within" : "outside", in ? "refuses" : "accepts");
+                    checked++;
+                }
+            }
+        grammar_unref(g);
+    }
+    print_message("%d numbers checked against the bounds\n", checked);
+}
+
 static bool matches(struct grammar *g, const char *text, size_t len)
 {
     struct grammar_matcher *m;
@@ -381,7 +446,8 @@ static void schema_refuses_unsupported_keywords_by_name(void **state)
         {"{\"$ref\":\"https://example.com/s.json\"}", MS_EUNSUPPORTED, "outside this document"},
         {"{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"number\"}]}", MS_EUNSUPPORTED, "oneOf"},
         {"{\"type\":\"string\",\"format\":\"hostname\"}", MS_EUNSUPPORTED, "'hostname'"},
-        {"{\"type\":\"number\",\"minimum\":0.5}", MS_EUNSUPPORTED, "whole numbers"},
+        {"{\"type\":\"number\",\"minimum\":1e-20}", MS_EUNSUPPORTED, "15 significant digits"},
+        {"{\"type\":\"number\",\"minimum\":0.5,\"exclusiveMaximum\":0.5}", MS_EINVAL, "admit no value"},
         {"{\"allOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}", MS_EUNSUPPORTED, "allOf"},
         {"{\"type\":\"string\",\"minLength\":1,\"anyOf\":[{}]}", MS_EUNSUPPORTED, "beside anyOf"},
         {"{\"type\":\"object\",\"required\":[\"a\"]}", MS_EUNSUPPORTED, "'a'"},
@@ -897,6 +963,7 @@ static void malformed_input_never_crashes_a_compiler(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(decimal_number_bounds_hold_as_doubles),
         cmocka_unit_test(regex_matches_exactly_its_language),
         cmocka_unit_test(regex_refuses_what_it_cannot_honour),
         cmocka_unit_test(choice_is_one_of_its_strings),
