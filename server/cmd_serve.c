@@ -365,6 +365,7 @@ int cmd_serve(int argc, char **argv)
 {
     struct serve_opts o;
     char err[1024];
+    vllm_flags_apply_log_level(argc, argv);
     if (parse_args(argc, argv, &o, err, sizeof err)) {
         fprintf(stderr, "moeserve serve: %s\n", err);
         return 2;

@@ -268,6 +268,20 @@ static const struct row rows[] = {
     {"--max-log-len", NULL, "N", NULL, "moeserve never logs prompts", NULL},
 };
 
+void vllm_flags_apply_log_level(int argc, char **argv)
+{
+    struct vllm_flags f;
+    vllm_flags_init(&f);
+    char err[256];
+    for (int i = 0; i < argc; i++) {
+        const char *v = NULL;
+        int at = i;
+        if (cli_match("--uvicorn-log-level", true, argc, argv, &at, &v, err, sizeof err) == 1 && v)
+            set_log_level(&f, "--uvicorn-log-level", v, err, sizeof err);
+    }
+    if (f.log_level >= 0) ms_log_level = f.log_level;
+}
+
 int vllm_flags_parse_one(struct vllm_flags *f, int argc, char **argv, int *i, char *err,
                          size_t errlen)
 {

@@ -41,6 +41,12 @@ void vllm_flags_init(struct vllm_flags *f);
 int vllm_flags_parse_one(struct vllm_flags *f, int argc, char **argv, int *i, char *err,
                          size_t errlen);
 
+// Sets the log level from --uvicorn-log-level before anything is parsed,
+// so that what flags log while they are parsed (a flag that changes
+// nothing, at INFO) already follows it wherever it stands on the line. A
+// bad value is left for vllm_flags_parse_one to refuse.
+void vllm_flags_apply_log_level(int argc, char **argv);
+
 // The flags' help lines, for serve --help.
 void vllm_flags_usage(FILE *out);
 

@@ -300,6 +300,11 @@ static void a_start_that_cannot_succeed_exits_2(void **state)
                                 "--allow-credentials", NULL};
     assert_int_equal(serve_exit_status_log(cors_alone, log, sizeof log), 2);
     if (!strstr(log, "nothing without --allowed-origins")) fail_msg("wanted CORS's warning: %s", log);
+    // --uvicorn-log-level holds for what flags before it log while parsed.
+    const char *quiet[] = {model, "--port", "0", "--seed", "1", "--uvicorn-log-level", "warning",
+                           "--kv-cache-memory", "1", NULL};
+    assert_int_equal(serve_exit_status_log(quiet, log, sizeof log), 2);
+    if (strstr(log, " INFO ")) fail_msg("wanted no INFO line at --uvicorn-log-level warning: %s", log);
 }
 
 static void a_full_waiting_queue_gets_503_with_retry_after(void **state)
