@@ -1993,31 +1993,19 @@ static int listen_open(const struct http_opts *o, int *fd_out, bool *v6, char *e
     return 0;
 }
 
-static int keys_copy(struct http_server *s, const struct http_opts *o)
+// Our own copies of n strings (the options' may not outlive the start):
+// *out (n of them) and *n_out as far as they were made, freed with the
+// server either way; -1 when out of memory.
+static int strs_copy(char ***out, int *n_out, const char *const *in, int n)
 {
-    if (o->n_api_keys <= 0) return 0;
-    s->api_keys = calloc((size_t)o->n_api_keys, sizeof *s->api_keys);
-    if (!s->api_keys) return -1;
-    for (int i = 0; i < o->n_api_keys; i++) {
-        s->api_keys[i] = strdup(o->api_keys[i]);
-        if (!s->api_keys[i]) return -1;
-        s->n_api_keys++;
+    if (n <= 0) return 0;
+    *out = calloc((size_t)n, sizeof **out);
+    if (!*out) return -1;
+    for (int i = 0; i < n; i++) {
+        (*out)[i] = strdup(in[i]);
+        if (!(*out)[i]) return -1;
+        ++*n_out;
     }
-    s->o.api_keys = NULL; // ours are in api_keys
-    return 0;
-}
-
-static int hosts_copy(struct http_server *s, const struct http_opts *o)
-{
-    if (o->n_allowed_hosts <= 0) return 0;
-    s->hosts = calloc((size_t)o->n_allowed_hosts, sizeof *s->hosts);
-    if (!s->hosts) return -1;
-    for (int i = 0; i < o->n_allowed_hosts; i++) {
-        s->hosts[i] = strdup(o->allowed_hosts[i]);
-        if (!s->hosts[i]) return -1;
-        s->n_hosts++;
-    }
-    s->o.allowed_hosts = NULL; // ours are in hosts
     return 0;
 }
 
@@ -2061,6 +2049,7 @@ int http_start(const struct http_opts *o, struct http_server **out, char *err, s
     struct http_server *s = calloc(1, sizeof *s);
     if (!s) return ms_err(err, errlen, MS_ENOMEM, "out of memory starting the HTTP server");
     s->o = *o;
+    s->o.api_keys = NULL, s->o.allowed_hosts = NULL; // the caller's: ours go in api_keys and hosts
     s->listen_fd = s->epfd = s->evfd = s->gate_ep = s->gate_ev = -1;
     if (s->o.threads < 1) s->o.threads = 1;
     pthread_mutex_init(&s->mu, NULL);
@@ -2068,7 +2057,8 @@ int http_start(const struct http_opts *o, struct http_server **out, char *err, s
     pthread_mutex_init(&s->wmu, NULL);
     pthread_cond_init(&s->wcv, NULL);
     int rc = 0;
-    if (keys_copy(s, o) || hosts_copy(s, o)) {
+    if (strs_copy(&s->api_keys, &s->n_api_keys, o->api_keys, o->n_api_keys) ||
+        strs_copy(&s->hosts, &s->n_hosts, o->allowed_hosts, o->n_allowed_hosts)) {
         rc = ms_err(err, errlen, MS_ENOMEM, "out of memory starting the HTTP server");
         goto fail;
     }
