@@ -404,6 +404,18 @@ static void flip_byte(const char *path, long at)
     fclose(f);
 }
 
+// A copy of the tiny checkpoint in cache_root/name (*ckpt) and where its
+// cache goes, cache_root/cache (*cdir): each test changes its own copy.
+static void copy_checkpoint(const char *name, const char *cache, char *ckpt, size_t ckpt_len, char *cdir,
+                            size_t cdir_len)
+{
+    char cmd[2200];
+    snprintf(ckpt, ckpt_len, "%s/%s", cache_root, name);
+    snprintf(cdir, cdir_len, "%s/%s", cache_root, cache);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s'/* '%s/'", ckpt, dir, ckpt);
+    assert_int_equal(system(cmd), 0);
+}
+
 // The first start writes the file, the next maps it and gets the same
 // bytes; a header flipped anywhere (magic, sizes, key, checksum), a
 // truncated file or a checkpoint touched since is noticed and the file
@@ -412,10 +424,7 @@ static void the_weights_cache_is_written_mapped_and_rebuilt_when_stale_or_corrup
 {
     (void)state;
     char ckpt[512], cdir[512], file[1024], cmd[2200];
-    snprintf(ckpt, sizeof ckpt, "%s/ckpt", cache_root);
-    snprintf(cdir, sizeof cdir, "%s/cache", cache_root);
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s'/* '%s/'", ckpt, dir, ckpt);
-    assert_int_equal(system(cmd), 0);
+    copy_checkpoint("ckpt", "cache", ckpt, sizeof ckpt, cdir, sizeof cdir);
     void *ref, *got;
     size_t n, n2;
     assert_int_equal(prepare_cached(ckpt, "none", &ref, &n), 0);
@@ -482,10 +491,7 @@ static void the_weights_cache_trusts_only_its_own_files(void **state)
 {
     (void)state;
     char ckpt[512], cdir[512], file[1024], cmd[6000], other[1100];
-    snprintf(ckpt, sizeof ckpt, "%s/ckpt2", cache_root);
-    snprintf(cdir, sizeof cdir, "%s/cache2", cache_root);
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s'/* '%s/'", ckpt, dir, ckpt);
-    assert_int_equal(system(cmd), 0);
+    copy_checkpoint("ckpt2", "cache2", ckpt, sizeof ckpt, cdir, sizeof cdir);
     void *ref, *got;
     size_t n, n2;
     assert_int_equal(prepare_cached(ckpt, "none", &ref, &n), 0);
@@ -550,10 +556,7 @@ static void the_weights_cache_is_keyed_by_the_config_as_read(void **state)
 {
     (void)state;
     char ckpt[512], cdir[512], cmd[2200], err[512];
-    snprintf(ckpt, sizeof ckpt, "%s/ckpt3", cache_root);
-    snprintf(cdir, sizeof cdir, "%s/cache3", cache_root);
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s'/* '%s/'", ckpt, dir, ckpt);
-    assert_int_equal(system(cmd), 0);
+    copy_checkpoint("ckpt3", "cache3", ckpt, sizeof ckpt, cdir, sizeof cdir);
     const struct model_load_opts o = {.cache_dir = cdir};
     struct model *before, *after;
     assert_int_equal(model_load_opts(ckpt, &o, &before, err, sizeof err), 0);
