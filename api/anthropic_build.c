@@ -140,11 +140,13 @@ static int send(struct an_stream *s, es_emit_fn emit, void *ctx, const char *typ
     return 0;
 }
 
-static int an_start(void *st, es_emit_fn emit, void *ctx)
+static int an_start(void *st, const struct oa_usage *usage, es_emit_fn emit, void *ctx)
 {
     struct an_stream *s = st;
     if (s->spent) return MS_ENOMEM;
     if (!emit) return 0;
+    // As message_delta will count them: a cached prefix apart from input_tokens.
+    if (usage) s->usage.prompt_tokens = usage->prompt_tokens, s->usage.cached_tokens = usage->cached_tokens;
     int rc = send(s, emit, ctx, "message_start",
                   json_pack("{s:o}", "message", message_json(s, json_array())));
     return rc ? rc : send(s, emit, ctx, "ping", json_object());

@@ -49,7 +49,10 @@ typedef void (*es_emit_fn)(void *ctx, const char *event, json_t *data);
 // emit NULL (nothing emitted), then body. Each returns 0 or MS_ENOMEM (the
 // state is then spent: later calls emit nothing more; destroy it).
 struct event_stream_ops {
-    int (*start)(void *st, es_emit_fn emit, void *ctx);
+    // usage: the prompt's tokens and how many of them the prefix cache held
+    // (known once the engine has taken the request), for a start event that
+    // carries them (Anthropic's message_start).
+    int (*start)(void *st, const struct oa_usage *usage, es_emit_fn emit, void *ctx);
     int (*feed)(void *st, const struct output_event *ev, size_t n, es_emit_fn emit, void *ctx);
     int (*finish)(void *st, const struct es_result *r, es_emit_fn emit, void *ctx);
     // The answer failed part way (an engine error): the API's error event(s).

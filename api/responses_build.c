@@ -142,8 +142,9 @@ static int send_response(struct rs_stream *s, es_emit_fn emit, void *ctx, const 
     return send(s, emit, ctx, type, r ? json_pack("{s:o}", "response", r) : NULL);
 }
 
-static int rs_start(void *st, es_emit_fn emit, void *ctx)
+static int rs_start(void *st, const struct oa_usage *usage, es_emit_fn emit, void *ctx)
 {
+    (void)usage; // the Response object carries usage only once it is done
     struct rs_stream *s = st;
     if (s->spent) return MS_ENOMEM;
     int rc = send_response(s, emit, ctx, "response.created");

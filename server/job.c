@@ -31,6 +31,7 @@ struct job_choice {
     bool role_sent, echo_sent, finish_sent;
     long text_offset;                // legacy logprobs: characters streamed
     bool got_prompt_lp;
+    bool heard;                      // the engine's first delta has come
     struct output_parser *parser;    // HTTP side, when the job parses output (made on first use)
 };
 
@@ -104,6 +105,7 @@ static void on_delta(void *ctx, const struct engine_delta *d)
         p->scored = true;
     }
     c->got_prompt_lp = true;
+    c->heard = true;
     bool oom = false;
     if (d->text_len && ms_buf_append(&c->text, d->text, d->text_len)) oom = true;
     if (d->n_tokens > 0) {
@@ -416,7 +418,7 @@ static void es_stream_piece(struct job *j, struct job_choice *c, const struct pi
     int rc = op ? 0 : MS_ENOMEM;
     if (!rc && !j->es_started) {
         j->es_started = true;
-        rc = es->start(j->es_state, es_frame, out);
+        rc = es->start(j->es_state, &p->usage, es_frame, out);
     }
     if (!rc && p->role) return; // the start is all a role piece brings
     if (!rc && p->text_len) rc = output_parser_feed(op, p->text, p->text_len, &ev, &n_ev, err, sizeof err);
@@ -487,13 +489,18 @@ static bool job_fill(void *ctx, struct ms_buf *out)
     pthread_mutex_lock(&j->mu);
     for (int i = 0; i < j->n_choices; i++) {
         struct job_choice *c = &j->choices[i];
-        if ((j->chat || j->es) && !c->role_sent) {
+        // A typed-event stream's start waits for the engine's first delta:
+        // its usage (Anthropic's message_start) carries the prompt's cached
+        // share, known only then.
+        if ((j->chat || j->es) && !c->role_sent && (!j->es || c->heard)) {
             c->role_sent = true;
             pc[n].choice = i;
             pc[n].usage.prompt_tokens = c->prompt_tokens ? c->prompt_tokens
                                                          : j->prompts[c->prompt].n_ids;
+            pc[n].usage.cached_tokens = c->cached_tokens;
             pc[n++].role = true;
         }
+        if ((j->chat || j->es) && !c->role_sent) continue; // nothing before the start
         bool echo_needs_lp = j->meta.logprobs >= 0;
         if (j->echo && !c->echo_sent && (!echo_needs_lp || c->got_prompt_lp || c->finished)) {
             c->echo_sent = true;

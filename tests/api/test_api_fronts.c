@@ -488,7 +488,7 @@ static void responses_events_come_in_order_and_add_up_to_the_body(void **state)
     // Streamed.
     void *st = rs_stream_create(&m);
     struct collected c = {json_array()};
-    assert_int_equal(rs_stream_ops.start(st, collect, &c), 0);
+    assert_int_equal(rs_stream_ops.start(st, NULL, collect, &c), 0);
     assert_int_equal(rs_stream_ops.feed(st, answer, 3, collect, &c), 0);
     assert_int_equal(rs_stream_ops.feed(st, answer + 3, 3, collect, &c), 0);
     assert_int_equal(rs_stream_ops.finish(st, &res, collect, &c), 0);
@@ -547,7 +547,7 @@ static void responses_events_come_in_order_and_add_up_to_the_body(void **state)
     st = rs_stream_create(&m);
     struct es_result cut = {.finish = "length", .usage = {11, 9, 0}};
     json_array_clear(c.events);
-    rs_stream_ops.start(st, collect, &c);
+    rs_stream_ops.start(st, NULL, collect, &c);
     rs_stream_ops.feed(st, answer + 2, 1, collect, &c);
     rs_stream_ops.finish(st, &cut, collect, &c);
     json_t *fin = data_at(&c, json_array_size(c.events) - 1);
@@ -591,7 +591,7 @@ static void anthropic_blocks_are_trimmed_of_the_models_newlines(void **state)
     struct es_result res = {.finish = "tool_calls", .usage = {11, 9, 0}};
     void *st = an_stream_create(&m);
     struct collected c = {json_array()};
-    assert_int_equal(an_stream_ops.start(st, collect, &c), 0);
+    assert_int_equal(an_stream_ops.start(st, NULL, collect, &c), 0);
     for (size_t i = 0; i < sizeof ev / sizeof ev[0]; i++)
         assert_int_equal(an_stream_ops.feed(st, ev + i, 1, collect, &c), 0);
     assert_int_equal(an_stream_ops.finish(st, &res, collect, &c), 0);
@@ -643,7 +643,7 @@ static void responses_items_are_trimmed_of_the_models_newlines(void **state)
     struct es_result res = {.finish = "tool_calls", .usage = {11, 9, 0}};
     void *st = rs_stream_create(&m);
     struct collected c = {json_array()};
-    assert_int_equal(rs_stream_ops.start(st, collect, &c), 0);
+    assert_int_equal(rs_stream_ops.start(st, NULL, collect, &c), 0);
     for (size_t i = 0; i < sizeof ev / sizeof ev[0]; i++)
         assert_int_equal(rs_stream_ops.feed(st, ev + i, 1, collect, &c), 0);
     assert_int_equal(rs_stream_ops.finish(st, &res, collect, &c), 0);
@@ -726,7 +726,8 @@ static void anthropic_events_come_in_order_and_add_up_to_the_body(void **state)
     struct es_result res = {.finish = "tool_calls", .usage = {11, 9, 3}};
     void *st = an_stream_create(&m);
     struct collected c = {json_array()};
-    assert_int_equal(an_stream_ops.start(st, collect, &c), 0);
+    const struct oa_usage admitted = {.prompt_tokens = 11, .cached_tokens = 3};
+    assert_int_equal(an_stream_ops.start(st, &admitted, collect, &c), 0);
     assert_int_equal(an_stream_ops.feed(st, answer, 6, collect, &c), 0);
     assert_int_equal(an_stream_ops.finish(st, &res, collect, &c), 0);
     static const char *const want[] = {
@@ -738,6 +739,10 @@ static void anthropic_events_come_in_order_and_add_up_to_the_body(void **state)
     };
     assert_int_equal(json_array_size(c.events), sizeof want / sizeof want[0]);
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) assert_string_equal(name_at(&c, i), want[i]);
+    // message_start counts the cached prefix as message_delta will.
+    json_t *start_usage = json_object_get(json_object_get(data_at(&c, 0), "message"), "usage");
+    assert_int_equal(json_integer_value(json_object_get(start_usage, "input_tokens")), 8);
+    assert_int_equal(json_integer_value(json_object_get(start_usage, "cache_read_input_tokens")), 3);
     assert_json(json_object_get(data_at(&c, 3), "delta"), "{\"type\":\"thinking_delta\",\"thinking\":\"thin\"}");
     assert_json(json_object_get(data_at(&c, 7), "delta"), "{\"type\":\"text_delta\",\"text\":\"Hello\"}");
     assert_json(json_object_get(data_at(&c, 9), "content_block"),

@@ -43,7 +43,7 @@ static void build(const struct event_stream_ops *ops, void *(*create)(const stru
         es_emit_fn emit = whole ? NULL : count_event;
         const struct output_event *ev;
         size_t n_ev, cut = whole ? len : len / 2;
-        int rc = emit ? ops->start(st, emit, &events) : 0;
+        int rc = emit ? ops->start(st, NULL, emit, &events) : 0;
         if (!rc) rc = output_parser_feed(p, text, cut, &ev, &n_ev, err, sizeof err);
         if (!rc) rc = ops->feed(st, ev, n_ev, emit, &events);
         if (!rc) rc = output_parser_feed(p, text + cut, len - cut, &ev, &n_ev, err, sizeof err);

@@ -93,6 +93,19 @@ test('stream: message_start, content blocks with text_delta, message_delta, mess
   assert.equal(md.usage.output_tokens, 48);
 });
 
+// A prompt asked again is read from the prefix cache: message_start counts
+// the cached share apart from input_tokens, as message_delta does (a proxy
+// that meters from message_start must not count it as new input).
+test('stream: message_start usage splits the cached prefix as message_delta does', async () => {
+  const params = { ...greedy, system: 'You answer in one short sentence. '.repeat(12), messages, max_tokens: 4 };
+  await client.messages.create(params);
+  const all = await rawEvents(params);
+  const start = all[0].message.usage, delta = all.at(-2).usage;
+  assert.ok(delta.cache_read_input_tokens > 0, JSON.stringify(delta));
+  assert.equal(start.cache_read_input_tokens, delta.cache_read_input_tokens);
+  assert.equal(start.input_tokens, delta.input_tokens);
+});
+
 test('messages.stream helper: text events and finalMessage equal the whole answer', async () => {
   const params = { ...greedy, messages, max_tokens: 10 };
   const whole = await client.messages.create(params);
