@@ -350,18 +350,22 @@ static int f_logit_bias(struct parser *p, const char *k, json_t *v, void *dst)
                              "'logit_bias' keys must be token ids of this model (0 to %d), got "
                              "'%.60s'",
                              p->lim->vocab_size - 1, tk);
-        lb[i].id = (int32_t)id;
         // Clamped to [-100, 100] as a double, as vLLM clamps Python's
         // float (OpenAI's range): 1e39, past a float, is 100 too.
         if (!json_is_number(tv)) return type_error(p, key, "a number", tv);
         const double bias = json_number_value(tv);
         if (isnan(bias))
             return oa_errorf(p->e, MS_EINVAL, "invalid_value", key, "'%s' must be a number, got NaN", key);
-        lb[i].bias = (float)fmax(-100.0, fmin(100.0, bias));
-        i++;
+        // Keys that name one id ("1001", "01001") are one entry, the last
+        // winning, as vLLM's {int(k): v}: added up they could pass 100.
+        size_t at = 0;
+        while (at < i && lb[at].id != (int32_t)id) at++;
+        lb[at].id = (int32_t)id;
+        lb[at].bias = (float)fmax(-100.0, fmin(100.0, bias));
+        if (at == i) i++;
     }
     p->gen->sampling.logit_bias = lb;
-    p->gen->sampling.n_logit_bias = (int)n;
+    p->gen->sampling.n_logit_bias = (int)i;
     return 0;
 }
 

@@ -295,6 +295,16 @@ static void out_of_range_values_are_refused(void **state)
     assert_false(r.gen.sampling.has_seed);
     oa_chat_request_release(&r);
     arena_destroy(a);
+    // Keys that name one id are one entry, the last winning (vLLM's
+    // {int(k): v}): never two biases added past 100.
+    a = arena_create(4096);
+    assert_int_equal(chat("{" MSGS ", \"logit_bias\": {\"5\": 50, \"6\": 1, \"005\": 60}}", &r, &e, a, NULL), 0);
+    assert_int_equal(r.gen.sampling.n_logit_bias, 2);
+    assert_int_equal(r.gen.sampling.logit_bias[0].id, 5);
+    assert_float_equal(r.gen.sampling.logit_bias[0].bias, 60.0f, 0);
+    assert_int_equal(r.gen.sampling.logit_bias[1].id, 6);
+    oa_chat_request_release(&r);
+    arena_destroy(a);
 }
 
 static void max_tokens_beyond_context_says_both_numbers(void **state)
