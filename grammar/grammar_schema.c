@@ -344,8 +344,11 @@ static void dec_of(double x, struct dec *d)
     const int point = atoi(c + 1) + 1; // the value is 0.dig x 10^point
     memset(d, 0, sizeof *d);
     for (int i = 0; i < point; i++) d->ip = d->ip * 10 + (uint64_t)(i < nd ? dig[i] - '0' : 0);
-    for (int i = point; i < nd && d->flen < (int)sizeof d->frac - 1; i++)
-        d->frac[d->flen++] = i < 0 ? '0' : dig[i];
+    if (nd - point > (int)sizeof d->frac - 1) { // 1e-40: past any fraction kept; refused by its length
+        d->flen = (int)sizeof d->frac;
+        return;
+    }
+    for (int i = point; i < nd; i++) d->frac[d->flen++] = i < 0 ? '0' : dig[i];
     while (d->flen && d->frac[d->flen - 1] == '0') d->flen--;
 }
 
@@ -398,6 +401,12 @@ static struct gx *magnitude_expr(struct sc *s, const struct dec *p, bool pex, co
     if (!qinf && p->ip > q->ip) return NULL;
     char buf[24];
     const int bound_digits = snprintf(buf, sizeof buf, "%llu", (unsigned long long)(qinf ? p->ip : q->ip));
+    const int p_digits = snprintf(buf, sizeof buf, "%llu", (unsigned long long)p->ip);
+    // Past 14 integer digits an output beside an exclusive bound can read
+    // back as the bound itself; beside an inclusive one it stays on its
+    // side (rounding keeps order), so one fraction digit is left there.
+    if ((pex && p_digits >= 15) || (!qinf && qex && bound_digits >= 15))
+        return fail(s, MS_EUNSUPPORTED, "exclusive number bounds of 1e14 or more are not supported%s", "");
     const int fd = bound_digits < 14 ? 15 - bound_digits : 1;
     if (p->flen > fd || (!qinf && q->flen > fd))
         return fail(s, MS_EUNSUPPORTED, "number bounds with more than 15 significant digits are not supported%s", "");

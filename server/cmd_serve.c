@@ -212,7 +212,9 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
         } else if (!rc && (v = flag_value("--api-key", argc, argv, &i, &rc, err, errlen))) {
             // One or more keys, as vLLM's list: the words after it up to the
             // next flag once the model is named (before it, the first is the
-            // MODEL_DIR, as --served-model-name's).
+            // MODEL_DIR, as --served-model-name's). A later --api-key replaces
+            // the list, as argparse's last flag wins: a key overridden stays out.
+            o->n_api_keys = 0;
             for (;;) {
                 if (o->n_api_keys == MAX_API_KEYS)
                     return ms_err(err, errlen, MS_EINVAL, "at most %d API keys", MAX_API_KEYS);

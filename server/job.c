@@ -98,7 +98,7 @@ static void on_delta(void *ctx, const struct engine_delta *d)
     bool with_lp = j->meta.logprobs >= 0;
     pthread_mutex_lock(&j->mu);
     struct job_prompt *p = &j->prompts[c->prompt];
-    if (d->prompt_tokens_lp && p->scored_tokens && !p->scored) {
+    if (d->prompt_tokens_lp && p->scored_tokens && !p->scored && !p->echoed) {
         // Entries are for prompt tokens 1..n-1; the first has no logprob.
         for (int i = 0; i < d->n_prompt_tokens_lp && i + 1 < p->n_ids; i++)
             token_from_engine(&p->scored_tokens[i + 1], &d->prompt_tokens_lp[i], true);
@@ -504,6 +504,9 @@ static bool job_fill(void *ctx, struct ms_buf *out)
         bool echo_needs_lp = j->meta.logprobs >= 0;
         if (j->echo && !c->echo_sent && (!echo_needs_lp || c->got_prompt_lp || c->finished)) {
             c->echo_sent = true;
+            // Its logprobs are read off the lock from here on: no later choice
+            // writes them (one whose first delta failed may echo first).
+            if (echo_needs_lp) j->prompts[c->prompt].echoed = true;
             pc[n].choice = i;
             pc[n++].echo = true;
         }

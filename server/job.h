@@ -38,6 +38,7 @@ struct job_prompt {
     // read without it afterwards (another choice's echo may be being
     // written out while a later choice's first delta arrives)
     bool scored;
+    bool echoed;                     // an echo with logprobs was taken: the scores are no longer written
     bool max_cut;                    // its choices' max_tokens cut to the room it leaves (a front's)
 };
 

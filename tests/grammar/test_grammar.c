@@ -132,6 +132,13 @@ static void decimal_number_bounds_hold_as_doubles(void **state)
         grammar_unref(g);
     }
     print_message("%d numbers checked against the bounds\n", checked);
+    // Past 14 integer digits an inclusive bound still holds (rounding keeps
+    // order): compiled, one fraction digit.
+    struct grammar *big = must_compile(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"maximum\":1e17}");
+    assert_true(matches(big, "100000000000000000", 18));
+    assert_true(matches(big, "99999999999999999.5", 19));
+    assert_false(matches(big, "100000000000000001", 18));
+    grammar_unref(big);
 }
 
 static bool matches(struct grammar *g, const char *text, size_t len)
@@ -447,6 +454,9 @@ static void schema_refuses_unsupported_keywords_by_name(void **state)
         {"{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"number\"}]}", MS_EUNSUPPORTED, "oneOf"},
         {"{\"type\":\"string\",\"format\":\"hostname\"}", MS_EUNSUPPORTED, "'hostname'"},
         {"{\"type\":\"number\",\"minimum\":1e-20}", MS_EUNSUPPORTED, "15 significant digits"},
+        {"{\"type\":\"number\",\"minimum\":1e-40}", MS_EUNSUPPORTED, "15 significant digits"}, // not 0
+        {"{\"type\":\"number\",\"minimum\":1234567890123455,\"exclusiveMaximum\":1234567890123456.5}",
+         MS_EUNSUPPORTED, "exclusive number bounds of 1e14"},
         {"{\"type\":\"number\",\"minimum\":0.5,\"exclusiveMaximum\":0.5}", MS_EINVAL, "admit no value"},
         {"{\"allOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}", MS_EUNSUPPORTED, "allOf"},
         {"{\"type\":\"string\",\"minLength\":1,\"anyOf\":[{}]}", MS_EUNSUPPORTED, "beside anyOf"},

@@ -57,10 +57,12 @@ static void api_key_guards_everything_but_health(void **state)
     resp_free(&r);
     assert_int_equal(srv_stop(&s, SIGTERM, 30), 0);
 
-    // Several keys, as vLLM's --api-key takes: any one of them.
-    const char *two[] = {"--api-key", "first", "second", NULL};
+    // Several keys, as vLLM's --api-key takes: any one of them; a later
+    // --api-key replaces an earlier one's (argparse's last flag wins).
+    const char *two[] = {"--api-key", "stale", "--api-key", "first", "second", NULL};
     assert_int_equal(srv_start(&s, two), 0);
-    const char *tries[][2] = {{"first", "200"}, {"second", "200"}, {"third", "401"}, {NULL, "401"}};
+    const char *tries[][2] = {{"first", "200"}, {"second", "200"}, {"third", "401"}, {NULL, "401"},
+                              {"stale", "401"}};
     for (size_t i = 0; i < sizeof tries / sizeof tries[0]; i++) {
         r = srv_request(&s, "GET", "/v1/models", NULL, 0, tries[i][0]);
         assert_int_equal(r.status, atoi(tries[i][1]));
