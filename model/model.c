@@ -686,6 +686,20 @@ static size_t model_total_bytes(const struct model *m)
     return total;
 }
 
+// quantization_config's quant_method as the file spells it ("none" without one).
+static const char *method_name(enum quant_method m)
+{
+    switch (m) {
+    case QUANT_METHOD_NONE: return "none";
+    case QUANT_METHOD_FP8: return "fp8";
+    case QUANT_METHOD_GPTQ: return "gptq";
+    case QUANT_METHOD_AWQ: return "awq";
+    case QUANT_METHOD_CT_INT:
+    case QUANT_METHOD_CT_FP8: return "compressed-tensors";
+    }
+    return "?";
+}
+
 // The format asked for against the one the checkpoint has: the same, or
 // nothing asked, or a bf16/f16/f32 checkpoint to quantize.
 static int resolve_quant(struct model *m, const struct model_load_opts *o, enum quant_format *want,
@@ -697,13 +711,10 @@ static int resolve_quant(struct model *m, const struct model_load_opts *o, enum 
     const bool ct = qm == QUANT_METHOD_CT_INT || qm == QUANT_METHOD_CT_FP8;
     if (o->method != QUANT_METHOD_NONE && !(o->method == qm || (o->method == QUANT_METHOD_CT_INT && ct)))
         return ms_err(err, errlen, MS_EINVAL, "--quantization %s names the checkpoint's method, but %s's "
-                      "quantization_config says %s: drop the flag (the checkpoint's own is read as it is)",
-                      o->method == QUANT_METHOD_GPTQ ? "gptq" : o->method == QUANT_METHOD_AWQ ? "awq"
-                                                                                 : "compressed-tensors",
-                      m->dir, qm == QUANT_METHOD_NONE ? "none (a bf16 checkpoint: --quantization fp8, int8 or "
-                                                        "int4 quantizes it at load)"
-                              : qm == QUANT_METHOD_FP8 ? "fp8" : qm == QUANT_METHOD_GPTQ ? "gptq"
-                              : qm == QUANT_METHOD_AWQ ? "awq" : "compressed-tensors");
+                      "quantization_config says %s%s: drop the flag (the checkpoint's own is read as it is)",
+                      method_name(o->method), m->dir, method_name(qm),
+                      qm == QUANT_METHOD_NONE ? " (a bf16 checkpoint: --quantization fp8, int8 or int4 "
+                                                "quantizes it at load)" : "");
     if (has != QUANT_NONE && *want != QUANT_NONE && *want != has)
         return ms_err(err, errlen, MS_EINVAL, "%s is %s checkpoint (%s weights); --quantization %s "
                       "asks for %s: drop the flag, or start from a bf16 checkpoint", m->dir,
