@@ -108,6 +108,23 @@ static const char *flag_value(const char *name, int argc, char **argv, int *i, i
     return argv[++*i];
 }
 
+// A flag that takes several words, as vLLM's lists (--served-model-name,
+// --api-key): v, then the words after it up to the next flag once the model
+// is named (MODEL_DIR or --model before it; else the first of them is the
+// MODEL_DIR), appended to out (at most max, none empty).
+static int flag_words(const char *flag, const char *what, const char *empty_hint, const char *v, int argc,
+                      char **argv, int *i, bool model_named, const char **out, int *n, int max, char *err,
+                      size_t errlen)
+{
+    for (;;) {
+        if (*n == max) return ms_err(err, errlen, MS_EINVAL, "at most %d %s", max, what);
+        if (!v[0]) return ms_err(err, errlen, MS_EINVAL, "%s must not be empty%s", flag, empty_hint);
+        out[(*n)++] = v;
+        if (*i + 1 < argc && argv[*i + 1][0] != '-' && model_named) v = argv[++*i];
+        else return 0;
+    }
+}
+
 struct serve_opts {
     const char *model_dir;
     const char *host;
@@ -198,33 +215,14 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, char *err, si
         } else if (!rc && (v = flag_value("--port", argc, argv, &i, &rc, err, errlen))) {
             rc = cli_parse_int("--port", v, 0, 65535, &o->port, err, errlen);
         } else if (!rc && (v = flag_value("--served-model-name", argc, argv, &i, &rc, err, errlen))) {
-            // vLLM takes several names after one flag: the words after it
-            // are names once the model is known (MODEL_DIR or --model
-            // before it), else the first is the MODEL_DIR.
-            for (;;) {
-                if (o->n_served == MAX_SERVED)
-                    return ms_err(err, errlen, MS_EINVAL, "at most %d served model names", MAX_SERVED);
-                if (!v[0]) return ms_err(err, errlen, MS_EINVAL, "--served-model-name must not be empty");
-                o->served[o->n_served++] = v;
-                if (i + 1 < argc && argv[i + 1][0] != '-' && (o->model_dir || o->vf.model)) v = argv[++i];
-                else break;
-            }
+            rc = flag_words("--served-model-name", "served model names", "", v, argc, argv, &i,
+                            o->model_dir || o->vf.model, o->served, &o->n_served, MAX_SERVED, err, errlen);
         } else if (!rc && (v = flag_value("--api-key", argc, argv, &i, &rc, err, errlen))) {
-            // One or more keys, as vLLM's list: the words after it up to the
-            // next flag once the model is named (before it, the first is the
-            // MODEL_DIR, as --served-model-name's). A later --api-key replaces
-            // the list, as argparse's last flag wins: a key overridden stays out.
+            // A later --api-key replaces the list, as argparse's last flag
+            // wins: a key overridden stays out.
             o->n_api_keys = 0;
-            for (;;) {
-                if (o->n_api_keys == MAX_API_KEYS)
-                    return ms_err(err, errlen, MS_EINVAL, "at most %d API keys", MAX_API_KEYS);
-                if (!v[0])
-                    return ms_err(err, errlen, MS_EINVAL, "--api-key must not be empty (leave it out to "
-                                  "serve without a key)");
-                o->api_keys[o->n_api_keys++] = v;
-                if (i + 1 < argc && argv[i + 1][0] != '-' && (o->model_dir || o->vf.model)) v = argv[++i];
-                else break;
-            }
+            rc = flag_words("--api-key", "API keys", " (leave it out to serve without a key)", v, argc, argv, &i,
+                            o->model_dir || o->vf.model, o->api_keys, &o->n_api_keys, MAX_API_KEYS, err, errlen);
         } else if (!rc && (v = flag_value("--max-request-body", argc, argv, &i, &rc, err, errlen))) {
             rc = cli_parse_bytes("--max-request-body", v, 1024, &o->max_body, err, errlen);
         } else if (!rc && (v = flag_value("--shutdown-timeout", argc, argv, &i, &rc, err, errlen))) {
