@@ -30,8 +30,8 @@ struct job_choice {
     int tokens_sent;
     bool role_sent, echo_sent, finish_sent;
     long text_offset;                // legacy logprobs: characters streamed
-    bool got_prompt_lp;
-    bool heard;                      // the engine's first delta has come
+    bool heard;                      // the engine's first delta has come (with the prompt's
+                                     // scores when asked, and its cached share)
     struct output_parser *parser;    // HTTP side, when the job parses output (made on first use)
 };
 
@@ -104,7 +104,6 @@ static void on_delta(void *ctx, const struct engine_delta *d)
             token_from_engine(&p->scored_tokens[i + 1], &d->prompt_tokens_lp[i], true);
         p->scored = true;
     }
-    c->got_prompt_lp = true;
     c->heard = true;
     bool oom = false;
     if (d->text_len && ms_buf_append(&c->text, d->text, d->text_len)) oom = true;
@@ -502,7 +501,7 @@ static bool job_fill(void *ctx, struct ms_buf *out)
         }
         if ((j->chat || j->es) && !c->role_sent) continue; // nothing before the start
         bool echo_needs_lp = j->meta.logprobs >= 0;
-        if (j->echo && !c->echo_sent && (!echo_needs_lp || c->got_prompt_lp || c->finished)) {
+        if (j->echo && !c->echo_sent && (!echo_needs_lp || c->heard)) {
             c->echo_sent = true;
             // Its logprobs are read off the lock from here on: no later choice
             // writes them (one whose first delta failed may echo first).
