@@ -366,8 +366,8 @@ static struct gx *frac_range(struct sc *s, const struct dec *lo, bool lo_ex, con
     if ((!lo || (lo_done && !lo_ex)) && (!hi || !hi_done || !hi_ex)) gx_list_push(b, &alts, gx_empty(b));
     if (r > 0) {
         const int l = lo && !lo_done ? lo->frac[i] - '0' : 0, h = hi ? (hi_done ? 0 : hi->frac[i] - '0') : 9;
-        struct gx *next[3] = {NULL, NULL, NULL};
-        uint8_t first[3] = {0, 0, 0};
+        struct gx *next[2] = {NULL, NULL}; // the digit keeping lo, the one keeping hi
+        uint8_t first[2] = {0, 0};
         if (lo && hi && l == h) { // one digit keeps both bounds
             next[0] = frac_range(s, lo, lo_ex, hi, hi_ex, i + 1, r - 1), first[0] = (uint8_t)('0' + l);
         } else if (l < h || !lo || !hi) {
